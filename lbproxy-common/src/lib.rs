@@ -1,0 +1,189 @@
+//! Types shared by the eBPF datapath and the userspace controller.
+//!
+//! Every type here is `#[repr(C)]`, holds only fixed-width integers and byte arrays, and has
+//! explicit padding, so both sides (and `bpftool map dump`, through BTF) agree on the layout.
+//! Addresses and ports are kept in network byte order: addresses as `[u8; 4]`, ports in
+//! fields ending in `_be`. Userspace converts once; the datapath never converts.
+//!
+//! Map layouts are versioned in their names (`..._V1`). A layout change adds a `_V2` map beside
+//! the old one, so a restarted controller never reads a pinned map of the wrong shape.
+#![no_std]
+
+/// Names of the maps, as pinned under `--bpffs-dir`. Kernel map names are cut at 15 bytes,
+/// so keep these short.
+pub mod map_names {
+    pub const SERVICES: &str = "LB_SERVICES_V1";
+    pub const SLOTS: &str = "LB_SLOTS_V1";
+    pub const BACKENDS: &str = "LB_BACKENDS_V1";
+    pub const FLOWS: &str = "LB_FLOWS_V1";
+    pub const DROPS: &str = "LB_DROPS_V1";
+    /// Service names by `svc_id`, for `lbproxy inspect`; the datapath never reads it.
+    pub const LABELS: &str = "LB_LABELS_V1";
+    /// Every map the controller pins.
+    pub const PINNED: [&str; 6] = [BACKENDS, SLOTS, SERVICES, FLOWS, DROPS, LABELS];
+}
+
+/// Names of the TC programs in the object file.
+pub mod program_names {
+    /// tcx ingress on the host side of a pod interface: traffic leaving the pod.
+    pub const FROM_POD: &str = "lb_from_pod";
+    /// tcx egress on the host side of a pod interface: traffic entering the pod.
+    pub const TO_POD: &str = "lb_to_pod";
+}
+
+pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
+
+/// Default capacities. The flow map's is set at load time by `--flow-map-size`.
+pub const MAX_SERVICES: u32 = 65_536;
+pub const MAX_BACKENDS: u32 = 262_144;
+pub const MAX_SLOTS: u32 = 262_144;
+pub const DEFAULT_FLOW_MAP_SIZE: u32 = 262_144;
+
+/// Key of `LB_SERVICES_V1`: one frontend, a VIP:port/proto.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceKey {
+    pub addr: [u8; 4],
+    pub port_be: u16,
+    pub proto: u8,
+    pub _pad: u8,
+}
+const _: () = assert!(core::mem::size_of::<ServiceKey>() == 8);
+
+/// Value of `LB_SERVICES_V1`.
+///
+/// `svc_id` names the frontend in `LB_SLOTS_V1` and in flow entries. `count` is how many
+/// slots `0..count` hold a backend for new flows; 0 means the service has no usable endpoint.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceValue {
+    pub svc_id: u32,
+    pub count: u32,
+}
+const _: () = assert!(core::mem::size_of::<ServiceValue>() == 8);
+
+/// Key of `LB_SLOTS_V1`: slot `slot` of service `svc_id`. The value is a backend id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SlotKey {
+    pub svc_id: u32,
+    pub slot: u32,
+}
+const _: () = assert!(core::mem::size_of::<SlotKey>() == 8);
+
+/// Value of `LB_BACKENDS_V1`, keyed by a `u32` backend id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Backend {
+    pub addr: [u8; 4],
+    pub port_be: u16,
+    pub proto: u8,
+    pub _pad: u8,
+}
+const _: () = assert!(core::mem::size_of::<Backend>() == 8);
+
+/// Value of `LB_LABELS_V1`, keyed by `svc_id`: `namespace/name:port-name`, NUL-padded.
+/// Only userspace reads it; it lets `lbproxy inspect` name services without the controller.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceLabel {
+    pub name: [u8; 128],
+}
+const _: () = assert!(core::mem::size_of::<ServiceLabel>() == 128);
+
+/// Which way a flow entry translates.
+pub const FLOW_DIR_FORWARD: u8 = 0;
+pub const FLOW_DIR_REPLY: u8 = 1;
+
+/// Key of `LB_FLOWS_V1`, the datapath's own flow table (an LRU hash).
+///
+/// A forward entry is keyed by the packet as the client sent it (client -> VIP). A reply
+/// entry is keyed by the packet as the backend sends it (backend -> client).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    pub src_addr: [u8; 4],
+    pub dst_addr: [u8; 4],
+    pub src_port_be: u16,
+    pub dst_port_be: u16,
+    pub proto: u8,
+    pub dir: u8,
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(core::mem::size_of::<FlowKey>() == 16);
+
+/// Value of `LB_FLOWS_V1`.
+///
+/// Forward entries rewrite the destination to `nat_addr:nat_port_be` (the backend); reply
+/// entries rewrite the source to it (the VIP). Times are `bpf_ktime_get_ns` (CLOCK_MONOTONIC).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlowValue {
+    pub nat_addr: [u8; 4],
+    pub nat_port_be: u16,
+    pub _pad: [u8; 2],
+    pub svc_id: u32,
+    pub backend_id: u32,
+    pub created_ns: u64,
+    pub last_seen_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<FlowValue>() == 32);
+
+/// Why the datapath dropped (or, for `Ok*` counters, handled) a packet. The values index
+/// `LB_DROPS_V1` and are the `reason` label of `lbproxy_datapath_drops_total`. They never
+/// collide with TC action codes because they only ever index the counter map.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropReason {
+    /// The packet was too short for the headers its protocol fields promise.
+    Malformed = 0,
+    /// The service exists but has no usable endpoint.
+    NoBackend = 1,
+    /// A slot pointed at a backend id that is not in `LB_BACKENDS_V1`.
+    BackendMissing = 2,
+    /// The flow table rejected a new entry.
+    FlowInsertFailed = 3,
+    /// A checksum or store helper failed while translating.
+    NatFailed = 4,
+    /// A slot of a service with a non-zero count was missing.
+    SlotMissing = 5,
+}
+
+impl DropReason {
+    pub const COUNT: u32 = 6;
+    pub const ALL: [DropReason; Self::COUNT as usize] = [
+        DropReason::Malformed,
+        DropReason::NoBackend,
+        DropReason::BackendMissing,
+        DropReason::FlowInsertFailed,
+        DropReason::NatFailed,
+        DropReason::SlotMissing,
+    ];
+
+    /// The label used in metrics and `lbproxy inspect`.
+    pub const fn label(self) -> &'static str {
+        match self {
+            DropReason::Malformed => "malformed",
+            DropReason::NoBackend => "no_backend",
+            DropReason::BackendMissing => "backend_missing",
+            DropReason::FlowInsertFailed => "flow_insert_failed",
+            DropReason::NatFailed => "nat_failed",
+            DropReason::SlotMissing => "slot_missing",
+        }
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::{Backend, FlowKey, FlowValue, ServiceKey, ServiceLabel, ServiceValue, SlotKey};
+    // SAFETY: all of these are repr(C), Copy, made only of integers and byte arrays, and have
+    // no implicit padding (sizes are asserted above).
+    unsafe impl aya::Pod for ServiceKey {}
+    unsafe impl aya::Pod for ServiceValue {}
+    unsafe impl aya::Pod for SlotKey {}
+    unsafe impl aya::Pod for Backend {}
+    unsafe impl aya::Pod for FlowKey {}
+    unsafe impl aya::Pod for FlowValue {}
+    unsafe impl aya::Pod for ServiceLabel {}
+}

@@ -1,0 +1,133 @@
+//! Stage 3: the flow table. lbproxy's own state, not the kernel's conntrack.
+//!
+//! Every new flow gets two entries in `LB_FLOWS_V1`: a forward entry keyed by the client's
+//! packet (client -> VIP) that names the backend, and a reply entry keyed by the backend's
+//! packet (backend -> client) that names the VIP to restore. A forward entry whose backend is
+//! no longer live (removed from `LB_BACKENDS_V1`, or its id reused for another address), or
+//! whose service was replaced, is treated as a new flow on its next packet.
+
+use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::map, maps::LruHashMap};
+use lbproxy_common::{
+    DEFAULT_FLOW_MAP_SIZE, DropReason, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FlowKey, FlowValue,
+    ServiceValue,
+};
+
+use crate::{packet::Packet, reason::Verdict, select};
+
+#[map(name = "LB_FLOWS_V1")]
+static LB_FLOWS_V1: LruHashMap<FlowKey, FlowValue> =
+    LruHashMap::with_max_entries(DEFAULT_FLOW_MAP_SIZE, 0);
+
+/// `last_seen_ns` is refreshed at most this often, to keep writes off the hot path.
+const TOUCH_INTERVAL_NS: u64 = 1_000_000_000;
+
+/// Where a packet is translated to.
+#[derive(Clone, Copy)]
+pub struct NatTarget {
+    pub addr: [u8; 4],
+    pub port_be: u16,
+}
+
+#[inline(always)]
+fn touch(entry: *mut FlowValue, now: u64) {
+    // SAFETY: `entry` came from a successful lookup; a racing writer can only store another
+    // timestamp, which is harmless.
+    unsafe {
+        if now.wrapping_sub((*entry).last_seen_ns) > TOUCH_INTERVAL_NS {
+            (*entry).last_seen_ns = now;
+        }
+    }
+}
+
+#[inline(always)]
+fn reply_key(backend_addr: [u8; 4], backend_port_be: u16, pkt: &Packet) -> FlowKey {
+    FlowKey {
+        src_addr: backend_addr,
+        dst_addr: pkt.src_addr,
+        src_port_be: backend_port_be,
+        dst_port_be: pkt.src_port_be,
+        proto: pkt.proto,
+        dir: FLOW_DIR_REPLY,
+        _pad: [0; 2],
+    }
+}
+
+/// Forward direction: the backend this client packet goes to. Reuses the flow's backend while
+/// it is live; otherwise selects one and records both directions.
+#[inline(always)]
+pub fn forward(pkt: &Packet, svc: &ServiceValue) -> Result<NatTarget, Verdict> {
+    let key = FlowKey {
+        src_addr: pkt.src_addr,
+        dst_addr: pkt.dst_addr,
+        src_port_be: pkt.src_port_be,
+        dst_port_be: pkt.dst_port_be,
+        proto: pkt.proto,
+        dir: FLOW_DIR_FORWARD,
+        _pad: [0; 2],
+    };
+    let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(entry) = LB_FLOWS_V1.get_ptr_mut(&key) {
+        let (svc_id, backend_id, addr, port_be) = unsafe {
+            (
+                (*entry).svc_id,
+                (*entry).backend_id,
+                (*entry).nat_addr,
+                (*entry).nat_port_be,
+            )
+        };
+        let live = svc_id == svc.svc_id
+            && matches!(select::backend(backend_id), Some(b) if b.addr == addr && b.port_be == port_be);
+        if live {
+            touch(entry, now);
+            return Ok(NatTarget { addr, port_be });
+        }
+        // Stale: its backend left. Forget the old reply direction and select again.
+        let _ = LB_FLOWS_V1.remove(&reply_key(addr, port_be, pkt));
+    }
+
+    let (backend_id, backend) = select::select(svc)?;
+    let forward = FlowValue {
+        nat_addr: backend.addr,
+        nat_port_be: backend.port_be,
+        _pad: [0; 2],
+        svc_id: svc.svc_id,
+        backend_id,
+        created_ns: now,
+        last_seen_ns: now,
+    };
+    let reply = FlowValue {
+        nat_addr: pkt.dst_addr,
+        nat_port_be: pkt.dst_port_be,
+        ..forward
+    };
+    // Reply entry first, so the backend's first answer always finds it.
+    LB_FLOWS_V1
+        .insert(&reply_key(backend.addr, backend.port_be, pkt), &reply, 0)
+        .map_err(|_| Verdict::Drop(DropReason::FlowInsertFailed))?;
+    LB_FLOWS_V1
+        .insert(&key, &forward, 0)
+        .map_err(|_| Verdict::Drop(DropReason::FlowInsertFailed))?;
+    Ok(NatTarget {
+        addr: backend.addr,
+        port_be: backend.port_be,
+    })
+}
+
+/// Reply direction: the VIP:port a backend's packet to a client must appear to come from,
+/// or `None` when the packet is not a reply of a load-balanced flow.
+#[inline(always)]
+pub fn reply(pkt: &Packet) -> Option<NatTarget> {
+    let key = FlowKey {
+        src_addr: pkt.src_addr,
+        dst_addr: pkt.dst_addr,
+        src_port_be: pkt.src_port_be,
+        dst_port_be: pkt.dst_port_be,
+        proto: pkt.proto,
+        dir: FLOW_DIR_REPLY,
+        _pad: [0; 2],
+    };
+    let entry = LB_FLOWS_V1.get_ptr_mut(&key)?;
+    touch(entry, unsafe { bpf_ktime_get_ns() });
+    let (addr, port_be) = unsafe { ((*entry).nat_addr, (*entry).nat_port_be) };
+    Some(NatTarget { addr, port_be })
+}

@@ -1,0 +1,82 @@
+//! Stage 4: translate L3 then L4, with incremental checksum updates.
+
+use aya_ebpf::programs::TcContext;
+use lbproxy_common::{DropReason, IPPROTO_UDP};
+
+use crate::{
+    flow::NatTarget,
+    packet::{IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, L4_DPORT_OFF, L4_SPORT_OFF, Packet},
+    reason::Verdict,
+};
+
+/// The address is part of the L4 pseudo-header.
+const BPF_F_PSEUDO_HDR: u64 = 0x10;
+/// UDP: a zero checksum means "none" and must stay zero; a computed zero becomes 0xffff.
+const BPF_F_MARK_MANGLED_0: u64 = 0x20;
+
+/// Rewrites the destination (client -> VIP becomes client -> backend).
+#[inline(always)]
+pub fn dnat(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdict> {
+    rewrite(
+        ctx,
+        pkt,
+        IP_DST_OFF,
+        pkt.dst_addr,
+        pkt.l4_off + L4_DPORT_OFF,
+        pkt.dst_port_be,
+        to,
+    )
+}
+
+/// Rewrites the source (backend -> client becomes VIP -> client).
+#[inline(always)]
+pub fn snat(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdict> {
+    rewrite(
+        ctx,
+        pkt,
+        IP_SRC_OFF,
+        pkt.src_addr,
+        pkt.l4_off + L4_SPORT_OFF,
+        pkt.src_port_be,
+        to,
+    )
+}
+
+#[inline(always)]
+fn rewrite(
+    ctx: &TcContext,
+    pkt: &Packet,
+    addr_off: usize,
+    old_addr: [u8; 4],
+    port_off: usize,
+    old_port_be: u16,
+    to: NatTarget,
+) -> Result<(), Verdict> {
+    const FAIL: Verdict = Verdict::Drop(DropReason::NatFailed);
+    let old_a = u64::from(u32::from_ne_bytes(old_addr));
+    let new_a = u64::from(u32::from_ne_bytes(to.addr));
+    let l4_flags = if pkt.proto == IPPROTO_UDP {
+        BPF_F_MARK_MANGLED_0
+    } else {
+        0
+    };
+    let csum_off = pkt.l4_csum_off();
+    if old_a != new_a {
+        ctx.l4_csum_replace(csum_off, old_a, new_a, l4_flags | BPF_F_PSEUDO_HDR | 4)
+            .map_err(|_| FAIL)?;
+        ctx.l3_csum_replace(IP_CSUM_OFF, old_a, new_a, 4)
+            .map_err(|_| FAIL)?;
+        ctx.store(addr_off, &to.addr, 0).map_err(|_| FAIL)?;
+    }
+    if old_port_be != to.port_be {
+        ctx.l4_csum_replace(
+            csum_off,
+            u64::from(old_port_be),
+            u64::from(to.port_be),
+            l4_flags | 2,
+        )
+        .map_err(|_| FAIL)?;
+        ctx.store(port_off, &to.port_be, 0).map_err(|_| FAIL)?;
+    }
+    Ok(())
+}

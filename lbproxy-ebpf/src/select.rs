@@ -1,0 +1,36 @@
+//! Stage 2: select a backend for a new flow, and look a backend up by id.
+
+use aya_ebpf::{helpers::bpf_get_prandom_u32, macros::map, maps::HashMap};
+use lbproxy_common::{Backend, DropReason, MAX_BACKENDS, MAX_SLOTS, ServiceValue, SlotKey};
+
+use crate::reason::Verdict;
+
+#[map(name = "LB_SLOTS_V1")]
+static LB_SLOTS_V1: HashMap<SlotKey, u32> = HashMap::with_max_entries(MAX_SLOTS, 0);
+
+#[map(name = "LB_BACKENDS_V1")]
+static LB_BACKENDS_V1: HashMap<u32, Backend> = HashMap::with_max_entries(MAX_BACKENDS, 0);
+
+/// Picks one of the service's `count` slots uniformly at random and returns the backend id
+/// and backend in it. Errors: `NoBackend` when the service has no usable endpoint,
+/// `SlotMissing`/`BackendMissing` when the maps are inconsistent (never expected: the
+/// controller writes backends before slots before the count).
+#[inline(always)]
+pub fn select(svc: &ServiceValue) -> Result<(u32, Backend), Verdict> {
+    if svc.count == 0 {
+        return Err(Verdict::Drop(DropReason::NoBackend));
+    }
+    let slot = unsafe { bpf_get_prandom_u32() } % svc.count;
+    let key = SlotKey { svc_id: svc.svc_id, slot };
+    let backend_id = unsafe { LB_SLOTS_V1.get(&key) }
+        .copied()
+        .ok_or(Verdict::Drop(DropReason::SlotMissing))?;
+    let backend = backend(backend_id).ok_or(Verdict::Drop(DropReason::BackendMissing))?;
+    Ok((backend_id, backend))
+}
+
+/// The backend with this id, if it is still live.
+#[inline(always)]
+pub fn backend(backend_id: u32) -> Option<Backend> {
+    unsafe { LB_BACKENDS_V1.get(&backend_id) }.copied()
+}

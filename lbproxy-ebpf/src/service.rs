@@ -1,0 +1,30 @@
+//! Stage 1: extract the service key from a packet and look the frontend up.
+
+use aya_ebpf::{macros::map, maps::HashMap};
+use lbproxy_common::{MAX_SERVICES, ServiceKey, ServiceLabel, ServiceValue};
+
+use crate::packet::Packet;
+
+#[map(name = "LB_SERVICES_V1")]
+static LB_SERVICES_V1: HashMap<ServiceKey, ServiceValue> =
+    HashMap::with_max_entries(MAX_SERVICES, 0);
+
+/// Service names for `lbproxy inspect`. Declared here so the object carries it (and its BTF);
+/// the datapath never reads it.
+#[map(name = "LB_LABELS_V1")]
+static LB_LABELS_V1: HashMap<u32, ServiceLabel> = HashMap::with_max_entries(MAX_SERVICES, 0);
+
+/// The frontend a packet is addressed to, if any. `None` means "not a service": the packet
+/// is not ours and passes untouched.
+#[inline(always)]
+pub fn lookup(pkt: &Packet) -> Option<ServiceValue> {
+    let key = ServiceKey {
+        addr: pkt.dst_addr,
+        port_be: pkt.dst_port_be,
+        proto: pkt.proto,
+        _pad: 0,
+    };
+    // SAFETY: the value is copied out at once; hash map values are not freed under RCU
+    // while this program runs.
+    unsafe { LB_SERVICES_V1.get(&key) }.copied()
+}

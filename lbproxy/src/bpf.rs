@@ -1,0 +1,656 @@
+//! Loading the datapath, pinning its maps, attaching it to interfaces, and typed access to
+//! the pinned maps (used by `run`, `inspect` and `cleanup` alike).
+//!
+//! Layout under `--bpffs-dir`:
+//! - `LB_*_V1`: the maps, pinned by name;
+//! - `links/<ifname>@<ifindex>:ingress|egress`: one pinned tcx link per program and
+//!   interface (bpffs refuses `.` in names, so a `.` in an interface name is stored as `%`). A pinned link keeps its program attached after the controller exits; a new
+//!   controller atomically swaps its own program into the same link (`bpf_link_update`).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use aya::Ebpf;
+use aya::EbpfLoader;
+use aya::maps::{HashMap as BpfHashMap, Map, MapData, MapError, MapType, PerCpuArray};
+use aya::programs::links::{FdLink, LinkOrder, PinnedLink};
+use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
+use aya::programs::{SchedClassifier, TcAttachType};
+use globset::GlobSet;
+use lbproxy_common::{
+    Backend, DropReason, FlowKey, FlowValue, ServiceKey, ServiceLabel, ServiceValue, SlotKey,
+    map_names, program_names,
+};
+
+use crate::dataplane::{
+    BackendAddr, Frontend, MapWriteError, Maps, Programmed, ProgrammedFrontend,
+};
+
+/// The datapath object, built by build.rs.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lbproxy"));
+
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BpfError {
+    #[error(
+        "{0} is not on a BPF filesystem; mount one (`mount -t bpf bpf /sys/fs/bpf`) or pass a --bpffs-dir under a bpffs mount"
+    )]
+    NotBpffs(PathBuf),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "pinned map {path} has layout {found}, but this lbproxy expects {expected}; it was made by an incompatible version. Run `lbproxy cleanup --bpffs-dir {dir}` (this drops existing flows) or use another --bpffs-dir"
+    )]
+    Layout {
+        path: PathBuf,
+        dir: PathBuf,
+        found: String,
+        expected: String,
+    },
+    #[error("map {name} at {path}: {source}")]
+    Map {
+        name: &'static str,
+        path: PathBuf,
+        source: MapError,
+    },
+    #[error("loading the datapath object: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("program {name}: {source}")]
+    Program {
+        name: &'static str,
+        source: aya::programs::ProgramError,
+    },
+    #[error("interface {ifname} ({ifindex}), {direction}: {reason}")]
+    Attach {
+        ifname: String,
+        ifindex: u32,
+        direction: &'static str,
+        reason: String,
+    },
+}
+
+/// Fails unless `dir`'s nearest existing ancestor is on bpffs; then creates `dir` and
+/// `dir/links`.
+pub fn prepare_dir(dir: &Path) -> Result<(), BpfError> {
+    let mut probe = dir.to_path_buf();
+    while !probe.exists() {
+        if !probe.pop() {
+            return Err(BpfError::NotBpffs(dir.to_path_buf()));
+        }
+    }
+    if !is_bpffs(&probe) {
+        return Err(BpfError::NotBpffs(dir.to_path_buf()));
+    }
+    let links = dir.join("links");
+    std::fs::create_dir_all(&links).map_err(|source| BpfError::Io {
+        path: links,
+        source,
+    })
+}
+
+fn is_bpffs(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt as _;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs writes into the zeroed struct; the path is NUL-terminated.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statfs(c.as_ptr(), &raw mut st) };
+    rc == 0 && i64::from(st.f_type) == BPF_FS_MAGIC
+}
+
+/// Expected shape of each pinned map: (type, key size, value size).
+fn expected_layout(name: &str) -> Option<(MapType, u32, u32)> {
+    use std::mem::size_of;
+    let sz = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    Some(match name {
+        map_names::SERVICES => (
+            MapType::Hash,
+            sz(size_of::<ServiceKey>()),
+            sz(size_of::<ServiceValue>()),
+        ),
+        map_names::SLOTS => (MapType::Hash, sz(size_of::<SlotKey>()), 4),
+        map_names::BACKENDS => (MapType::Hash, 4, sz(size_of::<Backend>())),
+        map_names::FLOWS => (
+            MapType::LruHash,
+            sz(size_of::<FlowKey>()),
+            sz(size_of::<FlowValue>()),
+        ),
+        map_names::DROPS => (MapType::PerCpuArray, 4, 8),
+        map_names::LABELS => (MapType::Hash, 4, sz(size_of::<ServiceLabel>())),
+        _ => return None,
+    })
+}
+
+/// Checks every existing pin under `dir` against the layout this binary was built with, so
+/// a restart never runs on maps of the wrong shape.
+pub fn check_pinned_layouts(dir: &Path) -> Result<(), BpfError> {
+    for name in map_names::PINNED {
+        let path = dir.join(name);
+        if !path.exists() {
+            continue;
+        }
+        let data = MapData::from_pin(&path).map_err(|source| BpfError::Map {
+            name,
+            path: path.clone(),
+            source,
+        })?;
+        let info = data.info().map_err(|source| BpfError::Map {
+            name,
+            path: path.clone(),
+            source,
+        })?;
+        let Some((ty, k, v)) = expected_layout(name) else {
+            continue;
+        };
+        let found_ty = info.map_type().ok();
+        if found_ty != Some(ty) || info.key_size() != k || info.value_size() != v {
+            return Err(BpfError::Layout {
+                path,
+                dir: dir.to_path_buf(),
+                found: format!(
+                    "{:?} key {} value {}",
+                    found_ty,
+                    info.key_size(),
+                    info.value_size()
+                ),
+                expected: format!("{ty:?} key {k} value {v}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The loaded datapath: programs ready to attach, maps pinned under `dir`.
+pub struct Datapath {
+    pub ebpf: Ebpf,
+    pub dir: PathBuf,
+}
+
+impl Datapath {
+    /// Loads the object, reusing maps already pinned under `dir` (their entries, and so every
+    /// flow, survive a restart) and pinning new ones.
+    pub fn load(dir: &Path, flow_map_size: u32) -> Result<Self, BpfError> {
+        prepare_dir(dir)?;
+        check_pinned_layouts(dir)?;
+        let flows_pin = dir.join(map_names::FLOWS);
+        if flows_pin.exists()
+            && let Ok(info) = MapData::from_pin(&flows_pin).and_then(|d| d.info())
+            && info.max_entries() != flow_map_size
+        {
+            tracing::warn!(
+                existing = info.max_entries(),
+                requested = flow_map_size,
+                "the pinned flow map keeps its size; --flow-map-size applies after `lbproxy cleanup`"
+            );
+        }
+        let pins: Vec<(&'static str, PathBuf)> = map_names::PINNED
+            .iter()
+            .map(|n| (*n, dir.join(n)))
+            .collect();
+        let mut loader = EbpfLoader::new();
+        loader.map_max_entries(map_names::FLOWS, flow_map_size);
+        for (name, path) in &pins {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let mut ebpf = loader.load(OBJECT)?;
+        for name in [program_names::FROM_POD, program_names::TO_POD] {
+            let prog: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .ok_or_else(|| BpfError::Program {
+                    name,
+                    source: aya::programs::ProgramError::UnexpectedProgramType,
+                })?
+                .try_into()
+                .map_err(|source| BpfError::Program { name, source })?;
+            prog.load().map_err(|source| BpfError::Program { name, source })?;
+        }
+        Ok(Self {
+            ebpf,
+            dir: dir.to_path_buf(),
+        })
+    }
+}
+
+/// An interface in this network namespace.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Interface {
+    pub index: u32,
+    pub name: String,
+}
+
+const DIRECTIONS: [(&str, &str, TcAttachType); 2] = [
+    ("ingress", program_names::FROM_POD, TcAttachType::Ingress),
+    ("egress", program_names::TO_POD, TcAttachType::Egress),
+];
+
+fn link_pin(dir: &Path, iface: &Interface, direction: &str) -> PathBuf {
+    dir.join("links").join(format!(
+        "{}@{}:{direction}",
+        iface.name.replace('.', "%"),
+        iface.index
+    ))
+}
+
+/// Parses `<ifname>@<ifindex>:<direction>`.
+fn parse_link_pin(file: &str) -> Option<(Interface, String)> {
+    let (rest, direction) = file.rsplit_once(':')?;
+    let (name, index) = rest.rsplit_once('@')?;
+    Some((
+        Interface {
+            index: index.parse().ok()?,
+            name: name.replace('%', "."),
+        },
+        direction.to_string(),
+    ))
+}
+
+/// The interfaces that have pinned links under `dir`.
+pub fn pinned_interfaces(dir: &Path) -> BTreeMap<Interface, Vec<PathBuf>> {
+    let mut out: BTreeMap<Interface, Vec<PathBuf>> = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(dir.join("links")) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let file = e.file_name().to_string_lossy().to_string();
+        if let Some((iface, _)) = parse_link_pin(&file) {
+            out.entry(iface).or_default().push(e.path());
+        }
+    }
+    out
+}
+
+/// Keeps the programs attached to exactly the pod interfaces that exist and match the globs.
+pub struct Attacher {
+    globs: GlobSet,
+    attached: BTreeSet<Interface>,
+}
+
+impl Attacher {
+    pub fn new(globs: GlobSet) -> Self {
+        Self {
+            globs,
+            attached: BTreeSet::new(),
+        }
+    }
+
+    pub fn attached(&self) -> &BTreeSet<Interface> {
+        &self.attached
+    }
+
+    /// Attaches to new matching interfaces (adopting links an earlier run pinned), and
+    /// forgets pins of interfaces that are gone. Returns one error per interface that could
+    /// not be attached; the others are still attached.
+    pub fn sync(&mut self, dp: &mut Datapath, present: &[Interface]) -> Vec<BpfError> {
+        let mut errors = Vec::new();
+        let want: BTreeSet<Interface> = present
+            .iter()
+            .filter(|i| self.globs.is_match(&i.name))
+            .cloned()
+            .collect();
+        // Pins for interfaces that vanished (or were renamed, or left the globs).
+        for (iface, paths) in pinned_interfaces(&dp.dir) {
+            if !want.contains(&iface) {
+                for p in paths {
+                    let _ = std::fs::remove_file(&p);
+                }
+                if self.attached.remove(&iface) {
+                    tracing::info!(interface = %iface.name, ifindex = iface.index, "interface gone; forgotten");
+                }
+            }
+        }
+        self.attached.retain(|i| want.contains(i));
+        for iface in want {
+            if self.attached.contains(&iface) {
+                continue;
+            }
+            match attach_interface(dp, &iface) {
+                Ok(adopted) => {
+                    tracing::info!(
+                        interface = %iface.name,
+                        ifindex = iface.index,
+                        adopted,
+                        "attached"
+                    );
+                    self.attached.insert(iface);
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        errors
+    }
+}
+
+/// Attaches both programs to one interface. Returns whether existing pinned links were
+/// adopted (their program swapped atomically) rather than created.
+fn attach_interface(dp: &mut Datapath, iface: &Interface) -> Result<bool, BpfError> {
+    let mut adopted = false;
+    for (direction, prog_name, attach_type) in DIRECTIONS {
+        let err = |reason: String| BpfError::Attach {
+            ifname: iface.name.clone(),
+            ifindex: iface.index,
+            direction,
+            reason,
+        };
+        let pin = link_pin(&dp.dir, iface, direction);
+        let prog: &mut SchedClassifier = dp
+            .ebpf
+            .program_mut(prog_name)
+            .ok_or_else(|| err(format!("program {prog_name} missing from the object")))?
+            .try_into()
+            .map_err(|e| err(error_chain(&e)))?;
+        if pin.exists() {
+            let replaced = PinnedLink::from_pin(&pin)
+                .map_err(|e| error_chain(&e))
+                .and_then(|old| {
+                    SchedClassifierLink::try_from(FdLink::from(old)).map_err(|e| error_chain(&e))
+                })
+                .and_then(|link| prog.attach_to_link(link).map_err(|e| error_chain(&e)));
+            match replaced {
+                Ok(id) => {
+                    // The pin keeps the link; this process's fd can go.
+                    drop(prog.take_link(id));
+                    adopted = true;
+                    continue;
+                }
+                Err(reason) => {
+                    tracing::warn!(pin = %pin.display(), %reason, "stale link pin; attaching anew");
+                    let _ = std::fs::remove_file(&pin);
+                }
+            }
+        }
+        let id = prog
+            .attach_with_options(
+                &iface.name,
+                attach_type,
+                TcAttachOptions::TcxOrder(LinkOrder::default()),
+            )
+            .map_err(|e| err(format!("tcx attach: {}", error_chain(&e))))?;
+        let link = prog
+            .take_link(id)
+            .map_err(|e| err(format!("taking the link: {}", error_chain(&e))))?;
+        let fd: FdLink = link
+            .try_into()
+            .map_err(|e| err(format!("not a tcx link: {}", error_chain(&e))))?;
+        fd.pin(&pin)
+            .map_err(|e| err(format!("pinning {}: {}", pin.display(), error_chain(&e))))?;
+    }
+    Ok(adopted)
+}
+
+/// An error with its sources, since aya's syscall errors keep the errno in `source()`.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// Typed handles on the pinned maps.
+pub struct PinnedMaps {
+    pub services: BpfHashMap<MapData, ServiceKey, ServiceValue>,
+    pub slots: BpfHashMap<MapData, SlotKey, u32>,
+    pub backends: BpfHashMap<MapData, u32, Backend>,
+    pub flows: BpfHashMap<MapData, FlowKey, FlowValue>,
+    pub labels: BpfHashMap<MapData, u32, ServiceLabel>,
+    pub drops: PerCpuArray<MapData, u64>,
+}
+
+impl PinnedMaps {
+    pub fn open(dir: &Path) -> Result<Self, BpfError> {
+        check_pinned_layouts(dir)?;
+        fn data(dir: &Path, name: &'static str) -> Result<MapData, BpfError> {
+            let path = dir.join(name);
+            MapData::from_pin(&path).map_err(|source| BpfError::Map { name, path, source })
+        }
+        fn typed<T: TryFrom<Map, Error = MapError>>(
+            dir: &Path,
+            name: &'static str,
+            wrap: fn(MapData) -> Map,
+        ) -> Result<T, BpfError> {
+            let m = wrap(data(dir, name)?);
+            T::try_from(m).map_err(|source| BpfError::Map {
+                name,
+                path: dir.join(name),
+                source,
+            })
+        }
+        Ok(Self {
+            services: typed(dir, map_names::SERVICES, Map::HashMap)?,
+            slots: typed(dir, map_names::SLOTS, Map::HashMap)?,
+            backends: typed(dir, map_names::BACKENDS, Map::HashMap)?,
+            flows: typed(dir, map_names::FLOWS, Map::LruHashMap)?,
+            labels: typed(dir, map_names::LABELS, Map::HashMap)?,
+            drops: typed(dir, map_names::DROPS, Map::PerCpuArray)?,
+        })
+    }
+
+    /// Reads back what the maps hold, to adopt it. Entries that do not fit together (a slot
+    /// without its service, a frontend with a missing slot) are reported, and repaired by the
+    /// first apply.
+    pub fn read_programmed(&self) -> Programmed {
+        let mut p = Programmed::default();
+        for (id, b) in self.backends.iter().flatten() {
+            if let Some(addr) = BackendAddr::from_value(&b) {
+                p.backends.insert(id, addr);
+            }
+        }
+        let mut slots: HashMap<u32, BTreeMap<u32, u32>> = HashMap::new();
+        for (k, id) in self.slots.iter().flatten() {
+            slots.entry(k.svc_id).or_default().insert(k.slot, id);
+        }
+        for (k, v) in self.services.iter().flatten() {
+            let Some(fe) = Frontend::from_key(&k) else {
+                continue;
+            };
+            let svc_slots = slots.remove(&v.svc_id).unwrap_or_default();
+            // Slots 0..n, as long as they are contiguous and point at known backends; extra
+            // slots past the count are kept too so they get deleted.
+            let mut list = Vec::new();
+            for (i, (slot, id)) in svc_slots.iter().enumerate() {
+                if usize::try_from(*slot).ok() != Some(i) || !p.backends.contains_key(id) {
+                    tracing::warn!(frontend = %fe, slot, "inconsistent slot found at start-up; it will be rewritten");
+                    break;
+                }
+                list.push(*id);
+            }
+            let label = self
+                .labels
+                .get(&v.svc_id, 0)
+                .map(|l| label_str(&l))
+                .unwrap_or_default();
+            p.frontends.insert(
+                fe,
+                ProgrammedFrontend {
+                    svc_id: v.svc_id,
+                    label,
+                    slots: list,
+                },
+            );
+        }
+        p
+    }
+
+    /// Datapath drop counters, summed over CPUs, by reason.
+    pub fn drop_counts(&self) -> Vec<(DropReason, u64)> {
+        DropReason::ALL
+            .iter()
+            .map(|r| {
+                let n = self
+                    .drops
+                    .get(&(*r as u32), 0)
+                    .map(|v| v.iter().sum())
+                    .unwrap_or(0);
+                (*r, n)
+            })
+            .collect()
+    }
+}
+
+pub fn label_str(l: &ServiceLabel) -> String {
+    let end = l.name.iter().position(|b| *b == 0).unwrap_or(l.name.len());
+    String::from_utf8_lossy(&l.name[..end]).into_owned()
+}
+
+fn label_value(s: &str) -> ServiceLabel {
+    let mut name = [0u8; 128];
+    // Keep room for the NUL; cut on a char boundary.
+    let mut end = s.len().min(127);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    name[..end].copy_from_slice(&s.as_bytes()[..end]);
+    ServiceLabel { name }
+}
+
+fn werr(map: &'static str, op: &'static str, entry: String, e: &MapError) -> MapWriteError {
+    MapWriteError {
+        map,
+        op,
+        entry,
+        reason: e.to_string(),
+    }
+}
+
+/// Deleting an entry that is already gone is not an error.
+fn del_ok(r: Result<(), MapError>) -> Result<(), MapError> {
+    match r {
+        Err(MapError::KeyNotFound) => Ok(()),
+        Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        other => other,
+    }
+}
+
+impl Maps for PinnedMaps {
+    fn put_backend(&mut self, id: u32, b: &Backend) -> Result<(), MapWriteError> {
+        self.backends
+            .insert(id, *b, 0)
+            .map_err(|e| werr(map_names::BACKENDS, "update", format!("id {id}"), &e))
+    }
+    fn del_backend(&mut self, id: u32) -> Result<(), MapWriteError> {
+        del_ok(self.backends.remove(&id))
+            .map_err(|e| werr(map_names::BACKENDS, "delete", format!("id {id}"), &e))
+    }
+    fn put_slot(&mut self, key: SlotKey, backend_id: u32) -> Result<(), MapWriteError> {
+        self.slots.insert(key, backend_id, 0).map_err(|e| {
+            werr(
+                map_names::SLOTS,
+                "update",
+                format!("svc {} slot {}", key.svc_id, key.slot),
+                &e,
+            )
+        })
+    }
+    fn del_slot(&mut self, key: SlotKey) -> Result<(), MapWriteError> {
+        del_ok(self.slots.remove(&key)).map_err(|e| {
+            werr(
+                map_names::SLOTS,
+                "delete",
+                format!("svc {} slot {}", key.svc_id, key.slot),
+                &e,
+            )
+        })
+    }
+    fn put_service(&mut self, key: ServiceKey, value: ServiceValue) -> Result<(), MapWriteError> {
+        self.services.insert(key, value, 0).map_err(|e| {
+            werr(
+                map_names::SERVICES,
+                "update",
+                Frontend::from_key(&key).map_or_else(String::new, |f| f.to_string()),
+                &e,
+            )
+        })
+    }
+    fn del_service(&mut self, key: ServiceKey) -> Result<(), MapWriteError> {
+        del_ok(self.services.remove(&key)).map_err(|e| {
+            werr(
+                map_names::SERVICES,
+                "delete",
+                Frontend::from_key(&key).map_or_else(String::new, |f| f.to_string()),
+                &e,
+            )
+        })
+    }
+    fn put_label(&mut self, svc_id: u32, label: &str) -> Result<(), MapWriteError> {
+        self.labels
+            .insert(svc_id, label_value(label), 0)
+            .map_err(|e| werr(map_names::LABELS, "update", format!("svc {svc_id}"), &e))
+    }
+    fn del_label(&mut self, svc_id: u32) -> Result<(), MapWriteError> {
+        del_ok(self.labels.remove(&svc_id))
+            .map_err(|e| werr(map_names::LABELS, "delete", format!("svc {svc_id}"), &e))
+    }
+}
+
+/// `lbproxy cleanup`: unpins every link (detaching the programs) and every map, then removes
+/// the directory. Returns what it removed.
+pub fn cleanup(dir: &Path) -> Result<Vec<String>, BpfError> {
+    let mut removed = Vec::new();
+    if !dir.exists() {
+        return Ok(removed);
+    }
+    for (iface, paths) in pinned_interfaces(dir) {
+        for p in paths {
+            std::fs::remove_file(&p).map_err(|source| BpfError::Io {
+                path: p.clone(),
+                source,
+            })?;
+        }
+        removed.push(format!("links of {}@{}", iface.name, iface.index));
+    }
+    let links = dir.join("links");
+    if links.exists() {
+        // Anything else left there (e.g. a half-written pin) goes too.
+        std::fs::remove_dir_all(&links).map_err(|source| BpfError::Io {
+            path: links.clone(),
+            source,
+        })?;
+    }
+    for name in map_names::PINNED {
+        let p = dir.join(name);
+        if p.exists() {
+            std::fs::remove_file(&p).map_err(|source| BpfError::Io {
+                path: p.clone(),
+                source,
+            })?;
+            removed.push(format!("map {name}"));
+        }
+    }
+    std::fs::remove_dir(dir).map_err(|source| BpfError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_pin_names_round_trip() {
+        let i = Interface {
+            index: 42,
+            name: "cali.a@b".into(),
+        };
+        let p = link_pin(Path::new("/x"), &i, "ingress");
+        let file = p.file_name().unwrap().to_string_lossy().to_string();
+        assert_eq!(parse_link_pin(&file), Some((i, "ingress".to_string())));
+    }
+
+    #[test]
+    fn labels_are_cut_safely() {
+        let long = "é".repeat(100);
+        let l = label_value(&long);
+        assert!(label_str(&l).len() <= 127);
+        assert_eq!(label_str(&label_value("ns/a:http")), "ns/a:http");
+    }
+}

@@ -1,0 +1,722 @@
+//! From the model to the BPF maps: the desired frontends, and a programmer that writes only
+//! the difference between what is programmed and what is desired.
+//!
+//! Write order keeps every frontend consistent at every instant, so a packet never sees a
+//! half-programmed service:
+//! - a new or changed frontend: backends, then slots, then the service entry (its count);
+//! - a removed frontend: the service entry, then its slots;
+//! - backends no frontend uses any more go last.
+//!
+//! The map writes go through the [`Maps`] trait; `bpf::PinnedMaps` is the real one.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv4Addr};
+
+use lbproxy_common::{Backend, ServiceKey, ServiceValue, SlotKey};
+
+use crate::model::{Model, Protocol};
+
+/// A frontend the datapath serves: VIP:port/proto.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Frontend {
+    pub addr: Ipv4Addr,
+    pub port: u16,
+    pub proto: Protocol,
+}
+
+impl Frontend {
+    pub fn key(&self) -> ServiceKey {
+        ServiceKey {
+            addr: self.addr.octets(),
+            port_be: self.port.to_be(),
+            proto: self.proto.number(),
+            _pad: 0,
+        }
+    }
+
+    pub fn from_key(k: &ServiceKey) -> Option<Self> {
+        Some(Self {
+            addr: Ipv4Addr::from(k.addr),
+            port: u16::from_be(k.port_be),
+            proto: Protocol::from_number(k.proto)?,
+        })
+    }
+}
+
+impl std::fmt::Display for Frontend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}/{}", self.addr, self.port, self.proto.as_str())
+    }
+}
+
+/// A backend address as the datapath sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BackendAddr {
+    pub addr: Ipv4Addr,
+    pub port: u16,
+    pub proto: Protocol,
+}
+
+impl BackendAddr {
+    pub fn value(&self) -> Backend {
+        Backend {
+            addr: self.addr.octets(),
+            port_be: self.port.to_be(),
+            proto: self.proto.number(),
+            _pad: 0,
+        }
+    }
+
+    pub fn from_value(b: &Backend) -> Option<Self> {
+        Some(Self {
+            addr: Ipv4Addr::from(b.addr),
+            port: u16::from_be(b.port_be),
+            proto: Protocol::from_number(b.proto)?,
+        })
+    }
+}
+
+impl std::fmt::Display for BackendAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.addr, self.port)
+    }
+}
+
+/// What one frontend should do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrontendSpec {
+    /// `namespace/name:port-name`, stored for `lbproxy inspect`.
+    pub label: String,
+    /// Backends for new flows, in a stable order.
+    pub backends: Vec<BackendAddr>,
+}
+
+pub type Desired = BTreeMap<Frontend, FrontendSpec>;
+
+/// The frontends the model asks for. Served today: IPv4 ClusterIPs, TCP and UDP. IPv6 and
+/// SCTP stay in the model but are not programmed yet.
+pub fn desired(model: &Model) -> Desired {
+    let mut out = Desired::new();
+    for svc in model.services.values() {
+        for port in &svc.ports {
+            if port.protocol == Protocol::Sctp {
+                continue;
+            }
+            let backends: Vec<BackendAddr> = model
+                .ready_endpoints(svc, port)
+                .into_iter()
+                .filter_map(|ep| match ep.ip {
+                    IpAddr::V4(addr) => Some(BackendAddr {
+                        addr,
+                        port: ep.port,
+                        proto: port.protocol,
+                    }),
+                    IpAddr::V6(_) => None,
+                })
+                .collect();
+            let label = if port.name.is_empty() {
+                svc.id.to_string()
+            } else {
+                format!("{}:{}", svc.id, port.name)
+            };
+            for ip in &svc.cluster_ips {
+                let IpAddr::V4(addr) = ip else { continue };
+                out.insert(
+                    Frontend {
+                        addr: *addr,
+                        port: port.port,
+                        proto: port.protocol,
+                    },
+                    FrontendSpec {
+                        label: label.clone(),
+                        backends: backends.clone(),
+                    },
+                );
+            }
+        }
+    }
+    out
+}
+
+/// A map write that failed, naming the map and the entry.
+#[derive(Debug, thiserror::Error)]
+#[error("{map}: {op} {entry}: {reason}")]
+pub struct MapWriteError {
+    pub map: &'static str,
+    pub op: &'static str,
+    pub entry: String,
+    pub reason: String,
+}
+
+/// The writes the programmer makes. Implemented over the pinned BPF maps, and in memory for
+/// tests.
+pub trait Maps {
+    fn put_backend(&mut self, id: u32, b: &Backend) -> Result<(), MapWriteError>;
+    fn del_backend(&mut self, id: u32) -> Result<(), MapWriteError>;
+    fn put_slot(&mut self, key: SlotKey, backend_id: u32) -> Result<(), MapWriteError>;
+    fn del_slot(&mut self, key: SlotKey) -> Result<(), MapWriteError>;
+    fn put_service(&mut self, key: ServiceKey, value: ServiceValue) -> Result<(), MapWriteError>;
+    fn del_service(&mut self, key: ServiceKey) -> Result<(), MapWriteError>;
+    fn put_label(&mut self, svc_id: u32, label: &str) -> Result<(), MapWriteError>;
+    fn del_label(&mut self, svc_id: u32) -> Result<(), MapWriteError>;
+}
+
+/// What is in the maps, as read back at start-up (adoption) or as written since.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Programmed {
+    pub frontends: BTreeMap<Frontend, ProgrammedFrontend>,
+    pub backends: HashMap<u32, BackendAddr>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProgrammedFrontend {
+    pub svc_id: u32,
+    pub label: String,
+    /// `slots[i]` is the backend id in slot `i`; `slots.len()` is the service's count.
+    pub slots: Vec<u32>,
+}
+
+/// Counts of what one apply wrote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ApplyStats {
+    pub writes: usize,
+    pub deletes: usize,
+    pub frontends_changed: usize,
+}
+
+/// Holds what is programmed and turns a new desired state into the minimal writes.
+#[derive(Debug, Default)]
+pub struct Programmer {
+    state: Programmed,
+    by_addr: HashMap<BackendAddr, u32>,
+    refs: HashMap<u32, usize>,
+    next_backend_id: u32,
+    next_svc_id: u32,
+}
+
+impl Programmer {
+    /// Starts from what the maps already hold, keeping every id, so flows recorded by an
+    /// earlier run stay valid.
+    pub fn adopt(state: Programmed) -> Self {
+        let mut p = Programmer {
+            next_backend_id: state.backends.keys().max().map_or(1, |m| m + 1),
+            next_svc_id: state
+                .frontends
+                .values()
+                .map(|f| f.svc_id)
+                .max()
+                .map_or(1, |m| m + 1),
+            ..Default::default()
+        };
+        for (id, addr) in &state.backends {
+            p.by_addr.insert(*addr, *id);
+            p.refs.insert(*id, 0);
+        }
+        for f in state.frontends.values() {
+            for id in &f.slots {
+                *p.refs.entry(*id).or_default() += 1;
+            }
+        }
+        p.state = state;
+        p
+    }
+
+    pub fn programmed(&self) -> &Programmed {
+        &self.state
+    }
+
+    fn backend_id<M: Maps>(
+        &mut self,
+        maps: &mut M,
+        addr: BackendAddr,
+        stats: &mut ApplyStats,
+    ) -> Result<u32, MapWriteError> {
+        if let Some(id) = self.by_addr.get(&addr) {
+            return Ok(*id);
+        }
+        let id = self.next_backend_id;
+        maps.put_backend(id, &addr.value())?;
+        stats.writes += 1;
+        self.next_backend_id += 1;
+        self.by_addr.insert(addr, id);
+        self.refs.insert(id, 0);
+        self.state.backends.insert(id, addr);
+        Ok(id)
+    }
+
+    /// Programs `desired`, writing only what differs. On a failed write it stops that
+    /// frontend where it is (still consistent), goes on with the others, and returns the
+    /// errors; the next apply retries.
+    pub fn apply<M: Maps>(
+        &mut self,
+        maps: &mut M,
+        desired: &Desired,
+    ) -> Result<ApplyStats, (ApplyStats, Vec<MapWriteError>)> {
+        let mut stats = ApplyStats::default();
+        let mut errors = Vec::new();
+
+        // Removed frontends first: frees slots and ids before new ones are written.
+        let removed: Vec<Frontend> = self
+            .state
+            .frontends
+            .keys()
+            .filter(|f| !desired.contains_key(f))
+            .copied()
+            .collect();
+        for fe in removed {
+            if let Err(e) = self.remove_frontend(maps, fe, &mut stats) {
+                errors.push(e);
+            }
+        }
+        for (fe, spec) in desired {
+            if let Err(e) = self.apply_frontend(maps, *fe, spec, &mut stats) {
+                errors.push(e);
+            }
+        }
+        // Backends nothing refers to any more.
+        let unused: Vec<u32> = self
+            .refs
+            .iter()
+            .filter(|(_, n)| **n == 0)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in unused {
+            match maps.del_backend(id) {
+                Ok(()) => {
+                    stats.deletes += 1;
+                    self.refs.remove(&id);
+                    if let Some(addr) = self.state.backends.remove(&id) {
+                        self.by_addr.remove(&addr);
+                    }
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        if errors.is_empty() {
+            Ok(stats)
+        } else {
+            Err((stats, errors))
+        }
+    }
+
+    fn remove_frontend<M: Maps>(
+        &mut self,
+        maps: &mut M,
+        fe: Frontend,
+        stats: &mut ApplyStats,
+    ) -> Result<(), MapWriteError> {
+        let Some(cur) = self.state.frontends.get(&fe).cloned() else {
+            return Ok(());
+        };
+        maps.del_service(fe.key())?;
+        stats.deletes += 1;
+        stats.frontends_changed += 1;
+        // From here on no packet reaches this frontend's slots.
+        let mut left = cur.slots.clone();
+        while let Some(id) = left.last().copied() {
+            let slot = u32::try_from(left.len() - 1).unwrap_or(u32::MAX);
+            maps.del_slot(SlotKey {
+                svc_id: cur.svc_id,
+                slot,
+            })?;
+            stats.deletes += 1;
+            left.pop();
+            self.release(id);
+            if let Some(f) = self.state.frontends.get_mut(&fe) {
+                f.slots = left.clone();
+            }
+        }
+        maps.del_label(cur.svc_id)?;
+        self.state.frontends.remove(&fe);
+        Ok(())
+    }
+
+    fn release(&mut self, id: u32) {
+        if let Some(n) = self.refs.get_mut(&id) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    fn apply_frontend<M: Maps>(
+        &mut self,
+        maps: &mut M,
+        fe: Frontend,
+        spec: &FrontendSpec,
+        stats: &mut ApplyStats,
+    ) -> Result<(), MapWriteError> {
+        // 1. Backends.
+        let mut want = Vec::with_capacity(spec.backends.len());
+        for b in &spec.backends {
+            want.push(self.backend_id(maps, *b, stats)?);
+        }
+
+        let existing = self.state.frontends.get(&fe).cloned();
+        let (svc_id, old_slots, is_new) = match &existing {
+            Some(cur) => (cur.svc_id, cur.slots.clone(), false),
+            None => (self.next_svc_id, Vec::new(), true),
+        };
+
+        // 2. The new slot arrangement: keep backends where they are, fill holes left by
+        // removed ones with the last slots, append new ones. O(changes) writes.
+        let want_set: std::collections::HashSet<u32> = want.iter().copied().collect();
+        let mut slots = old_slots.clone();
+        let mut i = 0;
+        while i < slots.len() {
+            if want_set.contains(&slots[i]) {
+                i += 1;
+            } else {
+                slots.swap_remove(i);
+            }
+        }
+        let have: std::collections::HashSet<u32> = slots.iter().copied().collect();
+        for id in &want {
+            if !have.contains(id) {
+                slots.push(*id);
+            }
+        }
+        if !is_new && slots == old_slots && existing.as_ref().is_some_and(|c| c.label == spec.label)
+        {
+            return Ok(());
+        }
+        stats.frontends_changed += 1;
+        if is_new {
+            self.next_svc_id += 1;
+            maps.put_label(svc_id, &spec.label)?;
+            stats.writes += 1;
+            self.state.frontends.insert(
+                fe,
+                ProgrammedFrontend {
+                    svc_id,
+                    label: spec.label.clone(),
+                    slots: Vec::new(),
+                },
+            );
+        } else if existing.as_ref().is_some_and(|c| c.label != spec.label) {
+            maps.put_label(svc_id, &spec.label)?;
+            stats.writes += 1;
+            if let Some(f) = self.state.frontends.get_mut(&fe) {
+                f.label = spec.label.clone();
+            }
+        }
+
+        // 3. Slots that change, while the count still hides any slot beyond the old end.
+        // The programmed view tracks the longer of old and new until the count is written.
+        let mut current = old_slots.clone();
+        for (i, id) in slots.iter().enumerate() {
+            if current.get(i) == Some(id) {
+                continue;
+            }
+            let slot = u32::try_from(i).unwrap_or(u32::MAX);
+            maps.put_slot(SlotKey { svc_id, slot }, *id)?;
+            stats.writes += 1;
+            *self.refs.entry(*id).or_default() += 1;
+            if i < current.len() {
+                let old = current[i];
+                current[i] = *id;
+                self.release(old);
+            } else {
+                current.push(*id);
+            }
+            if let Some(f) = self.state.frontends.get_mut(&fe) {
+                // Slots past the old count are not live yet; record them so a failure
+                // later still releases them on the next apply.
+                f.slots = current.clone();
+            }
+        }
+
+        // 4. The count: from here on new flows use the new arrangement.
+        if is_new || slots.len() != old_slots.len() {
+            let count = u32::try_from(slots.len()).unwrap_or(u32::MAX);
+            maps.put_service(fe.key(), ServiceValue { svc_id, count })?;
+            stats.writes += 1;
+        }
+
+        // 5. Slots beyond the new end.
+        while current.len() > slots.len() {
+            let slot = u32::try_from(current.len() - 1).unwrap_or(u32::MAX);
+            maps.del_slot(SlotKey { svc_id, slot })?;
+            stats.deletes += 1;
+            if let Some(id) = current.pop() {
+                self.release(id);
+            }
+            if let Some(f) = self.state.frontends.get_mut(&fe) {
+                f.slots = current.clone();
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+pub mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// The maps in memory. After every write it checks the invariant the datapath relies
+    /// on: every service's slots `0..count` exist and point at existing backends.
+    #[derive(Default, Debug)]
+    pub struct MemMaps {
+        pub services: BTreeMap<ServiceKey, ServiceValue>,
+        pub slots: BTreeMap<SlotKey, u32>,
+        pub backends: BTreeMap<u32, Backend>,
+        pub labels: BTreeMap<u32, String>,
+        pub ops: usize,
+        /// Fail the n-th write from now (for failure tests).
+        pub fail_at: Option<usize>,
+    }
+
+    impl MemMaps {
+        fn step(&mut self, map: &'static str) -> Result<(), MapWriteError> {
+            self.ops += 1;
+            if let Some(n) = self.fail_at.as_mut() {
+                if *n == 0 {
+                    self.fail_at = None;
+                    return Err(MapWriteError {
+                        map,
+                        op: "update",
+                        entry: String::new(),
+                        reason: "injected".into(),
+                    });
+                }
+                *n -= 1;
+            }
+            Ok(())
+        }
+
+        pub fn check(&self) {
+            for (k, v) in &self.services {
+                for slot in 0..v.count {
+                    let key = SlotKey {
+                        svc_id: v.svc_id,
+                        slot,
+                    };
+                    let id = self
+                        .slots
+                        .get(&key)
+                        .unwrap_or_else(|| panic!("service {k:?} count {} but slot {slot} missing", v.count));
+                    assert!(
+                        self.backends.contains_key(id),
+                        "slot {key:?} points at missing backend {id}"
+                    );
+                }
+            }
+        }
+    }
+
+    impl Maps for MemMaps {
+        fn put_backend(&mut self, id: u32, b: &Backend) -> Result<(), MapWriteError> {
+            self.step("backends")?;
+            self.backends.insert(id, *b);
+            self.check();
+            Ok(())
+        }
+        fn del_backend(&mut self, id: u32) -> Result<(), MapWriteError> {
+            self.step("backends")?;
+            self.backends.remove(&id);
+            self.check();
+            Ok(())
+        }
+        fn put_slot(&mut self, key: SlotKey, backend_id: u32) -> Result<(), MapWriteError> {
+            self.step("slots")?;
+            self.slots.insert(key, backend_id);
+            self.check();
+            Ok(())
+        }
+        fn del_slot(&mut self, key: SlotKey) -> Result<(), MapWriteError> {
+            self.step("slots")?;
+            self.slots.remove(&key);
+            self.check();
+            Ok(())
+        }
+        fn put_service(&mut self, key: ServiceKey, value: ServiceValue) -> Result<(), MapWriteError> {
+            self.step("services")?;
+            self.services.insert(key, value);
+            self.check();
+            Ok(())
+        }
+        fn del_service(&mut self, key: ServiceKey) -> Result<(), MapWriteError> {
+            self.step("services")?;
+            self.services.remove(&key);
+            self.check();
+            Ok(())
+        }
+        fn put_label(&mut self, svc_id: u32, label: &str) -> Result<(), MapWriteError> {
+            self.step("labels")?;
+            self.labels.insert(svc_id, label.to_string());
+            Ok(())
+        }
+        fn del_label(&mut self, svc_id: u32) -> Result<(), MapWriteError> {
+            self.step("labels")?;
+            self.labels.remove(&svc_id);
+            Ok(())
+        }
+    }
+
+    fn fe(last: u8, port: u16) -> Frontend {
+        Frontend {
+            addr: Ipv4Addr::new(198, 19, 0, last),
+            port,
+            proto: Protocol::Tcp,
+        }
+    }
+    fn be(last: u8) -> BackendAddr {
+        BackendAddr {
+            addr: Ipv4Addr::new(198, 18, 0, last),
+            port: 8080,
+            proto: Protocol::Tcp,
+        }
+    }
+    fn spec(backends: &[u8]) -> FrontendSpec {
+        FrontendSpec {
+            label: "ns/svc:http".into(),
+            backends: backends.iter().map(|b| be(*b)).collect(),
+        }
+    }
+
+    /// What the datapath would see for a frontend: its backends, as a sorted list.
+    fn served(m: &MemMaps, f: Frontend) -> Vec<BackendAddr> {
+        let Some(v) = m.services.get(&f.key()) else {
+            return vec![];
+        };
+        let mut out: Vec<BackendAddr> = (0..v.count)
+            .map(|slot| {
+                let id = m.slots[&SlotKey {
+                    svc_id: v.svc_id,
+                    slot,
+                }];
+                BackendAddr::from_value(&m.backends[&id]).unwrap()
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn programs_then_diffs_without_clearing() {
+        let mut m = MemMaps::default();
+        let mut p = Programmer::default();
+        let mut d = Desired::new();
+        d.insert(fe(10, 80), spec(&[2, 3, 4]));
+        d.insert(fe(11, 80), spec(&[3]));
+        let s = p.apply(&mut m, &d).unwrap();
+        assert_eq!(served(&m, fe(10, 80)), vec![be(2), be(3), be(4)]);
+        assert_eq!(m.backends.len(), 3, "backend 3 is shared");
+        assert_eq!(s.frontends_changed, 2);
+
+        // Same desired state: nothing written.
+        let before = m.ops;
+        let s = p.apply(&mut m, &d).unwrap();
+        assert_eq!((m.ops, s), (before, ApplyStats::default()));
+
+        // Remove one backend: one slot rewritten, count updated, one slot deleted, the
+        // backend deleted. The other frontend is untouched.
+        d.insert(fe(10, 80), spec(&[2, 4]));
+        let svc_id_before = m.services[&fe(10, 80).key()].svc_id;
+        let s = p.apply(&mut m, &d).unwrap();
+        assert_eq!(served(&m, fe(10, 80)), vec![be(2), be(4)]);
+        assert_eq!(m.services[&fe(10, 80).key()].svc_id, svc_id_before);
+        assert_eq!(s.frontends_changed, 1);
+        assert!(s.writes + s.deletes <= 4, "{s:?}");
+        assert!(m.backends.values().any(|b| b.addr == be(3).addr.octets()), "still used by .11");
+
+        // Add one: one slot, one count, one backend.
+        d.insert(fe(10, 80), spec(&[2, 4, 5]));
+        let s = p.apply(&mut m, &d).unwrap();
+        assert_eq!(served(&m, fe(10, 80)), vec![be(2), be(4), be(5)]);
+        assert_eq!(s.writes, 3);
+
+        // Remove a frontend and the backends only it used.
+        d.remove(&fe(10, 80));
+        p.apply(&mut m, &d).unwrap();
+        assert!(!m.services.contains_key(&fe(10, 80).key()));
+        assert_eq!(m.slots.len(), 1);
+        assert_eq!(m.backends.len(), 1);
+        assert_eq!(m.labels.len(), 1);
+    }
+
+    #[test]
+    fn zero_backends_is_a_frontend_with_count_zero() {
+        let mut m = MemMaps::default();
+        let mut p = Programmer::default();
+        let mut d = Desired::new();
+        d.insert(fe(10, 80), spec(&[]));
+        p.apply(&mut m, &d).unwrap();
+        assert_eq!(m.services[&fe(10, 80).key()].count, 0);
+        d.insert(fe(10, 80), spec(&[2]));
+        p.apply(&mut m, &d).unwrap();
+        assert_eq!(served(&m, fe(10, 80)), vec![be(2)]);
+    }
+
+    #[test]
+    fn adoption_keeps_ids_and_writes_nothing_when_unchanged() {
+        let mut m = MemMaps::default();
+        let mut p = Programmer::default();
+        let mut d = Desired::new();
+        d.insert(fe(10, 80), spec(&[2, 3]));
+        p.apply(&mut m, &d).unwrap();
+        let state = p.programmed().clone();
+
+        let mut p2 = Programmer::adopt(state);
+        let before = m.ops;
+        p2.apply(&mut m, &d).unwrap();
+        assert_eq!(m.ops, before, "a restart with the same desired state rewrites nothing");
+        d.insert(fe(12, 80), spec(&[9]));
+        p2.apply(&mut m, &d).unwrap();
+        let ids: Vec<u32> = m.services.values().map(|v| v.svc_id).collect();
+        assert_eq!(ids.len(), 2);
+        assert_ne!(ids[0], ids[1], "new ids never collide with adopted ones");
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_maps_consistent_and_the_next_apply_repairs() {
+        // Fail every possible write position once; MemMaps::check asserts consistency
+        // after every single write.
+        for fail in 0..12 {
+            let mut m = MemMaps::default();
+            let mut p = Programmer::default();
+            let mut d = Desired::new();
+            d.insert(fe(10, 80), spec(&[2, 3, 4]));
+            p.apply(&mut m, &d).unwrap();
+            d.insert(fe(10, 80), spec(&[3, 5]));
+            d.insert(fe(11, 53), spec(&[6]));
+            m.fail_at = Some(fail);
+            let _ = p.apply(&mut m, &d);
+            m.check();
+            p.apply(&mut m, &d).unwrap();
+            assert_eq!(served(&m, fe(10, 80)), vec![be(3), be(5)], "fail at {fail}");
+            assert_eq!(served(&m, fe(11, 53)), vec![be(6)], "fail at {fail}");
+            assert_eq!(m.backends.len(), 3, "fail at {fail}: {:?}", m.backends);
+        }
+    }
+
+    #[test]
+    fn desired_serves_ipv4_tcp_udp_only() {
+        use crate::manifests;
+        let text = r"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec:
+  clusterIPs: [198.19.0.10, 'fd00::10']
+  ports:
+  - {name: http, port: 80, protocol: TCP}
+  - {name: dns, port: 53, protocol: UDP}
+  - {name: sig, port: 99, protocol: SCTP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-a, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}, {name: dns, port: 5353, protocol: UDP}]
+endpoints: [{addresses: [198.18.0.2]}]
+";
+        let mut o = manifests::Objects::default();
+        manifests::parse_text(std::path::Path::new("x.yaml"), text, &mut o).unwrap();
+        let model = manifests::build_model(o).unwrap().model;
+        let d = desired(&model);
+        let keys: Vec<String> = d.keys().map(ToString::to_string).collect();
+        assert_eq!(keys, vec!["198.19.0.10:53/UDP", "198.19.0.10:80/TCP"]);
+        assert_eq!(d.values().next().unwrap().backends[0].port, 5353);
+        assert_eq!(d.values().next().unwrap().label, "shop/web:dns");
+    }
+}

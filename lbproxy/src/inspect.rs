@@ -1,0 +1,310 @@
+//! `lbproxy inspect`: reads the pinned maps, whether `run` is running or not, and prints an
+//! aligned table for people or JSON for scripts.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+use lbproxy_common::{FLOW_DIR_FORWARD, SlotKey};
+use serde::Serialize;
+
+use crate::bpf::{PinnedMaps, label_str};
+use crate::dataplane::{BackendAddr, Frontend};
+use crate::model::Protocol;
+
+#[derive(Serialize)]
+pub struct BackendRow {
+    pub id: u32,
+    pub addr: String,
+    pub port: u16,
+    pub protocol: String,
+}
+
+#[derive(Serialize)]
+pub struct ServiceRow {
+    pub frontend: String,
+    pub vip: String,
+    pub port: u16,
+    pub protocol: String,
+    pub service: String,
+    pub port_name: String,
+    pub svc_id: u32,
+    pub backends: Vec<BackendRow>,
+}
+
+#[derive(Serialize)]
+pub struct FlowRow {
+    pub client: String,
+    pub frontend: String,
+    pub backend: String,
+    pub protocol: String,
+    pub service: String,
+    pub backend_id: u32,
+    pub age_seconds: f64,
+    pub idle_seconds: f64,
+}
+
+fn split_label(label: &str) -> (String, String) {
+    match label.rsplit_once(':') {
+        Some((svc, port)) => (svc.to_string(), port.to_string()),
+        None => (label.to_string(), String::new()),
+    }
+}
+
+pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
+    let backends: BTreeMap<u32, BackendAddr> = maps
+        .backends
+        .iter()
+        .flatten()
+        .filter_map(|(id, b)| BackendAddr::from_value(&b).map(|a| (id, a)))
+        .collect();
+    let mut rows = Vec::new();
+    for (k, v) in maps.services.iter().flatten() {
+        let Some(fe) = Frontend::from_key(&k) else {
+            continue;
+        };
+        let label = maps
+            .labels
+            .get(&v.svc_id, 0)
+            .map(|l| label_str(&l))
+            .unwrap_or_default();
+        let (service, port_name) = split_label(&label);
+        let mut bes = Vec::new();
+        for slot in 0..v.count {
+            let Ok(id) = maps.slots.get(&SlotKey { svc_id: v.svc_id, slot }, 0) else {
+                continue;
+            };
+            if let Some(b) = backends.get(&id) {
+                bes.push(BackendRow {
+                    id,
+                    addr: b.addr.to_string(),
+                    port: b.port,
+                    protocol: b.proto.as_str().to_string(),
+                });
+            }
+        }
+        bes.sort_by(|a, b| (&a.addr, a.port).cmp(&(&b.addr, b.port)));
+        rows.push(ServiceRow {
+            frontend: fe.to_string(),
+            vip: fe.addr.to_string(),
+            port: fe.port,
+            protocol: fe.proto.as_str().to_string(),
+            service,
+            port_name,
+            svc_id: v.svc_id,
+            backends: bes,
+        });
+    }
+    rows.sort_by(|a, b| (&a.service, &a.frontend).cmp(&(&b.service, &b.frontend)));
+    rows
+}
+
+pub fn backends(maps: &PinnedMaps) -> Vec<BackendRow> {
+    let mut rows: Vec<BackendRow> = maps
+        .backends
+        .iter()
+        .flatten()
+        .filter_map(|(id, b)| {
+            BackendAddr::from_value(&b).map(|a| BackendRow {
+                id,
+                addr: a.addr.to_string(),
+                port: a.port,
+                protocol: a.proto.as_str().to_string(),
+            })
+        })
+        .collect();
+    rows.sort_by_key(|r| r.id);
+    rows
+}
+
+fn monotonic_ns() -> u64 {
+    // SAFETY: clock_gettime writes into the zeroed struct.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+pub fn flows(maps: &PinnedMaps) -> Vec<FlowRow> {
+    let now = monotonic_ns();
+    let labels: BTreeMap<u32, String> = maps
+        .labels
+        .iter()
+        .flatten()
+        .map(|(id, l)| (id, label_str(&l)))
+        .collect();
+    let secs = |ns: u64| (now.saturating_sub(ns) as f64) / 1e9;
+    let mut rows: Vec<FlowRow> = maps
+        .flows
+        .iter()
+        .flatten()
+        .filter(|(k, _)| k.dir == FLOW_DIR_FORWARD)
+        .map(|(k, v)| {
+            let proto = Protocol::from_number(k.proto).map_or("?", Protocol::as_str);
+            FlowRow {
+                client: format!("{}:{}", Ipv4Addr::from(k.src_addr), u16::from_be(k.src_port_be)),
+                frontend: format!(
+                    "{}:{}/{proto}",
+                    Ipv4Addr::from(k.dst_addr),
+                    u16::from_be(k.dst_port_be)
+                ),
+                backend: format!("{}:{}", Ipv4Addr::from(v.nat_addr), u16::from_be(v.nat_port_be)),
+                protocol: proto.to_string(),
+                service: labels.get(&v.svc_id).cloned().unwrap_or_default(),
+                backend_id: v.backend_id,
+                age_seconds: secs(v.created_ns),
+                idle_seconds: secs(v.last_seen_ns),
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| (&a.service, &a.client).cmp(&(&b.service, &b.client)));
+    rows
+}
+
+/// Prints rows as an aligned table.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.len());
+        }
+    }
+    let mut out = String::new();
+    let line = |cells: Vec<&str>, out: &mut String| {
+        let mut l = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                l.push_str(c);
+            } else {
+                l.push_str(&format!("{c:<w$}  ", w = widths[i]));
+            }
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(headers.to_vec(), &mut out);
+    for r in rows {
+        line(r.iter().map(String::as_str).collect(), &mut out);
+    }
+    out
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum What {
+    Services,
+    Backends,
+    Flows,
+    Drops,
+}
+
+pub fn run(dir: &Path, what: What, json: bool) -> anyhow::Result<()> {
+    if !dir.exists() {
+        anyhow::bail!(
+            "{} does not exist: lbproxy has not run with this --bpffs-dir (or was cleaned up)",
+            dir.display()
+        );
+    }
+    let maps = PinnedMaps::open(dir)?;
+    let out = match what {
+        What::Services => {
+            let rows = services(&maps);
+            if json {
+                serde_json::to_string_pretty(&rows)?
+            } else {
+                let cells: Vec<Vec<String>> = rows
+                    .iter()
+                    .map(|r| {
+                        vec![
+                            r.service.clone(),
+                            r.port_name.clone(),
+                            r.frontend.clone(),
+                            r.backends.len().to_string(),
+                            if r.backends.is_empty() {
+                                "(none)".to_string()
+                            } else {
+                                r.backends
+                                    .iter()
+                                    .map(|b| format!("{}:{}", b.addr, b.port))
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            },
+                        ]
+                    })
+                    .collect();
+                table(&["SERVICE", "PORT", "FRONTEND", "#", "BACKENDS"], &cells)
+            }
+        }
+        What::Backends => {
+            let rows = backends(&maps);
+            if json {
+                serde_json::to_string_pretty(&rows)?
+            } else {
+                let cells: Vec<Vec<String>> = rows
+                    .iter()
+                    .map(|r| vec![r.id.to_string(), format!("{}:{}", r.addr, r.port), r.protocol.clone()])
+                    .collect();
+                table(&["ID", "BACKEND", "PROTO"], &cells)
+            }
+        }
+        What::Flows => {
+            let rows = flows(&maps);
+            if json {
+                serde_json::to_string_pretty(&rows)?
+            } else {
+                let cells: Vec<Vec<String>> = rows
+                    .iter()
+                    .map(|r| {
+                        vec![
+                            r.service.clone(),
+                            r.client.clone(),
+                            r.frontend.clone(),
+                            r.backend.clone(),
+                            format!("{:.0}s", r.age_seconds),
+                            format!("{:.0}s", r.idle_seconds),
+                        ]
+                    })
+                    .collect();
+                table(&["SERVICE", "CLIENT", "FRONTEND", "BACKEND", "AGE", "IDLE"], &cells)
+            }
+        }
+        What::Drops => {
+            let rows: Vec<(String, u64)> = maps
+                .drop_counts()
+                .into_iter()
+                .map(|(r, n)| (r.label().to_string(), n))
+                .collect();
+            if json {
+                let m: BTreeMap<String, u64> = rows.into_iter().collect();
+                serde_json::to_string_pretty(&m)?
+            } else {
+                let cells: Vec<Vec<String>> =
+                    rows.iter().map(|(r, n)| vec![r.clone(), n.to_string()]).collect();
+                table(&["REASON", "PACKETS"], &cells)
+            }
+        }
+    };
+    print!("{out}");
+    if json {
+        println!();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_aligns_columns() {
+        let t = table(
+            &["A", "BB"],
+            &[vec!["long-cell".into(), "x".into()], vec!["s".into(), "y".into()]],
+        );
+        assert_eq!(t, "A          BB\nlong-cell  x\ns          y\n");
+    }
+
+    #[test]
+    fn labels_split_into_service_and_port() {
+        assert_eq!(split_label("ns/a:http"), ("ns/a".into(), "http".into()));
+        assert_eq!(split_label("ns/a"), ("ns/a".into(), String::new()));
+    }
+}

@@ -1,0 +1,592 @@
+//! The one desired-state model: services, their ports, and endpoints with their conditions.
+//!
+//! Every source (manifests today, the API server later) produces Kubernetes objects; they are
+//! normalized here, once, into these types. The dataplane only ever sees this model.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::Service as K8sService;
+use k8s_openapi::api::discovery::v1::EndpointSlice as K8sEndpointSlice;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+/// The label linking an EndpointSlice to its Service.
+pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// A service with this label belongs to another proxy and is skipped.
+pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NamespacedName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl fmt::Display for NamespacedName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    fn parse(s: Option<&str>) -> Result<Self, String> {
+        match s.unwrap_or("TCP") {
+            "TCP" => Ok(Protocol::Tcp),
+            "UDP" => Ok(Protocol::Udp),
+            "SCTP" => Ok(Protocol::Sctp),
+            other => Err(format!(
+                "protocol {other:?} is not one of TCP, UDP, SCTP"
+            )),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        }
+    }
+
+    /// The IP protocol number.
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => 6,
+            Protocol::Udp => 17,
+            Protocol::Sctp => 132,
+        }
+    }
+
+    pub fn from_number(n: u8) -> Option<Self> {
+        match n {
+            6 => Some(Protocol::Tcp),
+            17 => Some(Protocol::Udp),
+            132 => Some(Protocol::Sctp),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TargetPort {
+    Number(u16),
+    Name(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServicePort {
+    /// May be empty for a single-port service.
+    pub name: String,
+    pub port: u16,
+    pub protocol: Protocol,
+    pub target_port: TargetPort,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Service {
+    pub id: NamespacedName,
+    /// ClusterIPs, IPv4 and IPv6 (dual-stack). Empty for headless services.
+    pub cluster_ips: Vec<IpAddr>,
+    pub ports: Vec<ServicePort>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlicePort {
+    pub name: String,
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    pub addresses: Vec<IpAddr>,
+    /// `ready` (absent means true).
+    pub ready: bool,
+    /// `serving` (absent means the value of `ready`).
+    pub serving: bool,
+    /// `terminating` (absent means false).
+    pub terminating: bool,
+    pub node_name: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointSlice {
+    pub id: NamespacedName,
+    /// The service this slice belongs to (label `kubernetes.io/service-name`).
+    pub service: NamespacedName,
+    pub ports: Vec<SlicePort>,
+    pub endpoints: Vec<Endpoint>,
+}
+
+/// A backend address for one service port, after port resolution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EndpointAddr {
+    pub ip: IpAddr,
+    pub port: u16,
+}
+
+/// The desired state. Slices are kept whole and joined to services when asked, so a slice
+/// may arrive before its service.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Model {
+    pub services: BTreeMap<NamespacedName, Service>,
+    pub slices: BTreeMap<NamespacedName, EndpointSlice>,
+}
+
+/// Why an object was rejected, naming the field.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind} {object}: {reason}")]
+pub struct InvalidObject {
+    pub kind: &'static str,
+    pub object: String,
+    pub reason: String,
+}
+
+/// What normalizing a Service produced: a service to proxy, or a reason it is not proxied.
+#[derive(Debug)]
+pub enum Normalized<T> {
+    Proxied(T),
+    /// Valid, but not for us (headless, ExternalName, another proxy's).
+    Skipped(&'static str),
+}
+
+fn parse_ip(field: &str, s: &str) -> Result<IpAddr, String> {
+    s.parse::<IpAddr>()
+        .map_err(|_| format!("{field} {s:?} is not a valid IP address"))
+}
+
+fn port_u16(field: &str, p: i32) -> Result<u16, String> {
+    match u16::try_from(p) {
+        Ok(v) if v != 0 => Ok(v),
+        _ => Err(format!("{field} {p} is out of range 1-65535")),
+    }
+}
+
+/// Normalizes a v1 Service, the way kube-proxy reads it.
+pub fn service_from_k8s(svc: &K8sService) -> Result<Normalized<Service>, InvalidObject> {
+    let namespace = svc
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".to_string());
+    let name = svc.metadata.name.clone().unwrap_or_default();
+    let object = format!("{namespace}/{name}");
+    let invalid = |reason: String| InvalidObject {
+        kind: "Service",
+        object: object.clone(),
+        reason,
+    };
+    if name.is_empty() {
+        return Err(invalid("metadata.name is missing".into()));
+    }
+    if svc
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(LABEL_SERVICE_PROXY_NAME))
+    {
+        return Ok(Normalized::Skipped("labelled for another proxy"));
+    }
+    let Some(spec) = svc.spec.as_ref() else {
+        return Err(invalid("spec is missing".into()));
+    };
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return Ok(Normalized::Skipped("type ExternalName"));
+    }
+    let mut ips: Vec<String> = spec.cluster_ips.clone().unwrap_or_default();
+    if ips.is_empty()
+        && let Some(ip) = &spec.cluster_ip
+    {
+        ips.push(ip.clone());
+    }
+    if ips.iter().any(|ip| ip == "None") {
+        return Ok(Normalized::Skipped("headless (clusterIP None)"));
+    }
+    let mut cluster_ips = Vec::new();
+    for (i, ip) in ips.iter().enumerate() {
+        if ip.is_empty() {
+            continue;
+        }
+        cluster_ips.push(parse_ip(&format!("spec.clusterIPs[{i}]"), ip).map_err(invalid)?);
+    }
+    let mut ports = Vec::new();
+    let mut seen = BTreeSet::new();
+    for (i, p) in spec.ports.iter().flatten().enumerate() {
+        let field = format!("spec.ports[{i}]");
+        let port = port_u16(&format!("{field}.port"), p.port).map_err(invalid)?;
+        let protocol =
+            Protocol::parse(p.protocol.as_deref()).map_err(|e| invalid(format!("{field}: {e}")))?;
+        let name = p.name.clone().unwrap_or_default();
+        if !seen.insert((port, protocol)) {
+            return Err(invalid(format!(
+                "{field}: port {port}/{} is listed twice",
+                protocol.as_str()
+            )));
+        }
+        let target_port = match &p.target_port {
+            None => TargetPort::Number(port),
+            Some(IntOrString::Int(n)) => {
+                TargetPort::Number(port_u16(&format!("{field}.targetPort"), *n).map_err(invalid)?)
+            }
+            Some(IntOrString::String(s)) => match s.parse::<i32>() {
+                Ok(n) => TargetPort::Number(
+                    port_u16(&format!("{field}.targetPort"), n).map_err(invalid)?,
+                ),
+                Err(_) if s.is_empty() => TargetPort::Number(port),
+                Err(_) => TargetPort::Name(s.clone()),
+            },
+        };
+        ports.push(ServicePort {
+            name,
+            port,
+            protocol,
+            target_port,
+        });
+    }
+    Ok(Normalized::Proxied(Service {
+        id: NamespacedName { namespace, name },
+        cluster_ips,
+        ports,
+    }))
+}
+
+/// Normalizes a discovery.k8s.io/v1 EndpointSlice.
+pub fn slice_from_k8s(
+    slice: &K8sEndpointSlice,
+) -> Result<Normalized<EndpointSlice>, InvalidObject> {
+    let namespace = slice
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".to_string());
+    let name = slice.metadata.name.clone().unwrap_or_default();
+    let object = format!("{namespace}/{name}");
+    let invalid = |reason: String| InvalidObject {
+        kind: "EndpointSlice",
+        object: object.clone(),
+        reason,
+    };
+    if name.is_empty() {
+        return Err(invalid("metadata.name is missing".into()));
+    }
+    let Some(service_name) = slice
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_SERVICE_NAME))
+        .cloned()
+    else {
+        return Ok(Normalized::Skipped("no kubernetes.io/service-name label"));
+    };
+    let family_ok = |ip: &IpAddr| match slice.address_type.as_str() {
+        "IPv4" => ip.is_ipv4(),
+        "IPv6" => ip.is_ipv6(),
+        _ => false,
+    };
+    if slice.address_type == "FQDN" {
+        return Ok(Normalized::Skipped("addressType FQDN"));
+    }
+    if slice.address_type != "IPv4" && slice.address_type != "IPv6" {
+        return Err(invalid(format!(
+            "addressType {:?} is not one of IPv4, IPv6, FQDN",
+            slice.address_type
+        )));
+    }
+    let mut ports = Vec::new();
+    for (i, p) in slice.ports.iter().flatten().enumerate() {
+        let field = format!("ports[{i}]");
+        let Some(port) = p.port else {
+            // An absent port means "all ports"; kube-proxy ignores such ports.
+            continue;
+        };
+        ports.push(SlicePort {
+            name: p.name.clone().unwrap_or_default(),
+            port: port_u16(&format!("{field}.port"), port).map_err(invalid)?,
+            protocol: Protocol::parse(p.protocol.as_deref())
+                .map_err(|e| invalid(format!("{field}: {e}")))?,
+        });
+    }
+    let mut endpoints = Vec::new();
+    for (i, ep) in slice.endpoints.iter().enumerate() {
+        let mut addresses = Vec::new();
+        for (j, a) in ep.addresses.iter().enumerate() {
+            let ip = parse_ip(&format!("endpoints[{i}].addresses[{j}]"), a).map_err(invalid)?;
+            if !family_ok(&ip) {
+                return Err(invalid(format!(
+                    "endpoints[{i}].addresses[{j}] {a:?} does not match addressType {}",
+                    slice.address_type
+                )));
+            }
+            addresses.push(ip);
+        }
+        let cond = ep.conditions.as_ref();
+        let ready = cond.and_then(|c| c.ready).unwrap_or(true);
+        endpoints.push(Endpoint {
+            addresses,
+            ready,
+            serving: cond.and_then(|c| c.serving).unwrap_or(ready),
+            terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
+            node_name: ep.node_name.clone(),
+        });
+    }
+    Ok(Normalized::Proxied(EndpointSlice {
+        id: NamespacedName {
+            namespace: namespace.clone(),
+            name,
+        },
+        service: NamespacedName {
+            namespace,
+            name: service_name,
+        },
+        ports,
+        endpoints,
+    }))
+}
+
+impl Model {
+    /// The slices of a service, in name order.
+    pub fn slices_of<'a>(
+        &'a self,
+        service: &'a NamespacedName,
+    ) -> impl Iterator<Item = &'a EndpointSlice> + 'a {
+        self.slices.values().filter(move |s| &s.service == service)
+    }
+
+    /// The endpoints that get new connections for one service port, merged over all slices
+    /// and de-duplicated.
+    ///
+    /// Port resolution follows kube-proxy: in each slice, the port with the service port's
+    /// name (and protocol) gives the number; the slice's number is the already-resolved
+    /// targetPort, so a named targetPort can resolve to different numbers per slice. For
+    /// hand-written manifests that name the slice port after the targetPort instead, a slice
+    /// port with the targetPort's name is used when no port has the service port's name.
+    ///
+    /// Only endpoints whose `ready` condition is true (absent means true) are returned.
+    pub fn ready_endpoints(&self, svc: &Service, port: &ServicePort) -> Vec<EndpointAddr> {
+        let mut out = BTreeSet::new();
+        for slice in self.slices_of(&svc.id) {
+            let Some(number) = resolve_slice_port(slice, port) else {
+                continue;
+            };
+            for ep in slice.endpoints.iter().filter(|e| e.ready) {
+                for ip in &ep.addresses {
+                    out.insert(EndpointAddr { ip: *ip, port: number });
+                }
+            }
+        }
+        out.into_iter().collect()
+    }
+}
+
+/// The number a slice gives a service port, if any. See [`Model::ready_endpoints`].
+pub fn resolve_slice_port(slice: &EndpointSlice, port: &ServicePort) -> Option<u16> {
+    let by_name = |name: &str| {
+        slice
+            .ports
+            .iter()
+            .find(|p| p.name == name && p.protocol == port.protocol)
+            .map(|p| p.port)
+    };
+    by_name(&port.name).or_else(|| match &port.target_port {
+        TargetPort::Name(target) => by_name(target),
+        TargetPort::Number(_) => None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(yaml: &str) -> K8sService {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+    fn slice(yaml: &str) -> K8sEndpointSlice {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    fn proxied<T: fmt::Debug>(n: Normalized<T>) -> T {
+        match n {
+            Normalized::Proxied(t) => t,
+            Normalized::Skipped(why) => panic!("unexpectedly skipped: {why}"),
+        }
+    }
+
+    const WEB: &str = r"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec:
+  clusterIP: 198.19.0.10
+  clusterIPs: [198.19.0.10, 'fd00::10']
+  ports:
+  - {name: http, port: 80, protocol: TCP, targetPort: web}
+  - {name: dns, port: 53, protocol: UDP, targetPort: 5353}
+";
+
+    #[test]
+    fn service_is_normalized_with_dual_stack_and_named_target_port() {
+        let s = proxied(service_from_k8s(&svc(WEB)).unwrap());
+        assert_eq!(s.id.to_string(), "shop/web");
+        assert_eq!(
+            s.cluster_ips,
+            vec![
+                "198.19.0.10".parse::<IpAddr>().unwrap(),
+                "fd00::10".parse().unwrap()
+            ]
+        );
+        assert_eq!(s.ports[0].target_port, TargetPort::Name("web".into()));
+        assert_eq!(s.ports[1].target_port, TargetPort::Number(5353));
+        assert_eq!(s.ports[1].protocol, Protocol::Udp);
+    }
+
+    #[test]
+    fn headless_externalname_and_other_proxy_are_skipped() {
+        for y in [
+            "metadata: {name: a}\nspec: {clusterIP: None}",
+            "metadata: {name: a}\nspec: {type: ExternalName, externalName: x.example}",
+            "metadata: {name: a, labels: {service.kubernetes.io/service-proxy-name: other}}\nspec: {clusterIP: 198.19.0.1}",
+        ] {
+            assert!(
+                matches!(service_from_k8s(&svc(y)).unwrap(), Normalized::Skipped(_)),
+                "{y}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_service_fields_name_the_object_and_field() {
+        let e = service_from_k8s(&svc(
+            "metadata: {name: a, namespace: n}\nspec: {clusterIP: 198.19.0.300}",
+        ))
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "Service n/a: spec.clusterIPs[0] \"198.19.0.300\" is not a valid IP address"
+        );
+        let e = service_from_k8s(&svc(
+            "metadata: {name: a, namespace: n}\nspec: {clusterIP: 198.19.0.3, ports: [{port: 70000}]}",
+        ))
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "Service n/a: spec.ports[0].port 70000 is out of range 1-65535"
+        );
+        let e = service_from_k8s(&svc(
+            "metadata: {name: a, namespace: n}\nspec: {clusterIP: 198.19.0.3, ports: [{port: 7, protocol: ICMP}]}",
+        ))
+        .unwrap_err();
+        assert!(e.to_string().contains("spec.ports[0]: protocol \"ICMP\""), "{e}");
+    }
+
+    fn slice_yaml(name: &str, port_name: &str, number: u16, eps: &str) -> String {
+        format!(
+            r"
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {name}
+  namespace: shop
+  labels: {{kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{{name: {port_name}, port: {number}, protocol: TCP}}]
+endpoints: {eps}
+"
+        )
+    }
+
+    #[test]
+    fn named_target_port_resolves_per_slice_and_merges_dedups() {
+        let mut m = Model::default();
+        let s = proxied(service_from_k8s(&svc(WEB)).unwrap());
+        m.services.insert(s.id.clone(), s.clone());
+        for (name, number, eps) in [
+            (
+                "web-a",
+                8080,
+                "[{addresses: [198.18.0.2]}, {addresses: [198.18.0.3], conditions: {ready: true}}]",
+            ),
+            ("web-b", 9090, "[{addresses: [198.18.0.4]}]"),
+            // Same address and port as in web-a: de-duplicated.
+            ("web-c", 8080, "[{addresses: [198.18.0.2]}]"),
+        ] {
+            let sl = proxied(slice_from_k8s(&slice(&slice_yaml(name, "http", number, eps))).unwrap());
+            m.slices.insert(sl.id.clone(), sl);
+        }
+        let got = m.ready_endpoints(&s, &s.ports[0]);
+        let want: Vec<EndpointAddr> = [("198.18.0.2", 8080), ("198.18.0.3", 8080), ("198.18.0.4", 9090)]
+            .iter()
+            .map(|(ip, port)| EndpointAddr {
+                ip: ip.parse().unwrap(),
+                port: *port,
+            })
+            .collect();
+        assert_eq!(got, want);
+        // The UDP port "dns" has no slice port of that name: no endpoints.
+        assert!(m.ready_endpoints(&s, &s.ports[1]).is_empty());
+    }
+
+    #[test]
+    fn slice_port_named_after_target_port_is_a_fallback() {
+        let mut m = Model::default();
+        let s = proxied(service_from_k8s(&svc(WEB)).unwrap());
+        m.services.insert(s.id.clone(), s.clone());
+        let sl = proxied(
+            slice_from_k8s(&slice(&slice_yaml("web-a", "web", 8081, "[{addresses: [198.18.0.2]}]")))
+                .unwrap(),
+        );
+        m.slices.insert(sl.id.clone(), sl);
+        assert_eq!(m.ready_endpoints(&s, &s.ports[0])[0].port, 8081);
+    }
+
+    #[test]
+    fn not_ready_endpoints_get_no_new_connections() {
+        let mut m = Model::default();
+        let s = proxied(service_from_k8s(&svc(WEB)).unwrap());
+        m.services.insert(s.id.clone(), s.clone());
+        let sl = proxied(
+            slice_from_k8s(&slice(&slice_yaml(
+                "web-a",
+                "http",
+                8080,
+                "[{addresses: [198.18.0.2], conditions: {ready: false, serving: true, terminating: true}}, {addresses: [198.18.0.3]}]",
+            )))
+            .unwrap(),
+        );
+        assert!(!sl.endpoints[0].ready && sl.endpoints[0].serving && sl.endpoints[0].terminating);
+        assert!(sl.endpoints[1].ready && sl.endpoints[1].serving && !sl.endpoints[1].terminating);
+        m.slices.insert(sl.id.clone(), sl);
+        let got = m.ready_endpoints(&s, &s.ports[0]);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].ip, "198.18.0.3".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn slice_errors_name_the_field() {
+        let e = slice_from_k8s(&slice(&slice_yaml(
+            "web-a",
+            "http",
+            8080,
+            "[{addresses: [not-an-ip]}]",
+        )))
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "EndpointSlice shop/web-a: endpoints[0].addresses[0] \"not-an-ip\" is not a valid IP address"
+        );
+        let e = slice_from_k8s(&slice(&slice_yaml(
+            "web-a",
+            "http",
+            8080,
+            "[{addresses: ['fd00::1']}]",
+        )))
+        .unwrap_err();
+        assert!(e.to_string().contains("does not match addressType IPv4"), "{e}");
+    }
+}
