@@ -6,7 +6,7 @@
 //! no longer live (removed from `LB_BACKENDS_V1`, or its id reused for another address), or
 //! whose service was replaced, is treated as a new flow on its next packet.
 
-use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::map, maps::LruHashMap};
+use aya_ebpf::{btf_maps::LruHashMap, helpers::bpf_ktime_get_ns, macros::btf_map};
 use lbproxy_common::{
     DEFAULT_FLOW_MAP_SIZE, DropReason, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FlowKey, FlowValue,
     ServiceValue,
@@ -14,9 +14,9 @@ use lbproxy_common::{
 
 use crate::{packet::Packet, reason::Verdict, select};
 
-#[map(name = "LB_FLOWS_V1")]
-static LB_FLOWS_V1: LruHashMap<FlowKey, FlowValue> =
-    LruHashMap::with_max_entries(DEFAULT_FLOW_MAP_SIZE, 0);
+#[btf_map(name = "LB_FLOWS_V1")]
+static LB_FLOWS_V1: LruHashMap<FlowKey, FlowValue, { DEFAULT_FLOW_MAP_SIZE as usize }> =
+    LruHashMap::new();
 
 /// `last_seen_ns` is refreshed at most this often, to keep writes off the hot path.
 const TOUCH_INTERVAL_NS: u64 = 1_000_000_000;

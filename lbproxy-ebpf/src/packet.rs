@@ -95,7 +95,11 @@ pub fn parse(ctx: &TcContext) -> Result<Option<Packet>, Verdict> {
     let l4_off = ETH_LEN + ihl;
     // Ports are the first four bytes of both TCP and UDP; make sure the checksum field is
     // there too, since NAT rewrites it.
-    let need = if proto == IPPROTO_TCP { TcpHdr::LEN } else { UdpHdr::LEN };
+    let need = if proto == IPPROTO_TCP {
+        TcpHdr::LEN
+    } else {
+        UdpHdr::LEN
+    };
     if ctx.data() + l4_off + need > ctx.data_end() {
         return Err(Verdict::Drop(DropReason::Malformed));
     }

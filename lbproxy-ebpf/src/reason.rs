@@ -1,7 +1,7 @@
 //! Verdicts and the per-reason drop counters.
 
-use aya_ebpf::macros::map;
-use aya_ebpf::maps::PerCpuArray;
+use aya_ebpf::btf_maps::PerCpuArray;
+use aya_ebpf::macros::btf_map;
 use lbproxy_common::DropReason;
 
 /// tcx: hand the packet to the next program (or the stack, when this is the last one).
@@ -16,8 +16,8 @@ pub enum Verdict {
     Drop(DropReason),
 }
 
-#[map(name = "LB_DROPS_V1")]
-static LB_DROPS_V1: PerCpuArray<u64> = PerCpuArray::with_max_entries(DropReason::COUNT, 0);
+#[btf_map(name = "LB_DROPS_V1")]
+static LB_DROPS_V1: PerCpuArray<u64, { DropReason::COUNT as usize }> = PerCpuArray::new();
 
 /// Counts the reason and returns the TC action for it.
 #[inline(always)]

@@ -1,15 +1,15 @@
 //! Stage 2: select a backend for a new flow, and look a backend up by id.
 
-use aya_ebpf::{helpers::bpf_get_prandom_u32, macros::map, maps::HashMap};
+use aya_ebpf::{btf_maps::HashMap, helpers::bpf_get_prandom_u32, macros::btf_map};
 use lbproxy_common::{Backend, DropReason, MAX_BACKENDS, MAX_SLOTS, ServiceValue, SlotKey};
 
 use crate::reason::Verdict;
 
-#[map(name = "LB_SLOTS_V1")]
-static LB_SLOTS_V1: HashMap<SlotKey, u32> = HashMap::with_max_entries(MAX_SLOTS, 0);
+#[btf_map(name = "LB_SLOTS_V1")]
+static LB_SLOTS_V1: HashMap<SlotKey, u32, { MAX_SLOTS as usize }> = HashMap::new();
 
-#[map(name = "LB_BACKENDS_V1")]
-static LB_BACKENDS_V1: HashMap<u32, Backend> = HashMap::with_max_entries(MAX_BACKENDS, 0);
+#[btf_map(name = "LB_BACKENDS_V1")]
+static LB_BACKENDS_V1: HashMap<u32, Backend, { MAX_BACKENDS as usize }> = HashMap::new();
 
 /// Picks one of the service's `count` slots uniformly at random and returns the backend id
 /// and backend in it. Errors: `NoBackend` when the service has no usable endpoint,
@@ -21,7 +21,10 @@ pub fn select(svc: &ServiceValue) -> Result<(u32, Backend), Verdict> {
         return Err(Verdict::Drop(DropReason::NoBackend));
     }
     let slot = unsafe { bpf_get_prandom_u32() } % svc.count;
-    let key = SlotKey { svc_id: svc.svc_id, slot };
+    let key = SlotKey {
+        svc_id: svc.svc_id,
+        slot,
+    };
     let backend_id = unsafe { LB_SLOTS_V1.get(&key) }
         .copied()
         .ok_or(Verdict::Drop(DropReason::SlotMissing))?;

@@ -1,18 +1,18 @@
 //! Stage 1: extract the service key from a packet and look the frontend up.
 
-use aya_ebpf::{macros::map, maps::HashMap};
+use aya_ebpf::{btf_maps::HashMap, macros::btf_map};
 use lbproxy_common::{MAX_SERVICES, ServiceKey, ServiceLabel, ServiceValue};
 
 use crate::packet::Packet;
 
-#[map(name = "LB_SERVICES_V1")]
-static LB_SERVICES_V1: HashMap<ServiceKey, ServiceValue> =
-    HashMap::with_max_entries(MAX_SERVICES, 0);
+#[btf_map(name = "LB_SERVICES_V1")]
+static LB_SERVICES_V1: HashMap<ServiceKey, ServiceValue, { MAX_SERVICES as usize }> =
+    HashMap::new();
 
 /// Service names for `lbproxy inspect`. Declared here so the object carries it (and its BTF);
 /// the datapath never reads it.
-#[map(name = "LB_LABELS_V1")]
-static LB_LABELS_V1: HashMap<u32, ServiceLabel> = HashMap::with_max_entries(MAX_SERVICES, 0);
+#[btf_map(name = "LB_LABELS_V1")]
+static LB_LABELS_V1: HashMap<u32, ServiceLabel, { MAX_SERVICES as usize }> = HashMap::new();
 
 /// The frontend a packet is addressed to, if any. `None` means "not a service": the packet
 /// is not ours and passes untouched.

@@ -207,7 +207,8 @@ impl Datapath {
                 })?
                 .try_into()
                 .map_err(|source| BpfError::Program { name, source })?;
-            prog.load().map_err(|source| BpfError::Program { name, source })?;
+            prog.load()
+                .map_err(|source| BpfError::Program { name, source })?;
         }
         Ok(Self {
             ebpf,
@@ -473,6 +474,7 @@ impl PinnedMaps {
                     svc_id: v.svc_id,
                     label,
                     slots: list,
+                    count: Some(v.count),
                 },
             );
         }

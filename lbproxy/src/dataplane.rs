@@ -172,8 +172,11 @@ pub struct Programmed {
 pub struct ProgrammedFrontend {
     pub svc_id: u32,
     pub label: String,
-    /// `slots[i]` is the backend id in slot `i`; `slots.len()` is the service's count.
+    /// `slots[i]` is the backend id in slot `i`, including slots written past the count by
+    /// an apply that failed before writing the count.
     pub slots: Vec<u32>,
+    /// The count in the service entry, `None` when the entry is not written yet.
+    pub count: Option<u32>,
 }
 
 /// Counts of what one apply wrote.
@@ -358,11 +361,13 @@ impl Programmer {
 
         // 2. The new slot arrangement: keep backends where they are, fill holes left by
         // removed ones with the last slots, append new ones. O(changes) writes.
+        // A failed earlier apply can leave a backend in two slots: keep its first only.
         let want_set: std::collections::HashSet<u32> = want.iter().copied().collect();
+        let mut kept = std::collections::HashSet::new();
         let mut slots = old_slots.clone();
         let mut i = 0;
         while i < slots.len() {
-            if want_set.contains(&slots[i]) {
+            if want_set.contains(&slots[i]) && kept.insert(slots[i]) {
                 i += 1;
             } else {
                 slots.swap_remove(i);
@@ -374,7 +379,12 @@ impl Programmer {
                 slots.push(*id);
             }
         }
-        if !is_new && slots == old_slots && existing.as_ref().is_some_and(|c| c.label == spec.label)
+        let want_count = u32::try_from(slots.len()).unwrap_or(u32::MAX);
+        if !is_new
+            && slots == old_slots
+            && existing
+                .as_ref()
+                .is_some_and(|c| c.label == spec.label && c.count == Some(want_count))
         {
             return Ok(());
         }
@@ -389,6 +399,7 @@ impl Programmer {
                     svc_id,
                     label: spec.label.clone(),
                     slots: Vec::new(),
+                    count: None,
                 },
             );
         } else if existing.as_ref().is_some_and(|c| c.label != spec.label) {
@@ -425,10 +436,19 @@ impl Programmer {
         }
 
         // 4. The count: from here on new flows use the new arrangement.
-        if is_new || slots.len() != old_slots.len() {
-            let count = u32::try_from(slots.len()).unwrap_or(u32::MAX);
-            maps.put_service(fe.key(), ServiceValue { svc_id, count })?;
+        let programmed_count = self.state.frontends.get(&fe).and_then(|f| f.count);
+        if programmed_count != Some(want_count) {
+            maps.put_service(
+                fe.key(),
+                ServiceValue {
+                    svc_id,
+                    count: want_count,
+                },
+            )?;
             stats.writes += 1;
+            if let Some(f) = self.state.frontends.get_mut(&fe) {
+                f.count = Some(want_count);
+            }
         }
 
         // 5. Slots beyond the new end.
@@ -490,10 +510,9 @@ pub mod tests {
                         svc_id: v.svc_id,
                         slot,
                     };
-                    let id = self
-                        .slots
-                        .get(&key)
-                        .unwrap_or_else(|| panic!("service {k:?} count {} but slot {slot} missing", v.count));
+                    let id = self.slots.get(&key).unwrap_or_else(|| {
+                        panic!("service {k:?} count {} but slot {slot} missing", v.count)
+                    });
                     assert!(
                         self.backends.contains_key(id),
                         "slot {key:?} points at missing backend {id}"
@@ -528,7 +547,11 @@ pub mod tests {
             self.check();
             Ok(())
         }
-        fn put_service(&mut self, key: ServiceKey, value: ServiceValue) -> Result<(), MapWriteError> {
+        fn put_service(
+            &mut self,
+            key: ServiceKey,
+            value: ServiceValue,
+        ) -> Result<(), MapWriteError> {
             self.step("services")?;
             self.services.insert(key, value);
             self.check();
@@ -617,7 +640,10 @@ pub mod tests {
         assert_eq!(m.services[&fe(10, 80).key()].svc_id, svc_id_before);
         assert_eq!(s.frontends_changed, 1);
         assert!(s.writes + s.deletes <= 4, "{s:?}");
-        assert!(m.backends.values().any(|b| b.addr == be(3).addr.octets()), "still used by .11");
+        assert!(
+            m.backends.values().any(|b| b.addr == be(3).addr.octets()),
+            "still used by .11"
+        );
 
         // Add one: one slot, one count, one backend.
         d.insert(fe(10, 80), spec(&[2, 4, 5]));
@@ -659,7 +685,10 @@ pub mod tests {
         let mut p2 = Programmer::adopt(state);
         let before = m.ops;
         p2.apply(&mut m, &d).unwrap();
-        assert_eq!(m.ops, before, "a restart with the same desired state rewrites nothing");
+        assert_eq!(
+            m.ops, before,
+            "a restart with the same desired state rewrites nothing"
+        );
         d.insert(fe(12, 80), spec(&[9]));
         p2.apply(&mut m, &d).unwrap();
         let ids: Vec<u32> = m.services.values().map(|v| v.svc_id).collect();

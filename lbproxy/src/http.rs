@@ -44,7 +44,11 @@ impl Metrics {
         let frontends = Gauge::default();
         let backends = Gauge::default();
         let attached_interfaces = Gauge::default();
-        registry.register("lbproxy_syncs", "Syncs of the model into the maps", syncs.clone());
+        registry.register(
+            "lbproxy_syncs",
+            "Syncs of the model into the maps",
+            syncs.clone(),
+        );
         registry.register(
             "lbproxy_sync_failures",
             "Syncs that failed to read the source or write a map",
@@ -55,7 +59,11 @@ impl Metrics {
             "The last time the maps were successfully synced",
             last_sync_timestamp.clone(),
         );
-        registry.register("lbproxy_frontends", "Frontends programmed", frontends.clone());
+        registry.register(
+            "lbproxy_frontends",
+            "Frontends programmed",
+            frontends.clone(),
+        );
         registry.register("lbproxy_backends", "Backends programmed", backends.clone());
         registry.register(
             "lbproxy_attached_interfaces",
@@ -101,7 +109,11 @@ async fn healthz(State(h): State<Health>) -> impl IntoResponse {
 async fn metrics(State(h): State<Health>) -> impl IntoResponse {
     let mut body = String::new();
     if encode(&mut body, &h.metrics.registry).is_err() {
-        return (StatusCode::INTERNAL_SERVER_ERROR, [(header::CONTENT_TYPE, "text/plain")], String::new());
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "text/plain")],
+            String::new(),
+        );
     }
     (
         StatusCode::OK,
@@ -114,7 +126,11 @@ async fn metrics(State(h): State<Health>) -> impl IntoResponse {
 }
 
 /// Binds both listeners (so a bad address fails at start) and serves them in the background.
-pub async fn serve(health: Health, healthz_addr: SocketAddr, metrics_addr: SocketAddr) -> anyhow::Result<()> {
+pub async fn serve(
+    health: Health,
+    healthz_addr: SocketAddr,
+    metrics_addr: SocketAddr,
+) -> anyhow::Result<()> {
     let h = Router::new()
         .route("/healthz", get(healthz))
         .route("/livez", get(healthz))

@@ -33,7 +33,8 @@ pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Interface>, rtnetlin
 pub fn watch() -> std::io::Result<(rtnetlink::Handle, mpsc::UnboundedReceiver<()>)> {
     let (conn, handle, _) = rtnetlink::new_connection()?;
     tokio::spawn(conn);
-    let (mconn, _mhandle, mut messages) = rtnetlink::new_multicast_connection(&[MulticastGroup::Link])?;
+    let (mconn, _mhandle, mut messages) =
+        rtnetlink::new_multicast_connection(&[MulticastGroup::Link])?;
     tokio::spawn(mconn);
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {

@@ -71,7 +71,13 @@ pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
         let (service, port_name) = split_label(&label);
         let mut bes = Vec::new();
         for slot in 0..v.count {
-            let Ok(id) = maps.slots.get(&SlotKey { svc_id: v.svc_id, slot }, 0) else {
+            let Ok(id) = maps.slots.get(
+                &SlotKey {
+                    svc_id: v.svc_id,
+                    slot,
+                },
+                0,
+            ) else {
                 continue;
             };
             if let Some(b) = backends.get(&id) {
@@ -141,13 +147,21 @@ pub fn flows(maps: &PinnedMaps) -> Vec<FlowRow> {
         .map(|(k, v)| {
             let proto = Protocol::from_number(k.proto).map_or("?", Protocol::as_str);
             FlowRow {
-                client: format!("{}:{}", Ipv4Addr::from(k.src_addr), u16::from_be(k.src_port_be)),
+                client: format!(
+                    "{}:{}",
+                    Ipv4Addr::from(k.src_addr),
+                    u16::from_be(k.src_port_be)
+                ),
                 frontend: format!(
                     "{}:{}/{proto}",
                     Ipv4Addr::from(k.dst_addr),
                     u16::from_be(k.dst_port_be)
                 ),
-                backend: format!("{}:{}", Ipv4Addr::from(v.nat_addr), u16::from_be(v.nat_port_be)),
+                backend: format!(
+                    "{}:{}",
+                    Ipv4Addr::from(v.nat_addr),
+                    u16::from_be(v.nat_port_be)
+                ),
                 protocol: proto.to_string(),
                 service: labels.get(&v.svc_id).cloned().unwrap_or_default(),
                 backend_id: v.backend_id,
@@ -240,7 +254,13 @@ pub fn run(dir: &Path, what: What, json: bool) -> anyhow::Result<()> {
             } else {
                 let cells: Vec<Vec<String>> = rows
                     .iter()
-                    .map(|r| vec![r.id.to_string(), format!("{}:{}", r.addr, r.port), r.protocol.clone()])
+                    .map(|r| {
+                        vec![
+                            r.id.to_string(),
+                            format!("{}:{}", r.addr, r.port),
+                            r.protocol.clone(),
+                        ]
+                    })
                     .collect();
                 table(&["ID", "BACKEND", "PROTO"], &cells)
             }
@@ -263,7 +283,10 @@ pub fn run(dir: &Path, what: What, json: bool) -> anyhow::Result<()> {
                         ]
                     })
                     .collect();
-                table(&["SERVICE", "CLIENT", "FRONTEND", "BACKEND", "AGE", "IDLE"], &cells)
+                table(
+                    &["SERVICE", "CLIENT", "FRONTEND", "BACKEND", "AGE", "IDLE"],
+                    &cells,
+                )
             }
         }
         What::Drops => {
@@ -276,8 +299,10 @@ pub fn run(dir: &Path, what: What, json: bool) -> anyhow::Result<()> {
                 let m: BTreeMap<String, u64> = rows.into_iter().collect();
                 serde_json::to_string_pretty(&m)?
             } else {
-                let cells: Vec<Vec<String>> =
-                    rows.iter().map(|(r, n)| vec![r.clone(), n.to_string()]).collect();
+                let cells: Vec<Vec<String>> = rows
+                    .iter()
+                    .map(|(r, n)| vec![r.clone(), n.to_string()])
+                    .collect();
                 table(&["REASON", "PACKETS"], &cells)
             }
         }
@@ -297,7 +322,10 @@ mod tests {
     fn table_aligns_columns() {
         let t = table(
             &["A", "BB"],
-            &[vec!["long-cell".into(), "x".into()], vec!["s".into(), "y".into()]],
+            &[
+                vec!["long-cell".into(), "x".into()],
+                vec!["s".into(), "y".into()],
+            ],
         );
         assert_eq!(t, "A          BB\nlong-cell  x\ns          y\n");
     }

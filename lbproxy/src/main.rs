@@ -30,7 +30,11 @@ use crate::dataplane::Programmer;
 const DEFAULT_BPFFS_DIR: &str = "/sys/fs/bpf/lbproxy";
 
 #[derive(Parser)]
-#[command(name = "lbproxy", version, about = "eBPF service load balancer for Kubernetes")]
+#[command(
+    name = "lbproxy",
+    version,
+    about = "eBPF service load balancer for Kubernetes"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -136,7 +140,9 @@ fn cleanup(dir: &Path) -> anyhow::Result<()> {
 }
 
 /// Turns file-system events on the manifest path into a channel of "maybe changed" ticks.
-fn watch_manifests(path: &Path) -> anyhow::Result<(notify::RecommendedWatcher, mpsc::UnboundedReceiver<()>)> {
+fn watch_manifests(
+    path: &Path,
+) -> anyhow::Result<(notify::RecommendedWatcher, mpsc::UnboundedReceiver<()>)> {
     use notify::{RecursiveMode, Watcher as _};
     let (tx, rx) = mpsc::unbounded_channel();
     let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
@@ -268,14 +274,26 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         );
     };
     if !manifest_path.exists() {
-        anyhow::bail!("--manifests {}: no such file or directory", manifest_path.display());
+        anyhow::bail!(
+            "--manifests {}: no such file or directory",
+            manifest_path.display()
+        );
     }
     let globs = parse_globs(&args.pod_interfaces)?;
     let health = http::Health::new();
-    http::serve(health.clone(), args.healthz_bind_address, args.metrics_bind_address).await?;
+    http::serve(
+        health.clone(),
+        args.healthz_bind_address,
+        args.metrics_bind_address,
+    )
+    .await?;
 
-    let mut dp = Datapath::load(&args.bpffs_dir, args.flow_map_size)
-        .with_context(|| format!("loading the datapath (--bpffs-dir {})", args.bpffs_dir.display()))?;
+    let mut dp = Datapath::load(&args.bpffs_dir, args.flow_map_size).with_context(|| {
+        format!(
+            "loading the datapath (--bpffs-dir {})",
+            args.bpffs_dir.display()
+        )
+    })?;
     // Keep the logger alive for as long as the programs run (toolchain.md), and drain it.
     match aya_log::EbpfLogger::init(&mut dp.ebpf) {
         Ok(logger) => {

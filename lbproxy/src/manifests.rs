@@ -86,8 +86,7 @@ pub fn manifest_files(path: &Path) -> Result<Vec<PathBuf>, ManifestError> {
             let p = entry.path();
             if p.is_dir() {
                 dirs.push(p);
-            } else if name.ends_with(".yaml") || name.ends_with(".yml") || name.ends_with(".json")
-            {
+            } else if name.ends_with(".yaml") || name.ends_with(".yml") || name.ends_with(".json") {
                 out.push(p);
             }
         }
@@ -130,14 +129,13 @@ pub fn parse_text(file: &Path, text: &str, objects: &mut Objects) -> Result<(), 
     } else {
         let mut docs = Vec::new();
         for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-            let value = <Value as serde::Deserialize>::deserialize(doc).map_err(|e| {
-                ManifestError {
+            let value =
+                <Value as serde::Deserialize>::deserialize(doc).map_err(|e| ManifestError {
                     file: file.to_path_buf(),
                     document: Some(i + 1),
                     object: None,
                     reason: format!("invalid YAML: {e}"),
-                }
-            })?;
+                })?;
             docs.push(value);
         }
         docs
@@ -153,7 +151,10 @@ pub fn parse_text(file: &Path, text: &str, objects: &mut Objects) -> Result<(), 
 }
 
 fn describe(doc: &Value) -> String {
-    let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("<no kind>");
+    let kind = doc
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("<no kind>");
     let meta = doc.get("metadata");
     let ns = meta
         .and_then(|m| m.get("namespace"))
@@ -222,6 +223,7 @@ fn add_document(origin: &Origin, doc: Value, objects: &mut Objects) -> Result<()
 }
 
 /// What a successful load produced, with the objects that were valid but not proxied.
+#[derive(Debug)]
 pub struct Loaded {
     pub model: Model,
     pub skipped: Vec<String>,
@@ -334,7 +336,11 @@ endpoints: [{addresses: [198.18.0.2]}]
     #[test]
     fn errors_name_file_document_object_and_reason() {
         let e = parse("bad.yaml", "a: [unclosed\n").unwrap_err();
-        assert!(e.to_string().starts_with("bad.yaml: document 1: invalid YAML"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("bad.yaml: document 1: invalid YAML"),
+            "{e}"
+        );
 
         let e = parse(
             "bad.yaml",
@@ -372,7 +378,11 @@ endpoints: [{addresses: [198.18.0.2]}]
     fn duplicates_are_rejected() {
         let text = format!("{GOOD}\n---\n{GOOD}");
         let e = parse("d.yaml", &text).unwrap_err();
-        assert!(e.to_string().contains("(Service shop/web): defined more than once"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("(Service shop/web): defined more than once"),
+            "{e}"
+        );
     }
 
     #[test]

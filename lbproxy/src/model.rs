@@ -41,9 +41,7 @@ impl Protocol {
             "TCP" => Ok(Protocol::Tcp),
             "UDP" => Ok(Protocol::Udp),
             "SCTP" => Ok(Protocol::Sctp),
-            other => Err(format!(
-                "protocol {other:?} is not one of TCP, UDP, SCTP"
-            )),
+            other => Err(format!("protocol {other:?} is not one of TCP, UDP, SCTP")),
         }
     }
 
@@ -377,7 +375,10 @@ impl Model {
             };
             for ep in slice.endpoints.iter().filter(|e| e.ready) {
                 for ip in &ep.addresses {
-                    out.insert(EndpointAddr { ip: *ip, port: number });
+                    out.insert(EndpointAddr {
+                        ip: *ip,
+                        port: number,
+                    });
                 }
             }
         }
@@ -482,7 +483,10 @@ spec:
             "metadata: {name: a, namespace: n}\nspec: {clusterIP: 198.19.0.3, ports: [{port: 7, protocol: ICMP}]}",
         ))
         .unwrap_err();
-        assert!(e.to_string().contains("spec.ports[0]: protocol \"ICMP\""), "{e}");
+        assert!(
+            e.to_string().contains("spec.ports[0]: protocol \"ICMP\""),
+            "{e}"
+        );
     }
 
     fn slice_yaml(name: &str, port_name: &str, number: u16, eps: &str) -> String {
@@ -516,17 +520,22 @@ endpoints: {eps}
             // Same address and port as in web-a: de-duplicated.
             ("web-c", 8080, "[{addresses: [198.18.0.2]}]"),
         ] {
-            let sl = proxied(slice_from_k8s(&slice(&slice_yaml(name, "http", number, eps))).unwrap());
+            let sl =
+                proxied(slice_from_k8s(&slice(&slice_yaml(name, "http", number, eps))).unwrap());
             m.slices.insert(sl.id.clone(), sl);
         }
         let got = m.ready_endpoints(&s, &s.ports[0]);
-        let want: Vec<EndpointAddr> = [("198.18.0.2", 8080), ("198.18.0.3", 8080), ("198.18.0.4", 9090)]
-            .iter()
-            .map(|(ip, port)| EndpointAddr {
-                ip: ip.parse().unwrap(),
-                port: *port,
-            })
-            .collect();
+        let want: Vec<EndpointAddr> = [
+            ("198.18.0.2", 8080),
+            ("198.18.0.3", 8080),
+            ("198.18.0.4", 9090),
+        ]
+        .iter()
+        .map(|(ip, port)| EndpointAddr {
+            ip: ip.parse().unwrap(),
+            port: *port,
+        })
+        .collect();
         assert_eq!(got, want);
         // The UDP port "dns" has no slice port of that name: no endpoints.
         assert!(m.ready_endpoints(&s, &s.ports[1]).is_empty());
@@ -538,8 +547,13 @@ endpoints: {eps}
         let s = proxied(service_from_k8s(&svc(WEB)).unwrap());
         m.services.insert(s.id.clone(), s.clone());
         let sl = proxied(
-            slice_from_k8s(&slice(&slice_yaml("web-a", "web", 8081, "[{addresses: [198.18.0.2]}]")))
-                .unwrap(),
+            slice_from_k8s(&slice(&slice_yaml(
+                "web-a",
+                "web",
+                8081,
+                "[{addresses: [198.18.0.2]}]",
+            )))
+            .unwrap(),
         );
         m.slices.insert(sl.id.clone(), sl);
         assert_eq!(m.ready_endpoints(&s, &s.ports[0])[0].port, 8081);
@@ -587,6 +601,9 @@ endpoints: {eps}
             "[{addresses: ['fd00::1']}]",
         )))
         .unwrap_err();
-        assert!(e.to_string().contains("does not match addressType IPv4"), "{e}");
+        assert!(
+            e.to_string().contains("does not match addressType IPv4"),
+            "{e}"
+        );
     }
 }
