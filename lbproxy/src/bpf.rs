@@ -92,6 +92,10 @@ pub fn prepare_dir(dir: &Path) -> Result<(), BpfError> {
     })
 }
 
+#[expect(
+    clippy::useless_conversion,
+    reason = "statfs.f_type is i64 on x86_64 but another width on other architectures"
+)]
 fn is_bpffs(path: &Path) -> bool {
     use std::os::unix::ffi::OsStrExt as _;
     let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
