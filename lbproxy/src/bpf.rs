@@ -479,6 +479,7 @@ impl PinnedMaps {
                     label,
                     slots: list,
                     count: Some(v.count),
+                    draining: Vec::new(),
                 },
             );
         }

@@ -89,6 +89,9 @@ pub struct FrontendSpec {
     pub label: String,
     /// Backends for new flows, in a stable order.
     pub backends: Vec<BackendAddr>,
+    /// Backends still listed but not eligible for new flows (not ready, terminating). They
+    /// stay in the backend map so flows already using them keep working.
+    pub draining: Vec<BackendAddr>,
 }
 
 pub type Desired = BTreeMap<Frontend, FrontendSpec>;
@@ -102,17 +105,22 @@ pub fn desired(model: &Model) -> Desired {
             if port.protocol == Protocol::Sctp {
                 continue;
             }
-            let backends: Vec<BackendAddr> = model
-                .ready_endpoints(svc, port)
+            let v4 = |eps: Vec<crate::model::EndpointAddr>| -> Vec<BackendAddr> {
+                eps.into_iter()
+                    .filter_map(|ep| match ep.ip {
+                        IpAddr::V4(addr) => Some(BackendAddr {
+                            addr,
+                            port: ep.port,
+                            proto: port.protocol,
+                        }),
+                        IpAddr::V6(_) => None,
+                    })
+                    .collect()
+            };
+            let backends = v4(model.ready_endpoints(svc, port));
+            let draining: Vec<BackendAddr> = v4(model.present_endpoints(svc, port))
                 .into_iter()
-                .filter_map(|ep| match ep.ip {
-                    IpAddr::V4(addr) => Some(BackendAddr {
-                        addr,
-                        port: ep.port,
-                        proto: port.protocol,
-                    }),
-                    IpAddr::V6(_) => None,
-                })
+                .filter(|b| !backends.contains(b))
                 .collect();
             let label = if port.name.is_empty() {
                 svc.id.to_string()
@@ -130,6 +138,7 @@ pub fn desired(model: &Model) -> Desired {
                     FrontendSpec {
                         label: label.clone(),
                         backends: backends.clone(),
+                        draining: draining.clone(),
                     },
                 );
             }
@@ -177,6 +186,8 @@ pub struct ProgrammedFrontend {
     pub slots: Vec<u32>,
     /// The count in the service entry, `None` when the entry is not written yet.
     pub count: Option<u32>,
+    /// Backends kept live for existing flows only (not in any slot).
+    pub draining: Vec<u32>,
 }
 
 /// Counts of what one apply wrote.
@@ -330,6 +341,9 @@ impl Programmer {
             }
         }
         maps.del_label(cur.svc_id)?;
+        for id in cur.draining {
+            self.release(id);
+        }
         self.state.frontends.remove(&fe);
         Ok(())
     }
@@ -351,6 +365,23 @@ impl Programmer {
         let mut want = Vec::with_capacity(spec.backends.len());
         for b in &spec.backends {
             want.push(self.backend_id(maps, *b, stats)?);
+        }
+
+        // Draining backends keep their entry (and so their flows) but get no slot. Only ones
+        // already in the map matter: a backend not there has no flows to keep.
+        let draining: Vec<u32> = spec
+            .draining
+            .iter()
+            .filter_map(|b| self.by_addr.get(b).copied())
+            .collect();
+        for id in &draining {
+            *self.refs.entry(*id).or_default() += 1;
+        }
+        if let Some(f) = self.state.frontends.get_mut(&fe) {
+            let old = std::mem::replace(&mut f.draining, draining.clone());
+            for id in old {
+                self.release(id);
+            }
         }
 
         let existing = self.state.frontends.get(&fe).cloned();
@@ -400,6 +431,7 @@ impl Programmer {
                     label: spec.label.clone(),
                     slots: Vec::new(),
                     count: None,
+                    draining,
                 },
             );
         } else if existing.as_ref().is_some_and(|c| c.label != spec.label) {
@@ -593,7 +625,34 @@ pub mod tests {
         FrontendSpec {
             label: "ns/svc:http".into(),
             backends: backends.iter().map(|b| be(*b)).collect(),
+            draining: vec![],
         }
+    }
+
+    #[test]
+    fn draining_backends_keep_their_entry_but_get_no_slot() {
+        let mut m = MemMaps::default();
+        let mut p = Programmer::default();
+        let mut d = Desired::new();
+        d.insert(fe(10, 80), spec(&[2, 3]));
+        p.apply(&mut m, &d).unwrap();
+        // 3 turns not-ready/terminating: no slot, but its backend entry stays.
+        let mut s = spec(&[2]);
+        s.draining = vec![be(3)];
+        d.insert(fe(10, 80), s);
+        p.apply(&mut m, &d).unwrap();
+        assert_eq!(served(&m, fe(10, 80)), vec![be(2)]);
+        assert!(m.backends.values().any(|b| b.addr == be(3).addr.octets()));
+        // A draining backend that was never programmed is not created.
+        let mut s = spec(&[2]);
+        s.draining = vec![be(3), be(7)];
+        d.insert(fe(10, 80), s);
+        p.apply(&mut m, &d).unwrap();
+        assert_eq!(m.backends.len(), 2);
+        // Gone from the slice: the entry goes, and with it its flows.
+        d.insert(fe(10, 80), spec(&[2]));
+        p.apply(&mut m, &d).unwrap();
+        assert_eq!(m.backends.len(), 1);
     }
 
     /// What the datapath would see for a frontend: its backends, as a sorted list.

@@ -146,7 +146,11 @@ fn watch_manifests(
     use notify::{RecursiveMode, Watcher as _};
     let (tx, rx) = mpsc::unbounded_channel();
     let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-        if ev.is_ok() {
+        // Reading the files ourselves produces open/close (access) events: ignoring them
+        // keeps a read from triggering the next read.
+        if let Ok(ev) = ev
+            && !matches!(ev.kind, notify::EventKind::Access(_))
+        {
             let _ = tx.send(());
         }
     })

@@ -368,12 +368,27 @@ impl Model {
     ///
     /// Only endpoints whose `ready` condition is true (absent means true) are returned.
     pub fn ready_endpoints(&self, svc: &Service, port: &ServicePort) -> Vec<EndpointAddr> {
+        self.endpoints_where(svc, port, |e| e.ready)
+    }
+
+    /// Every endpoint still listed for a service port, whatever its conditions. Flows that
+    /// already use one of these keep it; only endpoints gone from every slice lose their flows.
+    pub fn present_endpoints(&self, svc: &Service, port: &ServicePort) -> Vec<EndpointAddr> {
+        self.endpoints_where(svc, port, |_| true)
+    }
+
+    fn endpoints_where(
+        &self,
+        svc: &Service,
+        port: &ServicePort,
+        keep: impl Fn(&Endpoint) -> bool,
+    ) -> Vec<EndpointAddr> {
         let mut out = BTreeSet::new();
         for slice in self.slices_of(&svc.id) {
             let Some(number) = resolve_slice_port(slice, port) else {
                 continue;
             };
-            for ep in slice.endpoints.iter().filter(|e| e.ready) {
+            for ep in slice.endpoints.iter().filter(|e| keep(e)) {
                 for ip in &ep.addresses {
                     out.insert(EndpointAddr {
                         ip: *ip,
@@ -579,6 +594,7 @@ endpoints: {eps}
         let got = m.ready_endpoints(&s, &s.ports[0]);
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].ip, "198.18.0.3".parse::<IpAddr>().unwrap());
+        assert_eq!(m.present_endpoints(&s, &s.ports[0]).len(), 2);
     }
 
     #[test]

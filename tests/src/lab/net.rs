@@ -1,0 +1,514 @@
+//! Backend servers and clients that run inside lab namespaces.
+//!
+//! Wire protocol (same for TCP and UDP): the client sends a line (`"hello\n"`); the server
+//! answers `"<identity> <client-ip>:<client-port>\n"`, where identity is normally the pod
+//! name and the client address is the peer as the server saw it. Over TCP every request line
+//! gets one reply line, so one connection can carry many requests ([`TcpConn`]).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::{self, BufRead as _, BufReader, Write as _};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::AsRawFd as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::ns::run_in_ns;
+
+/// TCP or UDP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Proto {
+    Tcp,
+    Udp,
+}
+
+impl fmt::Display for Proto {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Proto::Tcp => "TCP",
+            Proto::Udp => "UDP",
+        })
+    }
+}
+
+/// A server's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    /// The identity of the server that answered (the backend pod's name).
+    pub backend: String,
+    /// The client address as the server saw it (`ip:port`).
+    pub client_seen: String,
+}
+
+impl Reply {
+    fn parse(line: &str) -> io::Result<Reply> {
+        let line = line.trim_end_matches(['\r', '\n']);
+        let (backend, client_seen) = line.split_once(' ').ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("malformed reply {line:?}"),
+            )
+        })?;
+        Ok(Reply {
+            backend: backend.to_owned(),
+            client_seen: client_seen.to_owned(),
+        })
+    }
+}
+
+impl fmt::Display for Reply {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (saw client {})", self.backend, self.client_seen)
+    }
+}
+
+const REQUEST: &[u8] = b"hello\n";
+const POLL: Duration = Duration::from_millis(100);
+
+/// Sets `SO_RCVTIMEO` on a socket; on Linux this also bounds `accept(2)`.
+fn set_rcvtimeo(fd: i32, d: Duration) -> io::Result<()> {
+    let tv = libc::timeval {
+        tv_sec: d.as_secs() as _,
+        tv_usec: d.subsec_micros() as _,
+    };
+    // SAFETY: valid fd and a correctly sized timeval.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// TCP and UDP servers in one namespace, answering with an identity on one or more ports.
+/// Stopped (sockets closed, threads joined) on drop.
+pub struct Backend {
+    identity: String,
+    ports: Vec<u16>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl Backend {
+    /// Starts a TCP and a UDP server on each of `ports` (bound to 0.0.0.0) inside `ns`,
+    /// answering with `identity`. Returns once all sockets are bound. Panics if binding fails.
+    pub fn start(ns: &str, identity: &str, ports: &[u16]) -> Backend {
+        assert!(
+            !identity.contains(char::is_whitespace),
+            "identity must not contain spaces"
+        );
+        let sockets: Vec<(TcpListener, UdpSocket)> = run_in_ns(ns, || {
+            ports
+                .iter()
+                .map(|&p| {
+                    let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, p));
+                    let t = TcpListener::bind(any)
+                        .unwrap_or_else(|e| panic!("[{ns}] bind TCP :{p}: {e}"));
+                    let u = UdpSocket::bind(any)
+                        .unwrap_or_else(|e| panic!("[{ns}] bind UDP :{p}: {e}"));
+                    (t, u)
+                })
+                .collect()
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let conns: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let mut threads = Vec::new();
+        for (tcp, udp) in sockets {
+            set_rcvtimeo(tcp.as_raw_fd(), POLL).expect("SO_RCVTIMEO on listener");
+            udp.set_read_timeout(Some(POLL)).expect("UDP read timeout");
+            let (id, st, cs) = (identity.to_owned(), stop.clone(), conns.clone());
+            threads.push(std::thread::spawn(move || tcp_accept_loop(tcp, id, st, cs)));
+            let (id, st) = (identity.to_owned(), stop.clone());
+            threads.push(std::thread::spawn(move || udp_loop(udp, id, st)));
+        }
+        Backend {
+            identity: identity.to_owned(),
+            ports: ports.to_vec(),
+            stop,
+            threads,
+            conns,
+        }
+    }
+
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    pub fn ports(&self) -> &[u16] {
+        &self.ports
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        let conns = std::mem::take(&mut *self.conns.lock().unwrap());
+        for t in conns {
+            let _ = t.join();
+        }
+    }
+}
+
+fn tcp_accept_loop(
+    l: TcpListener,
+    id: String,
+    stop: Arc<AtomicBool>,
+    conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
+) {
+    while !stop.load(Ordering::SeqCst) {
+        match l.accept() {
+            Ok((s, peer)) => {
+                let (id, st) = (id.clone(), stop.clone());
+                let h = std::thread::spawn(move || tcp_conn_loop(s, peer, id, st));
+                let mut cs = conns.lock().unwrap();
+                cs.retain(|h| !h.is_finished());
+                cs.push(h);
+            }
+            Err(e) if is_timeout(&e) || e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                eprintln!("lab backend {id}: accept: {e}");
+                std::thread::sleep(POLL);
+            }
+        }
+    }
+}
+
+fn tcp_conn_loop(s: TcpStream, peer: SocketAddr, id: String, stop: Arc<AtomicBool>) {
+    let _ = s.set_read_timeout(Some(POLL));
+    let mut w = match s.try_clone() {
+        Ok(w) => w,
+        Err(_) => return,
+    };
+    let mut r = BufReader::new(s);
+    let mut line = Vec::new();
+    while !stop.load(Ordering::SeqCst) {
+        match r.read_until(b'\n', &mut line) {
+            Ok(0) => return,
+            Ok(_) if line.ends_with(b"\n") => {
+                line.clear();
+                if w.write_all(format!("{id} {peer}\n").as_bytes()).is_err() {
+                    return;
+                }
+            }
+            Ok(_) => {}
+            Err(e) if is_timeout(&e) || e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
+    let _ = w.shutdown(Shutdown::Both);
+}
+
+fn udp_loop(u: UdpSocket, id: String, stop: Arc<AtomicBool>) {
+    let mut buf = [0u8; 2048];
+    while !stop.load(Ordering::SeqCst) {
+        match u.recv_from(&mut buf) {
+            Ok((_, peer)) => {
+                let _ = u.send_to(format!("{id} {peer}\n").as_bytes(), peer);
+            }
+            Err(e) if is_timeout(&e) || e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                eprintln!("lab backend {id}: UDP recv: {e}");
+                std::thread::sleep(POLL);
+            }
+        }
+    }
+}
+
+// ---- clients: the `*_here` functions use the calling thread's namespace ----
+
+/// [`tcp_request`] in the calling thread's namespace (use inside [`run_in_ns`] to make many
+/// requests without a thread per request).
+pub fn tcp_request_here(
+    addr: Ipv4Addr,
+    port: u16,
+    timeout: Duration,
+) -> io::Result<(Reply, SocketAddr)> {
+    let mut c = TcpConn::connect_here(addr, port, timeout)?;
+    let r = c.request()?;
+    Ok((r, c.peer))
+}
+
+/// [`udp_request`] in the calling thread's namespace (see [`tcp_request_here`]).
+pub fn udp_request_here(
+    addr: Ipv4Addr,
+    port: u16,
+    timeout: Duration,
+    src_port: Option<u16>,
+) -> io::Result<(Reply, SocketAddr)> {
+    let sock = socket2_udp(src_port.unwrap_or(0))?;
+    sock.send_to(REQUEST, SocketAddrV4::new(addr, port))?;
+    let deadline = Instant::now() + timeout;
+    let mut buf = [0u8; 2048];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no UDP reply from {addr}:{port} within {timeout:?}"),
+            ));
+        }
+        sock.set_read_timeout(Some(left))?;
+        match sock.recv_from(&mut buf) {
+            Ok((n, from)) => {
+                let text = String::from_utf8_lossy(&buf[..n]);
+                return Ok((Reply::parse(&text)?, from));
+            }
+            Err(e) if is_timeout(&e) || e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// An unconnected UDP socket on 0.0.0.0:`port` with SO_REUSEADDR (so a fixed source port can
+/// be reused right away). Unconnected, so replies from any source are seen as they came.
+fn socket2_udp(port: u16) -> io::Result<UdpSocket> {
+    if port == 0 {
+        return UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0));
+    }
+    // SAFETY: plain socket syscalls on an fd we own; the fd is wrapped in a UdpSocket at once.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let sock = <UdpSocket as std::os::fd::FromRawFd>::from_raw_fd(fd);
+        let one: libc::c_int = 1;
+        let rc = libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let sin = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr { s_addr: 0 },
+            sin_zero: [0; 8],
+        };
+        let rc = libc::bind(
+            fd,
+            (&sin as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        );
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(sock)
+    }
+}
+
+/// From inside `ns`: connect to `addr:port`, send one request, read the reply, close.
+/// Returns the reply and the connection's peer address (what the client believes it is
+/// talking to: the VIP when going through lbproxy). `timeout` bounds each step.
+pub fn tcp_request(
+    ns: &str,
+    addr: Ipv4Addr,
+    port: u16,
+    timeout: Duration,
+) -> io::Result<(Reply, SocketAddr)> {
+    run_in_ns(ns, || tcp_request_here(addr, port, timeout))
+}
+
+/// From inside `ns`: send one UDP datagram to `addr:port` from a new socket (source port
+/// `src_port`, or an ephemeral one), and wait up to `timeout` for a reply. Returns the reply
+/// and the address the reply came from (recvfrom), which should be `addr:port`.
+pub fn udp_request(
+    ns: &str,
+    addr: Ipv4Addr,
+    port: u16,
+    timeout: Duration,
+    src_port: Option<u16>,
+) -> io::Result<(Reply, SocketAddr)> {
+    run_in_ns(ns, || udp_request_here(addr, port, timeout, src_port))
+}
+
+/// A long-lived TCP connection created inside a namespace; send several requests over it.
+pub struct TcpConn {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+    /// Peer address as seen by the client.
+    pub peer: SocketAddr,
+    /// Local (client) address.
+    pub local: SocketAddr,
+}
+
+impl TcpConn {
+    /// Connects from inside `ns`. `timeout` bounds the connect and every later request.
+    pub fn connect(ns: &str, addr: Ipv4Addr, port: u16, timeout: Duration) -> io::Result<TcpConn> {
+        run_in_ns(ns, || TcpConn::connect_here(addr, port, timeout))
+    }
+
+    /// [`TcpConn::connect`] in the calling thread's namespace.
+    pub fn connect_here(addr: Ipv4Addr, port: u16, timeout: Duration) -> io::Result<TcpConn> {
+        let s = TcpStream::connect_timeout(&SocketAddr::from((addr, port)), timeout)?;
+        s.set_read_timeout(Some(timeout))?;
+        s.set_write_timeout(Some(timeout))?;
+        s.set_nodelay(true)?;
+        let peer = s.peer_addr()?;
+        let local = s.local_addr()?;
+        Ok(TcpConn {
+            writer: s.try_clone()?,
+            reader: BufReader::new(s),
+            peer,
+            local,
+        })
+    }
+
+    /// Sends one request line and reads one reply line.
+    pub fn request(&mut self) -> io::Result<Reply> {
+        self.writer.write_all(REQUEST)?;
+        let mut line = String::new();
+        if self.reader.read_line(&mut line)? == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "connection closed",
+            ));
+        }
+        Reply::parse(&line)
+    }
+}
+
+/// The result of many requests from one client to one frontend ([`tally`]).
+#[derive(Clone, Debug)]
+pub struct Tally {
+    pub proto: Proto,
+    pub target: SocketAddrV4,
+    pub attempts: usize,
+    /// Replies per backend identity.
+    pub by_backend: BTreeMap<String, usize>,
+    /// Replies whose source (TCP peer / UDP recvfrom address) was not `target`:
+    /// `(backend, source)`.
+    pub wrong_source: Vec<(String, SocketAddr)>,
+    /// Failed requests, as `"#i: error"`.
+    pub errors: Vec<String>,
+    pub elapsed: Duration,
+}
+
+impl Tally {
+    /// Number of requests that got a reply.
+    pub fn replies(&self) -> usize {
+        self.by_backend.values().sum()
+    }
+
+    /// Replies from `backend`.
+    pub fn count(&self, backend: &str) -> usize {
+        self.by_backend.get(backend).copied().unwrap_or(0)
+    }
+
+    /// True if every attempt got a reply from `target` as source.
+    pub fn all_ok(&self) -> bool {
+        self.errors.is_empty() && self.wrong_source.is_empty() && self.replies() == self.attempts
+    }
+}
+
+impl fmt::Display for Tally {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {} x{} in {:?}: replies {:?}",
+            self.proto, self.target, self.attempts, self.elapsed, self.by_backend
+        )?;
+        if !self.wrong_source.is_empty() {
+            write!(f, "; wrong reply source {:?}", self.wrong_source)?;
+        }
+        if !self.errors.is_empty() {
+            write!(f, "; {} errors: {:?}", self.errors.len(), self.errors)?;
+        }
+        Ok(())
+    }
+}
+
+/// How many failed requests [`tally`] tolerates before giving up on the rest.
+pub const TALLY_MAX_ERRORS: usize = 8;
+
+/// From inside `ns`, makes `n` requests to `addr:port`: new TCP connections, or UDP
+/// datagrams each from a new socket (so a new source port). Stops early after
+/// [`TALLY_MAX_ERRORS`] failures. `timeout` is per request.
+pub fn tally(
+    ns: &str,
+    proto: Proto,
+    addr: Ipv4Addr,
+    port: u16,
+    n: usize,
+    timeout: Duration,
+) -> Tally {
+    run_in_ns(ns, || {
+        let target = SocketAddrV4::new(addr, port);
+        let mut t = Tally {
+            proto,
+            target,
+            attempts: 0,
+            by_backend: BTreeMap::new(),
+            wrong_source: Vec::new(),
+            errors: Vec::new(),
+            elapsed: Duration::ZERO,
+        };
+        let start = Instant::now();
+        for i in 0..n {
+            if t.errors.len() >= TALLY_MAX_ERRORS {
+                t.errors.push(format!("gave up after {i} of {n} attempts"));
+                break;
+            }
+            t.attempts += 1;
+            let r = match proto {
+                Proto::Tcp => tcp_request_here(addr, port, timeout),
+                Proto::Udp => udp_request_here(addr, port, timeout, None),
+            };
+            match r {
+                Ok((reply, src)) => {
+                    if src != SocketAddr::V4(target) {
+                        t.wrong_source.push((reply.backend.clone(), src));
+                    }
+                    *t.by_backend.entry(reply.backend).or_default() += 1;
+                }
+                Err(e) => t.errors.push(format!("#{i}: {e}")),
+            }
+        }
+        t.elapsed = start.elapsed();
+        t
+    })
+}
+
+/// Polls `f` every `interval` until it returns `Some` or `timeout` passes. Returns the value
+/// and the time it took, or the elapsed time on timeout.
+pub fn wait_for<T>(
+    timeout: Duration,
+    interval: Duration,
+    mut f: impl FnMut() -> Option<T>,
+) -> Result<(T, Duration), Duration> {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return Ok((v, start.elapsed()));
+        }
+        if start.elapsed() >= timeout {
+            return Err(start.elapsed());
+        }
+        std::thread::sleep(interval);
+    }
+}

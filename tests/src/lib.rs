@@ -1,0 +1,11 @@
+//! Test support for lbproxy.
+//!
+//! [`lab`] builds throw-away network-namespace "nodes" with pods on them, runs backend servers
+//! and clients inside those namespaces, writes Kubernetes manifests and drives a real
+//! `lbproxy run` process. It is used by this crate's integration tests (`tests/tests/*.rs`)
+//! and by `cargo xtask demo`.
+//!
+//! Everything here needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_BPF): creating a namespace
+//! without it panics with a message saying so.
+
+pub mod lab;

@@ -1,0 +1,236 @@
+//! Shared pieces of the lbproxy integration tests.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use lbproxy_tests::lab::{
+    Backend, Endpoint, EndpointSlice, Lab, Lbproxy, Manifest, Pod, Proto, Protocol, Service, Shape,
+    run_in_ns, tcp_request_here, udp_request_here, vip,
+};
+
+/// Generates `mod $name { fn routed(); fn bridge(); }` tests calling `$name(Shape)`.
+#[macro_export]
+macro_rules! both_shapes {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn routed() {
+                super::$name(lbproxy_tests::lab::Shape::Routed)
+            }
+            #[test]
+            fn bridge() {
+                super::$name(lbproxy_tests::lab::Shape::Bridge)
+            }
+        }
+    )*};
+}
+
+/// Per-request timeout for ordinary requests.
+pub const T: Duration = Duration::from_secs(1);
+/// How long lbproxy may take to report healthy after start.
+pub const HEALTHY_WITHIN: Duration = Duration::from_secs(15);
+/// The contract: manifest changes are applied within 1 s. The assertions allow 250 ms on
+/// top for the file write, the watcher's wake-up and the probe loop's own granularity.
+pub const APPLY_WITHIN: Duration = Duration::from_millis(1250);
+/// How long after SIGTERM lbproxy may take to exit.
+pub const EXIT_WITHIN: Duration = Duration::from_secs(5);
+
+/// The standard test service: `default/web` on [`WEB_VIP`], TCP 80 ("http") -> 8080 and
+/// UDP 53 ("dns") -> 5353.
+pub const WEB_VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 10);
+pub const WEB_TCP: u16 = 80;
+pub const WEB_UDP: u16 = 53;
+pub const BACKEND_TCP: u16 = 8080;
+pub const BACKEND_UDP: u16 = 5353;
+
+/// Service `name` on `vip` with TCP `WEB_TCP`->8080 ("http") and UDP `WEB_UDP`->5353
+/// ("dns"), plus one slice `<name>-1` holding `endpoints`.
+pub fn web_objects(name: &str, vip: Ipv4Addr, endpoints: Vec<Endpoint>) -> Manifest {
+    let mut slice = EndpointSlice::new(&format!("{name}-1"), name)
+        .port("http", BACKEND_TCP, Protocol::Tcp)
+        .port("dns", BACKEND_UDP, Protocol::Udp);
+    slice.endpoints = endpoints;
+    Manifest::new()
+        .with(
+            Service::cluster_ip(name, vip)
+                .port("http", WEB_TCP, Protocol::Tcp, BACKEND_TCP)
+                .port("dns", WEB_UDP, Protocol::Udp, BACKEND_UDP),
+        )
+        .with(slice)
+}
+
+/// Ready endpoints for `pods`, with targetRefs.
+pub fn ready(pods: &[&Pod]) -> Vec<Endpoint> {
+    pods.iter()
+        .map(|p| Endpoint::ready(p.ip).pod(&p.name))
+        .collect()
+}
+
+/// Merges manifests.
+pub fn merge(ms: impl IntoIterator<Item = Manifest>) -> Manifest {
+    let mut out = Manifest::new();
+    for m in ms {
+        out.objects.extend(m.objects);
+    }
+    out
+}
+
+/// A lab with pods `client` and `backends` (each serving 8080 and 5353), the `web` service
+/// over all backends written to the manifest, and lbproxy started and healthy.
+pub struct Setup {
+    pub lab: Lab,
+    pub client: Pod,
+    pub backends: Vec<Pod>,
+    pub servers: Vec<Backend>,
+    pub lb: Lbproxy,
+}
+
+impl Setup {
+    pub fn new(shape: Shape, backends: &[&str]) -> Setup {
+        Setup::with_members(shape, backends, backends)
+    }
+
+    /// Like [`Setup::new`], but only `members` (a subset of `backends`) are in the service.
+    pub fn with_members(shape: Shape, backends: &[&str], members: &[&str]) -> Setup {
+        let lab = Lab::new(shape);
+        let client = lab.add_pod("client");
+        let backends: Vec<Pod> = backends.iter().map(|n| lab.add_pod(n)).collect();
+        let servers = backends
+            .iter()
+            .map(|p| p.serve(&[BACKEND_TCP, BACKEND_UDP]))
+            .collect();
+        let m: Vec<&Pod> = backends
+            .iter()
+            .filter(|p| members.contains(&p.name.as_str()))
+            .collect();
+        lab.write_manifest(&web_objects("web", WEB_VIP, ready(&m)));
+        let mut lb = lab.start_lbproxy();
+        lb.expect_healthy(HEALTHY_WITHIN);
+        Setup {
+            lab,
+            client,
+            backends,
+            servers,
+            lb,
+        }
+    }
+
+    pub fn backend(&self, name: &str) -> &Pod {
+        self.backends.iter().find(|p| p.name == name).unwrap()
+    }
+}
+
+/// Tallies `n` new TCP connections and `n` UDP requests (new source port each) from `client`
+/// to the web service on `vip`; panics (with `ctx`) unless every request was answered from
+/// the VIP:port. Returns (tcp, udp) counts per backend.
+pub fn web_traffic_ok(
+    ctx: &str,
+    client: &Pod,
+    vip: Ipv4Addr,
+    n: usize,
+) -> (BTreeMap<String, usize>, BTreeMap<String, usize>) {
+    web_traffic_ok_in(None, ctx, client, vip, n)
+}
+
+/// [`web_traffic_ok`] that adds `lab`'s diagnostics to the failure message.
+pub fn web_traffic_ok_in(
+    lab: Option<&Lab>,
+    ctx: &str,
+    client: &Pod,
+    vip: Ipv4Addr,
+    n: usize,
+) -> (BTreeMap<String, usize>, BTreeMap<String, usize>) {
+    let diag = || lab.map(Lab::diagnostics).unwrap_or_default();
+    let t = client.tally(Proto::Tcp, vip, WEB_TCP, n, T);
+    assert!(
+        t.all_ok(),
+        "{ctx}: TCP from {} ({}): {t}\n{}",
+        client.name,
+        client.ip,
+        diag()
+    );
+    let u = client.tally(Proto::Udp, vip, WEB_UDP, n, T);
+    assert!(
+        u.all_ok(),
+        "{ctx}: UDP from {} ({}): {u}\n{}",
+        client.name,
+        client.ip,
+        diag()
+    );
+    (t.by_backend, u.by_backend)
+}
+
+/// One observed request in a probe loop.
+#[derive(Clone, Debug)]
+pub struct Obs {
+    pub at: Duration,
+    pub proto: Proto,
+    pub result: Result<(String, SocketAddr), String>,
+}
+
+/// From `client`, alternates one TCP and one UDP request to the web service on `vip` for
+/// `dur` (requests with a short timeout), recording what answered when.
+pub fn probe_for(client: &Pod, vip: Ipv4Addr, dur: Duration, timeout: Duration) -> Vec<Obs> {
+    let start = Instant::now();
+    run_in_ns(&client.netns, || {
+        let mut v = Vec::new();
+        while start.elapsed() < dur {
+            for proto in [Proto::Tcp, Proto::Udp] {
+                let at = start.elapsed();
+                let r = match proto {
+                    Proto::Tcp => tcp_request_here(vip, WEB_TCP, timeout),
+                    Proto::Udp => udp_request_here(vip, WEB_UDP, timeout, None),
+                };
+                v.push(Obs {
+                    at,
+                    proto,
+                    result: r.map(|(r, s)| (r.backend, s)).map_err(|e| e.to_string()),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        v
+    })
+}
+
+/// Summarizes observations: per proto, per backend, count and first/last time seen.
+pub fn summarize(obs: &[Obs]) -> String {
+    let mut m: BTreeMap<(Proto, String), (usize, Duration, Duration)> = BTreeMap::new();
+    for o in obs {
+        let key = match &o.result {
+            Ok((b, src)) => (o.proto, format!("{b} via {src}")),
+            Err(e) => (o.proto, format!("error {e}")),
+        };
+        let e = m.entry(key).or_insert((0, o.at, o.at));
+        e.0 += 1;
+        e.2 = o.at;
+    }
+    m.iter()
+        .map(|((p, k), (n, first, last))| format!("{p} {k}: {n}x from {first:?} to {last:?}"))
+        .collect::<Vec<_>>()
+        .join("\n  ")
+}
+
+/// The web VIP's frontends as `SocketAddr`s for source checks.
+pub fn web_tcp_frontend(vip: Ipv4Addr) -> SocketAddr {
+    SocketAddr::from((vip, WEB_TCP))
+}
+
+pub fn web_udp_frontend(vip: Ipv4Addr) -> SocketAddr {
+    SocketAddr::from((vip, WEB_UDP))
+}
+
+pub fn default_vip() -> Ipv4Addr {
+    vip(10)
+}
+
+/// Asserts no lbproxy program (`lb_from_pod`/`lb_to_pod`) is tcx-attached in `lab`'s node
+/// namespace.
+pub fn lb_attachments(lab: &Lab) -> Vec<lbproxy_tests::lab::bpf::TcxAttachment> {
+    lab.tcx_attachments()
+        .into_iter()
+        .filter(|a| a.prog_name == "lb_from_pod" || a.prog_name == "lb_to_pod")
+        .collect()
+}

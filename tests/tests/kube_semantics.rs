@@ -1,0 +1,65 @@
+//! kube-proxy semantics the skeleton already honours beyond its issue's list
+//! (shared/notes/field.md), and plain operability of the manifest watcher.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use lbproxy_tests::lab::{Conditions, Endpoint, Shape};
+
+both_shapes!(terminating_keeps_established);
+
+/// field.md: "A terminating endpoint keeps its existing connections." An established TCP
+/// connection to a backend that turns terminating (ready: false, serving: true,
+/// terminating: true) keeps working, while new connections avoid that backend.
+fn terminating_keeps_established(shape: Shape) {
+    let s = Setup::new(shape, &["b1", "b2"]);
+    let (b1, b2) = (s.backend("b1").clone(), s.backend("b2").clone());
+    let mut conn = (0..50)
+        .find_map(|_| {
+            let mut c = s.client.connect(WEB_VIP, WEB_TCP, T).ok()?;
+            (c.request().ok()?.backend == "b2").then_some(c)
+        })
+        .expect("no connection landed on b2 in 50 tries");
+
+    s.lab.write_manifest(&web_objects(
+        "web",
+        WEB_VIP,
+        vec![
+            Endpoint::ready(b1.ip).pod("b1"),
+            Endpoint::new(b2.ip, Conditions::TERMINATING_SERVING).pod("b2"),
+        ],
+    ));
+    std::thread::sleep(APPLY_WITHIN);
+    let (t, u) = web_traffic_ok(&format!("[{shape}] b2 terminating"), &s.client, WEB_VIP, 30);
+    assert!(
+        !t.contains_key("b2") && !u.contains_key("b2"),
+        "[{shape}] terminating b2 got new connections: TCP {t:?} UDP {u:?}"
+    );
+    let r: Vec<_> = (0..3).map(|_| conn.request().map(|r| r.backend)).collect();
+    assert!(
+        r.iter().all(|x| matches!(x, Ok(b) if b == "b2")),
+        "[{shape}] established TCP connection to b2 after b2 turned terminating (still serving): {r:?}"
+    );
+}
+
+/// An unchanged (bad) manifest is not re-read and re-logged over and over. One write may
+/// cause a few file events, so up to 3 rejections in the window are accepted.
+#[test]
+fn bad_manifest_not_relogged_while_unchanged() {
+    let s = Setup::new(Shape::Routed, &["b1"]);
+    s.lab.write_manifest_text("spec: [unclosed\n");
+    std::thread::sleep(Duration::from_millis(500));
+    let off = s.lb.stderr_len();
+    std::thread::sleep(Duration::from_secs(3));
+    let log = s.lb.stderr_since(off);
+    let path = s.lab.manifest_path().display().to_string();
+    let n = log.lines().filter(|l| l.contains(&path)).count();
+    assert!(
+        n <= 3,
+        "the unchanged bad manifest was rejected (and logged) {n} times in 3 s with no file \
+         change; first lines:\n{}",
+        log.lines().take(3).collect::<Vec<_>>().join("\n")
+    );
+}
