@@ -66,7 +66,7 @@ pub fn forward(pkt: &Packet, svc: &ServiceValue) -> Result<NatTarget, Verdict> {
         _pad: [0; 2],
     };
     let now = unsafe { bpf_ktime_get_ns() };
-    if let Some(entry) = LB_FLOWS_V1.get_ptr_mut(&key) {
+    if let Some(entry) = LB_FLOWS_V1.get_ptr_mut(key) {
         let (svc_id, backend_id, addr, port_be) = unsafe {
             (
                 (*entry).svc_id,
@@ -82,7 +82,7 @@ pub fn forward(pkt: &Packet, svc: &ServiceValue) -> Result<NatTarget, Verdict> {
             return Ok(NatTarget { addr, port_be });
         }
         // Stale: its backend left. Forget the old reply direction and select again.
-        let _ = LB_FLOWS_V1.remove(&reply_key(addr, port_be, pkt));
+        let _ = LB_FLOWS_V1.remove(reply_key(addr, port_be, pkt));
     }
 
     let (backend_id, backend) = select::select(svc)?;
@@ -102,10 +102,10 @@ pub fn forward(pkt: &Packet, svc: &ServiceValue) -> Result<NatTarget, Verdict> {
     };
     // Reply entry first, so the backend's first answer always finds it.
     LB_FLOWS_V1
-        .insert(&reply_key(backend.addr, backend.port_be, pkt), &reply, 0)
+        .insert(reply_key(backend.addr, backend.port_be, pkt), reply, 0)
         .map_err(|_| Verdict::Drop(DropReason::FlowInsertFailed))?;
     LB_FLOWS_V1
-        .insert(&key, &forward, 0)
+        .insert(key, forward, 0)
         .map_err(|_| Verdict::Drop(DropReason::FlowInsertFailed))?;
     Ok(NatTarget {
         addr: backend.addr,
@@ -126,7 +126,7 @@ pub fn reply(pkt: &Packet) -> Option<NatTarget> {
         dir: FLOW_DIR_REPLY,
         _pad: [0; 2],
     };
-    let entry = LB_FLOWS_V1.get_ptr_mut(&key)?;
+    let entry = LB_FLOWS_V1.get_ptr_mut(key)?;
     touch(entry, unsafe { bpf_ktime_get_ns() });
     let (addr, port_be) = unsafe { ((*entry).nat_addr, (*entry).nat_port_be) };
     Some(NatTarget { addr, port_be })

@@ -25,7 +25,7 @@ pub fn select(svc: &ServiceValue) -> Result<(u32, Backend), Verdict> {
         svc_id: svc.svc_id,
         slot,
     };
-    let backend_id = unsafe { LB_SLOTS_V1.get(&key) }
+    let backend_id = unsafe { LB_SLOTS_V1.get(key) }
         .copied()
         .ok_or(Verdict::Drop(DropReason::SlotMissing))?;
     let backend = backend(backend_id).ok_or(Verdict::Drop(DropReason::BackendMissing))?;
@@ -35,5 +35,5 @@ pub fn select(svc: &ServiceValue) -> Result<(u32, Backend), Verdict> {
 /// The backend with this id, if it is still live.
 #[inline(always)]
 pub fn backend(backend_id: u32) -> Option<Backend> {
-    unsafe { LB_BACKENDS_V1.get(&backend_id) }.copied()
+    unsafe { LB_BACKENDS_V1.get(backend_id) }.copied()
 }

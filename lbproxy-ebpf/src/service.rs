@@ -26,5 +26,5 @@ pub fn lookup(pkt: &Packet) -> Option<ServiceValue> {
     };
     // SAFETY: the value is copied out at once; hash map values are not freed under RCU
     // while this program runs.
-    unsafe { LB_SERVICES_V1.get(&key) }.copied()
+    unsafe { LB_SERVICES_V1.get(key) }.copied()
 }

@@ -1,0 +1,103 @@
+//! lbproxy's developer tasks: `cargo xtask <setup|run|test|lint|demo|bench>`.
+//!
+//! The alias lives in `.cargo/config.toml` (`xtask = "run --package xtask --"`).
+
+mod demo;
+mod setup;
+mod test;
+mod util;
+
+use std::os::unix::process::CommandExt as _;
+use std::process::Command;
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "lbproxy's developer tasks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what this machine needs (Debian packages, nightly rust-src, bpf-linker built
+    /// against LLVM 22, bpffs). Idempotent: a second run only checks.
+    Setup {
+        /// Only check, and print the commands that would install what is missing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Set up, build lbproxy (with its eBPF object), then exec `lbproxy ARGS`.
+    ///
+    /// Example: cargo xtask run -- run --manifests deploy/examples/demo.yaml
+    Run {
+        /// Arguments for lbproxy.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Set up, build lbproxy, then run every crate's tests (unit and namespace-lab
+    /// integration tests) with LBPROXY_BIN set.
+    ///
+    /// ARGS go to `cargo test`; ARGS after a second `--` go to the test harness
+    /// (e.g. `cargo xtask test -- lab -- --nocapture`). `--test-threads=2` is the default.
+    Test {
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// rustfmt check, clippy of the userspace crates, and nightly clippy of the eBPF crate.
+    Lint {
+        /// Set AYA_BUILD_SKIP=1 for the userspace clippy (skips rebuilding the eBPF object;
+        /// lbproxy then only compiles if an earlier build left the object in OUT_DIR).
+        #[arg(long)]
+        skip_ebpf_build: bool,
+        /// Skip the nightly clippy of lbproxy-ebpf.
+        #[arg(long)]
+        no_ebpf: bool,
+    },
+    /// Show lbproxy balancing a Service in a namespace lab: no cluster needed.
+    Demo(demo::DemoArgs),
+    /// Benchmarks (not implemented yet).
+    Bench {
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() {
+    if let Err(e) = real_main() {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn real_main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.task {
+        Task::Setup { dry_run } => setup::setup_with(dry_run),
+        Task::Run { args } => {
+            setup::setup()?;
+            let bin = util::build_lbproxy("run")?;
+            let mut cmd = Command::new(&bin);
+            cmd.args(&args);
+            eprintln!("[run] exec {}", util::display(&cmd));
+            let err = cmd.exec();
+            Err(err).with_context(|| format!("cannot exec {}", bin.display()))
+        }
+        Task::Test { args } => test::test(&args),
+        Task::Lint {
+            skip_ebpf_build,
+            no_ebpf,
+        } => test::lint(&test::LintOptions {
+            skip_ebpf_build,
+            no_ebpf,
+        }),
+        Task::Demo(args) => demo::demo(&args),
+        Task::Bench { .. } => bail!("`cargo xtask bench`: not implemented yet (issue 5)"),
+    }
+}

@@ -1,0 +1,272 @@
+//! `cargo xtask test` and `cargo xtask lint`.
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::util::{self, cargo};
+
+/// The eBPF crate is `#![no_std]`/`#![no_main]` for bpfel-unknown-none: it cannot build for
+/// the host, so host-side cargo commands over the workspace leave it out. lbproxy's build.rs
+/// still builds (and so checks) it for its real target.
+const EBPF_CRATE: &str = "lbproxy-ebpf";
+
+/// Test counts summed over every `test result:` line cargo test printed.
+#[derive(Debug, Default)]
+struct Tally {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+    binaries: u64,
+    failed_binaries: u64,
+    failed_tests: Vec<String>,
+}
+
+impl Tally {
+    /// Reads one line of libtest output.
+    fn line(&mut self, line: &str) {
+        let line = line.trim();
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            self.binaries += 1;
+            if rest.starts_with("FAILED") {
+                self.failed_binaries += 1;
+            }
+            for part in rest.split(';') {
+                let mut words = part.split_whitespace().rev();
+                let (Some(what), Some(n)) = (words.next(), words.next()) else {
+                    continue;
+                };
+                let Ok(n) = n.parse::<u64>() else { continue };
+                match what {
+                    "passed" => self.passed += n,
+                    "failed" => self.failed += n,
+                    "ignored" => self.ignored += n,
+                    _ => {}
+                }
+            }
+        } else if let Some(name) = line
+            .strip_prefix("test ")
+            .and_then(|l| l.strip_suffix(" ... FAILED"))
+        {
+            self.failed_tests.push(name.to_owned());
+        }
+    }
+}
+
+/// Splits `ARGS` from `cargo xtask test -- ARGS` into cargo-test args and test-harness args
+/// (those after a second `--`), adding `--test-threads=2` unless the caller set it.
+fn split_args(extra: &[String]) -> (Vec<String>, Vec<String>) {
+    let (cargo_args, mut harness) = match extra.iter().position(|a| a == "--") {
+        Some(i) => (extra[..i].to_vec(), extra[i + 1..].to_vec()),
+        None => (extra.to_vec(), Vec::new()),
+    };
+    if !harness.iter().any(|a| a.starts_with("--test-threads")) {
+        // Each integration test builds its own namespace lab; 2 cores.
+        harness.push("--test-threads=2".into());
+    }
+    (cargo_args, harness)
+}
+
+pub fn test(extra: &[String]) -> Result<()> {
+    crate::setup::setup()?;
+    let bin = util::build_lbproxy("test")?;
+    let (cargo_args, harness) = split_args(extra);
+
+    let mut cmd = cargo();
+    cmd.arg("test");
+    // `--workspace` would override a `-p` given by the caller.
+    let picks_package = cargo_args
+        .iter()
+        .any(|a| a.starts_with("-p") || a.starts_with("--package"));
+    if !picks_package {
+        cmd.args(["--workspace", "--exclude", EBPF_CRATE]);
+    }
+    cmd.arg("--no-fail-fast")
+        .args(&cargo_args)
+        .arg("--")
+        .args(&harness)
+        .env("LBPROXY_BIN", &bin)
+        .env_remove("AYA_BUILD_SKIP")
+        .stdout(Stdio::piped());
+    eprintln!(
+        "[test] running the workspace's tests with LBPROXY_BIN={}",
+        bin.display()
+    );
+    eprintln!("  $ {}", util::display(&cmd));
+    let started = std::time::Instant::now();
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start `{}`", util::display(&cmd)))?;
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let mut tally = Tally::default();
+    let mut out = std::io::stdout();
+    for line in BufReader::new(stdout).lines() {
+        let line = line.context("reading cargo test output")?;
+        tally.line(&line);
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    }
+    let status = child.wait().context("waiting for cargo test")?;
+
+    println!();
+    if !tally.failed_tests.is_empty() {
+        println!("[test] failed tests:");
+        for t in &tally.failed_tests {
+            println!("[test]   {t}");
+        }
+    }
+    let verdict = if status.success() { "ok" } else { "FAILED" };
+    println!(
+        "[test] {verdict}: {} test suites ({} failed) in {}s, cargo test {}",
+        tally.binaries,
+        tally.failed_binaries,
+        started.elapsed().as_secs(),
+        if status.success() {
+            "exited 0".to_string()
+        } else {
+            format!("failed ({status})")
+        }
+    );
+    if !status.success() && tally.failed == 0 {
+        println!(
+            "[test] cargo test failed without a failing test: a build error, or a test binary \
+             that crashed (see above)"
+        );
+    }
+    // The plain closing line (last, alone on its line).
+    println!(
+        "summary: {} passed, {} failed, {} skipped",
+        tally.passed, tally.failed, tally.ignored
+    );
+    if !status.success() {
+        // Exit here so the summary stays the last line printed.
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+pub struct LintOptions {
+    /// Set AYA_BUILD_SKIP=1 for the userspace clippy (lbproxy then has no eBPF object).
+    pub skip_ebpf_build: bool,
+    /// Skip the nightly clippy of the eBPF crate.
+    pub no_ebpf: bool,
+}
+
+pub fn lint(opts: &LintOptions) -> Result<()> {
+    let mut failures = Vec::new();
+
+    eprintln!("[lint] rustfmt");
+    if !util::status(cargo().args(["fmt", "--all", "--check"]))?.success() {
+        failures.push("cargo fmt --all --check");
+    }
+
+    eprintln!("[lint] clippy (userspace crates, host target)");
+    let mut clippy = cargo();
+    clippy.args([
+        "clippy",
+        "--workspace",
+        "--exclude",
+        EBPF_CRATE,
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    if opts.skip_ebpf_build {
+        clippy.env("AYA_BUILD_SKIP", "1");
+    }
+    if !util::status(&mut clippy)?.success() {
+        failures.push("cargo clippy --workspace --all-targets");
+    }
+
+    if opts.no_ebpf {
+        eprintln!("[lint] clippy of {EBPF_CRATE}: skipped (--no-ebpf)");
+    } else {
+        let has_clippy = util::output_of(
+            "rustup",
+            &["component", "list", "--toolchain", "nightly", "--installed"],
+        )
+        .is_some_and(|l| l.lines().any(|c| c.trim().starts_with("clippy")));
+        if has_clippy {
+            eprintln!("[lint] clippy ({EBPF_CRATE}, nightly, bpfel-unknown-none)");
+            let mut cmd = Command::new("rustup");
+            cmd.current_dir(util::repo_root())
+                .args([
+                    "run",
+                    crate::setup::NIGHTLY,
+                    "cargo",
+                    "clippy",
+                    "-p",
+                    EBPF_CRATE,
+                    "--target",
+                    "bpfel-unknown-none",
+                    "-Z",
+                    "build-std=core",
+                    "--",
+                    "-D",
+                    "warnings",
+                ])
+                // Set by the outer rustup proxy / cargo; they would pin the stable toolchain.
+                .env_remove("RUSTUP_TOOLCHAIN")
+                .env_remove("RUSTC")
+                .env_remove("RUSTC_WORKSPACE_WRAPPER");
+            if !util::status(&mut cmd)?.success() {
+                failures.push("nightly clippy of lbproxy-ebpf");
+            }
+        } else {
+            eprintln!(
+                "[lint] clippy of {EBPF_CRATE}: skipped, the nightly toolchain has no clippy \
+                 (rustup component add clippy --toolchain nightly)"
+            );
+        }
+    }
+
+    if failures.is_empty() {
+        eprintln!("[lint] ok");
+        Ok(())
+    } else {
+        bail!("lint failed: {}", failures.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tally_sums_result_lines() {
+        let mut t = Tally::default();
+        for l in [
+            "test a::b ... ok",
+            "test a::c ... FAILED",
+            "test result: FAILED. 3 passed; 1 failed; 2 ignored; 0 measured; 0 filtered out; finished in 0.01s",
+            "test result: ok. 4 passed; 0 failed; 0 ignored; 0 measured; 5 filtered out; finished in 1.00s",
+        ] {
+            t.line(l);
+        }
+        assert_eq!(
+            (t.passed, t.failed, t.ignored, t.binaries, t.failed_binaries),
+            (7, 1, 2, 2, 1),
+            "{t:?}"
+        );
+        assert_eq!(t.failed_tests, vec!["a::c".to_string()]);
+    }
+
+    #[test]
+    fn split_args_adds_test_threads() {
+        let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            split_args(&s(&["lab"])),
+            (s(&["lab"]), s(&["--test-threads=2"]))
+        );
+        assert_eq!(
+            split_args(&s(&["-p", "x", "--", "--nocapture"])),
+            (s(&["-p", "x"]), s(&["--nocapture", "--test-threads=2"]))
+        );
+        assert_eq!(
+            split_args(&s(&["--", "--test-threads=1"])),
+            (s(&[]), s(&["--test-threads=1"]))
+        );
+    }
+}
