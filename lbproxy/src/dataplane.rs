@@ -14,7 +14,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use lbproxy_common::{Backend, ServiceKey, ServiceValue, SlotKey};
 
-use crate::model::{Model, Protocol};
+use crate::model::{Model, Protocol, Service};
 
 /// A frontend the datapath serves: VIP:port/proto.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -97,51 +97,67 @@ pub struct FrontendSpec {
 pub type Desired = BTreeMap<Frontend, FrontendSpec>;
 
 /// The frontends the model asks for. Served today: IPv4 ClusterIPs, TCP and UDP. IPv6 and
-/// SCTP stay in the model but are not programmed yet.
-pub fn desired(model: &Model) -> Desired {
+/// SCTP stay in the model but are not programmed yet. `node` is this node's name, for
+/// `internalTrafficPolicy: Local`.
+pub fn desired(model: &Model, node: &str) -> Desired {
     let mut out = Desired::new();
     for svc in model.services.values() {
-        for port in &svc.ports {
-            if port.protocol == Protocol::Sctp {
-                continue;
-            }
-            let v4 = |eps: Vec<crate::model::EndpointAddr>| -> Vec<BackendAddr> {
-                eps.into_iter()
-                    .filter_map(|ep| match ep.ip {
-                        IpAddr::V4(addr) => Some(BackendAddr {
-                            addr,
-                            port: ep.port,
-                            proto: port.protocol,
-                        }),
-                        IpAddr::V6(_) => None,
-                    })
-                    .collect()
-            };
-            let backends = v4(model.ready_endpoints(svc, port));
-            let draining: Vec<BackendAddr> = v4(model.present_endpoints(svc, port))
-                .into_iter()
-                .filter(|b| !backends.contains(b))
-                .collect();
-            let label = if port.name.is_empty() {
-                svc.id.to_string()
-            } else {
-                format!("{}:{}", svc.id, port.name)
-            };
-            for ip in &svc.cluster_ips {
-                let IpAddr::V4(addr) = ip else { continue };
-                out.insert(
-                    Frontend {
-                        addr: *addr,
-                        port: port.port,
+        out.extend(desired_for(model, svc, node));
+    }
+    out
+}
+
+/// The frontends of one service.
+pub fn desired_for(model: &Model, svc: &Service, node: &str) -> Vec<(Frontend, FrontendSpec)> {
+    let mut out = Vec::new();
+    for port in &svc.ports {
+        if port.protocol == Protocol::Sctp {
+            continue;
+        }
+        let v4 = |eps: Vec<crate::model::EndpointAddr>| -> Vec<BackendAddr> {
+            eps.into_iter()
+                .filter_map(|ep| match ep.ip {
+                    IpAddr::V4(addr) => Some(BackendAddr {
+                        addr,
+                        port: ep.port,
                         proto: port.protocol,
-                    },
-                    FrontendSpec {
-                        label: label.clone(),
-                        backends: backends.clone(),
-                        draining: draining.clone(),
-                    },
-                );
-            }
+                    }),
+                    IpAddr::V6(_) => None,
+                })
+                .collect()
+        };
+        // New connections: ready endpoints; with internalTrafficPolicy Local, only this
+        // node's (none local means no backend: the traffic is dropped, as kube-proxy does).
+        let backends = if svc.internal_local {
+            v4(model.endpoints_where(svc, port, |e| {
+                e.ready && e.node_name.as_deref() == Some(node)
+            }))
+        } else {
+            v4(model.ready_endpoints(svc, port))
+        };
+        let draining: Vec<BackendAddr> = v4(model.present_endpoints(svc, port))
+            .into_iter()
+            .filter(|b| !backends.contains(b))
+            .collect();
+        let label = if port.name.is_empty() {
+            svc.id.to_string()
+        } else {
+            format!("{}:{}", svc.id, port.name)
+        };
+        for ip in &svc.cluster_ips {
+            let IpAddr::V4(addr) = ip else { continue };
+            out.push((
+                Frontend {
+                    addr: *addr,
+                    port: port.port,
+                    proto: port.protocol,
+                },
+                FrontendSpec {
+                    label: label.clone(),
+                    backends: backends.clone(),
+                    draining: draining.clone(),
+                },
+            ));
         }
     }
     out
@@ -204,6 +220,8 @@ pub struct Programmer {
     state: Programmed,
     by_addr: HashMap<BackendAddr, u32>,
     refs: HashMap<u32, usize>,
+    /// Backends whose count dropped to zero since the last sweep.
+    maybe_unused: std::collections::HashSet<u32>,
     next_backend_id: u32,
     next_svc_id: u32,
 }
@@ -231,6 +249,12 @@ impl Programmer {
                 *p.refs.entry(*id).or_default() += 1;
             }
         }
+        p.maybe_unused = p
+            .refs
+            .iter()
+            .filter(|(_, n)| **n == 0)
+            .map(|(id, _)| *id)
+            .collect();
         p.state = state;
         p
     }
@@ -254,22 +278,20 @@ impl Programmer {
         self.next_backend_id += 1;
         self.by_addr.insert(addr, id);
         self.refs.insert(id, 0);
+        // Freed again at the end of this apply if no slot ends up using it.
+        self.maybe_unused.insert(id);
         self.state.backends.insert(id, addr);
         Ok(id)
     }
 
-    /// Programs `desired`, writing only what differs. On a failed write it stops that
-    /// frontend where it is (still consistent), goes on with the others, and returns the
-    /// errors; the next apply retries.
+    /// Programs `desired` as the whole state, writing only what differs. On a failed write it
+    /// stops that frontend where it is (still consistent), goes on with the others, and
+    /// returns the errors; the next apply retries.
     pub fn apply<M: Maps>(
         &mut self,
         maps: &mut M,
         desired: &Desired,
     ) -> Result<ApplyStats, (ApplyStats, Vec<MapWriteError>)> {
-        let mut stats = ApplyStats::default();
-        let mut errors = Vec::new();
-
-        // Removed frontends first: frees slots and ids before new ones are written.
         let removed: Vec<Frontend> = self
             .state
             .frontends
@@ -277,24 +299,37 @@ impl Programmer {
             .filter(|f| !desired.contains_key(f))
             .copied()
             .collect();
+        self.apply_changes(maps, desired.iter().map(|(f, s)| (*f, s)), &removed)
+    }
+
+    /// Programs some frontends and removes others, leaving every other frontend as it is.
+    /// This is what one service's change costs: O(its frontends and backends), whatever the
+    /// number of services.
+    pub fn apply_changes<'a, M: Maps>(
+        &mut self,
+        maps: &mut M,
+        upserts: impl IntoIterator<Item = (Frontend, &'a FrontendSpec)>,
+        removed: &[Frontend],
+    ) -> Result<ApplyStats, (ApplyStats, Vec<MapWriteError>)> {
+        let mut stats = ApplyStats::default();
+        let mut errors = Vec::new();
+        // Removed frontends first: frees slots and ids before new ones are written.
         for fe in removed {
-            if let Err(e) = self.remove_frontend(maps, fe, &mut stats) {
+            if let Err(e) = self.remove_frontend(maps, *fe, &mut stats) {
                 errors.push(e);
             }
         }
-        for (fe, spec) in desired {
-            if let Err(e) = self.apply_frontend(maps, *fe, spec, &mut stats) {
+        for (fe, spec) in upserts {
+            if let Err(e) = self.apply_frontend(maps, fe, spec, &mut stats) {
                 errors.push(e);
             }
         }
         // Backends nothing refers to any more.
-        let unused: Vec<u32> = self
-            .refs
-            .iter()
-            .filter(|(_, n)| **n == 0)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in unused {
+        let candidates: Vec<u32> = self.maybe_unused.drain().collect();
+        for id in candidates {
+            if self.refs.get(&id).is_some_and(|n| *n > 0) {
+                continue;
+            }
             match maps.del_backend(id) {
                 Ok(()) => {
                     stats.deletes += 1;
@@ -303,7 +338,10 @@ impl Programmer {
                         self.by_addr.remove(&addr);
                     }
                 }
-                Err(e) => errors.push(e),
+                Err(e) => {
+                    self.maybe_unused.insert(id);
+                    errors.push(e);
+                }
             }
         }
         if errors.is_empty() {
@@ -351,6 +389,9 @@ impl Programmer {
     fn release(&mut self, id: u32) {
         if let Some(n) = self.refs.get_mut(&id) {
             *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.maybe_unused.insert(id);
+            }
         }
     }
 
@@ -801,7 +842,7 @@ endpoints: [{addresses: [198.18.0.2]}]
         let mut o = manifests::Objects::default();
         manifests::parse_text(std::path::Path::new("x.yaml"), text, &mut o).unwrap();
         let model = manifests::build_model(o).unwrap().model;
-        let d = desired(&model);
+        let d = desired(&model, "node-a");
         let keys: Vec<String> = d.keys().map(ToString::to_string).collect();
         assert_eq!(keys, vec!["198.19.0.10:53/UDP", "198.19.0.10:80/TCP"]);
         assert_eq!(d.values().next().unwrap().backends[0].port, 5353);

@@ -1,109 +1,246 @@
-//! Health and metrics endpoints.
+//! Health and metrics endpoints, with kube-proxy's names and semantics.
 //!
-//! - `--healthz-bind-address`: `GET /healthz` and `/livez`: 200 once the first full sync is in
-//!   the maps, 503 before.
+//! - `--healthz-bind-address`: `GET /healthz` and `/livez`. 503 until the first full sync is
+//!   in the maps. After that, 503 when a queued change has waited longer than twice the sync
+//!   period without being written (kube-proxy's rule), 200 otherwise. The JSON body says when
+//!   the maps were last updated, so staleness is visible even while healthy.
 //! - `--metrics-bind-address`: `GET /metrics` (OpenMetrics) and `/proxyMode` (`ebpf`).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-/// What the endpoints report. Cheap to clone.
-#[derive(Clone)]
-pub struct Health {
-    synced: Arc<AtomicBool>,
-    pub metrics: Arc<Metrics>,
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MapLabel {
+    pub map: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// Every metric lbproxy exports. Label sets are bounded: map names and drop reasons are
+/// fixed lists.
 pub struct Metrics {
     registry: Registry,
-    pub syncs: Counter,
+    pub sync_duration: Histogram,
+    pub last_sync_timestamp: FloatGauge,
+    pub last_queued_timestamp: FloatGauge,
+    pub network_programming_duration: Histogram,
+    pub service_changes_pending: Gauge,
+    pub service_changes_total: Counter,
+    pub endpoint_changes_pending: Gauge,
+    pub endpoint_changes_total: Counter,
     pub sync_failures: Counter,
-    pub last_sync_timestamp: Gauge<f64, std::sync::atomic::AtomicU64>,
-    pub frontends: Gauge,
-    pub backends: Gauge,
+    pub map_entries: Family<MapLabel, Gauge>,
+    pub map_capacity: Family<MapLabel, Gauge>,
+    pub datapath_drops: Family<ReasonLabel, Counter>,
     pub attached_interfaces: Gauge,
 }
 
 impl Metrics {
     fn new() -> Self {
-        let mut registry = Registry::default();
-        let syncs = Counter::default();
-        let sync_failures = Counter::default();
-        let last_sync_timestamp = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
-        let frontends = Gauge::default();
-        let backends = Gauge::default();
-        let attached_interfaces = Gauge::default();
-        registry.register(
-            "lbproxy_syncs",
-            "Syncs of the model into the maps",
-            syncs.clone(),
+        let mut r = Registry::default();
+        let sync_duration = Histogram::new(exponential_buckets(0.0001, 2.0, 18));
+        r.register(
+            "kubeproxy_sync_proxy_rules_duration_seconds",
+            "How long one sync of the model into the BPF maps took",
+            sync_duration.clone(),
         );
-        registry.register(
-            "lbproxy_sync_failures",
-            "Syncs that failed to read the source or write a map",
-            sync_failures.clone(),
-        );
-        registry.register(
+        let last_sync_timestamp = FloatGauge::default();
+        r.register(
             "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
-            "The last time the maps were successfully synced",
+            "The last time the maps were successfully synced (Unix seconds)",
             last_sync_timestamp.clone(),
         );
-        registry.register(
-            "lbproxy_frontends",
-            "Frontends programmed",
-            frontends.clone(),
+        let last_queued_timestamp = FloatGauge::default();
+        r.register(
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "The last time a change was queued for the maps (Unix seconds)",
+            last_queued_timestamp.clone(),
         );
-        registry.register("lbproxy_backends", "Backends programmed", backends.clone());
-        registry.register(
+        let network_programming_duration = Histogram::new(exponential_buckets(0.001, 2.0, 18));
+        r.register(
+            "kubeproxy_network_programming_duration_seconds",
+            "From an EndpointSlice's endpoints.kubernetes.io/last-change-trigger-time to the change being in the maps",
+            network_programming_duration.clone(),
+        );
+        let service_changes_pending = Gauge::default();
+        r.register(
+            "kubeproxy_sync_proxy_rules_service_changes_pending",
+            "Service changes received and not yet synced",
+            service_changes_pending.clone(),
+        );
+        let service_changes_total = Counter::default();
+        r.register(
+            "kubeproxy_sync_proxy_rules_service_changes",
+            "Service changes received",
+            service_changes_total.clone(),
+        );
+        let endpoint_changes_pending = Gauge::default();
+        r.register(
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+            "EndpointSlice changes received and not yet synced",
+            endpoint_changes_pending.clone(),
+        );
+        let endpoint_changes_total = Counter::default();
+        r.register(
+            "kubeproxy_sync_proxy_rules_endpoint_changes",
+            "EndpointSlice changes received",
+            endpoint_changes_total.clone(),
+        );
+        let sync_failures = Counter::default();
+        r.register(
+            "lbproxy_sync_failures",
+            "Syncs that could not read the source or write a map",
+            sync_failures.clone(),
+        );
+        let map_entries = Family::<MapLabel, Gauge>::default();
+        r.register(
+            "lbproxy_map_entries",
+            "Entries in each BPF map",
+            map_entries.clone(),
+        );
+        let map_capacity = Family::<MapLabel, Gauge>::default();
+        r.register(
+            "lbproxy_map_capacity",
+            "Capacity (max_entries) of each BPF map",
+            map_capacity.clone(),
+        );
+        let datapath_drops = Family::<ReasonLabel, Counter>::default();
+        r.register(
+            "lbproxy_datapath_drops",
+            "Packets the datapath dropped, by reason",
+            datapath_drops.clone(),
+        );
+        let attached_interfaces = Gauge::default();
+        r.register(
             "lbproxy_attached_interfaces",
             "Pod interfaces with the datapath attached",
             attached_interfaces.clone(),
         );
         Self {
-            registry,
-            syncs,
-            sync_failures,
+            registry: r,
+            sync_duration,
             last_sync_timestamp,
-            frontends,
-            backends,
+            last_queued_timestamp,
+            network_programming_duration,
+            service_changes_pending,
+            service_changes_total,
+            endpoint_changes_pending,
+            endpoint_changes_total,
+            sync_failures,
+            map_entries,
+            map_capacity,
+            datapath_drops,
             attached_interfaces,
         }
     }
 }
 
+pub fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+#[derive(Default)]
+struct HealthState {
+    /// The first full sync is in the maps.
+    synced: bool,
+    last_updated: Option<(Instant, f64)>,
+    /// Oldest change queued and not yet written.
+    queued_since: Option<Instant>,
+}
+
+/// What the endpoints report. Cheap to clone.
+#[derive(Clone)]
+pub struct Health {
+    state: Arc<Mutex<HealthState>>,
+    timeout: Duration,
+    pub metrics: Arc<Metrics>,
+}
+
 impl Health {
-    pub fn new() -> Self {
+    /// `sync_period`: a queued change older than twice this makes `/healthz` fail.
+    pub fn new(sync_period: Duration) -> Self {
         Self {
-            synced: Arc::new(AtomicBool::new(false)),
+            state: Arc::default(),
+            timeout: sync_period * 2,
             metrics: Arc::new(Metrics::new()),
         }
     }
 
-    pub fn set_synced(&self) {
-        self.synced.store(true, Ordering::SeqCst);
+    /// A change was queued for the maps.
+    pub fn queued(&self) {
+        let mut s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if s.queued_since.is_none() {
+            s.queued_since = Some(Instant::now());
+        }
+        self.metrics.last_queued_timestamp.set(unix_now());
+    }
+
+    /// Everything queued so far is in the maps.
+    pub fn updated(&self) {
+        let mut s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        s.synced = true;
+        s.queued_since = None;
+        let now = unix_now();
+        s.last_updated = Some((Instant::now(), now));
+        self.metrics.last_sync_timestamp.set(now);
+    }
+
+    /// (healthy, JSON body).
+    fn report(&self) -> (bool, String) {
+        let s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let stale = s.queued_since.is_some_and(|q| q.elapsed() > self.timeout);
+        let healthy = s.synced && !stale;
+        let body = serde_json::json!({
+            "lastUpdated": s.last_updated.map(|(_, t)| t),
+            "currentTime": unix_now(),
+            "secondsSinceUpdate": s.last_updated.map(|(i, _)| i.elapsed().as_secs_f64()),
+            "queuedSecondsAgo": s.queued_since.map(|q| q.elapsed().as_secs_f64()),
+            "healthy": healthy,
+            "reason": if !s.synced { "the first sync is not in the maps yet" } else if stale { "queued changes not written within 2x the sync period" } else { "ok" },
+        });
+        (healthy, format!("{body}\n"))
     }
 }
 
 async fn healthz(State(h): State<Health>) -> impl IntoResponse {
-    if h.synced.load(Ordering::SeqCst) {
-        (StatusCode::OK, "ok\n")
+    let (ok, body) = h.report();
+    let code = if ok {
+        StatusCode::OK
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: the first sync is not in the maps yet\n",
-        )
-    }
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, [(header::CONTENT_TYPE, "application/json")], body)
 }
 
 async fn metrics(State(h): State<Health>) -> impl IntoResponse {
@@ -141,10 +278,10 @@ pub async fn serve(
         .with_state(health);
     let hl = tokio::net::TcpListener::bind(healthz_addr)
         .await
-        .map_err(|e| anyhow::anyhow!("--healthz-bind-address {healthz_addr}: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("healthzBindAddress {healthz_addr}: {e}"))?;
     let ml = tokio::net::TcpListener::bind(metrics_addr)
         .await
-        .map_err(|e| anyhow::anyhow!("--metrics-bind-address {metrics_addr}: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("metricsBindAddress {metrics_addr}: {e}"))?;
     tokio::spawn(async move {
         if let Err(e) = axum::serve(hl, h).await {
             tracing::error!("healthz server stopped: {e}");
@@ -156,4 +293,48 @@ pub async fn serve(
         }
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_follows_kube_proxy_rules() {
+        let h = Health::new(Duration::from_millis(10));
+        assert!(!h.report().0, "unhealthy before the first sync");
+        h.updated();
+        assert!(h.report().0);
+        h.queued();
+        assert!(h.report().0, "a fresh queued change is fine");
+        std::thread::sleep(Duration::from_millis(30));
+        let (ok, body) = h.report();
+        assert!(
+            !ok,
+            "a change queued for more than 2x the sync period is not: {body}"
+        );
+        h.updated();
+        assert!(h.report().0);
+    }
+
+    #[test]
+    fn metric_names_are_kube_proxys() {
+        let h = Health::new(Duration::from_secs(1));
+        h.metrics.endpoint_changes_total.inc();
+        let mut body = String::new();
+        encode(&mut body, &h.metrics.registry).unwrap();
+        for name in [
+            "kubeproxy_sync_proxy_rules_duration_seconds_bucket",
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "kubeproxy_network_programming_duration_seconds_count",
+            "kubeproxy_sync_proxy_rules_service_changes_pending",
+            "kubeproxy_sync_proxy_rules_service_changes_total",
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+            "kubeproxy_sync_proxy_rules_endpoint_changes_total 1",
+            "lbproxy_sync_failures_total",
+        ] {
+            assert!(body.contains(name), "{name} missing from:\n{body}");
+        }
+    }
 }

@@ -6,14 +6,16 @@
 //! - `lbproxy cleanup`: detach and unpin everything.
 
 mod bpf;
+mod config;
+mod controller;
 mod dataplane;
 mod http;
 mod ifaces;
 mod inspect;
+mod kube_source;
 mod manifests;
 mod model;
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -25,9 +27,8 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
 use crate::bpf::{Attacher, Datapath, PinnedMaps};
-use crate::dataplane::Programmer;
-
-const DEFAULT_BPFFS_DIR: &str = "/sys/fs/bpf/lbproxy";
+use crate::config::DEFAULT_BPFFS_DIR;
+use crate::controller::{Controller, Source};
 
 #[derive(Parser)]
 #[command(
@@ -43,7 +44,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Load the datapath, attach it to pod interfaces and program services from a source.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Show what is programmed, read from the pinned maps (works without `run`).
     Inspect {
         what: inspect::What,
@@ -60,36 +61,53 @@ enum Command {
     },
 }
 
+/// Flags override the `--config` file; a flag not given takes the file's value, then the
+/// default shown.
 #[derive(clap::Args)]
 struct RunArgs {
-    /// A file or directory of Service and EndpointSlice manifests (YAML or JSON). Watched;
-    /// changes apply without a restart.
+    /// A KubeProxyConfiguration-style YAML file (see README).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Validate the configuration and flags, print the result, and exit.
+    #[arg(long)]
+    validate_only: bool,
+    /// Standalone source: a file or directory of Service and EndpointSlice manifests (YAML or
+    /// JSON), watched. Without it, lbproxy watches the Kubernetes API.
     #[arg(long)]
     manifests: Option<PathBuf>,
-    /// Comma-separated globs of host-side pod interfaces to attach to.
-    #[arg(long, default_value = "lxc*,veth*,cali*")]
-    pod_interfaces: String,
-    /// Where maps and links are pinned. Must be on a bpffs.
-    #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
-    bpffs_dir: PathBuf,
-    #[arg(long, default_value = "0.0.0.0:10256")]
-    healthz_bind_address: SocketAddr,
-    #[arg(long, default_value = "127.0.0.1:10249")]
-    metrics_bind_address: SocketAddr,
-    /// Capacity of the flow table (LRU). Each flow takes two entries (one per direction).
-    #[arg(long, default_value_t = lbproxy_common::DEFAULT_FLOW_MAP_SIZE, value_parser = clap::value_parser!(u32).range(1024..))]
-    flow_map_size: u32,
+    /// kubeconfig for the API server [default: $KUBECONFIG, else in-cluster]
+    #[arg(long)]
+    kubeconfig: Option<String>,
+    /// This node's name, for node-local endpoints and Events [default: the hostname]
+    #[arg(long)]
+    hostname_override: Option<String>,
+    /// Comma-separated globs of host-side pod interfaces [default: lxc*,veth*,cali*]
+    #[arg(long)]
+    pod_interfaces: Option<String>,
+    /// Where maps and links are pinned; must be on a bpffs [default: /sys/fs/bpf/lbproxy]
+    #[arg(long)]
+    bpffs_dir: Option<PathBuf>,
+    /// [default: 0.0.0.0:10256]
+    #[arg(long)]
+    healthz_bind_address: Option<String>,
+    /// [default: 127.0.0.1:10249]
+    #[arg(long)]
+    metrics_bind_address: Option<String>,
+    /// Full reconcile of the maps against the model [default: 30s]
+    #[arg(long)]
+    sync_period: Option<String>,
+    /// Minimum time between two syncs [default: 0s]
+    #[arg(long)]
+    min_sync_period: Option<String>,
+    /// Flow table capacity (LRU); each flow takes two entries [default: 262144]
+    #[arg(long)]
+    flow_map_size: Option<u64>,
 }
 
-fn parse_globs(s: &str) -> anyhow::Result<GlobSet> {
+fn parse_globs(globs: &[String]) -> anyhow::Result<GlobSet> {
     let mut b = GlobSetBuilder::new();
-    let mut n = 0;
-    for g in s.split(',').map(str::trim).filter(|g| !g.is_empty()) {
-        b.add(Glob::new(g).with_context(|| format!("--pod-interfaces: bad glob {g:?}"))?);
-        n += 1;
-    }
-    if n == 0 {
-        anyhow::bail!("--pod-interfaces: no globs given");
+    for g in globs {
+        b.add(Glob::new(g).with_context(|| format!("podInterfaces: bad glob {g:?}"))?);
     }
     Ok(b.build()?)
 }
@@ -110,7 +128,7 @@ fn main() -> std::process::ExitCode {
             .enable_all()
             .build()
             .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(run(args))),
+            .and_then(|rt| rt.block_on(run(*args))),
         Command::Inspect {
             what,
             json,
@@ -185,120 +203,58 @@ fn fingerprint(path: &Path) -> Vec<(PathBuf, u64, Option<std::time::SystemTime>)
         .collect()
 }
 
-struct Controller {
-    dp: Datapath,
-    maps: PinnedMaps,
-    programmer: Programmer,
-    attacher: Attacher,
-    health: http::Health,
-    last_model: Option<model::Model>,
-}
-
-impl Controller {
-    /// Reads the manifests and programs the difference. On bad input it logs the file, object
-    /// and reason and keeps the last good state programmed.
-    fn sync_manifests(&mut self, path: &Path) -> bool {
-        let started = Instant::now();
-        let loaded = match manifests::load(path) {
-            Ok(l) => l,
-            Err(e) => {
-                self.health.metrics.sync_failures.inc();
-                tracing::error!("manifests rejected, keeping the last good state: {e}");
-                return false;
-            }
-        };
-        for s in &loaded.skipped {
-            tracing::debug!("not proxied: {s}");
+fn settings(args: &RunArgs) -> anyhow::Result<config::Settings> {
+    let file = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| {
+                format!("invalid configuration: {}: cannot read", path.display())
+            })?;
+            Some((path.as_path(), config::parse_file(path, &text)?))
         }
-        if self.last_model.as_ref() == Some(&loaded.model) {
-            return true;
-        }
-        let desired = dataplane::desired(&loaded.model);
-        let result = self.programmer.apply(&mut self.maps, &desired);
-        let p = self.programmer.programmed();
-        self.health
-            .metrics
-            .frontends
-            .set(i64::try_from(p.frontends.len()).unwrap_or(i64::MAX));
-        self.health
-            .metrics
-            .backends
-            .set(i64::try_from(p.backends.len()).unwrap_or(i64::MAX));
-        match result {
-            Ok(stats) => {
-                self.health.metrics.syncs.inc();
-                self.health.metrics.last_sync_timestamp.set(
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0.0, |d| d.as_secs_f64()),
-                );
-                tracing::info!(
-                    services = loaded.model.services.len(),
-                    slices = loaded.model.slices.len(),
-                    frontends = desired.len(),
-                    changed = stats.frontends_changed,
-                    writes = stats.writes,
-                    deletes = stats.deletes,
-                    took_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
-                    "synced"
-                );
-                self.last_model = Some(loaded.model);
-                true
-            }
-            Err((_, errors)) => {
-                self.health.metrics.sync_failures.inc();
-                for e in errors {
-                    tracing::error!("map write failed (will retry): {e}");
-                }
-                self.last_model = None;
-                false
-            }
-        }
-    }
-
-    async fn sync_interfaces(&mut self, handle: &rtnetlink::Handle) {
-        match ifaces::list(handle).await {
-            Ok(list) => {
-                for e in self.attacher.sync(&mut self.dp, &list) {
-                    tracing::error!("attach failed (will retry): {}", bpf::error_chain(&e));
-                }
-                self.health
-                    .metrics
-                    .attached_interfaces
-                    .set(i64::try_from(self.attacher.attached().len()).unwrap_or(i64::MAX));
-            }
-            Err(e) => tracing::error!("listing interfaces: {e}"),
-        }
-    }
+        None => None,
+    };
+    let flags = config::Flags {
+        kubeconfig: args.kubeconfig.clone(),
+        hostname_override: args.hostname_override.clone(),
+        healthz_bind_address: args.healthz_bind_address.clone(),
+        metrics_bind_address: args.metrics_bind_address.clone(),
+        sync_period: args.sync_period.clone(),
+        min_sync_period: args.min_sync_period.clone(),
+        pod_interfaces: args.pod_interfaces.clone(),
+        bpffs_dir: args.bpffs_dir.clone(),
+        flow_map_size: args.flow_map_size,
+        manifests: args.manifests.clone(),
+    };
+    Ok(config::resolve(file, flags)?)
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let Some(manifest_path) = args.manifests.clone() else {
-        anyhow::bail!(
-            "no source given: pass --manifests PATH (the Kubernetes API source is not built yet)"
-        );
-    };
-    if !manifest_path.exists() {
-        anyhow::bail!(
-            "--manifests {}: no such file or directory",
-            manifest_path.display()
-        );
+    let settings = settings(&args)?;
+    if args.validate_only {
+        println!("configuration is valid:\n{settings:#?}");
+        return Ok(());
     }
-    let globs = parse_globs(&args.pod_interfaces)?;
-    let health = http::Health::new();
+    if let Some(p) = &settings.manifests
+        && !p.exists()
+    {
+        anyhow::bail!("manifests {}: no such file or directory", p.display());
+    }
+    let globs = parse_globs(&settings.pod_interfaces)?;
+    let health = http::Health::new(settings.sync_period);
     http::serve(
         health.clone(),
-        args.healthz_bind_address,
-        args.metrics_bind_address,
+        settings.healthz_bind_address,
+        settings.metrics_bind_address,
     )
     .await?;
 
-    let mut dp = Datapath::load(&args.bpffs_dir, args.flow_map_size).with_context(|| {
-        format!(
-            "loading the datapath (--bpffs-dir {})",
-            args.bpffs_dir.display()
-        )
-    })?;
+    let mut dp =
+        Datapath::load(&settings.bpffs_dir, settings.flow_map_size).with_context(|| {
+            format!(
+                "loading the datapath (bpffsDir {})",
+                settings.bpffs_dir.display()
+            )
+        })?;
     // Keep the logger alive for as long as the programs run (toolchain.md), and drain it.
     match aya_log::EbpfLogger::init(&mut dp.ebpf) {
         Ok(logger) => {
@@ -322,52 +278,101 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         Err(e) => tracing::warn!("datapath logs unavailable: {e}"),
     }
-    let maps = PinnedMaps::open(&args.bpffs_dir)?;
-    let adopted = maps.read_programmed();
-    if !adopted.frontends.is_empty() {
-        tracing::info!(
-            frontends = adopted.frontends.len(),
-            backends = adopted.backends.len(),
-            "adopting the state pinned by an earlier run"
-        );
-    }
-    let mut ctl = Controller {
-        programmer: Programmer::adopt(adopted),
-        maps,
+    let maps = PinnedMaps::open(&settings.bpffs_dir)?;
+    let mut ctl = Controller::new(
         dp,
-        attacher: Attacher::new(globs),
-        health: health.clone(),
-        last_model: None,
-    };
-
+        maps,
+        Attacher::new(globs),
+        health.clone(),
+        settings.hostname.clone(),
+    );
     let (nl_handle, mut link_events) = ifaces::watch().context("opening rtnetlink")?;
-    let (_watcher, mut file_events) = watch_manifests(&manifest_path)?;
 
-    // First full sync: maps, then interfaces. /healthz turns 200 only after the maps hold
-    // the first good model.
-    let mut synced = ctl.sync_manifests(&manifest_path);
+    let mut source = match &settings.manifests {
+        Some(p) => Source::Manifests(p.clone()),
+        None => {
+            let client = kube_source::client(settings.kubeconfig.as_deref()).await?;
+            ctl.events = Some(kube::runtime::events::Recorder::new(
+                client.clone(),
+                kube::runtime::events::Reporter {
+                    controller: "lbproxy".into(),
+                    instance: Some(settings.hostname.clone()),
+                },
+            ));
+            tracing::info!(node = %settings.hostname, "watching the Kubernetes API");
+            Source::Kube(kube_source::watch(&client, &settings.hostname))
+        }
+    };
+    // The manifests source also needs a file watcher.
+    let (_watcher, mut file_events) = match &source {
+        Source::Manifests(p) => {
+            let (w, rx) = watch_manifests(p)?;
+            (Some(w), rx)
+        }
+        Source::Kube(_) => (None, mpsc::unbounded_channel().1),
+    };
+    // Attach first: /healthz turns 200 at the first sync, and by then every pod interface
+    // must already carry the programs.
     ctl.sync_interfaces(&nl_handle).await;
-    if synced {
-        health.set_synced();
+    let mut print = Vec::new();
+    if let Source::Manifests(p) = &source {
+        ctl.listed = [true; 3];
+        ctl.load_manifests(p);
+        print = fingerprint(p);
     }
-    let mut print = fingerprint(&manifest_path);
+    ctl.refresh_map_metrics(true);
 
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut tick = tokio::time::interval(Duration::from_secs(2));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reconcile = tokio::time::interval(settings.sync_period);
+    reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    reconcile.tick().await;
+    let mut ticks: u64 = 0;
+    let mut first_kube_sync_done = false;
+    let mut last_sync: Option<Instant> = None;
+    let sync_timer = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(sync_timer);
     loop {
+        let kube_ready = ctl.listed.iter().all(|l| *l);
         tokio::select! {
             _ = sigterm.recv() => { tracing::info!("SIGTERM: exiting; programs stay attached and maps pinned"); break; }
             _ = sigint.recv() => { tracing::info!("SIGINT: exiting; programs stay attached and maps pinned"); break; }
+            Some(ev) = async { match &mut source { Source::Kube(rx) => rx.recv().await, Source::Manifests(_) => std::future::pending().await } } => {
+                ctl.on_source_event(ev);
+                // Coalesce whatever else is already queued.
+                if let Source::Kube(rx) = &mut source {
+                    while let Ok(ev) = rx.try_recv() {
+                        ctl.on_source_event(ev);
+                    }
+                }
+                if ctl.listed.iter().all(|l| *l) {
+                    if !first_kube_sync_done {
+                        first_kube_sync_done = true;
+                        ctl.sync_all("initial list");
+                        last_sync = Some(Instant::now());
+                    } else if ctl.has_pending() {
+                        let at = controller::next_sync_at(last_sync, settings.min_sync_period);
+                        sync_timer.as_mut().reset(at.into());
+                    }
+                }
+            }
+            () = &mut sync_timer, if kube_ready && first_kube_sync_done && ctl.has_pending() => {
+                ctl.sync_dirty();
+                last_sync = Some(Instant::now());
+                if ctl.has_pending() {
+                    // A failed write: retry in a second.
+                    sync_timer.as_mut().reset((Instant::now() + Duration::from_secs(1)).into());
+                }
+            }
             Some(()) = file_events.recv() => {
                 // Coalesce a burst of events (write, rename, chmod) into one sync.
                 tokio::time::sleep(Duration::from_millis(30)).await;
                 while file_events.try_recv().is_ok() {}
-                print = fingerprint(&manifest_path);
-                if ctl.sync_manifests(&manifest_path) && !synced {
-                    synced = true;
-                    health.set_synced();
+                if let Source::Manifests(p) = &source {
+                    print = fingerprint(p);
+                    ctl.load_manifests(p);
                 }
             }
             Some(()) = link_events.recv() => {
@@ -376,15 +381,21 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 ctl.sync_interfaces(&nl_handle).await;
             }
             _ = tick.tick() => {
-                let now = fingerprint(&manifest_path);
-                if now != print || ctl.last_model.is_none() {
-                    print = now;
-                    if ctl.sync_manifests(&manifest_path) && !synced {
-                        synced = true;
-                        health.set_synced();
+                ticks += 1;
+                if let Source::Manifests(p) = &source {
+                    let now = fingerprint(p);
+                    if now != print {
+                        print = now;
+                        ctl.load_manifests(p);
                     }
                 }
                 ctl.sync_interfaces(&nl_handle).await;
+                ctl.refresh_map_metrics(ticks % 5 == 0);
+            }
+            _ = reconcile.tick() => {
+                if ctl.listed.iter().all(|l| *l) && (first_kube_sync_done || matches!(source, Source::Manifests(_))) {
+                    ctl.reconcile();
+                }
             }
         }
     }

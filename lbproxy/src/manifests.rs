@@ -262,7 +262,7 @@ pub fn build_model(objects: Objects) -> Result<Loaded, ManifestError> {
     for (origin, slice) in &objects.slices {
         match model::slice_from_k8s(slice).map_err(|e| wrap(origin, e))? {
             Normalized::Proxied(s) => {
-                if model.slices.contains_key(&s.id) {
+                if model.has_slice(&s.id) {
                     return Err(ManifestError {
                         file: origin.file.clone(),
                         document: Some(origin.document),
@@ -270,7 +270,7 @@ pub fn build_model(objects: Objects) -> Result<Loaded, ManifestError> {
                         reason: "defined more than once".into(),
                     });
                 }
-                model.slices.insert(s.id.clone(), s);
+                model.upsert_slice(s);
             }
             Normalized::Skipped(why) => skipped.push(format!(
                 "EndpointSlice {}/{}: {why}",
@@ -321,7 +321,7 @@ endpoints: [{addresses: [198.18.0.2]}]
     fn multi_document_yaml_with_empty_documents() {
         let l = parse("a.yaml", GOOD).unwrap();
         assert_eq!(l.model.services.len(), 1);
-        assert_eq!(l.model.slices.len(), 1);
+        assert_eq!(l.model.slice_count(), 1);
     }
 
     #[test]

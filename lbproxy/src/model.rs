@@ -93,6 +93,8 @@ pub struct Service {
     /// ClusterIPs, IPv4 and IPv6 (dual-stack). Empty for headless services.
     pub cluster_ips: Vec<IpAddr>,
     pub ports: Vec<ServicePort>,
+    /// `internalTrafficPolicy: Local`: in-cluster traffic only goes to endpoints on this node.
+    pub internal_local: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -135,7 +137,10 @@ pub struct EndpointAddr {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Model {
     pub services: BTreeMap<NamespacedName, Service>,
-    pub slices: BTreeMap<NamespacedName, EndpointSlice>,
+    slices: BTreeMap<NamespacedName, EndpointSlice>,
+    /// Slice names by the service they belong to, so one service's endpoints are found
+    /// without scanning every slice.
+    by_service: BTreeMap<NamespacedName, BTreeSet<NamespacedName>>,
 }
 
 /// Why an object was rejected, naming the field.
@@ -248,10 +253,20 @@ pub fn service_from_k8s(svc: &K8sService) -> Result<Normalized<Service>, Invalid
             target_port,
         });
     }
+    let internal_local = match spec.internal_traffic_policy.as_deref() {
+        None | Some("Cluster") => false,
+        Some("Local") => true,
+        Some(other) => {
+            return Err(invalid(format!(
+                "spec.internalTrafficPolicy {other:?} is not one of Cluster, Local"
+            )));
+        }
+    };
     Ok(Normalized::Proxied(Service {
         id: NamespacedName { namespace, name },
         cluster_ips,
         ports,
+        internal_local,
     }))
 }
 
@@ -354,7 +369,53 @@ impl Model {
         &'a self,
         service: &'a NamespacedName,
     ) -> impl Iterator<Item = &'a EndpointSlice> + 'a {
-        self.slices.values().filter(move |s| &s.service == service)
+        self.by_service
+            .get(service)
+            .into_iter()
+            .flatten()
+            .filter_map(|name| self.slices.get(name))
+    }
+
+    pub fn slice_count(&self) -> usize {
+        self.slices.len()
+    }
+
+    pub fn has_slice(&self, id: &NamespacedName) -> bool {
+        self.slices.contains_key(id)
+    }
+
+    /// Inserts or replaces a slice. Returns the services whose endpoints may have changed
+    /// (the slice's service, and its former service if the label moved).
+    pub fn upsert_slice(&mut self, slice: EndpointSlice) -> Vec<NamespacedName> {
+        let mut touched = vec![slice.service.clone()];
+        if let Some(old) = self.remove_slice(&slice.id)
+            && old != slice.service
+        {
+            touched.push(old);
+        }
+        self.by_service
+            .entry(slice.service.clone())
+            .or_default()
+            .insert(slice.id.clone());
+        self.slices.insert(slice.id.clone(), slice);
+        touched
+    }
+
+    /// Removes a slice; returns the service it belonged to.
+    pub fn remove_slice(&mut self, id: &NamespacedName) -> Option<NamespacedName> {
+        let old = self.slices.remove(id)?;
+        if let Some(set) = self.by_service.get_mut(&old.service) {
+            set.remove(id);
+            if set.is_empty() {
+                self.by_service.remove(&old.service);
+            }
+        }
+        Some(old.service)
+    }
+
+    /// The slice names currently held, for replacing a whole set after a re-list.
+    pub fn slice_ids(&self) -> Vec<NamespacedName> {
+        self.slices.keys().cloned().collect()
     }
 
     /// The endpoints that get new connections for one service port, merged over all slices
@@ -377,7 +438,8 @@ impl Model {
         self.endpoints_where(svc, port, |_| true)
     }
 
-    fn endpoints_where(
+    /// The endpoints of a service port that pass `keep`, merged and de-duplicated.
+    pub fn endpoints_where(
         &self,
         svc: &Service,
         port: &ServicePort,
@@ -537,7 +599,7 @@ endpoints: {eps}
         ] {
             let sl =
                 proxied(slice_from_k8s(&slice(&slice_yaml(name, "http", number, eps))).unwrap());
-            m.slices.insert(sl.id.clone(), sl);
+            m.upsert_slice(sl);
         }
         let got = m.ready_endpoints(&s, &s.ports[0]);
         let want: Vec<EndpointAddr> = [
@@ -570,7 +632,7 @@ endpoints: {eps}
             )))
             .unwrap(),
         );
-        m.slices.insert(sl.id.clone(), sl);
+        m.upsert_slice(sl);
         assert_eq!(m.ready_endpoints(&s, &s.ports[0])[0].port, 8081);
     }
 
@@ -590,7 +652,7 @@ endpoints: {eps}
         );
         assert!(!sl.endpoints[0].ready && sl.endpoints[0].serving && sl.endpoints[0].terminating);
         assert!(sl.endpoints[1].ready && sl.endpoints[1].serving && !sl.endpoints[1].terminating);
-        m.slices.insert(sl.id.clone(), sl);
+        m.upsert_slice(sl);
         let got = m.ready_endpoints(&s, &s.ports[0]);
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].ip, "198.18.0.3".parse::<IpAddr>().unwrap());

@@ -1,0 +1,407 @@
+//! Configuration: a `--config` file whose field names follow kube-proxy's
+//! `KubeProxyConfiguration` where such a field exists, overridden by flags.
+//!
+//! ```yaml
+//! apiVersion: kubeproxy.config.k8s.io/v1alpha1
+//! kind: KubeProxyConfiguration
+//! clientConnection: {kubeconfig: ""}
+//! hostnameOverride: ""
+//! healthzBindAddress: 0.0.0.0:10256
+//! metricsBindAddress: 127.0.0.1:10249
+//! syncPeriod: 30s
+//! minSyncPeriod: 0s
+//! mode: ebpf
+//! # lbproxy's own:
+//! podInterfaces: ["lxc*", "veth*", "cali*"]
+//! bpffsDir: /sys/fs/bpf/lbproxy
+//! flowMapSize: 262144
+//! manifests: ""
+//! ```
+//!
+//! Every value is validated at start; an invalid one is refused naming the field.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub const DEFAULT_BPFFS_DIR: &str = "/sys/fs/bpf/lbproxy";
+pub const DEFAULT_POD_INTERFACES: &str = "lxc*,veth*,cali*";
+pub const DEFAULT_HEALTHZ: &str = "0.0.0.0:10256";
+pub const DEFAULT_METRICS: &str = "127.0.0.1:10249";
+pub const DEFAULT_SYNC_PERIOD: Duration = Duration::from_secs(30);
+/// 0: every change is written as soon as the loop is free. A diff costs microseconds per
+/// changed endpoint, and changes that arrive while a sync runs are coalesced into the next
+/// one, so a floor only adds latency. Raise it to bound map writes on a churning cluster.
+pub const DEFAULT_MIN_SYNC_PERIOD: Duration = Duration::ZERO;
+
+/// The file, as written. Strings stay strings here so errors can quote them.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileConfig {
+    pub api_version: Option<String>,
+    pub kind: Option<String>,
+    pub client_connection: Option<ClientConnection>,
+    pub hostname_override: Option<String>,
+    pub healthz_bind_address: Option<String>,
+    pub metrics_bind_address: Option<String>,
+    pub sync_period: Option<String>,
+    pub min_sync_period: Option<String>,
+    pub mode: Option<String>,
+    pub pod_interfaces: Option<Vec<String>>,
+    pub bpffs_dir: Option<String>,
+    pub flow_map_size: Option<u64>,
+    pub manifests: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClientConnection {
+    pub kubeconfig: Option<String>,
+}
+
+/// Values given on the command line; `None` means "not given".
+#[derive(Debug, Default)]
+pub struct Flags {
+    pub kubeconfig: Option<String>,
+    pub hostname_override: Option<String>,
+    pub healthz_bind_address: Option<String>,
+    pub metrics_bind_address: Option<String>,
+    pub sync_period: Option<String>,
+    pub min_sync_period: Option<String>,
+    pub pod_interfaces: Option<String>,
+    pub bpffs_dir: Option<PathBuf>,
+    pub flow_map_size: Option<u64>,
+    pub manifests: Option<PathBuf>,
+}
+
+/// The effective, validated settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub kubeconfig: Option<PathBuf>,
+    pub hostname: String,
+    pub healthz_bind_address: SocketAddr,
+    pub metrics_bind_address: SocketAddr,
+    pub sync_period: Duration,
+    pub min_sync_period: Duration,
+    pub pod_interfaces: Vec<String>,
+    pub bpffs_dir: PathBuf,
+    pub flow_map_size: u32,
+    pub manifests: Option<PathBuf>,
+}
+
+/// A refused setting: where it came from, which field, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {origin}: {field}: {reason}")]
+pub struct ConfigError {
+    pub origin: String,
+    pub field: String,
+    pub reason: String,
+}
+
+fn err(origin: &str, field: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        origin: origin.to_string(),
+        field: field.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Parses a config file's text.
+pub fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
+    let origin = path.display().to_string();
+    let cfg: FileConfig = serde_yaml::from_str(text).map_err(|e| {
+        // serde names the unknown or mistyped field in its message.
+        let msg = e.to_string();
+        let field = msg
+            .split('`')
+            .nth(1)
+            .filter(|_| msg.starts_with("unknown field"))
+            .unwrap_or("(file)")
+            .to_string();
+        err(&origin, &field, msg)
+    })?;
+    if let Some(api) = &cfg.api_version
+        && api != "kubeproxy.config.k8s.io/v1alpha1"
+    {
+        return Err(err(
+            &origin,
+            "apiVersion",
+            format!("{api:?} is not kubeproxy.config.k8s.io/v1alpha1"),
+        ));
+    }
+    if let Some(kind) = &cfg.kind
+        && kind != "KubeProxyConfiguration"
+    {
+        return Err(err(
+            &origin,
+            "kind",
+            format!("{kind:?} is not KubeProxyConfiguration"),
+        ));
+    }
+    if let Some(mode) = &cfg.mode
+        && !mode.is_empty()
+        && mode != "ebpf"
+    {
+        return Err(err(
+            &origin,
+            "mode",
+            format!("{mode:?} is not supported: lbproxy only runs in mode \"ebpf\""),
+        ));
+    }
+    Ok(cfg)
+}
+
+pub fn parse_duration(origin: &str, field: &str, s: &str) -> Result<Duration, ConfigError> {
+    humantime::parse_duration(s.trim()).map_err(|_| {
+        err(
+            origin,
+            field,
+            format!("{s:?} is not a duration (for example 30s, 1m, 500ms)"),
+        )
+    })
+}
+
+fn parse_addr(origin: &str, field: &str, s: &str) -> Result<SocketAddr, ConfigError> {
+    s.parse().map_err(|_| {
+        err(
+            origin,
+            field,
+            format!("{s:?} is not an IP:port address (for example 0.0.0.0:10256)"),
+        )
+    })
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_lowercase())
+        .unwrap_or_default()
+}
+
+/// Merges file and flags (flags win) and validates every value.
+pub fn resolve(file: Option<(&Path, FileConfig)>, flags: Flags) -> Result<Settings, ConfigError> {
+    let (forigin, f) = match file {
+        Some((p, f)) => (p.display().to_string(), f),
+        None => (String::new(), FileConfig::default()),
+    };
+    // Pick the flag if given, else the file's value; remember where it came from.
+    let pick = |flag: Option<String>, file: Option<String>| -> (Option<String>, String) {
+        match flag {
+            Some(v) => (Some(v), "flag".to_string()),
+            None => (file, forigin.clone()),
+        }
+    };
+    let (v, o) = pick(flags.healthz_bind_address, f.healthz_bind_address.clone());
+    let healthz_bind_address = parse_addr(
+        &o,
+        "healthzBindAddress",
+        v.as_deref().unwrap_or(DEFAULT_HEALTHZ),
+    )?;
+    let (v, o) = pick(flags.metrics_bind_address, f.metrics_bind_address.clone());
+    let metrics_bind_address = parse_addr(
+        &o,
+        "metricsBindAddress",
+        v.as_deref().unwrap_or(DEFAULT_METRICS),
+    )?;
+    let (v, o) = pick(flags.sync_period, f.sync_period.clone());
+    let sync_period = match v {
+        Some(s) => parse_duration(&o, "syncPeriod", &s)?,
+        None => DEFAULT_SYNC_PERIOD,
+    };
+    if sync_period < Duration::from_secs(1) {
+        return Err(err(&o, "syncPeriod", "must be at least 1s"));
+    }
+    let (v, o) = pick(flags.min_sync_period, f.min_sync_period.clone());
+    let min_sync_period = match v {
+        Some(s) => parse_duration(&o, "minSyncPeriod", &s)?,
+        None => DEFAULT_MIN_SYNC_PERIOD,
+    };
+    if min_sync_period > sync_period {
+        return Err(err(
+            &o,
+            "minSyncPeriod",
+            format!(
+                "{} is longer than syncPeriod {}",
+                humantime::format_duration(min_sync_period),
+                humantime::format_duration(sync_period)
+            ),
+        ));
+    }
+    let (v, o) = pick(
+        flags.pod_interfaces,
+        f.pod_interfaces.as_ref().map(|l| l.join(",")),
+    );
+    let pod_interfaces: Vec<String> = v
+        .as_deref()
+        .unwrap_or(DEFAULT_POD_INTERFACES)
+        .split(',')
+        .map(str::trim)
+        .filter(|g| !g.is_empty())
+        .map(String::from)
+        .collect();
+    if pod_interfaces.is_empty() {
+        return Err(err(&o, "podInterfaces", "no interface globs given"));
+    }
+    for g in &pod_interfaces {
+        globset::Glob::new(g)
+            .map_err(|e| err(&o, "podInterfaces", format!("bad glob {g:?}: {e}")))?;
+    }
+    let bpffs_dir = flags
+        .bpffs_dir
+        .or_else(|| f.bpffs_dir.clone().map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_BPFFS_DIR));
+    if !bpffs_dir.is_absolute() {
+        return Err(err(
+            &forigin,
+            "bpffsDir",
+            format!("{} is not an absolute path", bpffs_dir.display()),
+        ));
+    }
+    let (size, o) = match flags.flow_map_size {
+        Some(n) => (n, "flag".to_string()),
+        None => (
+            f.flow_map_size
+                .unwrap_or(u64::from(lbproxy_common::DEFAULT_FLOW_MAP_SIZE)),
+            forigin.clone(),
+        ),
+    };
+    let flow_map_size = u32::try_from(size)
+        .ok()
+        .filter(|n| *n >= 1024)
+        .ok_or_else(|| {
+            err(
+                &o,
+                "flowMapSize",
+                format!("{size} is not in 1024..=4294967295"),
+            )
+        })?;
+    let manifests = flags.manifests.or_else(|| {
+        f.manifests
+            .clone()
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from)
+    });
+    let kubeconfig = flags
+        .kubeconfig
+        .or_else(|| {
+            f.client_connection
+                .as_ref()
+                .and_then(|c| c.kubeconfig.clone())
+        })
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from);
+    let hostname = flags
+        .hostname_override
+        .or(f.hostname_override.clone())
+        .filter(|s| !s.is_empty())
+        .map_or_else(hostname, |h| h.trim().to_lowercase());
+    if hostname.is_empty() {
+        return Err(err(
+            "flag",
+            "hostnameOverride",
+            "the hostname is empty and no --hostname-override was given",
+        ));
+    }
+    Ok(Settings {
+        kubeconfig,
+        hostname,
+        healthz_bind_address,
+        metrics_bind_address,
+        sync_period,
+        min_sync_period,
+        pod_interfaces,
+        bpffs_dir,
+        flow_map_size,
+        manifests,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(text: &str) -> Result<Settings, ConfigError> {
+        let p = Path::new("c.yaml");
+        let f = parse_file(p, text)?;
+        resolve(Some((p, f)), Flags::default())
+    }
+
+    #[test]
+    fn defaults_and_full_file() {
+        let s = resolve(
+            None,
+            Flags {
+                hostname_override: Some("n1".into()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(s.sync_period, Duration::from_secs(30));
+        assert_eq!(s.min_sync_period, Duration::ZERO);
+        assert_eq!(s.pod_interfaces, vec!["lxc*", "veth*", "cali*"]);
+        let s = file(
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nclientConnection: {kubeconfig: /k}\nhostnameOverride: Node-A\nhealthzBindAddress: 127.0.0.1:1\nmetricsBindAddress: 127.0.0.1:2\nsyncPeriod: 1m\nminSyncPeriod: 500ms\nmode: ebpf\npodInterfaces: [eth*]\nbpffsDir: /sys/fs/bpf/x\nflowMapSize: 2048\n",
+        )
+        .unwrap();
+        assert_eq!(s.hostname, "node-a");
+        assert_eq!(s.kubeconfig, Some(PathBuf::from("/k")));
+        assert_eq!(s.sync_period, Duration::from_secs(60));
+        assert_eq!(s.min_sync_period, Duration::from_millis(500));
+        assert_eq!(s.flow_map_size, 2048);
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let p = Path::new("c.yaml");
+        let f = parse_file(p, "syncPeriod: 1m\nhostnameOverride: a\n").unwrap();
+        let s = resolve(
+            Some((p, f)),
+            Flags {
+                sync_period: Some("10s".into()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(s.sync_period, Duration::from_secs(10));
+        assert_eq!(s.hostname, "a");
+    }
+
+    #[test]
+    fn invalid_values_name_the_field() {
+        let cases = [
+            (
+                "syncPeriod: thirty\n",
+                "c.yaml: syncPeriod: \"thirty\" is not a duration",
+            ),
+            (
+                "healthzBindAddress: localhost\n",
+                "c.yaml: healthzBindAddress: \"localhost\" is not an IP:port",
+            ),
+            (
+                "mode: iptables\n",
+                "c.yaml: mode: \"iptables\" is not supported",
+            ),
+            (
+                "hostnmeOverride: x\n",
+                "c.yaml: hostnmeOverride: unknown field",
+            ),
+            ("flowMapSize: 10\n", "c.yaml: flowMapSize: 10 is not in"),
+            (
+                "syncPeriod: 10s\nminSyncPeriod: 1m\n",
+                "c.yaml: minSyncPeriod: 1m is longer than syncPeriod 10s",
+            ),
+            (
+                "kind: Deployment\n",
+                "c.yaml: kind: \"Deployment\" is not KubeProxyConfiguration",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = file(text).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("invalid configuration: {want}")),
+                "{text:?} gave {e}"
+            );
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! The Kubernetes API source: list+watch of Services, EndpointSlices (label
+//! `kubernetes.io/service-name`) and this node, with kube-rs watchers.
+//!
+//! A watcher re-lists after a `410 Gone` and resumes a broken watch from the last
+//! resourceVersion; kube-rs's default backoff spaces out retries while the API server is away.
+//! Events go to the controller as [`SourceEvent`]s; the controller owns the model.
+
+use std::path::Path;
+
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::{Node, Service as K8sService};
+use k8s_openapi::api::discovery::v1::EndpointSlice as K8sEndpointSlice;
+use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use tokio::sync::mpsc;
+
+use crate::model::LABEL_SERVICE_NAME;
+
+/// What a watcher reports.
+#[derive(Debug)]
+pub enum SourceEvent {
+    Service(Event<K8sService>),
+    Slice(Event<K8sEndpointSlice>),
+    Node(Event<Node>),
+    /// A watch failed; kube-rs retries with backoff. Carries the resource and the error.
+    WatchError(&'static str, String),
+}
+
+/// Builds a client from `--kubeconfig`, else `KUBECONFIG` / in-cluster (kube-rs's inference).
+pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| anyhow::anyhow!("kubeconfig {}: {e}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| anyhow::anyhow!("kubeconfig {}: {e}", path.display()))?
+        }
+        None => kube::Config::infer().await.map_err(|e| {
+            anyhow::anyhow!(
+                "no Kubernetes configuration: {e}. Pass --kubeconfig or --manifests, or run in a cluster"
+            )
+        })?,
+    };
+    Ok(Client::try_from(config)?)
+}
+
+fn spawn_watch<K, F>(
+    api: Api<K>,
+    cfg: watcher::Config,
+    name: &'static str,
+    tx: mpsc::UnboundedSender<SourceEvent>,
+    wrap: F,
+) where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    F: Fn(Event<K>) -> SourceEvent + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
+        while let Some(item) = stream.next().await {
+            let ev = match item {
+                Ok(ev) => wrap(ev),
+                Err(e) => SourceEvent::WatchError(name, e.to_string()),
+            };
+            if tx.send(ev).is_err() {
+                return;
+            }
+        }
+    });
+}
+
+/// Starts the three watchers. Events arrive on the returned channel until it is dropped.
+pub fn watch(client: &Client, node_name: &str) -> mpsc::UnboundedReceiver<SourceEvent> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    spawn_watch(
+        Api::<K8sService>::all(client.clone()),
+        watcher::Config::default(),
+        "services",
+        tx.clone(),
+        SourceEvent::Service,
+    );
+    spawn_watch(
+        Api::<K8sEndpointSlice>::all(client.clone()),
+        watcher::Config::default().labels(LABEL_SERVICE_NAME),
+        "endpointslices",
+        tx.clone(),
+        SourceEvent::Slice,
+    );
+    spawn_watch(
+        Api::<Node>::all(client.clone()),
+        watcher::Config::default().fields(&format!("metadata.name={node_name}")),
+        "nodes",
+        tx,
+        SourceEvent::Node,
+    );
+    rx
+}
