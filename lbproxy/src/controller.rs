@@ -40,9 +40,10 @@ pub struct Controller {
     /// The frontends each service currently owns.
     frontends_of: HashMap<NamespacedName, Vec<Frontend>>,
     dirty: BTreeSet<NamespacedName>,
-    /// Re-lists in progress (between a watcher's Init and InitDone).
-    relist_services: Option<Vec<k8s_openapi::api::core::v1::Service>>,
-    relist_slices: Option<Vec<K8sEndpointSlice>>,
+    /// Re-lists in progress (between a watcher's Init and InitDone), already normalized so
+    /// a big list never holds every raw object at once.
+    relist_services: Option<Vec<(NamespacedName, Option<model::Service>)>>,
+    relist_slices: Option<Vec<(NamespacedName, Option<model::EndpointSlice>)>>,
     /// Which watchers have completed their first list.
     pub listed: [bool; 3],
     /// Trigger times of slice changes not yet written.
@@ -206,7 +207,9 @@ impl Controller {
         }
         self.dirty.clear();
         let result = self.programmer.apply(&mut self.maps, &desired);
-        self.record_result(started, result, what)
+        let ok = self.record_result(started, result, what);
+        release_freed_memory();
+        ok
     }
 
     /// Programs only the services marked dirty.
@@ -317,7 +320,9 @@ impl Controller {
         }
     }
 
-    fn apply_service(&mut self, svc: &k8s_openapi::api::core::v1::Service) {
+    fn normalize_service(
+        svc: &k8s_openapi::api::core::v1::Service,
+    ) -> (NamespacedName, Option<model::Service>) {
         let key = NamespacedName {
             namespace: svc.metadata.namespace.clone().unwrap_or_default(),
             name: svc.metadata.name.clone().unwrap_or_default(),
@@ -330,6 +335,15 @@ impl Controller {
                 None
             }
         };
+        (key, new)
+    }
+
+    fn apply_service(&mut self, svc: &k8s_openapi::api::core::v1::Service) {
+        let (key, new) = Self::normalize_service(svc);
+        self.apply_normalized_service(key, new);
+    }
+
+    fn apply_normalized_service(&mut self, key: NamespacedName, new: Option<model::Service>) {
         let changed = match new {
             Some(s) if self.model.services.get(&key) != Some(&s) => {
                 self.model.services.insert(key.clone(), s);
@@ -360,18 +374,34 @@ impl Controller {
         }
     }
 
-    fn apply_slice(&mut self, slice: &K8sEndpointSlice) {
+    fn normalize_slice(slice: &K8sEndpointSlice) -> (NamespacedName, Option<model::EndpointSlice>) {
         let key = Self::slice_key(slice);
         match model::slice_from_k8s(slice) {
-            Ok(Normalized::Proxied(s)) => {
+            Ok(Normalized::Proxied(s)) => (key, Some(s)),
+            Ok(Normalized::Skipped(_)) => (key, None),
+            Err(e) => {
+                tracing::warn!("ignoring {e}");
+                (key, None)
+            }
+        }
+    }
+
+    fn apply_slice(&mut self, slice: &K8sEndpointSlice) {
+        let (key, new) = Self::normalize_slice(slice);
+        self.apply_normalized_slice(&key, new);
+    }
+
+    fn apply_normalized_slice(&mut self, key: &NamespacedName, new: Option<model::EndpointSlice>) {
+        match new {
+            Some(s) => {
+                if self.model.slice(key) == Some(&s) {
+                    return;
+                }
                 let touched = self.model.upsert_slice(s);
                 self.dirty.extend(touched);
             }
-            other => {
-                if let Err(e) = other {
-                    tracing::warn!("ignoring {e}");
-                }
-                if let Some(svc) = self.model.remove_slice(&key) {
+            None => {
+                if let Some(svc) = self.model.remove_slice(key) {
                     self.dirty.insert(svc);
                 }
             }
@@ -391,16 +421,14 @@ impl Controller {
                     self.delete_service(&s);
                 }
                 Event::Init => self.relist_services = Some(Vec::new()),
-                Event::InitApply(s) => self.relist_services.get_or_insert_default().push(s),
+                Event::InitApply(s) => self
+                    .relist_services
+                    .get_or_insert_default()
+                    .push(Self::normalize_service(&s)),
                 Event::InitDone => {
                     let list = self.relist_services.take().unwrap_or_default();
-                    let keep: BTreeSet<NamespacedName> = list
-                        .iter()
-                        .map(|s| NamespacedName {
-                            namespace: s.metadata.namespace.clone().unwrap_or_default(),
-                            name: s.metadata.name.clone().unwrap_or_default(),
-                        })
-                        .collect();
+                    let keep: BTreeSet<NamespacedName> =
+                        list.iter().map(|(k, _)| k.clone()).collect();
                     let gone: Vec<NamespacedName> = self
                         .model
                         .services
@@ -412,8 +440,8 @@ impl Controller {
                         self.model.services.remove(&k);
                         self.dirty.insert(k);
                     }
-                    for s in &list {
-                        self.apply_service(s);
+                    for (k, s) in list {
+                        self.apply_normalized_service(k, s);
                     }
                     if !self.dirty.is_empty() {
                         self.mark_service_change();
@@ -433,10 +461,14 @@ impl Controller {
                     }
                 }
                 Event::Init => self.relist_slices = Some(Vec::new()),
-                Event::InitApply(s) => self.relist_slices.get_or_insert_default().push(s),
+                Event::InitApply(s) => self
+                    .relist_slices
+                    .get_or_insert_default()
+                    .push(Self::normalize_slice(&s)),
                 Event::InitDone => {
                     let list = self.relist_slices.take().unwrap_or_default();
-                    let keep: BTreeSet<NamespacedName> = list.iter().map(Self::slice_key).collect();
+                    let keep: BTreeSet<NamespacedName> =
+                        list.iter().map(|(k, _)| k.clone()).collect();
                     for k in self.model.slice_ids() {
                         if !keep.contains(&k)
                             && let Some(svc) = self.model.remove_slice(&k)
@@ -445,8 +477,8 @@ impl Controller {
                         }
                     }
                     let before = self.dirty.len();
-                    for s in &list {
-                        self.apply_slice(s);
+                    for (k, s) in list {
+                        self.apply_normalized_slice(&k, s);
                     }
                     if self.dirty.len() != before || !self.listed[1] {
                         self.endpoint_changes_pending += 1;
@@ -532,10 +564,20 @@ impl Controller {
     }
 }
 
+/// Hands memory freed after a big sync (a full list's objects) back to the kernel. glibc
+/// keeps freed heap in its arenas otherwise, and RSS would stay at the list's peak.
+fn release_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free pages of the allocator's own heaps.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// How the controller is fed.
 pub enum Source {
     Manifests(PathBuf),
-    Kube(tokio::sync::mpsc::UnboundedReceiver<SourceEvent>),
+    Kube(tokio::sync::mpsc::Receiver<SourceEvent>),
 }
 
 /// Minimum spacing between syncs that `min_sync_period` asks for.

@@ -50,7 +50,7 @@ fn spawn_watch<K, F>(
     api: Api<K>,
     cfg: watcher::Config,
     name: &'static str,
-    tx: mpsc::UnboundedSender<SourceEvent>,
+    tx: mpsc::Sender<SourceEvent>,
     wrap: F,
 ) where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
@@ -63,7 +63,8 @@ fn spawn_watch<K, F>(
                 Ok(ev) => wrap(ev),
                 Err(e) => SourceEvent::WatchError(name, e.to_string()),
             };
-            if tx.send(ev).is_err() {
+            // Bounded: a big list waits for the controller instead of piling up raw objects.
+            if tx.send(ev).await.is_err() {
                 return;
             }
         }
@@ -71,8 +72,8 @@ fn spawn_watch<K, F>(
 }
 
 /// Starts the three watchers. Events arrive on the returned channel until it is dropped.
-pub fn watch(client: &Client, node_name: &str) -> mpsc::UnboundedReceiver<SourceEvent> {
-    let (tx, rx) = mpsc::unbounded_channel();
+pub fn watch(client: &Client, node_name: &str) -> mpsc::Receiver<SourceEvent> {
+    let (tx, rx) = mpsc::channel(256);
     spawn_watch(
         Api::<K8sService>::all(client.clone()),
         watcher::Config::default(),

@@ -380,6 +380,10 @@ impl Model {
         self.slices.len()
     }
 
+    pub fn slice(&self, id: &NamespacedName) -> Option<&EndpointSlice> {
+        self.slices.get(id)
+    }
+
     pub fn has_slice(&self, id: &NamespacedName) -> bool {
         self.slices.contains_key(id)
     }
