@@ -128,13 +128,16 @@ pub fn desired_for(model: &Model, svc: &Service, node: &str) -> Vec<(Frontend, F
         };
         // New connections: ready endpoints; with internalTrafficPolicy Local, only this
         // node's (none local means no backend: the traffic is dropped, as kube-proxy does).
-        let backends = if svc.internal_local {
-            v4(model.endpoints_where(svc, port, |e| {
-                e.ready && e.node_name.as_deref() == Some(node)
-            }))
-        } else {
-            v4(model.ready_endpoints(svc, port))
+        let eligible = |e: &crate::model::Endpoint| {
+            !svc.internal_local || e.node_name.as_deref() == Some(node)
         };
+        let mut backends = v4(model.endpoints_where(svc, port, |e| e.ready && eligible(e)));
+        if backends.is_empty() {
+            // KEP-1669: with no ready endpoint, new connections go to endpoints that are
+            // still serving while terminating, rather than nowhere.
+            backends =
+                v4(model.endpoints_where(svc, port, |e| e.serving && e.terminating && eligible(e)));
+        }
         let draining: Vec<BackendAddr> = v4(model.present_endpoints(svc, port))
             .into_iter()
             .filter(|b| !backends.contains(b))
@@ -816,6 +819,77 @@ pub mod tests {
             assert_eq!(served(&m, fe(11, 53)), vec![be(6)], "fail at {fail}");
             assert_eq!(m.backends.len(), 3, "fail at {fail}: {:?}", m.backends);
         }
+    }
+
+    fn model_of(text: &str) -> Model {
+        use crate::manifests;
+        let mut o = manifests::Objects::default();
+        manifests::parse_text(std::path::Path::new("x.yaml"), text, &mut o).unwrap();
+        manifests::build_model(o).unwrap().model
+    }
+
+    const SVC: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\nspec: {clusterIP: 198.19.0.10, ports: [{name: http, port: 80}]}\n";
+
+    fn slice_with(endpoints: &str) -> String {
+        format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: web-a, namespace: shop, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: {endpoints}\n"
+        )
+    }
+
+    fn addrs(v: &[BackendAddr]) -> Vec<String> {
+        v.iter().map(|b| b.addr.to_string()).collect()
+    }
+
+    #[test]
+    fn terminating_serving_endpoints_are_the_fallback_when_none_is_ready() {
+        let m = model_of(&format!(
+            "{SVC}{}",
+            slice_with(
+                "[{addresses: [198.18.0.2], conditions: {ready: false, serving: true, terminating: true}}, {addresses: [198.18.0.3], conditions: {ready: false, serving: false, terminating: true}}, {addresses: [198.18.0.4], conditions: {ready: false, serving: true, terminating: false}}]"
+            )
+        ));
+        let d = desired(&m, "n");
+        let spec = d.values().next().unwrap();
+        assert_eq!(addrs(&spec.backends), vec!["198.18.0.2"]);
+        assert_eq!(addrs(&spec.draining), vec!["198.18.0.3", "198.18.0.4"]);
+        // One ready endpoint: the terminating ones get no new connections.
+        let m = model_of(&format!(
+            "{SVC}{}",
+            slice_with(
+                "[{addresses: [198.18.0.2], conditions: {ready: false, serving: true, terminating: true}}, {addresses: [198.18.0.5]}]"
+            )
+        ));
+        let d = desired(&m, "n");
+        assert_eq!(
+            addrs(&d.values().next().unwrap().backends),
+            vec!["198.18.0.5"]
+        );
+    }
+
+    #[test]
+    fn internal_traffic_policy_local_uses_this_nodes_endpoints_only() {
+        let svc = SVC.replace(
+            "clusterIP: 198.19.0.10,",
+            "clusterIP: 198.19.0.10, internalTrafficPolicy: Local,",
+        );
+        let m = model_of(&format!(
+            "{svc}{}",
+            slice_with(
+                "[{addresses: [198.18.0.2], nodeName: a}, {addresses: [198.18.0.3], nodeName: b}]"
+            )
+        ));
+        assert_eq!(
+            addrs(&desired(&m, "a").values().next().unwrap().backends),
+            vec!["198.18.0.2"]
+        );
+        assert!(
+            desired(&m, "c")
+                .values()
+                .next()
+                .unwrap()
+                .backends
+                .is_empty()
+        );
     }
 
     #[test]
