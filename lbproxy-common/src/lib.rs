@@ -16,7 +16,10 @@ pub mod map_names {
     pub const SLOTS: &str = "LB_SLOTS_V1";
     pub const BACKENDS: &str = "LB_BACKENDS_V1";
     pub const FLOWS: &str = "LB_FLOWS_V1";
-    pub const DROPS: &str = "LB_DROPS_V1";
+    pub const DROPS: &str = "LB_DROPS_V2";
+    /// Earlier layouts a controller removes at start (V1 had room for 6 reasons only; the
+    /// counters are statistics, so nothing is migrated).
+    pub const RETIRED: [&str; 1] = ["LB_DROPS_V1"];
     /// Service names by `svc_id`, for `lbproxy inspect`; the datapath never reads it.
     pub const LABELS: &str = "LB_LABELS_V1";
     /// Every map the controller pins.
@@ -92,6 +95,11 @@ pub struct ServiceLabel {
 }
 const _: () = assert!(core::mem::size_of::<ServiceLabel>() == 128);
 
+/// Flow states. UDP flows stay `NONE`. A TCP flow is `SYN_SENT` until the backend answers.
+pub const FLOW_STATE_NONE: u8 = 0;
+pub const FLOW_STATE_SYN_SENT: u8 = 1;
+pub const FLOW_STATE_ESTABLISHED: u8 = 2;
+
 /// Which way a flow entry translates.
 pub const FLOW_DIR_FORWARD: u8 = 0;
 pub const FLOW_DIR_REPLY: u8 = 1;
@@ -122,7 +130,9 @@ const _: () = assert!(core::mem::size_of::<FlowKey>() == 16);
 pub struct FlowValue {
     pub nat_addr: [u8; 4],
     pub nat_port_be: u16,
-    pub _pad: [u8; 2],
+    /// `FLOW_STATE_*`.
+    pub state: u8,
+    pub _pad: u8,
     pub svc_id: u32,
     pub backend_id: u32,
     pub created_ns: u64,
@@ -148,10 +158,21 @@ pub enum DropReason {
     NatFailed = 4,
     /// A slot of a service with a non-zero count was missing.
     SlotMissing = 5,
+    /// TCP to a service with no usable endpoint: answered with a RST.
+    NoBackendTcpReset = 6,
+    /// UDP to a service with no usable endpoint: answered with ICMP port unreachable.
+    NoBackendUdpUnreachable = 7,
+    /// A TCP segment of a flow whose backend left: answered with a RST, flow forgotten.
+    BackendGoneReset = 8,
+    /// A reject could not be written (IP options, helper failure): dropped instead.
+    RejectFailed = 9,
 }
 
 impl DropReason {
-    pub const COUNT: u32 = 6;
+    /// How many reasons exist now.
+    pub const COUNT: u32 = 10;
+    /// Room in `LB_DROPS_V2`, so reasons can be added without a new layout.
+    pub const SLOTS: u32 = 32;
     pub const ALL: [DropReason; Self::COUNT as usize] = [
         DropReason::Malformed,
         DropReason::NoBackend,
@@ -159,6 +180,10 @@ impl DropReason {
         DropReason::FlowInsertFailed,
         DropReason::NatFailed,
         DropReason::SlotMissing,
+        DropReason::NoBackendTcpReset,
+        DropReason::NoBackendUdpUnreachable,
+        DropReason::BackendGoneReset,
+        DropReason::RejectFailed,
     ];
 
     /// The label used in metrics and `lbproxy inspect`.
@@ -170,6 +195,10 @@ impl DropReason {
             DropReason::FlowInsertFailed => "flow_insert_failed",
             DropReason::NatFailed => "nat_failed",
             DropReason::SlotMissing => "slot_missing",
+            DropReason::NoBackendTcpReset => "no_backend_tcp_reset",
+            DropReason::NoBackendUdpUnreachable => "no_backend_icmp_unreachable",
+            DropReason::BackendGoneReset => "backend_gone_tcp_reset",
+            DropReason::RejectFailed => "reject_failed",
         }
     }
 }

@@ -8,11 +8,15 @@
 
 use aya_ebpf::{btf_maps::LruHashMap, helpers::bpf_ktime_get_ns, macros::btf_map};
 use lbproxy_common::{
-    DEFAULT_FLOW_MAP_SIZE, DropReason, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FlowKey, FlowValue,
-    ServiceValue,
+    DEFAULT_FLOW_MAP_SIZE, DropReason, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_STATE_ESTABLISHED,
+    FLOW_STATE_NONE, FLOW_STATE_SYN_SENT, FlowKey, FlowValue, IPPROTO_TCP, ServiceValue,
 };
 
-use crate::{packet::Packet, reason::Verdict, select};
+use crate::{
+    packet::{Packet, TCP_FLAG_RST},
+    reason::Verdict,
+    select,
+};
 
 #[btf_map(name = "LB_FLOWS_V1")]
 static LB_FLOWS_V1: LruHashMap<FlowKey, FlowValue, { DEFAULT_FLOW_MAP_SIZE as usize }> =
@@ -54,6 +58,16 @@ fn reply_key(backend_addr: [u8; 4], backend_port_be: u16, pkt: &Packet) -> FlowK
 
 /// Forward direction: the backend this client packet goes to. Reuses the flow's backend while
 /// it is live; otherwise selects one and records both directions.
+///
+/// A flow whose backend left (gone from `LB_BACKENDS_V1`, its id reused, or its service
+/// replaced) is noticed here, on its next packet:
+/// - UDP and a TCP SYN are treated as a new flow and go to a live backend;
+/// - any other TCP segment is answered with a RST (`Reject`), so the client reconnects
+///   instead of hanging, and the flow is forgotten.
+///
+/// A TCP flow still in SYN_SENT (the backend never answered) that sees another SYN, a
+/// retransmission from the same source port, is also treated as new: it is never pinned to a
+/// backend that did not answer.
 #[inline(always)]
 pub fn forward(pkt: &Packet, svc: &ServiceValue) -> Result<NatTarget, Verdict> {
     let key = FlowKey {
@@ -67,29 +81,45 @@ pub fn forward(pkt: &Packet, svc: &ServiceValue) -> Result<NatTarget, Verdict> {
     };
     let now = unsafe { bpf_ktime_get_ns() };
     if let Some(entry) = LB_FLOWS_V1.get_ptr_mut(key) {
-        let (svc_id, backend_id, addr, port_be) = unsafe {
+        let (svc_id, backend_id, addr, port_be, state) = unsafe {
             (
                 (*entry).svc_id,
                 (*entry).backend_id,
                 (*entry).nat_addr,
                 (*entry).nat_port_be,
+                (*entry).state,
             )
         };
         let live = svc_id == svc.svc_id
             && matches!(select::backend(backend_id), Some(b) if b.addr == addr && b.port_be == port_be);
-        if live {
+        let syn_retry = state == FLOW_STATE_SYN_SENT && pkt.is_syn();
+        if live && !syn_retry {
             touch(entry, now);
             return Ok(NatTarget { addr, port_be });
         }
-        // Stale: its backend left. Forget the old reply direction and select again.
+        // Forget both directions of the old flow.
         let _ = LB_FLOWS_V1.remove(reply_key(addr, port_be, pkt));
+        if !live && pkt.proto == IPPROTO_TCP && !pkt.is_syn() {
+            let _ = LB_FLOWS_V1.remove(key);
+            return Err(Verdict::Reject(DropReason::BackendGoneReset));
+        }
     }
 
-    let (backend_id, backend) = select::select(svc)?;
+    let (backend_id, backend) = select::select(svc, pkt.proto)?;
+    let state = if pkt.proto != IPPROTO_TCP {
+        FLOW_STATE_NONE
+    } else if pkt.is_syn() {
+        FLOW_STATE_SYN_SENT
+    } else {
+        // Mid-stream without an entry (evicted, or from before lbproxy): the backend will
+        // answer or reset it.
+        FLOW_STATE_ESTABLISHED
+    };
     let forward = FlowValue {
         nat_addr: backend.addr,
         nat_port_be: backend.port_be,
-        _pad: [0; 2],
+        state,
+        _pad: 0,
         svc_id: svc.svc_id,
         backend_id,
         created_ns: now,
@@ -114,7 +144,8 @@ pub fn forward(pkt: &Packet, svc: &ServiceValue) -> Result<NatTarget, Verdict> {
 }
 
 /// Reply direction: the VIP:port a backend's packet to a client must appear to come from,
-/// or `None` when the packet is not a reply of a load-balanced flow.
+/// or `None` when the packet is not a reply of a load-balanced flow. The first TCP answer
+/// from the backend moves the flow from SYN_SENT to ESTABLISHED.
 #[inline(always)]
 pub fn reply(pkt: &Packet) -> Option<NatTarget> {
     let key = FlowKey {
@@ -128,6 +159,22 @@ pub fn reply(pkt: &Packet) -> Option<NatTarget> {
     };
     let entry = LB_FLOWS_V1.get_ptr_mut(key)?;
     touch(entry, unsafe { bpf_ktime_get_ns() });
-    let (addr, port_be) = unsafe { ((*entry).nat_addr, (*entry).nat_port_be) };
+    let (addr, port_be, state) =
+        unsafe { ((*entry).nat_addr, (*entry).nat_port_be, (*entry).state) };
+    if state == FLOW_STATE_SYN_SENT && pkt.tcp_flags & TCP_FLAG_RST == 0 {
+        unsafe { (*entry).state = FLOW_STATE_ESTABLISHED };
+        let fwd = FlowKey {
+            src_addr: pkt.dst_addr,
+            dst_addr: addr,
+            src_port_be: pkt.dst_port_be,
+            dst_port_be: port_be,
+            proto: pkt.proto,
+            dir: FLOW_DIR_FORWARD,
+            _pad: [0; 2],
+        };
+        if let Some(f) = LB_FLOWS_V1.get_ptr_mut(fwd) {
+            unsafe { (*f).state = FLOW_STATE_ESTABLISHED };
+        }
+    }
     Some(NatTarget { addr, port_be })
 }

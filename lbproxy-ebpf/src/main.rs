@@ -10,8 +10,9 @@
 //! so a `--ctstate INVALID -j DROP` rule never sees a half-translated flow.
 //!
 //! Stages, one module each: `packet` (parse) -> `service` (frontend lookup) -> `flow`
-//! (flow table, calling `select` for new flows) -> `nat` (translate). Drops are counted per
-//! reason in `reason`.
+//! (flow table, calling `select` for new flows) -> `nat` (translate), or `reject` (answer the
+//! client at once) when there is no usable backend. Drops and rejects are counted per reason
+//! in `reason`.
 #![no_std]
 #![no_main]
 
@@ -19,35 +20,51 @@ mod flow;
 mod nat;
 mod packet;
 mod reason;
+mod reject;
 mod select;
 mod service;
 
 use aya_ebpf::{macros::classifier, programs::TcContext};
 use aya_log_ebpf::debug;
 
-use crate::reason::{TC_ACT_UNSPEC, Verdict, count_and_act};
+use lbproxy_common::{DropReason, IPPROTO_TCP};
+
+use crate::reason::{TC_ACT_UNSPEC, Verdict, count, count_and_drop};
 
 #[classifier]
 pub fn lb_from_pod(ctx: TcContext) -> i32 {
     match try_from_pod(&ctx) {
         Ok(action) => action,
-        Err(verdict) => {
-            let Verdict::Drop(reason) = verdict;
+        Err(reason) => {
             debug!(&ctx, "lb_from_pod: drop, reason {}", reason as u32);
-            count_and_act(verdict)
+            count_and_drop(reason)
         }
     }
 }
 
-fn try_from_pod(ctx: &TcContext) -> Result<i32, Verdict> {
-    let Some(pkt) = packet::parse(ctx)? else {
-        return Ok(TC_ACT_UNSPEC);
+fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
+    let pkt = match packet::parse(ctx) {
+        Ok(Some(pkt)) => pkt,
+        Ok(None) => return Ok(TC_ACT_UNSPEC),
+        Err(v) => return Err(v.reason()),
     };
     let Some(svc) = service::lookup(&pkt) else {
         return Ok(TC_ACT_UNSPEC);
     };
-    let to = flow::forward(&pkt, &svc)?;
-    nat::dnat(ctx, &pkt, to)?;
+    let to = match flow::forward(&pkt, &svc) {
+        Ok(to) => to,
+        Err(Verdict::Drop(reason)) => return Err(reason),
+        Err(Verdict::Reject(reason)) => {
+            count(reason);
+            let answer = if pkt.proto == IPPROTO_TCP {
+                reject::tcp_reset(ctx, &pkt)
+            } else {
+                reject::udp_unreachable(ctx, &pkt)
+            };
+            return answer.map_err(|v| v.reason());
+        }
+    };
+    nat::dnat(ctx, &pkt, to).map_err(|v| v.reason())?;
     Ok(TC_ACT_UNSPEC)
 }
 
@@ -55,22 +72,23 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, Verdict> {
 pub fn lb_to_pod(ctx: TcContext) -> i32 {
     match try_to_pod(&ctx) {
         Ok(action) => action,
-        Err(verdict) => {
-            let Verdict::Drop(reason) = verdict;
+        Err(reason) => {
             debug!(&ctx, "lb_to_pod: drop, reason {}", reason as u32);
-            count_and_act(verdict)
+            count_and_drop(reason)
         }
     }
 }
 
-fn try_to_pod(ctx: &TcContext) -> Result<i32, Verdict> {
-    let Some(pkt) = packet::parse(ctx)? else {
-        return Ok(TC_ACT_UNSPEC);
+fn try_to_pod(ctx: &TcContext) -> Result<i32, DropReason> {
+    let pkt = match packet::parse(ctx) {
+        Ok(Some(pkt)) => pkt,
+        Ok(None) => return Ok(TC_ACT_UNSPEC),
+        Err(v) => return Err(v.reason()),
     };
     let Some(to) = flow::reply(&pkt) else {
         return Ok(TC_ACT_UNSPEC);
     };
-    nat::snat(ctx, &pkt, to)?;
+    nat::snat(ctx, &pkt, to).map_err(|v| v.reason())?;
     Ok(TC_ACT_UNSPEC)
 }
 

@@ -45,8 +45,22 @@ pub struct Packet {
     pub src_port_be: u16,
     pub dst_port_be: u16,
     pub proto: u8,
+    /// TCP flags (byte 13 of the header); 0 for UDP.
+    pub tcp_flags: u8,
     /// Offset of the L4 header from the start of the frame.
     pub l4_off: usize,
+}
+
+pub const TCP_FLAG_SYN: u8 = 0x02;
+pub const TCP_FLAG_RST: u8 = 0x04;
+pub const TCP_FLAG_ACK: u8 = 0x10;
+
+impl Packet {
+    /// A SYN without ACK: the first segment of a TCP connection (or its retransmission).
+    #[inline(always)]
+    pub fn is_syn(&self) -> bool {
+        self.proto == IPPROTO_TCP && self.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK) == TCP_FLAG_SYN
+    }
 }
 
 impl Packet {
@@ -105,12 +119,19 @@ pub fn parse(ctx: &TcContext) -> Result<Option<Packet>, Verdict> {
     }
     let ports: *const [u16; 2] = ptr_at(ctx, l4_off).ok_or(Verdict::Drop(DropReason::Malformed))?;
     let [src_port_be, dst_port_be] = unsafe { *ports };
+    let tcp_flags = if proto == IPPROTO_TCP {
+        let f: *const u8 = ptr_at(ctx, l4_off + 13).ok_or(Verdict::Drop(DropReason::Malformed))?;
+        unsafe { *f }
+    } else {
+        0
+    };
     Ok(Some(Packet {
         src_addr,
         dst_addr,
         src_port_be,
         dst_port_be,
         proto,
+        tcp_flags,
         l4_off,
     }))
 }

@@ -14,21 +14,34 @@ pub const TC_ACT_SHOT: i32 = 2;
 pub enum Verdict {
     /// Drop and count under this reason.
     Drop(DropReason),
+    /// Answer the client at once (TCP RST or ICMP unreachable), counted under this reason.
+    Reject(DropReason),
 }
 
-#[btf_map(name = "LB_DROPS_V1")]
-static LB_DROPS_V1: PerCpuArray<u64, { DropReason::COUNT as usize }> = PerCpuArray::new();
+#[btf_map(name = "LB_DROPS_V2")]
+static LB_DROPS_V2: PerCpuArray<u64, { DropReason::SLOTS as usize }> = PerCpuArray::new();
 
-/// Counts the reason and returns the TC action for it.
-#[inline(always)]
-pub fn count_and_act(verdict: Verdict) -> i32 {
-    match verdict {
-        Verdict::Drop(reason) => {
-            if let Some(counter) = LB_DROPS_V1.get_ptr_mut(reason as u32) {
-                // Per-CPU slot: no other writer.
-                unsafe { *counter += 1 };
-            }
-            TC_ACT_SHOT
+impl Verdict {
+    #[inline(always)]
+    pub fn reason(self) -> DropReason {
+        match self {
+            Verdict::Drop(r) | Verdict::Reject(r) => r,
         }
     }
+}
+
+/// Counts one packet under `reason`.
+#[inline(always)]
+pub fn count(reason: DropReason) {
+    if let Some(counter) = LB_DROPS_V2.get_ptr_mut(reason as u32) {
+        // Per-CPU slot: no other writer.
+        unsafe { *counter += 1 };
+    }
+}
+
+/// Counts a drop and returns the TC action for it.
+#[inline(always)]
+pub fn count_and_drop(reason: DropReason) -> i32 {
+    count(reason);
+    TC_ACT_SHOT
 }

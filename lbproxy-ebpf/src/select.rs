@@ -1,7 +1,9 @@
 //! Stage 2: select a backend for a new flow, and look a backend up by id.
 
 use aya_ebpf::{btf_maps::HashMap, helpers::bpf_get_prandom_u32, macros::btf_map};
-use lbproxy_common::{Backend, DropReason, MAX_BACKENDS, MAX_SLOTS, ServiceValue, SlotKey};
+use lbproxy_common::{
+    Backend, DropReason, IPPROTO_TCP, MAX_BACKENDS, MAX_SLOTS, ServiceValue, SlotKey,
+};
 
 use crate::reason::Verdict;
 
@@ -12,13 +14,18 @@ static LB_SLOTS_V1: HashMap<SlotKey, u32, { MAX_SLOTS as usize }> = HashMap::new
 static LB_BACKENDS_V1: HashMap<u32, Backend, { MAX_BACKENDS as usize }> = HashMap::new();
 
 /// Picks one of the service's `count` slots uniformly at random and returns the backend id
-/// and backend in it. Errors: `NoBackend` when the service has no usable endpoint,
+/// and backend in it. Errors: a reject when the service has no usable endpoint,
 /// `SlotMissing`/`BackendMissing` when the maps are inconsistent (never expected: the
 /// controller writes backends before slots before the count).
 #[inline(always)]
-pub fn select(svc: &ServiceValue) -> Result<(u32, Backend), Verdict> {
+pub fn select(svc: &ServiceValue, proto: u8) -> Result<(u32, Backend), Verdict> {
     if svc.count == 0 {
-        return Err(Verdict::Drop(DropReason::NoBackend));
+        // No usable endpoint: answer at once rather than leave the client to time out.
+        return Err(Verdict::Reject(if proto == IPPROTO_TCP {
+            DropReason::NoBackendTcpReset
+        } else {
+            DropReason::NoBackendUdpUnreachable
+        }));
     }
     let slot = unsafe { bpf_get_prandom_u32() } % svc.count;
     let key = SlotKey {

@@ -180,6 +180,16 @@ impl Datapath {
     /// flow, survive a restart) and pinning new ones.
     pub fn load(dir: &Path, flow_map_size: u32) -> Result<Self, BpfError> {
         prepare_dir(dir)?;
+        for old in map_names::RETIRED {
+            let p = dir.join(old);
+            if p.exists() {
+                tracing::info!(
+                    map = old,
+                    "removing a map layout this version no longer uses"
+                );
+                std::fs::remove_file(&p).map_err(|source| BpfError::Io { path: p, source })?;
+            }
+        }
         check_pinned_layouts(dir)?;
         let flows_pin = dir.join(map_names::FLOWS);
         if flows_pin.exists()
@@ -621,7 +631,7 @@ pub fn cleanup(dir: &Path) -> Result<Vec<String>, BpfError> {
             source,
         })?;
     }
-    for name in map_names::PINNED {
+    for name in map_names::PINNED.iter().chain(map_names::RETIRED.iter()) {
         let p = dir.join(name);
         if p.exists() {
             std::fs::remove_file(&p).map_err(|source| BpfError::Io {

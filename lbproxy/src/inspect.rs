@@ -40,6 +40,8 @@ pub struct FlowRow {
     pub protocol: String,
     pub service: String,
     pub backend_id: u32,
+    /// `syn_sent`, `established`, or `-` (UDP).
+    pub state: String,
     pub age_seconds: f64,
     pub idle_seconds: f64,
 }
@@ -165,6 +167,12 @@ pub fn flows(maps: &PinnedMaps) -> Vec<FlowRow> {
                 protocol: proto.to_string(),
                 service: labels.get(&v.svc_id).cloned().unwrap_or_default(),
                 backend_id: v.backend_id,
+                state: match v.state {
+                    lbproxy_common::FLOW_STATE_SYN_SENT => "syn_sent",
+                    lbproxy_common::FLOW_STATE_ESTABLISHED => "established",
+                    _ => "-",
+                }
+                .to_string(),
                 age_seconds: secs(v.created_ns),
                 idle_seconds: secs(v.last_seen_ns),
             }
@@ -278,6 +286,7 @@ pub fn run(dir: &Path, what: What, json: bool) -> anyhow::Result<()> {
                             r.client.clone(),
                             r.frontend.clone(),
                             r.backend.clone(),
+                            r.state.clone(),
                             format!("{:.0}s", r.age_seconds),
                             format!("{:.0}s", r.idle_seconds),
                         ]

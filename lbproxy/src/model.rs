@@ -432,6 +432,7 @@ impl Model {
     /// port with the targetPort's name is used when no port has the service port's name.
     ///
     /// Only endpoints whose `ready` condition is true (absent means true) are returned.
+    #[cfg(test)]
     pub fn ready_endpoints(&self, svc: &Service, port: &ServicePort) -> Vec<EndpointAddr> {
         self.endpoints_where(svc, port, |e| e.ready)
     }
