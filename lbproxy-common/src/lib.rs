@@ -99,6 +99,8 @@ const _: () = assert!(core::mem::size_of::<ServiceLabel>() == 128);
 pub const FLOW_STATE_NONE: u8 = 0;
 pub const FLOW_STATE_SYN_SENT: u8 = 1;
 pub const FLOW_STATE_ESTABLISHED: u8 = 2;
+/// A FIN or RST was seen in either direction.
+pub const FLOW_STATE_CLOSING: u8 = 3;
 
 /// Which way a flow entry translates.
 pub const FLOW_DIR_FORWARD: u8 = 0;
@@ -166,11 +168,15 @@ pub enum DropReason {
     BackendGoneReset = 8,
     /// A reject could not be written (IP options, helper failure): dropped instead.
     RejectFailed = 9,
+    /// Not a drop: a TCP segment other than a SYN reached a service with no flow entry, which
+    /// is what a live flow evicted from a full flow table looks like. It is sent to a newly
+    /// selected backend.
+    MidstreamWithoutFlow = 10,
 }
 
 impl DropReason {
     /// How many reasons exist now.
-    pub const COUNT: u32 = 10;
+    pub const COUNT: u32 = 11;
     /// Room in `LB_DROPS_V2`, so reasons can be added without a new layout.
     pub const SLOTS: u32 = 32;
     pub const ALL: [DropReason; Self::COUNT as usize] = [
@@ -184,6 +190,7 @@ impl DropReason {
         DropReason::NoBackendUdpUnreachable,
         DropReason::BackendGoneReset,
         DropReason::RejectFailed,
+        DropReason::MidstreamWithoutFlow,
     ];
 
     /// The label used in metrics and `lbproxy inspect`.
@@ -199,6 +206,7 @@ impl DropReason {
             DropReason::NoBackendUdpUnreachable => "no_backend_icmp_unreachable",
             DropReason::BackendGoneReset => "backend_gone_tcp_reset",
             DropReason::RejectFailed => "reject_failed",
+            DropReason::MidstreamWithoutFlow => "tcp_midstream_without_flow",
         }
     }
 }

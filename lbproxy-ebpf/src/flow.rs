@@ -8,12 +8,13 @@
 
 use aya_ebpf::{btf_maps::LruHashMap, helpers::bpf_ktime_get_ns, macros::btf_map};
 use lbproxy_common::{
-    DEFAULT_FLOW_MAP_SIZE, DropReason, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_STATE_ESTABLISHED,
-    FLOW_STATE_NONE, FLOW_STATE_SYN_SENT, FlowKey, FlowValue, IPPROTO_TCP, ServiceValue,
+    DEFAULT_FLOW_MAP_SIZE, DropReason, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_STATE_CLOSING,
+    FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE, FLOW_STATE_SYN_SENT, FlowKey, FlowValue, IPPROTO_TCP,
+    ServiceValue,
 };
 
 use crate::{
-    packet::{Packet, TCP_FLAG_RST},
+    packet::{Packet, TCP_FLAG_FIN, TCP_FLAG_RST},
     reason::Verdict,
     select,
 };
@@ -67,7 +68,7 @@ fn reply_key(backend_addr: [u8; 4], backend_port_be: u16, pkt: &Packet) -> FlowK
 ///
 /// A TCP flow still in SYN_SENT (the backend never answered) that sees another SYN, a
 /// retransmission from the same source port, is also treated as new: it is never pinned to a
-/// backend that did not answer.
+/// backend that did not answer. So is a SYN on a closed flow (the source port reused).
 #[inline(always)]
 pub fn forward(pkt: &Packet, svc: &ServiceValue) -> Result<NatTarget, Verdict> {
     let key = FlowKey {
@@ -92,9 +93,15 @@ pub fn forward(pkt: &Packet, svc: &ServiceValue) -> Result<NatTarget, Verdict> {
         };
         let live = svc_id == svc.svc_id
             && matches!(select::backend(backend_id), Some(b) if b.addr == addr && b.port_be == port_be);
-        let syn_retry = state == FLOW_STATE_SYN_SENT && pkt.is_syn();
+        // A SYN on a flow that never got an answer, or that already closed (source port
+        // reused), starts over.
+        let syn_retry =
+            pkt.is_syn() && (state == FLOW_STATE_SYN_SENT || state == FLOW_STATE_CLOSING);
         if live && !syn_retry {
             touch(entry, now);
+            if pkt.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST) != 0 && state != FLOW_STATE_CLOSING {
+                unsafe { (*entry).state = FLOW_STATE_CLOSING };
+            }
             return Ok(NatTarget { addr, port_be });
         }
         // Forget both directions of the old flow.
@@ -111,8 +118,9 @@ pub fn forward(pkt: &Packet, svc: &ServiceValue) -> Result<NatTarget, Verdict> {
     } else if pkt.is_syn() {
         FLOW_STATE_SYN_SENT
     } else {
-        // Mid-stream without an entry (evicted, or from before lbproxy): the backend will
-        // answer or reset it.
+        // Mid-stream without an entry (evicted from a full table, or older than lbproxy):
+        // counted, and the new backend will answer or reset it.
+        crate::reason::count(DropReason::MidstreamWithoutFlow);
         FLOW_STATE_ESTABLISHED
     };
     let forward = FlowValue {
@@ -161,8 +169,16 @@ pub fn reply(pkt: &Packet) -> Option<NatTarget> {
     touch(entry, unsafe { bpf_ktime_get_ns() });
     let (addr, port_be, state) =
         unsafe { ((*entry).nat_addr, (*entry).nat_port_be, (*entry).state) };
-    if state == FLOW_STATE_SYN_SENT && pkt.tcp_flags & TCP_FLAG_RST == 0 {
-        unsafe { (*entry).state = FLOW_STATE_ESTABLISHED };
+    let closing = pkt.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST) != 0;
+    let new_state = if closing {
+        FLOW_STATE_CLOSING
+    } else if state == FLOW_STATE_SYN_SENT {
+        FLOW_STATE_ESTABLISHED
+    } else {
+        state
+    };
+    if pkt.proto == IPPROTO_TCP && new_state != state && state != FLOW_STATE_CLOSING {
+        unsafe { (*entry).state = new_state };
         let fwd = FlowKey {
             src_addr: pkt.dst_addr,
             dst_addr: addr,
@@ -173,7 +189,7 @@ pub fn reply(pkt: &Packet) -> Option<NatTarget> {
             _pad: [0; 2],
         };
         if let Some(f) = LB_FLOWS_V1.get_ptr_mut(fwd) {
-            unsafe { (*f).state = FLOW_STATE_ESTABLISHED };
+            unsafe { (*f).state = new_state };
         }
     }
     Some(NatTarget { addr, port_be })

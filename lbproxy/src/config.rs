@@ -16,6 +16,11 @@
 //! bpffsDir: /sys/fs/bpf/lbproxy
 //! flowMapSize: 262144
 //! manifests: ""
+//! conntrack:                    # kube-proxy's block; sets lbproxy's flow table timeouts
+//!   tcpEstablishedTimeout: 24h
+//!   tcpCloseWaitTimeout: 10s     # flows after a FIN or RST
+//!   udpTimeout: 30s
+//!   tcpSynSentTimeout: 30s       # lbproxy's own: an unanswered SYN
 //! ```
 //!
 //! Every value is validated at start; an invalid one is refused naming the field.
@@ -53,6 +58,18 @@ pub struct FileConfig {
     pub bpffs_dir: Option<String>,
     pub flow_map_size: Option<u64>,
     pub manifests: Option<String>,
+    pub conntrack: Option<ConntrackConfig>,
+}
+
+/// kube-proxy's `conntrack` block; here it sets lbproxy's own flow table timeouts.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConntrackConfig {
+    pub tcp_established_timeout: Option<String>,
+    pub tcp_close_wait_timeout: Option<String>,
+    pub udp_timeout: Option<String>,
+    /// lbproxy's own: how long an unanswered SYN keeps its flow.
+    pub tcp_syn_sent_timeout: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -74,6 +91,10 @@ pub struct Flags {
     pub bpffs_dir: Option<PathBuf>,
     pub flow_map_size: Option<u64>,
     pub manifests: Option<PathBuf>,
+    pub tcp_established_timeout: Option<String>,
+    pub tcp_close_wait_timeout: Option<String>,
+    pub udp_timeout: Option<String>,
+    pub tcp_syn_sent_timeout: Option<String>,
 }
 
 /// The effective, validated settings.
@@ -89,6 +110,7 @@ pub struct Settings {
     pub bpffs_dir: PathBuf,
     pub flow_map_size: u32,
     pub manifests: Option<PathBuf>,
+    pub flow_timeouts: crate::gc::Timeouts,
 }
 
 /// A refused setting: where it came from, which field, and why.
@@ -303,7 +325,51 @@ pub fn resolve(file: Option<(&Path, FileConfig)>, flags: Flags) -> Result<Settin
             "the hostname is empty and no --hostname-override was given",
         ));
     }
+    let ct = f.conntrack.as_ref();
+    let defaults = crate::gc::Timeouts::default();
+    let timeout = |flag: Option<String>,
+                   file: Option<&String>,
+                   field: &str,
+                   default: Duration|
+     -> Result<Duration, ConfigError> {
+        let (v, o) = pick(flag, file.cloned());
+        let d = match v {
+            Some(s) => parse_duration(&o, field, &s)?,
+            None => default,
+        };
+        if d.is_zero() {
+            return Err(err(&o, field, "must be longer than 0s"));
+        }
+        Ok(d)
+    };
+    let flow_timeouts = crate::gc::Timeouts {
+        tcp_established: timeout(
+            flags.tcp_established_timeout,
+            ct.and_then(|c| c.tcp_established_timeout.as_ref()),
+            "conntrack.tcpEstablishedTimeout",
+            defaults.tcp_established,
+        )?,
+        tcp_closing: timeout(
+            flags.tcp_close_wait_timeout,
+            ct.and_then(|c| c.tcp_close_wait_timeout.as_ref()),
+            "conntrack.tcpCloseWaitTimeout",
+            defaults.tcp_closing,
+        )?,
+        udp: timeout(
+            flags.udp_timeout,
+            ct.and_then(|c| c.udp_timeout.as_ref()),
+            "conntrack.udpTimeout",
+            defaults.udp,
+        )?,
+        tcp_syn_sent: timeout(
+            flags.tcp_syn_sent_timeout,
+            ct.and_then(|c| c.tcp_syn_sent_timeout.as_ref()),
+            "conntrack.tcpSynSentTimeout",
+            defaults.tcp_syn_sent,
+        )?,
+    };
     Ok(Settings {
+        flow_timeouts,
         kubeconfig,
         hostname,
         healthz_bind_address,
@@ -394,6 +460,14 @@ mod tests {
             (
                 "kind: Deployment\n",
                 "c.yaml: kind: \"Deployment\" is not KubeProxyConfiguration",
+            ),
+            (
+                "conntrack: {udpTimeout: 0s}\n",
+                "c.yaml: conntrack.udpTimeout: must be longer than 0s",
+            ),
+            (
+                "conntrack: {tcpEstablishedTimeout: soon}\n",
+                "c.yaml: conntrack.tcpEstablishedTimeout: \"soon\" is not a duration",
             ),
         ];
         for (text, want) in cases {

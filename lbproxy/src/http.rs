@@ -53,6 +53,7 @@ pub struct Metrics {
     pub map_capacity: Family<MapLabel, Gauge>,
     pub datapath_drops: Family<ReasonLabel, Counter>,
     pub attached_interfaces: Gauge,
+    pub flow_gc_deleted: Counter,
 }
 
 impl Metrics {
@@ -136,7 +137,14 @@ impl Metrics {
             "Pod interfaces with the datapath attached",
             attached_interfaces.clone(),
         );
+        let flow_gc_deleted = Counter::default();
+        r.register(
+            "lbproxy_flow_gc_deleted",
+            "Flow entries the collector deleted after their idle timeout",
+            flow_gc_deleted.clone(),
+        );
         Self {
+            flow_gc_deleted,
             registry: r,
             sync_duration,
             last_sync_timestamp,

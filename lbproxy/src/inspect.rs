@@ -218,7 +218,28 @@ pub enum What {
     Drops,
 }
 
-pub fn run(dir: &Path, what: What, json: bool) -> anyhow::Result<()> {
+/// `--service` and `--backend`.
+#[derive(Default)]
+pub struct Filter {
+    pub service: Option<String>,
+    pub backend: Option<String>,
+}
+
+impl Filter {
+    fn service_ok(&self, label: &str) -> bool {
+        self.service.as_deref().is_none_or(|want| {
+            label == want || label.split_once(':').is_some_and(|(svc, _)| svc == want)
+        })
+    }
+
+    fn backend_ok(&self, addr: &str, port: u16) -> bool {
+        self.backend
+            .as_deref()
+            .is_none_or(|want| want == addr || want == format!("{addr}:{port}"))
+    }
+}
+
+pub fn run(dir: &Path, what: What, json: bool, filter: &Filter) -> anyhow::Result<()> {
     if !dir.exists() {
         anyhow::bail!(
             "{} does not exist: lbproxy has not run with this --bpffs-dir (or was cleaned up)",
@@ -228,7 +249,14 @@ pub fn run(dir: &Path, what: What, json: bool) -> anyhow::Result<()> {
     let maps = PinnedMaps::open(dir)?;
     let out = match what {
         What::Services => {
-            let rows = services(&maps);
+            let mut rows = services(&maps);
+            rows.retain(|r| {
+                filter.service_ok(&r.service)
+                    && (filter.backend.is_none()
+                        || r.backends
+                            .iter()
+                            .any(|b| filter.backend_ok(&b.addr, b.port)))
+            });
             if json {
                 serde_json::to_string_pretty(&rows)?
             } else {
@@ -256,7 +284,8 @@ pub fn run(dir: &Path, what: What, json: bool) -> anyhow::Result<()> {
             }
         }
         What::Backends => {
-            let rows = backends(&maps);
+            let mut rows = backends(&maps);
+            rows.retain(|r| filter.backend_ok(&r.addr, r.port));
             if json {
                 serde_json::to_string_pretty(&rows)?
             } else {
@@ -274,7 +303,11 @@ pub fn run(dir: &Path, what: What, json: bool) -> anyhow::Result<()> {
             }
         }
         What::Flows => {
-            let rows = flows(&maps);
+            let mut rows = flows(&maps);
+            rows.retain(|r| {
+                let (addr, port) = r.backend.rsplit_once(':').unwrap_or((&r.backend, "0"));
+                filter.service_ok(&r.service) && filter.backend_ok(addr, port.parse().unwrap_or(0))
+            });
             if json {
                 serde_json::to_string_pretty(&rows)?
             } else {
@@ -337,6 +370,22 @@ mod tests {
             ],
         );
         assert_eq!(t, "A          BB\nlong-cell  x\ns          y\n");
+    }
+
+    #[test]
+    fn filters_match_service_with_or_without_port_and_backend_with_or_without_port() {
+        let f = Filter {
+            service: Some("ns/a".into()),
+            backend: Some("198.18.0.2".into()),
+        };
+        assert!(f.service_ok("ns/a") && f.service_ok("ns/a:http") && !f.service_ok("ns/ab:http"));
+        assert!(f.backend_ok("198.18.0.2", 80) && !f.backend_ok("198.18.0.20", 80));
+        let f = Filter {
+            service: Some("ns/a:dns".into()),
+            backend: Some("198.18.0.2:53".into()),
+        };
+        assert!(f.service_ok("ns/a:dns") && !f.service_ok("ns/a:http"));
+        assert!(f.backend_ok("198.18.0.2", 53) && !f.backend_ok("198.18.0.2", 80));
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod bpf;
 mod config;
 mod controller;
 mod dataplane;
+mod gc;
 mod http;
 mod ifaces;
 mod inspect;
@@ -53,6 +54,12 @@ enum Command {
         json: bool,
         #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
         bpffs_dir: PathBuf,
+        /// Only this service (`namespace/name`, or `namespace/name:port-name`).
+        #[arg(long)]
+        service: Option<String>,
+        /// Only this backend (`IP` or `IP:port`).
+        #[arg(long)]
+        backend: Option<String>,
     },
     /// Detach every program lbproxy attached in this network namespace and remove its pins.
     Cleanup {
@@ -102,6 +109,18 @@ struct RunArgs {
     /// Flow table capacity (LRU); each flow takes two entries [default: 262144]
     #[arg(long)]
     flow_map_size: Option<u64>,
+    /// Idle timeout of an established TCP flow [default: 24h]
+    #[arg(long)]
+    conntrack_tcp_timeout_established: Option<String>,
+    /// Idle timeout of a TCP flow after a FIN or RST [default: 10s]
+    #[arg(long)]
+    conntrack_tcp_timeout_close_wait: Option<String>,
+    /// Idle timeout of a UDP flow [default: 30s]
+    #[arg(long)]
+    conntrack_udp_timeout: Option<String>,
+    /// Idle timeout of a TCP flow whose SYN was never answered [default: 30s]
+    #[arg(long)]
+    flow_tcp_timeout_syn_sent: Option<String>,
 }
 
 fn parse_globs(globs: &[String]) -> anyhow::Result<GlobSet> {
@@ -133,7 +152,14 @@ fn main() -> std::process::ExitCode {
             what,
             json,
             bpffs_dir,
-        } => inspect::run(&bpffs_dir, what, json),
+            service,
+            backend,
+        } => inspect::run(
+            &bpffs_dir,
+            what,
+            json,
+            &inspect::Filter { service, backend },
+        ),
         Command::Cleanup { bpffs_dir } => cleanup(&bpffs_dir),
     };
     match result {
@@ -203,6 +229,47 @@ fn fingerprint(path: &Path) -> Vec<(PathBuf, u64, Option<std::time::SystemTime>)
         .collect()
 }
 
+/// Collects expired flows every 10 s, off the controller's loop.
+fn spawn_flow_gc(settings: &config::Settings, ctl: &Controller, health: http::Health) {
+    let dir = settings.bpffs_dir.clone();
+    let timeouts = settings.flow_timeouts;
+    let capacity = ctl
+        .capacities
+        .iter()
+        .find(|(n, _)| *n == lbproxy_common::map_names::FLOWS)
+        .map_or(settings.flow_map_size, |(_, c)| {
+            u32::try_from(*c).unwrap_or(u32::MAX)
+        });
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(10));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        every.tick().await;
+        loop {
+            every.tick().await;
+            let dir = dir.clone();
+            let r =
+                tokio::task::spawn_blocking(move || gc::collect(&dir, capacity, timeouts, 4096))
+                    .await;
+            match r {
+                Ok(Ok(stats)) => {
+                    health.metrics.flow_gc_deleted.inc_by(stats.deleted as u64);
+                    if stats.deleted > 0 || stats.under_pressure {
+                        tracing::info!(
+                            scanned = stats.scanned,
+                            deleted = stats.deleted,
+                            under_pressure = stats.under_pressure,
+                            took_ms = u64::try_from(stats.took.as_millis()).unwrap_or(u64::MAX),
+                            "flow gc"
+                        );
+                    }
+                }
+                Ok(Err(e)) => tracing::warn!("flow gc: {e}"),
+                Err(e) => tracing::warn!("flow gc task: {e}"),
+            }
+        }
+    });
+}
+
 fn settings(args: &RunArgs) -> anyhow::Result<config::Settings> {
     let file = match &args.config {
         Some(path) => {
@@ -224,6 +291,10 @@ fn settings(args: &RunArgs) -> anyhow::Result<config::Settings> {
         bpffs_dir: args.bpffs_dir.clone(),
         flow_map_size: args.flow_map_size,
         manifests: args.manifests.clone(),
+        tcp_established_timeout: args.conntrack_tcp_timeout_established.clone(),
+        tcp_close_wait_timeout: args.conntrack_tcp_timeout_close_wait.clone(),
+        udp_timeout: args.conntrack_udp_timeout.clone(),
+        tcp_syn_sent_timeout: args.flow_tcp_timeout_syn_sent.clone(),
     };
     Ok(config::resolve(file, flags)?)
 }
@@ -287,6 +358,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         settings.hostname.clone(),
     );
     let (nl_handle, mut link_events) = ifaces::watch().context("opening rtnetlink")?;
+    spawn_flow_gc(&settings, &ctl, health.clone());
 
     let mut source = match &settings.manifests {
         Some(p) => Source::Manifests(p.clone()),
