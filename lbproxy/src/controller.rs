@@ -25,6 +25,9 @@ use crate::kube_source::SourceEvent;
 use crate::manifests;
 use crate::model::{self, Model, NamespacedName, Normalized};
 
+type ApplyResult =
+    Result<dataplane::ApplyStats, (dataplane::ApplyStats, Vec<dataplane::MapWriteError>)>;
+
 /// The EndpointSlice annotation kube-proxy measures programming latency from.
 const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
@@ -110,15 +113,14 @@ impl Controller {
         !self.dirty.is_empty()
     }
 
-    fn record_result(
-        &mut self,
-        started: Instant,
-        result: Result<
-            dataplane::ApplyStats,
-            (dataplane::ApplyStats, Vec<dataplane::MapWriteError>),
-        >,
-        what: &str,
-    ) -> bool {
+    fn record_result(&mut self, started: Instant, result: ApplyResult, what: &str) -> bool {
+        let ok = self.record_result_inner(started, result, what);
+        // Map fill as of this sync (flows are counted on the periodic refresh).
+        self.refresh_map_metrics(false);
+        ok
+    }
+
+    fn record_result_inner(&mut self, started: Instant, result: ApplyResult, what: &str) -> bool {
         let m = &self.health.metrics;
         m.sync_duration.observe(started.elapsed().as_secs_f64());
         match result {

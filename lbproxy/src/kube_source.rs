@@ -57,18 +57,43 @@ fn spawn_watch<K, F>(
     F: Fn(Event<K>) -> SourceEvent + Send + 'static,
 {
     tokio::spawn(async move {
-        let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
-        while let Some(item) = stream.next().await {
-            let ev = match item {
-                Ok(ev) => wrap(ev),
-                Err(e) => SourceEvent::WatchError(name, e.to_string()),
-            };
-            // Bounded: a big list waits for the controller instead of piling up raw objects.
-            if tx.send(ev).await.is_err() {
-                return;
+        loop {
+            let mut stream = watcher::watcher(api.clone(), cfg.clone())
+                .default_backoff()
+                .boxed();
+            while let Some(item) = stream.next().await {
+                let (ev, relist) = match item {
+                    Ok(ev) => (wrap(ev), false),
+                    Err(e) => {
+                        let gone = is_gone(&e);
+                        (SourceEvent::WatchError(name, e.to_string()), gone)
+                    }
+                };
+                // Bounded: a big list waits for the controller instead of piling up raw
+                // objects.
+                if tx.send(ev).await.is_err() {
+                    return;
+                }
+                if relist {
+                    break;
+                }
             }
+            // A 410 on the watch request itself: kube-rs would retry the same expired
+            // resourceVersion forever, so start over with a fresh list, as client-go does.
+            tracing::info!(resource = name, "resourceVersion expired (410); re-listing");
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         }
     });
+}
+
+/// A `410 Gone` answered to the watch request itself (not as an ERROR event in the stream,
+/// which kube-rs already turns into a re-list).
+fn is_gone(e: &watcher::Error) -> bool {
+    matches!(
+        e,
+        watcher::Error::WatchStartFailed(kube::Error::Api(s))
+            | watcher::Error::WatchFailed(kube::Error::Api(s)) if s.code == 410
+    )
 }
 
 /// Starts the three watchers. Events arrive on the returned channel until it is dropped.
