@@ -5,7 +5,11 @@
 //! `lbproxy run` process. It is used by this crate's integration tests (`tests/tests/*.rs`)
 //! and by `cargo xtask demo`.
 //!
+//! [`apiserver`] is a small, real Kubernetes API server (list + watch over HTTP/1.1) that
+//! lbproxy's Kubernetes source can be pointed at from inside a lab's node namespace.
+//!
 //! Everything here needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_BPF): creating a namespace
 //! without it panics with a message saying so.
 
+pub mod apiserver;
 pub mod lab;

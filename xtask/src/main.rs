@@ -2,6 +2,7 @@
 //!
 //! The alias lives in `.cargo/config.toml` (`xtask = "run --package xtask --"`).
 
+mod bench;
 mod demo;
 mod setup;
 mod test;
@@ -62,11 +63,20 @@ enum Task {
     },
     /// Show lbproxy balancing a Service in a namespace lab: no cluster needed.
     Demo(demo::DemoArgs),
-    /// Benchmarks (not implemented yet).
+    /// Benchmarks. `sync`: the controller at 10,000 services against a list+watch API
+    /// server. The datapath benchmark against iptables/nftables is issue 5.
     Bench {
-        #[arg(last = true)]
-        args: Vec<String>,
+        #[command(subcommand)]
+        what: BenchWhat,
     },
+}
+
+#[derive(Subcommand)]
+enum BenchWhat {
+    /// Controller sync at scale: first full sync, one endpoint change, RSS.
+    Sync(bench::SyncArgs),
+    /// Connection rate and latency against kube-proxy's iptables/nftables (issue 5).
+    Datapath,
 }
 
 fn main() {
@@ -98,6 +108,11 @@ fn real_main() -> Result<()> {
             no_ebpf,
         }),
         Task::Demo(args) => demo::demo(&args),
-        Task::Bench { .. } => bail!("`cargo xtask bench`: not implemented yet (issue 5)"),
+        Task::Bench {
+            what: BenchWhat::Sync(args),
+        } => bench::sync(&args),
+        Task::Bench {
+            what: BenchWhat::Datapath,
+        } => bail!("`cargo xtask bench datapath`: not implemented yet (issue 5)"),
     }
 }

@@ -145,6 +145,25 @@ pub fn build_lbproxy(tag: &str) -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// Builds lbproxy in release mode (benchmarks) and returns the binary's path.
+pub fn build_lbproxy_release(tag: &str) -> Result<PathBuf> {
+    eprintln!("[{tag}] building lbproxy (release; its build.rs builds the eBPF object)");
+    let mut cmd = cargo();
+    cmd.args(["build", "--release", "-p", "lbproxy"]);
+    cmd.env_remove("AYA_BUILD_SKIP");
+    run_with_heartbeat(
+        &mut cmd,
+        tag,
+        "cargo build --release -p lbproxy",
+        Duration::from_secs(30),
+    )?;
+    let bin = target_dir()?.join("release").join("lbproxy");
+    if !bin.is_file() {
+        bail!("cargo build succeeded but {} does not exist", bin.display());
+    }
+    Ok(bin)
+}
+
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: libc::c_int) {

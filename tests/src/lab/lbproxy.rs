@@ -65,6 +65,16 @@ pub struct Lbproxy {
 impl Lbproxy {
     /// Spawns `<bin> ARGS` inside `node_ns` via nsenter, logs to `log_base.{stdout,stderr}`.
     pub(crate) fn spawn(node_ns: &str, args: Vec<String>, log_base: &Path) -> Lbproxy {
+        Lbproxy::spawn_env(node_ns, args, &[], log_base)
+    }
+
+    /// Like [`Self::spawn`] with extra environment variables for the child.
+    pub(crate) fn spawn_env(
+        node_ns: &str,
+        args: Vec<String>,
+        env: &[(&str, &str)],
+        log_base: &Path,
+    ) -> Lbproxy {
         let bin = lbproxy_bin();
         let stdout_path = log_base.with_extension("stdout");
         let stderr_path = log_base.with_extension("stderr");
@@ -81,6 +91,7 @@ impl Lbproxy {
         }
         let child = cmd
             .args(&args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)

@@ -166,6 +166,58 @@ impl Service {
         y.push_str("  sessionAffinity: None\n  type: ClusterIP\nstatus:\n  loadBalancer: {}\n");
         y
     }
+
+    /// The same object as JSON, the way the API server returns it (for
+    /// [`crate::apiserver::ApiServer::apply`]; the server fills in `resourceVersion`, `uid`, ...).
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::json;
+        let mut metadata = json!({"name": self.name, "namespace": self.namespace});
+        if !self.labels.is_empty() {
+            let labels: serde_json::Map<String, serde_json::Value> = self
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), json!(v)))
+                .collect();
+            metadata["labels"] = serde_json::Value::Object(labels);
+        }
+        let ports: Vec<serde_json::Value> = self
+            .ports
+            .iter()
+            .map(|p| {
+                let mut o = json!({
+                    "port": p.port,
+                    "protocol": p.protocol.as_str(),
+                    "targetPort": match &p.target_port {
+                        TargetPort::Number(n) => json!(n),
+                        TargetPort::Name(s) => json!(s),
+                    },
+                });
+                if let Some(n) = &p.name {
+                    o["name"] = json!(n);
+                }
+                o
+            })
+            .collect();
+        let mut spec = json!({
+            "clusterIP": self.cluster_ip,
+            "clusterIPs": [self.cluster_ip],
+            "internalTrafficPolicy": "Cluster",
+            "ipFamilies": ["IPv4"],
+            "ipFamilyPolicy": "SingleStack",
+            "sessionAffinity": "None",
+            "type": "ClusterIP",
+        });
+        if !ports.is_empty() {
+            spec["ports"] = json!(ports);
+        }
+        json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata,
+            "spec": spec,
+            "status": {"loadBalancer": {}},
+        })
+    }
 }
 
 /// `endpoints[].conditions`. `None` omits the key (Kubernetes: absent `ready` means ready).
@@ -237,6 +289,12 @@ impl Endpoint {
     /// Adds a `targetRef` to pod `name`.
     pub fn pod(mut self, name: &str) -> Endpoint {
         self.pod = Some(name.to_owned());
+        self
+    }
+
+    /// Sets `nodeName` (default `lab-node`); `None` omits it.
+    pub fn node(mut self, name: Option<&str>) -> Endpoint {
+        self.node_name = name.map(str::to_owned);
         self
     }
 }
@@ -355,6 +413,63 @@ impl EndpointSlice {
         }
         y
     }
+
+    /// The same object as JSON, the way the API server returns it (`endpoints: null` and
+    /// `ports: null` when empty, as Kubernetes serializes them).
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::json;
+        let endpoints: Vec<serde_json::Value> = self
+            .endpoints
+            .iter()
+            .map(|e| {
+                let c = e.conditions;
+                let mut cond = serde_json::Map::new();
+                for (k, v) in [
+                    ("ready", c.ready),
+                    ("serving", c.serving),
+                    ("terminating", c.terminating),
+                ] {
+                    if let Some(v) = v {
+                        cond.insert(k.into(), json!(v));
+                    }
+                }
+                let mut o = json!({"addresses": e.addresses, "conditions": cond});
+                if let Some(n) = &e.node_name {
+                    o["nodeName"] = json!(n);
+                }
+                if let Some(p) = &e.pod {
+                    o["targetRef"] = json!({"kind": "Pod", "name": p, "namespace": self.namespace});
+                }
+                o
+            })
+            .collect();
+        let ports: Vec<serde_json::Value> = self
+            .ports
+            .iter()
+            .map(|p| {
+                json!({
+                    "name": p.name.as_deref().unwrap_or(""),
+                    "port": p.port,
+                    "protocol": p.protocol.as_str(),
+                })
+            })
+            .collect();
+        json!({
+            "addressType": "IPv4",
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "labels": {
+                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+                    "kubernetes.io/service-name": self.service_name,
+                },
+                "name": self.name,
+                "namespace": self.namespace,
+            },
+            "endpoints": if endpoints.is_empty() { serde_json::Value::Null } else { json!(endpoints) },
+            "ports": if ports.is_empty() { serde_json::Value::Null } else { json!(ports) },
+        })
+    }
 }
 
 /// Any object a manifest may hold.
@@ -369,6 +484,14 @@ impl Object {
         match self {
             Object::Service(s) => s.to_yaml(),
             Object::EndpointSlice(s) => s.to_yaml(),
+        }
+    }
+
+    /// See [`Service::to_json`] and [`EndpointSlice::to_json`].
+    pub fn to_json(&self) -> serde_json::Value {
+        match self {
+            Object::Service(s) => s.to_json(),
+            Object::EndpointSlice(s) => s.to_json(),
         }
     }
 }

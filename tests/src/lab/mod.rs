@@ -42,7 +42,9 @@
 //! Main entry points: [`Lab`] (namespaces, pods, manifests, lbproxy), [`Pod`] (servers and
 //! clients in one pod), [`Backend`], [`TcpConn`], [`tally`] / [`Tally`], [`Lbproxy`],
 //! [`manifest`] (Service/EndpointSlice YAML), [`ns`] (`run_in_ns`, `ns_command`, `http_get`),
-//! [`bpf`] (which programs are tcx-attached where).
+//! [`bpf`] (which programs are tcx-attached where). To run lbproxy against the Kubernetes API
+//! instead of manifests, start a [`crate::apiserver::ApiServer`] in [`Lab::node_ns`] and pass
+//! [`Lab::lbproxy_base_args`] plus `--kubeconfig` to [`Lab::start_lbproxy_argv`].
 //!
 //! Drop order matters: drop [`Backend`]s and the [`Lbproxy`] before the [`Lab`] (declare the
 //! lab first). Dropping the lab runs `lbproxy cleanup` for its bpffs dir (if lbproxy was
@@ -530,6 +532,41 @@ impl Lab {
             "--metrics-bind-address".into(),
             METRICS_ADDR.into(),
         ]
+    }
+
+    /// The `lbproxy run` arguments for this lab without a source (no `--manifests`):
+    /// `run --pod-interfaces <glob> --bpffs-dir <dir> --healthz-bind-address ...
+    /// --metrics-bind-address ...`. Add `--kubeconfig PATH` to use a Kubernetes API server.
+    pub fn lbproxy_base_args(&self) -> Vec<String> {
+        vec![
+            "run".into(),
+            "--pod-interfaces".into(),
+            self.pod_glob(),
+            "--bpffs-dir".into(),
+            self.bpffs_dir.display().to_string(),
+            "--healthz-bind-address".into(),
+            HEALTHZ_ADDR.into(),
+            "--metrics-bind-address".into(),
+            METRICS_ADDR.into(),
+        ]
+    }
+
+    /// Starts `lbproxy ARGS` (exactly `args`, e.g. [`Lab::lbproxy_base_args`] plus
+    /// `--kubeconfig PATH`) inside the node namespace, with extra environment variables
+    /// `env`. Logs go to the lab's work dir as with [`Lab::start_lbproxy`].
+    pub fn start_lbproxy_argv(&self, args: Vec<String>, env: &[(&str, &str)]) -> Lbproxy {
+        self.lbproxy_used.store(true, Ordering::SeqCst);
+        let k = {
+            let mut st = self.state.lock().unwrap();
+            st.lbproxy_starts += 1;
+            st.lbproxy_starts
+        };
+        Lbproxy::spawn_env(
+            &self.node,
+            args,
+            env,
+            &self.workdir.join("logs").join(format!("lbproxy-{k}")),
+        )
     }
 
     /// Starts `lbproxy run` with [`Lab::lbproxy_run_args`] inside the node namespace. Does
