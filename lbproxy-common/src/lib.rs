@@ -12,7 +12,10 @@
 /// Names of the maps, as pinned under `--bpffs-dir`. Kernel map names are cut at 15 bytes,
 /// so keep these short.
 pub mod map_names {
-    pub const SERVICES: &str = "LB_SERVICES_V1";
+    pub const SERVICES: &str = "LB_SERVICES_V2";
+    /// The layout before session affinity; migrated into V2 at start (ids kept, so flows
+    /// survive the upgrade).
+    pub const SERVICES_V1: &str = "LB_SERVICES_V1";
     pub const SLOTS: &str = "LB_SLOTS_V1";
     pub const BACKENDS: &str = "LB_BACKENDS_V1";
     pub const FLOWS: &str = "LB_FLOWS_V1";
@@ -22,8 +25,10 @@ pub mod map_names {
     pub const RETIRED: [&str; 1] = ["LB_DROPS_V1"];
     /// Service names by `svc_id`, for `lbproxy inspect`; the datapath never reads it.
     pub const LABELS: &str = "LB_LABELS_V1";
+    /// Session affinity: the backend a client IP last got, per service.
+    pub const AFFINITY: &str = "LB_AFFINITY_V1";
     /// Every map the controller pins.
-    pub const PINNED: [&str; 6] = [BACKENDS, SLOTS, SERVICES, FLOWS, DROPS, LABELS];
+    pub const PINNED: [&str; 7] = [BACKENDS, SLOTS, SERVICES, FLOWS, DROPS, LABELS, AFFINITY];
 }
 
 /// Names of the TC programs in the object file.
@@ -42,6 +47,7 @@ pub const MAX_SERVICES: u32 = 65_536;
 pub const MAX_BACKENDS: u32 = 262_144;
 pub const MAX_SLOTS: u32 = 262_144;
 pub const DEFAULT_FLOW_MAP_SIZE: u32 = 262_144;
+pub const MAX_AFFINITY: u32 = 262_144;
 
 /// Key of `LB_SERVICES_V1`: one frontend, a VIP:port/proto.
 #[repr(C)]
@@ -54,17 +60,48 @@ pub struct ServiceKey {
 }
 const _: () = assert!(core::mem::size_of::<ServiceKey>() == 8);
 
-/// Value of `LB_SERVICES_V1`.
+/// Value of `LB_SERVICES_V2`.
 ///
 /// `svc_id` names the frontend in `LB_SLOTS_V1` and in flow entries. `count` is how many
 /// slots `0..count` hold a backend for new flows; 0 means the service has no usable endpoint.
+/// `affinity_timeout_s` is `sessionAffinity: ClientIP`'s timeout, 0 for no affinity.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServiceValue {
     pub svc_id: u32,
     pub count: u32,
+    pub affinity_timeout_s: u32,
+    pub _reserved: u32,
 }
-const _: () = assert!(core::mem::size_of::<ServiceValue>() == 8);
+const _: () = assert!(core::mem::size_of::<ServiceValue>() == 16);
+
+/// Value of the retired `LB_SERVICES_V1`, read once to migrate.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceValueV1 {
+    pub svc_id: u32,
+    pub count: u32,
+}
+const _: () = assert!(core::mem::size_of::<ServiceValueV1>() == 8);
+
+/// Key of `LB_AFFINITY_V1`: a client IP of a service.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AffinityKey {
+    pub svc_id: u32,
+    pub client_addr: [u8; 4],
+}
+const _: () = assert!(core::mem::size_of::<AffinityKey>() == 8);
+
+/// Value of `LB_AFFINITY_V1`: the backend the client last got, in which slot, and when.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AffinityValue {
+    pub backend_id: u32,
+    pub slot: u32,
+    pub last_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<AffinityValue>() == 16);
 
 /// Key of `LB_SLOTS_V1`: slot `slot` of service `svc_id`. The value is a backend id.
 #[repr(C)]
@@ -213,7 +250,10 @@ impl DropReason {
 
 #[cfg(feature = "user")]
 mod pod {
-    use super::{Backend, FlowKey, FlowValue, ServiceKey, ServiceLabel, ServiceValue, SlotKey};
+    use super::{
+        AffinityKey, AffinityValue, Backend, FlowKey, FlowValue, ServiceKey, ServiceLabel,
+        ServiceValue, ServiceValueV1, SlotKey,
+    };
     // SAFETY: all of these are repr(C), Copy, made only of integers and byte arrays, and have
     // no implicit padding (sizes are asserted above).
     unsafe impl aya::Pod for ServiceKey {}
@@ -223,4 +263,7 @@ mod pod {
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for FlowValue {}
     unsafe impl aya::Pod for ServiceLabel {}
+    unsafe impl aya::Pod for ServiceValueV1 {}
+    unsafe impl aya::Pod for AffinityKey {}
+    unsafe impl aya::Pod for AffinityValue {}
 }

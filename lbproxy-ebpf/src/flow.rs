@@ -14,6 +14,7 @@ use lbproxy_common::{
 };
 
 use crate::{
+    affinity,
     packet::{Packet, TCP_FLAG_FIN, TCP_FLAG_RST},
     reason::Verdict,
     select,
@@ -112,7 +113,12 @@ pub fn forward(pkt: &Packet, svc: &ServiceValue) -> Result<NatTarget, Verdict> {
         }
     }
 
-    let (backend_id, backend) = select::select(svc, pkt.proto)?;
+    let (backend_id, backend) = if svc.affinity_timeout_s != 0 {
+        affinity::select(pkt, svc, now)?
+    } else {
+        let (_, id, b) = select::select(svc, pkt.proto)?;
+        (id, b)
+    };
     let state = if pkt.proto != IPPROTO_TCP {
         FLOW_STATE_NONE
     } else if pkt.is_syn() {

@@ -16,6 +16,7 @@
 #![no_std]
 #![no_main]
 
+mod affinity;
 mod flow;
 mod nat;
 mod packet;

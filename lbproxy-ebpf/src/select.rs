@@ -18,7 +18,7 @@ static LB_BACKENDS_V1: HashMap<u32, Backend, { MAX_BACKENDS as usize }> = HashMa
 /// `SlotMissing`/`BackendMissing` when the maps are inconsistent (never expected: the
 /// controller writes backends before slots before the count).
 #[inline(always)]
-pub fn select(svc: &ServiceValue, proto: u8) -> Result<(u32, Backend), Verdict> {
+pub fn select(svc: &ServiceValue, proto: u8) -> Result<(u32, u32, Backend), Verdict> {
     if svc.count == 0 {
         // No usable endpoint: answer at once rather than leave the client to time out.
         return Err(Verdict::Reject(if proto == IPPROTO_TCP {
@@ -36,7 +36,22 @@ pub fn select(svc: &ServiceValue, proto: u8) -> Result<(u32, Backend), Verdict> 
         .copied()
         .ok_or(Verdict::Drop(DropReason::SlotMissing))?;
     let backend = backend(backend_id).ok_or(Verdict::Drop(DropReason::BackendMissing))?;
-    Ok((backend_id, backend))
+    Ok((slot, backend_id, backend))
+}
+
+/// Whether `backend_id` is still in slot `slot` of the service, i.e. still eligible for new
+/// flows (a backend that left, or turned not-ready, is not).
+#[inline(always)]
+pub fn in_slot(svc: &ServiceValue, slot: u32, backend_id: u32) -> bool {
+    slot < svc.count
+        && unsafe {
+            LB_SLOTS_V1.get(SlotKey {
+                svc_id: svc.svc_id,
+                slot,
+            })
+        }
+        .copied()
+            == Some(backend_id)
 }
 
 /// The backend with this id, if it is still live.

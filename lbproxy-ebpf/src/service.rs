@@ -5,8 +5,8 @@ use lbproxy_common::{MAX_SERVICES, ServiceKey, ServiceLabel, ServiceValue};
 
 use crate::packet::Packet;
 
-#[btf_map(name = "LB_SERVICES_V1")]
-static LB_SERVICES_V1: HashMap<ServiceKey, ServiceValue, { MAX_SERVICES as usize }> =
+#[btf_map(name = "LB_SERVICES_V2")]
+static LB_SERVICES_V2: HashMap<ServiceKey, ServiceValue, { MAX_SERVICES as usize }> =
     HashMap::new();
 
 /// Service names for `lbproxy inspect`. Declared here so the object carries it (and its BTF);
@@ -26,5 +26,5 @@ pub fn lookup(pkt: &Packet) -> Option<ServiceValue> {
     };
     // SAFETY: the value is copied out at once; hash map values are not freed under RCU
     // while this program runs.
-    unsafe { LB_SERVICES_V1.get(key) }.copied()
+    unsafe { LB_SERVICES_V2.get(key) }.copied()
 }

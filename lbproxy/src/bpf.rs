@@ -126,6 +126,11 @@ fn expected_layout(name: &str) -> Option<(MapType, u32, u32)> {
         ),
         map_names::DROPS => (MapType::PerCpuArray, 4, 8),
         map_names::LABELS => (MapType::Hash, 4, sz(size_of::<ServiceLabel>())),
+        map_names::AFFINITY => (
+            MapType::LruHash,
+            sz(size_of::<lbproxy_common::AffinityKey>()),
+            sz(size_of::<lbproxy_common::AffinityValue>()),
+        ),
         _ => return None,
     })
 }
@@ -212,6 +217,7 @@ impl Datapath {
             loader.map_pin_path(name, path.as_path());
         }
         let mut ebpf = loader.load(OBJECT)?;
+        migrate_services_v1(dir)?;
         for name in [program_names::FROM_POD, program_names::TO_POD] {
             let prog: &mut SchedClassifier = ebpf
                 .program_mut(name)
@@ -229,6 +235,51 @@ impl Datapath {
             dir: dir.to_path_buf(),
         })
     }
+}
+
+/// Copies a `LB_SERVICES_V1` pinned by an earlier version into `LB_SERVICES_V2`, keeping
+/// every svc_id so its flows stay valid, then unpins V1. Programs of the earlier version keep
+/// their reference to V1 until their links are swapped to the new programs.
+fn migrate_services_v1(dir: &Path) -> Result<(), BpfError> {
+    let old_path = dir.join(map_names::SERVICES_V1);
+    if !old_path.exists() {
+        return Ok(());
+    }
+    let name = map_names::SERVICES_V1;
+    let map_err = |path: &Path, source| BpfError::Map {
+        name,
+        path: path.to_path_buf(),
+        source,
+    };
+    let old: BpfHashMap<MapData, ServiceKey, lbproxy_common::ServiceValueV1> =
+        BpfHashMap::try_from(Map::HashMap(
+            MapData::from_pin(&old_path).map_err(|e| map_err(&old_path, e))?,
+        ))
+        .map_err(|e| map_err(&old_path, e))?;
+    let new_path = dir.join(map_names::SERVICES);
+    let mut new: BpfHashMap<MapData, ServiceKey, ServiceValue> = BpfHashMap::try_from(
+        Map::HashMap(MapData::from_pin(&new_path).map_err(|e| map_err(&new_path, e))?),
+    )
+    .map_err(|e| map_err(&new_path, e))?;
+    let mut n = 0;
+    for (k, v) in old.iter().flatten() {
+        if new.get(&k, 0).is_err() {
+            let value = ServiceValue {
+                svc_id: v.svc_id,
+                count: v.count,
+                affinity_timeout_s: 0,
+                _reserved: 0,
+            };
+            new.insert(k, value, 0).map_err(|e| map_err(&new_path, e))?;
+            n += 1;
+        }
+    }
+    std::fs::remove_file(&old_path).map_err(|source| BpfError::Io {
+        path: old_path.clone(),
+        source,
+    })?;
+    tracing::info!(frontends = n, "migrated LB_SERVICES_V1 to LB_SERVICES_V2");
+    Ok(())
 }
 
 /// An interface in this network namespace.
@@ -490,6 +541,7 @@ impl PinnedMaps {
                     slots: list,
                     count: Some(v.count),
                     draining: Vec::new(),
+                    affinity_timeout_s: v.affinity_timeout_s,
                 },
             );
         }
@@ -631,7 +683,11 @@ pub fn cleanup(dir: &Path) -> Result<Vec<String>, BpfError> {
             source,
         })?;
     }
-    for name in map_names::PINNED.iter().chain(map_names::RETIRED.iter()) {
+    for name in map_names::PINNED
+        .iter()
+        .chain(map_names::RETIRED.iter())
+        .chain([map_names::SERVICES_V1].iter())
+    {
         let p = dir.join(name);
         if p.exists() {
             std::fs::remove_file(&p).map_err(|source| BpfError::Io {

@@ -92,6 +92,8 @@ pub struct FrontendSpec {
     /// Backends still listed but not eligible for new flows (not ready, terminating). They
     /// stay in the backend map so flows already using them keep working.
     pub draining: Vec<BackendAddr>,
+    /// Session affinity timeout in seconds, 0 for none.
+    pub affinity_timeout_s: u32,
 }
 
 pub type Desired = BTreeMap<Frontend, FrontendSpec>;
@@ -159,6 +161,7 @@ pub fn desired_for(model: &Model, svc: &Service, node: &str) -> Vec<(Frontend, F
                     label: label.clone(),
                     backends: backends.clone(),
                     draining: draining.clone(),
+                    affinity_timeout_s: svc.affinity_timeout_s,
                 },
             ));
         }
@@ -205,6 +208,8 @@ pub struct ProgrammedFrontend {
     pub slots: Vec<u32>,
     /// The count in the service entry, `None` when the entry is not written yet.
     pub count: Option<u32>,
+    /// The affinity timeout in the service entry.
+    pub affinity_timeout_s: u32,
     /// Backends kept live for existing flows only (not in any slot).
     pub draining: Vec<u32>,
 }
@@ -457,9 +462,11 @@ impl Programmer {
         let want_count = u32::try_from(slots.len()).unwrap_or(u32::MAX);
         if !is_new
             && slots == old_slots
-            && existing
-                .as_ref()
-                .is_some_and(|c| c.label == spec.label && c.count == Some(want_count))
+            && existing.as_ref().is_some_and(|c| {
+                c.label == spec.label
+                    && c.count == Some(want_count)
+                    && c.affinity_timeout_s == spec.affinity_timeout_s
+            })
         {
             return Ok(());
         }
@@ -476,6 +483,7 @@ impl Programmer {
                     slots: Vec::new(),
                     count: None,
                     draining,
+                    affinity_timeout_s: 0,
                 },
             );
         } else if existing.as_ref().is_some_and(|c| c.label != spec.label) {
@@ -512,18 +520,25 @@ impl Programmer {
         }
 
         // 4. The count: from here on new flows use the new arrangement.
-        let programmed_count = self.state.frontends.get(&fe).and_then(|f| f.count);
-        if programmed_count != Some(want_count) {
+        let (programmed_count, programmed_affinity) = self
+            .state
+            .frontends
+            .get(&fe)
+            .map_or((None, 0), |f| (f.count, f.affinity_timeout_s));
+        if programmed_count != Some(want_count) || programmed_affinity != spec.affinity_timeout_s {
             maps.put_service(
                 fe.key(),
                 ServiceValue {
                     svc_id,
                     count: want_count,
+                    affinity_timeout_s: spec.affinity_timeout_s,
+                    _reserved: 0,
                 },
             )?;
             stats.writes += 1;
             if let Some(f) = self.state.frontends.get_mut(&fe) {
                 f.count = Some(want_count);
+                f.affinity_timeout_s = spec.affinity_timeout_s;
             }
         }
 
@@ -670,6 +685,7 @@ pub mod tests {
             label: "ns/svc:http".into(),
             backends: backends.iter().map(|b| be(*b)).collect(),
             draining: vec![],
+            affinity_timeout_s: 0,
         }
     }
 

@@ -29,6 +29,8 @@ pub struct ServiceRow {
     pub service: String,
     pub port_name: String,
     pub svc_id: u32,
+    /// `sessionAffinity: ClientIP` timeout in seconds; 0 without affinity.
+    pub affinity_timeout_s: u32,
     pub backends: Vec<BackendRow>,
 }
 
@@ -100,6 +102,7 @@ pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
             service,
             port_name,
             svc_id: v.svc_id,
+            affinity_timeout_s: v.affinity_timeout_s,
             backends: bes,
         });
     }

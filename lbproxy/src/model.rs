@@ -11,6 +11,9 @@ use k8s_openapi::api::core::v1::Service as K8sService;
 use k8s_openapi::api::discovery::v1::EndpointSlice as K8sEndpointSlice;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+/// `sessionAffinityConfig.clientIP.timeoutSeconds` when absent (3 hours, as Kubernetes).
+pub const DEFAULT_AFFINITY_TIMEOUT_S: i32 = 10_800;
+
 /// The label linking an EndpointSlice to its Service.
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 /// A service with this label belongs to another proxy and is skipped.
@@ -95,6 +98,8 @@ pub struct Service {
     pub ports: Vec<ServicePort>,
     /// `internalTrafficPolicy: Local`: in-cluster traffic only goes to endpoints on this node.
     pub internal_local: bool,
+    /// `sessionAffinity: ClientIP`'s timeout in seconds; 0 without affinity.
+    pub affinity_timeout_s: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -262,11 +267,36 @@ pub fn service_from_k8s(svc: &K8sService) -> Result<Normalized<Service>, Invalid
             )));
         }
     };
+    let affinity_timeout_s = match spec.session_affinity.as_deref() {
+        None | Some("None") => 0,
+        Some("ClientIP") => {
+            let t = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds)
+                .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_S);
+            match u32::try_from(t) {
+                Ok(t) if (1..=86_400).contains(&t) => t,
+                _ => {
+                    return Err(invalid(format!(
+                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds {t} is out of range 1-86400"
+                    )));
+                }
+            }
+        }
+        Some(other) => {
+            return Err(invalid(format!(
+                "spec.sessionAffinity {other:?} is not one of None, ClientIP"
+            )));
+        }
+    };
     Ok(Normalized::Proxied(Service {
         id: NamespacedName { namespace, name },
         cluster_ips,
         ports,
         internal_local,
+        affinity_timeout_s,
     }))
 }
 
@@ -527,6 +557,32 @@ spec:
         assert_eq!(s.ports[0].target_port, TargetPort::Name("web".into()));
         assert_eq!(s.ports[1].target_port, TargetPort::Number(5353));
         assert_eq!(s.ports[1].protocol, Protocol::Udp);
+    }
+
+    #[test]
+    fn session_affinity_defaults_and_validation() {
+        let base = "metadata: {name: a, namespace: n}\nspec: {clusterIP: 198.19.0.1";
+        let s = proxied(
+            service_from_k8s(&svc(&format!("{base}, sessionAffinity: ClientIP}}"))).unwrap(),
+        );
+        assert_eq!(s.affinity_timeout_s, 10_800);
+        let s = proxied(
+            service_from_k8s(&svc(&format!(
+                "{base}, sessionAffinity: ClientIP, sessionAffinityConfig: {{clientIP: {{timeoutSeconds: 60}}}}}}"
+            )))
+            .unwrap(),
+        );
+        assert_eq!(s.affinity_timeout_s, 60);
+        let s = proxied(service_from_k8s(&svc(&format!("{base}}}"))).unwrap());
+        assert_eq!(s.affinity_timeout_s, 0);
+        let e = service_from_k8s(&svc(&format!(
+            "{base}, sessionAffinity: ClientIP, sessionAffinityConfig: {{clientIP: {{timeoutSeconds: 0}}}}}}"
+        )))
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("timeoutSeconds 0 is out of range"),
+            "{e}"
+        );
     }
 
     #[test]

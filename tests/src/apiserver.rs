@@ -592,11 +592,23 @@ impl ApiServer {
     pub fn come_back(&self) {
         let port = self.inner.port;
         let bind = || TcpListener::bind(("127.0.0.1", port));
-        let l = match &self.inner.ns {
-            Some(ns) => run_in_ns(ns, bind),
-            None => bind(),
-        }
-        .unwrap_or_else(|e| panic!("apiserver: rebind 127.0.0.1:{port}: {e}"));
+        // The old listener's fd can outlive go_down() for a moment (the accept thread holds
+        // it until its next poll), so retry briefly before calling it a failure.
+        let deadline = std::time::Instant::now() + Duration::from_secs(3);
+        let l = loop {
+            let r = match &self.inner.ns {
+                Some(ns) => run_in_ns(ns, bind),
+                None => bind(),
+            };
+            match r {
+                Ok(l) => break l,
+                Err(e) if std::time::Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => panic!("apiserver: rebind 127.0.0.1:{port}: {e}"),
+            }
+        };
         l.set_nonblocking(true).expect("nonblocking");
         *self.inner.listener.lock().unwrap() = Some(l);
         self.lock().down = false;

@@ -867,7 +867,7 @@ fn healthz_waits_for_first_sync() {
     assert_eq!(l, Ok(200));
 }
 
-/// When the dataplane cannot be programmed (here: LB_SERVICES_V1 pinned beforehand with
+/// When the dataplane cannot be programmed (here: LB_SERVICES_V2 pinned beforehand with
 /// room for 2 frontends, and the API server asks for 4), lbproxy posts a Warning Event about
 /// its Node and counts the failure.
 #[test]
@@ -886,7 +886,7 @@ fn node_event_on_programming_failure() {
         assert!(k.lb().is_running(), "lbproxy exited\n{}", k.diag());
         assert!(
             start.elapsed() < Duration::from_secs(30),
-            "no Event posted within 30 s although LB_SERVICES_V1 holds 2 of 4 frontends\n{}",
+            "no Event posted within 30 s although LB_SERVICES_V2 holds 2 of 4 frontends\n{}",
             k.diag()
         );
         std::thread::sleep(Duration::from_millis(100));
@@ -910,7 +910,7 @@ fn node_event_on_programming_failure() {
     .unwrap();
     let sc = Scrape::parse(&m.body).unwrap();
     assert_eq!(
-        sc.value("lbproxy_map_capacity", &[("map", "LB_SERVICES_V1")]),
+        sc.value("lbproxy_map_capacity", &[("map", "LB_SERVICES_V2")]),
         2.0
     );
     assert!(
@@ -1013,7 +1013,7 @@ fn initial_list_paginated() {
 }
 
 /// kube-proxy's /healthz rule: a change that stays queued (here it cannot be written:
-/// LB_SERVICES_V1 pinned beforehand with room for 2 frontends) for more than 2 x syncPeriod
+/// LB_SERVICES_V2 pinned beforehand with room for 2 frontends) for more than 2 x syncPeriod
 /// turns /healthz 503; once the change can be synced again it is 200. The failure is
 /// reported by a Node Event, and the programmed part keeps serving.
 #[test]
@@ -1089,17 +1089,17 @@ fn healthz_503_while_changes_cannot_be_programmed() {
     k.wait_fes("second withdrawn", APPLY, &web_only);
 }
 
-/// Pins an `LB_SERVICES_V1` with room for `n` entries in the lab's bpffs dir before lbproxy
+/// Pins an `LB_SERVICES_V2` with room for `n` entries in the lab's bpffs dir before lbproxy
 /// creates its own (lbproxy reuses a pinned map whose type, key and value sizes match).
 fn small_services_map(k: &Kube, n: u32) {
     let dir = k.lab.bpffs_dir().to_path_buf();
     std::fs::create_dir_all(&dir).unwrap();
     let out = std::process::Command::new("bpftool")
         .args(["map", "create"])
-        .arg(dir.join("LB_SERVICES_V1"))
-        .args(["type", "hash", "key", "8", "value", "8", "entries"])
+        .arg(dir.join("LB_SERVICES_V2"))
+        .args(["type", "hash", "key", "8", "value", "16", "entries"])
         .arg(n.to_string())
-        .args(["name", "LB_SERVICES_V1"])
+        .args(["name", "LB_SERVICES_V2"])
         .output()
         .expect("run bpftool");
     assert!(

@@ -174,7 +174,7 @@ fn metrics_follow_changes() {
     );
     check_maps(&k, "initial");
     assert_eq!(
-        s1.value("lbproxy_map_capacity", &[("map", "LB_SERVICES_V1")]),
+        s1.value("lbproxy_map_capacity", &[("map", "LB_SERVICES_V2")]),
         65536.0
     );
     assert_eq!(
@@ -269,7 +269,7 @@ fn check_maps(k: &Kube, ctx: &str) -> Duration {
     let f = k.frontends();
     let inspect_backends = k.lab.inspect_json("backends");
     let want = [
-        ("LB_SERVICES_V1", f.len() as f64),
+        ("LB_SERVICES_V2", f.len() as f64),
         (
             "LB_BACKENDS_V1",
             inspect_backends.as_array().map_or(0, Vec::len) as f64,

@@ -1,0 +1,45 @@
+//! Stage 2a: session affinity (`sessionAffinity: ClientIP`).
+//!
+//! A new flow from a client IP goes to the backend that client last got for this service,
+//! while that was less than `timeoutSeconds` ago and the backend is still eligible for new
+//! flows (still in one of the service's slots). Otherwise the usual selection runs and its
+//! choice is remembered. As with kube-proxy, only new flows refresh the entry.
+
+use aya_ebpf::{btf_maps::LruHashMap, macros::btf_map};
+use lbproxy_common::{AffinityKey, AffinityValue, Backend, MAX_AFFINITY, ServiceValue};
+
+use crate::{packet::Packet, reason::Verdict, select};
+
+#[btf_map(name = "LB_AFFINITY_V1")]
+static LB_AFFINITY_V1: LruHashMap<AffinityKey, AffinityValue, { MAX_AFFINITY as usize }> =
+    LruHashMap::new();
+
+/// Selects a backend for a new flow of a service with affinity.
+#[inline(always)]
+pub fn select(pkt: &Packet, svc: &ServiceValue, now: u64) -> Result<(u32, Backend), Verdict> {
+    let key = AffinityKey {
+        svc_id: svc.svc_id,
+        client_addr: pkt.src_addr,
+    };
+    let timeout_ns = u64::from(svc.affinity_timeout_s) * 1_000_000_000;
+    if let Some(entry) = LB_AFFINITY_V1.get_ptr_mut(key) {
+        let (backend_id, slot, last) =
+            unsafe { ((*entry).backend_id, (*entry).slot, (*entry).last_ns) };
+        if now.wrapping_sub(last) <= timeout_ns
+            && select::in_slot(svc, slot, backend_id)
+            && let Some(b) = select::backend(backend_id)
+        {
+            unsafe { (*entry).last_ns = now };
+            return Ok((backend_id, b));
+        }
+    }
+    let (slot, backend_id, backend) = select::select(svc, pkt.proto)?;
+    let value = AffinityValue {
+        backend_id,
+        slot,
+        last_ns: now,
+    };
+    // Failing to remember only costs affinity for the next flow, not this one.
+    let _ = LB_AFFINITY_V1.insert(key, value, 0);
+    Ok((backend_id, backend))
+}
