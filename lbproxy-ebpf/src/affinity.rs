@@ -33,7 +33,7 @@ pub fn select(pkt: &Packet, svc: &ServiceValue, now: u64) -> Result<(u32, Backen
             return Ok((backend_id, b));
         }
     }
-    let (slot, backend_id, backend) = select::select(svc, pkt.proto)?;
+    let (slot, backend_id, backend) = select::select(svc, pkt)?;
     let value = AffinityValue {
         backend_id,
         slot,

@@ -116,7 +116,7 @@ pub fn forward(pkt: &Packet, svc: &ServiceValue) -> Result<NatTarget, Verdict> {
     let (backend_id, backend) = if svc.affinity_timeout_s != 0 {
         affinity::select(pkt, svc, now)?
     } else {
-        let (_, id, b) = select::select(svc, pkt.proto)?;
+        let (_, id, b) = select::select(svc, pkt)?;
         (id, b)
     };
     let state = if pkt.proto != IPPROTO_TCP {

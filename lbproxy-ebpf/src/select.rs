@@ -1,11 +1,12 @@
 //! Stage 2: select a backend for a new flow, and look a backend up by id.
 
-use aya_ebpf::{btf_maps::HashMap, helpers::bpf_get_prandom_u32, macros::btf_map};
+use aya_ebpf::{btf_maps::HashMap, macros::btf_map};
+use lbproxy_common::select::{flow_hash, jump};
 use lbproxy_common::{
     Backend, DropReason, IPPROTO_TCP, MAX_BACKENDS, MAX_SLOTS, ServiceValue, SlotKey,
 };
 
-use crate::reason::Verdict;
+use crate::{packet::Packet, reason::Verdict};
 
 #[btf_map(name = "LB_SLOTS_V1")]
 static LB_SLOTS_V1: HashMap<SlotKey, u32, { MAX_SLOTS as usize }> = HashMap::new();
@@ -13,12 +14,13 @@ static LB_SLOTS_V1: HashMap<SlotKey, u32, { MAX_SLOTS as usize }> = HashMap::new
 #[btf_map(name = "LB_BACKENDS_V1")]
 static LB_BACKENDS_V1: HashMap<u32, Backend, { MAX_BACKENDS as usize }> = HashMap::new();
 
-/// Picks one of the service's `count` slots uniformly at random and returns the backend id
-/// and backend in it. Errors: a reject when the service has no usable endpoint,
+/// Picks one of the service's `count` slots by jump consistent hashing of the 5-tuple and
+/// returns the slot, the backend id and the backend in it. Errors: a reject when the service has no usable endpoint,
 /// `SlotMissing`/`BackendMissing` when the maps are inconsistent (never expected: the
 /// controller writes backends before slots before the count).
 #[inline(always)]
-pub fn select(svc: &ServiceValue, proto: u8) -> Result<(u32, u32, Backend), Verdict> {
+pub fn select(svc: &ServiceValue, pkt: &Packet) -> Result<(u32, u32, Backend), Verdict> {
+    let proto = pkt.proto;
     if svc.count == 0 {
         // No usable endpoint: answer at once rather than leave the client to time out.
         return Err(Verdict::Reject(if proto == IPPROTO_TCP {
@@ -27,7 +29,16 @@ pub fn select(svc: &ServiceValue, proto: u8) -> Result<(u32, u32, Backend), Verd
             DropReason::NoBackendUdpUnreachable
         }));
     }
-    let slot = unsafe { bpf_get_prandom_u32() } % svc.count;
+    // Consistent in the 5-tuple: the same flow maps to the same slot while the service's
+    // slots stay, and a backend added or removed moves few flows (lbproxy_common::select).
+    let hash = flow_hash(
+        pkt.src_addr,
+        pkt.dst_addr,
+        pkt.src_port_be,
+        pkt.dst_port_be,
+        pkt.proto,
+    );
+    let slot = jump(hash, svc.count);
     let key = SlotKey {
         svc_id: svc.svc_id,
         slot,
