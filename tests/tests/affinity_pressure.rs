@@ -1,0 +1,254 @@
+//! Session affinity across several client pods, and a deliberately tiny flow table.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::*;
+use lbproxy_tests::lab::{Lab, Pod, Shape, ns};
+
+both_shapes!(affinity_across_clients, tiny_flow_table);
+
+/// The web service YAML with `sessionAffinity: ClientIP` and `timeoutSeconds`.
+fn with_affinity(lab_yaml: &str, timeout_s: u32) -> String {
+    lab_yaml.replace(
+        "  sessionAffinity: None\n",
+        &format!(
+            "  sessionAffinity: ClientIP\n  sessionAffinityConfig:\n    clientIP:\n      timeoutSeconds: {timeout_s}\n"
+        ),
+    )
+}
+
+/// Backends that answered `n` new TCP connections (new source port each) from `client`.
+fn tcp_backends(client: &Pod, n: usize) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for i in 0..n {
+        match client.tcp_request(WEB_VIP, WEB_TCP, T) {
+            Ok((r, _)) => *out.entry(r.backend).or_insert(0) += 1,
+            Err(e) => panic!("{}: connection {i} to the VIP failed: {e}", client.name),
+        }
+    }
+    out
+}
+
+fn affinity_across_clients(shape: Shape) {
+    let s = Setup::new(shape, &["b1", "b2", "b3"]);
+    let clients: Vec<Pod> = (1..=3).map(|i| s.lab.add_pod(&format!("c{i}"))).collect();
+    // Interfaces of pods added after start are attached within a couple of seconds.
+    std::thread::sleep(Duration::from_secs(3));
+
+    // Control: without affinity one client's new connections spread over backends, so the
+    // assertions below can fail.
+    let spread = tcp_backends(&clients[0], 30);
+    assert!(
+        spread.len() > 1,
+        "[{shape}] without affinity 30 connections from c1 all went to {spread:?}"
+    );
+
+    let base = web_objects(
+        "web",
+        WEB_VIP,
+        ready(&s.backends.iter().collect::<Vec<_>>()),
+    );
+    s.lab
+        .write_manifest_text(&with_affinity(&base.to_yaml(), 60));
+    std::thread::sleep(APPLY_WITHIN);
+    let svc = s.lab.inspect_json("services");
+    let tcp = svc
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["frontend"] == format!("{WEB_VIP}:{WEB_TCP}/TCP"))
+        .unwrap_or_else(|| panic!("[{shape}] no TCP frontend in {svc}"));
+    assert_eq!(tcp["affinity_timeout_s"], 60, "[{shape}] {tcp}");
+
+    let mut chosen = BTreeMap::new();
+    for c in &clients {
+        let got = tcp_backends(c, 20);
+        assert_eq!(
+            got.len(),
+            1,
+            "[{shape}] with ClientIP affinity {}'s 20 connections went to {got:?}",
+            c.name
+        );
+        chosen.insert(c.name.clone(), got.into_keys().next().unwrap());
+    }
+
+    // The backend of c1 leaves: c1's affinity is dropped at once and it sticks to a new one.
+    let gone = chosen["c1"].clone();
+    let keep: Vec<&Pod> = s.backends.iter().filter(|p| p.name != gone).collect();
+    let m = web_objects("web", WEB_VIP, ready(&keep));
+    let written = Instant::now();
+    s.lab.write_manifest_text(&with_affinity(&m.to_yaml(), 60));
+    let deadline = written + APPLY_WITHIN;
+    let moved_after = loop {
+        let got = tcp_backends(&clients[0], 1);
+        if !got.contains_key(&gone) {
+            break written.elapsed();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "[{shape}] c1 still sent to removed {gone} {:?} after the manifest write",
+            written.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let after = tcp_backends(&clients[0], 20);
+    assert!(
+        after.len() == 1 && !after.contains_key(&gone),
+        "[{shape}] after {gone} left (moved in {moved_after:?}), c1 went to {after:?}"
+    );
+    // The other clients, whose backends stayed, keep theirs.
+    for c in &clients[1..] {
+        if chosen[&c.name] != gone {
+            let got = tcp_backends(c, 10);
+            assert_eq!(
+                got.keys().collect::<Vec<_>>(),
+                vec![&chosen[&c.name]],
+                "[{shape}] {} lost its affinity to {} though it stayed",
+                c.name,
+                chosen[&c.name]
+            );
+        }
+    }
+}
+
+fn metrics(lab: &Lab) -> String {
+    let addr: SocketAddr = "127.0.0.1:10249".parse().unwrap();
+    ns::http_get_full(lab.node_ns(), addr, "/metrics", Duration::from_secs(2))
+        .map(|r| r.body)
+        .unwrap_or_default()
+}
+
+fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name_and_labels))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn drops(lab: &Lab, reason: &str) -> u64 {
+    lab.inspect_json("drops")[reason].as_u64().unwrap_or(0)
+}
+
+/// A flow table of 1024 entries (512 flows) flooded with 1500 UDP flows: lbproxy keeps
+/// running and serving; an active TCP connection survives (LRU keeps what is used); the
+/// collector works under pressure; an idle TCP connection evicted by the flood is counted,
+/// and with consistent hashing its next segment still reaches its backend.
+fn tiny_flow_table(shape: Shape) {
+    let lab = Lab::new(shape);
+    let client = lab.add_pod("client");
+    let backends: Vec<Pod> = ["b1", "b2"].iter().map(|n| lab.add_pod(n)).collect();
+    let _servers: Vec<_> = backends
+        .iter()
+        .map(|p| p.serve(&[BACKEND_TCP, BACKEND_UDP]))
+        .collect();
+    lab.write_manifest(&web_objects(
+        "web",
+        WEB_VIP,
+        ready(&backends.iter().collect::<Vec<_>>()),
+    ));
+    let mut lb = lab.start_lbproxy_with(&["--flow-map-size", "1024"]);
+    lb.expect_healthy(HEALTHY_WITHIN);
+
+    let mut active = client
+        .connect(WEB_VIP, WEB_TCP, T)
+        .expect("active connection");
+    let mut idle = client
+        .connect(WEB_VIP, WEB_TCP, T)
+        .expect("idle connection");
+    let idle_backend = idle
+        .request()
+        .expect("idle connection's first request")
+        .backend;
+    active.request().expect("active connection's first request");
+    let before = drops(&lab, "tcp_midstream_without_flow");
+
+    // 1500 UDP flows, one source port each, keeping the active connection busy meanwhile.
+    let mut udp_ok = 0;
+    for i in 0..1500u16 {
+        if client
+            .udp_request(
+                WEB_VIP,
+                WEB_UDP,
+                Duration::from_millis(500),
+                Some(20_000 + i),
+            )
+            .is_ok()
+        {
+            udp_ok += 1;
+        }
+        if i % 100 == 0 {
+            active.request().unwrap_or_else(|e| {
+                panic!("[{shape}] active TCP connection failed during the flood at {i}: {e}")
+            });
+        }
+    }
+    assert!(
+        udp_ok >= 1450,
+        "[{shape}] only {udp_ok} of 1500 UDP requests answered with a full table"
+    );
+    let flows = lab.inspect_json("flows");
+    let n = flows.as_array().map_or(0, Vec::len);
+    assert!(
+        n <= 512,
+        "[{shape}] {n} forward flows in a 1024-entry table"
+    );
+
+    // The idle connection's entries were evicted; its next segment is counted, and goes to
+    // the same backend by consistent hashing, so the connection still works.
+    let r = idle
+        .request()
+        .unwrap_or_else(|e| panic!("[{shape}] the evicted idle connection failed: {e}"));
+    assert_eq!(
+        r.backend, idle_backend,
+        "[{shape}] evicted flow re-hashed elsewhere"
+    );
+    let after = drops(&lab, "tcp_midstream_without_flow");
+    assert!(
+        after > before,
+        "[{shape}] eviction of a live flow not counted ({before} -> {after})"
+    );
+    active.request().expect("active connection after the flood");
+
+    // Fill and capacity are exported; the collector runs under pressure within ~10 s.
+    let deadline = Instant::now() + Duration::from_secs(25);
+    let mut seen_pressure = false;
+    while Instant::now() < deadline && !seen_pressure {
+        seen_pressure = lb.stderr().contains("under_pressure=true");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let text = metrics(&lab);
+    let cap = metric(&text, "lbproxy_map_capacity{map=\"LB_FLOWS_V1\"}");
+    let entries = metric(&text, "lbproxy_map_entries{map=\"LB_FLOWS_V1\"}");
+    assert_eq!(cap, Some(1024.0), "[{shape}] capacity metric: {cap:?}");
+    assert!(
+        entries.is_some_and(|e| e <= 1024.0),
+        "[{shape}] entries metric: {entries:?}"
+    );
+    assert!(
+        seen_pressure,
+        "[{shape}] the flow collector never ran under pressure; log:\n{}",
+        lb.stderr()
+    );
+    // Healthy and still serving new connections.
+    assert_eq!(
+        lb.healthz(),
+        Ok(200),
+        "[{shape}] not healthy after the flood"
+    );
+    let fresh: BTreeSet<String> = (0..10)
+        .filter_map(|_| {
+            client
+                .tcp_request(WEB_VIP, WEB_TCP, T)
+                .ok()
+                .map(|(r, _)| r.backend)
+        })
+        .collect();
+    assert!(
+        !fresh.is_empty(),
+        "[{shape}] no new connection works after the flood"
+    );
+}
