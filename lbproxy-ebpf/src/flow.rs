@@ -45,6 +45,20 @@ fn touch(entry: *mut FlowValue, now: u64) {
     }
 }
 
+/// The key of a packet as it travels, in direction `dir`.
+#[inline(always)]
+fn key_of(pkt: &Packet, dir: u8) -> FlowKey {
+    FlowKey {
+        src_addr: pkt.src_addr,
+        dst_addr: pkt.dst_addr,
+        src_port_be: pkt.src_port_be,
+        dst_port_be: pkt.dst_port_be,
+        proto: pkt.proto,
+        dir,
+        _pad: [0; 2],
+    }
+}
+
 #[inline(always)]
 fn reply_key(backend_addr: [u8; 4], backend_port_be: u16, pkt: &Packet) -> FlowKey {
     FlowKey {
@@ -72,15 +86,7 @@ fn reply_key(backend_addr: [u8; 4], backend_port_be: u16, pkt: &Packet) -> FlowK
 /// backend that did not answer. So is a SYN on a closed flow (the source port reused).
 #[inline(always)]
 pub fn forward(pkt: &Packet, svc: &ServiceValue) -> Result<NatTarget, Verdict> {
-    let key = FlowKey {
-        src_addr: pkt.src_addr,
-        dst_addr: pkt.dst_addr,
-        src_port_be: pkt.src_port_be,
-        dst_port_be: pkt.dst_port_be,
-        proto: pkt.proto,
-        dir: FLOW_DIR_FORWARD,
-        _pad: [0; 2],
-    };
+    let key = key_of(pkt, FLOW_DIR_FORWARD);
     let now = unsafe { bpf_ktime_get_ns() };
     if let Some(entry) = LB_FLOWS_V1.get_ptr_mut(key) {
         let (svc_id, backend_id, addr, port_be, state) = unsafe {
@@ -162,15 +168,7 @@ pub fn forward(pkt: &Packet, svc: &ServiceValue) -> Result<NatTarget, Verdict> {
 /// from the backend moves the flow from SYN_SENT to ESTABLISHED.
 #[inline(always)]
 pub fn reply(pkt: &Packet) -> Option<NatTarget> {
-    let key = FlowKey {
-        src_addr: pkt.src_addr,
-        dst_addr: pkt.dst_addr,
-        src_port_be: pkt.src_port_be,
-        dst_port_be: pkt.dst_port_be,
-        proto: pkt.proto,
-        dir: FLOW_DIR_REPLY,
-        _pad: [0; 2],
-    };
+    let key = key_of(pkt, FLOW_DIR_REPLY);
     let entry = LB_FLOWS_V1.get_ptr_mut(key)?;
     touch(entry, unsafe { bpf_ktime_get_ns() });
     let (addr, port_be, state) =

@@ -177,23 +177,33 @@ fn port_u16(field: &str, p: i32) -> Result<u16, String> {
     }
 }
 
-/// Normalizes a v1 Service, the way kube-proxy reads it.
-pub fn service_from_k8s(svc: &K8sService) -> Result<Normalized<Service>, InvalidObject> {
-    let namespace = svc
-        .metadata
+/// An object's namespace (default `default`) and name, and a constructor of errors naming
+/// it. Fails when the name is missing.
+fn identify(
+    kind: &'static str,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Result<(String, String, impl Fn(String) -> InvalidObject), InvalidObject> {
+    let namespace = meta
         .namespace
         .clone()
         .unwrap_or_else(|| "default".to_string());
-    let name = svc.metadata.name.clone().unwrap_or_default();
+    let name = meta.name.clone().unwrap_or_default();
     let object = format!("{namespace}/{name}");
-    let invalid = |reason: String| InvalidObject {
-        kind: "Service",
+    let invalid = move |reason: String| InvalidObject {
+        kind,
         object: object.clone(),
         reason,
     };
     if name.is_empty() {
         return Err(invalid("metadata.name is missing".into()));
     }
+    Ok((namespace, name, invalid))
+}
+
+/// Normalizes a v1 Service, the way kube-proxy reads it.
+pub fn service_from_k8s(svc: &K8sService) -> Result<Normalized<Service>, InvalidObject> {
+    let (namespace, name, invalid) = identify("Service", &svc.metadata)?;
+    let invalid = &invalid;
     if svc
         .metadata
         .labels
@@ -304,21 +314,8 @@ pub fn service_from_k8s(svc: &K8sService) -> Result<Normalized<Service>, Invalid
 pub fn slice_from_k8s(
     slice: &K8sEndpointSlice,
 ) -> Result<Normalized<EndpointSlice>, InvalidObject> {
-    let namespace = slice
-        .metadata
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".to_string());
-    let name = slice.metadata.name.clone().unwrap_or_default();
-    let object = format!("{namespace}/{name}");
-    let invalid = |reason: String| InvalidObject {
-        kind: "EndpointSlice",
-        object: object.clone(),
-        reason,
-    };
-    if name.is_empty() {
-        return Err(invalid("metadata.name is missing".into()));
-    }
+    let (namespace, name, invalid) = identify("EndpointSlice", &slice.metadata)?;
+    let invalid = &invalid;
     let Some(service_name) = slice
         .metadata
         .labels
