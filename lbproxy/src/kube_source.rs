@@ -17,12 +17,13 @@ use tokio::sync::mpsc;
 
 use crate::model::LABEL_SERVICE_NAME;
 
-/// What a watcher reports.
+/// What a watcher reports. Objects are boxed: they differ a lot in size and only pass
+/// through the channel once.
 #[derive(Debug)]
 pub enum SourceEvent {
-    Service(Event<K8sService>),
-    Slice(Event<K8sEndpointSlice>),
-    Node(Event<Node>),
+    Service(Event<Box<K8sService>>),
+    Slice(Event<Box<K8sEndpointSlice>>),
+    Node(Event<Box<Node>>),
     /// A watch failed; kube-rs retries with backoff. Carries the resource and the error.
     WatchError(&'static str, String),
 }
@@ -86,6 +87,16 @@ fn spawn_watch<K, F>(
     });
 }
 
+fn boxed<K>(e: Event<K>) -> Event<Box<K>> {
+    match e {
+        Event::Apply(k) => Event::Apply(Box::new(k)),
+        Event::Delete(k) => Event::Delete(Box::new(k)),
+        Event::Init => Event::Init,
+        Event::InitApply(k) => Event::InitApply(Box::new(k)),
+        Event::InitDone => Event::InitDone,
+    }
+}
+
 /// A `410 Gone` answered to the watch request itself (not as an ERROR event in the stream,
 /// which kube-rs already turns into a re-list).
 fn is_gone(e: &watcher::Error) -> bool {
@@ -104,21 +115,21 @@ pub fn watch(client: &Client, node_name: &str) -> mpsc::Receiver<SourceEvent> {
         watcher::Config::default(),
         "services",
         tx.clone(),
-        SourceEvent::Service,
+        |e| SourceEvent::Service(boxed(e)),
     );
     spawn_watch(
         Api::<K8sEndpointSlice>::all(client.clone()),
         watcher::Config::default().labels(LABEL_SERVICE_NAME),
         "endpointslices",
         tx.clone(),
-        SourceEvent::Slice,
+        |e| SourceEvent::Slice(boxed(e)),
     );
     spawn_watch(
         Api::<Node>::all(client.clone()),
         watcher::Config::default().fields(&format!("metadata.name={node_name}")),
         "nodes",
         tx,
-        SourceEvent::Node,
+        |e| SourceEvent::Node(boxed(e)),
     );
     rx
 }

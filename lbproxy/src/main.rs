@@ -462,7 +462,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                     }
                 }
                 ctl.sync_interfaces(&nl_handle).await;
-                ctl.refresh_map_metrics(ticks % 5 == 0);
+                ctl.refresh_map_metrics(ticks.is_multiple_of(5));
             }
             _ = reconcile.tick() => {
                 if ctl.listed.iter().all(|l| *l) && (first_kube_sync_done || matches!(source, Source::Manifests(_))) {
