@@ -187,7 +187,16 @@ pub fn flows(maps: &PinnedMaps) -> Vec<FlowRow> {
 
 /// Prints rows as an aligned table.
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    let columns = rows
+        .iter()
+        .map(Vec::len)
+        .chain([headers.len()])
+        .max()
+        .unwrap_or(0);
+    let mut widths: Vec<usize> = vec![0; columns];
+    for (i, h) in headers.iter().enumerate() {
+        widths[i] = h.len();
+    }
     for r in rows {
         for (i, c) in r.iter().enumerate() {
             widths[i] = widths[i].max(c.len());
@@ -329,7 +338,9 @@ pub fn run(dir: &Path, what: What, json: bool, filter: &Filter) -> anyhow::Resul
                     })
                     .collect();
                 table(
-                    &["SERVICE", "CLIENT", "FRONTEND", "BACKEND", "AGE", "IDLE"],
+                    &[
+                        "SERVICE", "CLIENT", "FRONTEND", "BACKEND", "STATE", "AGE", "IDLE",
+                    ],
                     &cells,
                 )
             }
@@ -389,6 +400,12 @@ mod tests {
         };
         assert!(f.service_ok("ns/a:dns") && !f.service_ok("ns/a:http"));
         assert!(f.backend_ok("198.18.0.2", 53) && !f.backend_ok("198.18.0.2", 80));
+    }
+
+    #[test]
+    fn a_row_longer_than_the_headers_does_not_panic() {
+        let t = table(&["A"], &[vec!["x".into(), "y".into()]]);
+        assert_eq!(t, "A\nx  y\n");
     }
 
     #[test]

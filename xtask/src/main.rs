@@ -3,6 +3,7 @@
 //! The alias lives in `.cargo/config.toml` (`xtask = "run --package xtask --"`).
 
 mod bench;
+mod bench_churn;
 mod demo;
 mod setup;
 mod test;
@@ -75,6 +76,9 @@ enum Task {
 enum BenchWhat {
     /// Controller sync at scale: first full sync, one endpoint change, RSS.
     Sync(bench::SyncArgs),
+    /// Flow churn, lbproxy vs kube-proxy-style iptables+conntrack: how long a removed
+    /// backend's UDP flow takes to move, and how many SYN retries to a replaced backend fail.
+    Churn(bench_churn::ChurnArgs),
     /// Connection rate and latency against kube-proxy's iptables/nftables (issue 5).
     Datapath,
 }
@@ -111,6 +115,9 @@ fn real_main() -> Result<()> {
         Task::Bench {
             what: BenchWhat::Sync(args),
         } => bench::sync(&args),
+        Task::Bench {
+            what: BenchWhat::Churn(args),
+        } => bench_churn::churn(&args),
         Task::Bench {
             what: BenchWhat::Datapath,
         } => bail!("`cargo xtask bench datapath`: not implemented yet (issue 5)"),
