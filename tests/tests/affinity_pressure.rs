@@ -252,3 +252,68 @@ fn tiny_flow_table(shape: Shape) {
         "[{shape}] no new connection works after the flood"
     );
 }
+
+both_shapes!(idle_flows_expire);
+
+/// Idle expiry by the userspace collector: with `--conntrack-udp-timeout 1s`, an idle UDP
+/// flow is gone after the next collection (every 10 s), while an established TCP connection
+/// idle for the same time stays (its timeout is 24 h) and keeps working.
+fn idle_flows_expire(shape: Shape) {
+    let lab = Lab::new(shape);
+    let client = lab.add_pod("client");
+    let backends: Vec<Pod> = ["b1", "b2"].iter().map(|n| lab.add_pod(n)).collect();
+    let _servers: Vec<_> = backends
+        .iter()
+        .map(|p| p.serve(&[BACKEND_TCP, BACKEND_UDP]))
+        .collect();
+    lab.write_manifest(&web_objects(
+        "web",
+        WEB_VIP,
+        ready(&backends.iter().collect::<Vec<_>>()),
+    ));
+    let mut lb = lab.start_lbproxy_with(&["--conntrack-udp-timeout", "1s"]);
+    lb.expect_healthy(HEALTHY_WITHIN);
+    let mut tcp = client.connect(WEB_VIP, WEB_TCP, T).expect("tcp connection");
+    tcp.request().expect("first request");
+    client
+        .udp_request(WEB_VIP, WEB_UDP, T, Some(31_000))
+        .expect("udp request");
+    let protos = |lab: &Lab| -> Vec<String> {
+        lab.inspect_json("flows")
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|f| f["protocol"].as_str().unwrap_or("").to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let before = protos(&lab);
+    assert!(
+        before.contains(&"UDP".to_string()) && before.contains(&"TCP".to_string()),
+        "[{shape}] flows before: {before:?}"
+    );
+    let started = Instant::now();
+    let mut after = before.clone();
+    while started.elapsed() < Duration::from_secs(25) && after.contains(&"UDP".to_string()) {
+        std::thread::sleep(Duration::from_millis(500));
+        after = protos(&lab);
+    }
+    assert!(
+        !after.contains(&"UDP".to_string()),
+        "[{shape}] idle UDP flow still there {:?} after a 1 s timeout; log:\n{}",
+        started.elapsed(),
+        lb.stderr()
+    );
+    assert!(
+        after.contains(&"TCP".to_string()),
+        "[{shape}] the idle established TCP flow was collected too: {after:?}"
+    );
+    tcp.request().unwrap_or_else(|e| {
+        panic!("[{shape}] the TCP connection failed after the collection: {e}")
+    });
+    assert!(
+        lb.stderr().contains("flow gc"),
+        "[{shape}] no collection logged"
+    );
+}
