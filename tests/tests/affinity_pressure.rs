@@ -317,3 +317,38 @@ fn idle_flows_expire(shape: Shape) {
         "[{shape}] no collection logged"
     );
 }
+
+both_shapes!(affinity_expires);
+
+/// `timeoutSeconds` bounds affinity: with a 1 s timeout and a pause of 1.3 s between single
+/// connections, each connection is a fresh selection, so 8 of them do not all land on one of
+/// three backends (probability 3^-7 if they were independent and uniform), while 8
+/// back-to-back connections do (the control).
+fn affinity_expires(shape: Shape) {
+    let s = Setup::new(shape, &["b1", "b2", "b3"]);
+    let base = web_objects(
+        "web",
+        WEB_VIP,
+        ready(&s.backends.iter().collect::<Vec<_>>()),
+    );
+    s.lab
+        .write_manifest_text(&with_affinity(&base.to_yaml(), 1));
+    std::thread::sleep(APPLY_WITHIN);
+    let back_to_back = tcp_backends(&s.client, 8);
+    assert_eq!(
+        back_to_back.len(),
+        1,
+        "[{shape}] fresh affinity did not hold: {back_to_back:?}"
+    );
+    let mut spaced = BTreeMap::new();
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(1300));
+        for (b, n) in tcp_backends(&s.client, 1) {
+            *spaced.entry(b).or_insert(0) += n;
+        }
+    }
+    assert!(
+        spaced.len() > 1,
+        "[{shape}] 8 connections 1.3 s apart with a 1 s affinity timeout all went to {spaced:?}"
+    );
+}
