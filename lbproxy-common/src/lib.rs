@@ -27,8 +27,12 @@ pub mod map_names {
     pub const LABELS: &str = "LB_LABELS_V1";
     /// Session affinity: the backend a client IP last got, per service.
     pub const AFFINITY: &str = "LB_AFFINITY_V1";
+    /// Which backends are in a service's slots, keyed by (svc_id, backend_id).
+    pub const MEMBERS: &str = "LB_MEMBERS_V1";
     /// Every map the controller pins.
-    pub const PINNED: [&str; 7] = [BACKENDS, SLOTS, SERVICES, FLOWS, DROPS, LABELS, AFFINITY];
+    pub const PINNED: [&str; 8] = [
+        BACKENDS, SLOTS, SERVICES, FLOWS, DROPS, LABELS, AFFINITY, MEMBERS,
+    ];
 }
 
 /// Names of the TC programs in the object file.
@@ -111,6 +115,17 @@ pub struct SlotKey {
     pub slot: u32,
 }
 const _: () = assert!(core::mem::size_of::<SlotKey>() == 8);
+
+/// Key of `LB_MEMBERS_V1`: backend `backend_id` is in one of service `svc_id`'s slots, i.e.
+/// eligible for new flows. The value is unused (1). Session affinity checks it, so a backend
+/// that left (or turned not-ready) loses its clients at once, whatever slot it had.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MemberKey {
+    pub svc_id: u32,
+    pub backend_id: u32,
+}
+const _: () = assert!(core::mem::size_of::<MemberKey>() == 8);
 
 /// Value of `LB_BACKENDS_V1`, keyed by a `u32` backend id.
 #[repr(C)]
@@ -251,8 +266,8 @@ impl DropReason {
 #[cfg(feature = "user")]
 mod pod {
     use super::{
-        AffinityKey, AffinityValue, Backend, FlowKey, FlowValue, ServiceKey, ServiceLabel,
-        ServiceValue, ServiceValueV1, SlotKey,
+        AffinityKey, AffinityValue, Backend, FlowKey, FlowValue, MemberKey, ServiceKey,
+        ServiceLabel, ServiceValue, ServiceValueV1, SlotKey,
     };
     // SAFETY: all of these are repr(C), Copy, made only of integers and byte arrays, and have
     // no implicit padding (sizes are asserted above).
@@ -266,6 +281,7 @@ mod pod {
     unsafe impl aya::Pod for ServiceValueV1 {}
     unsafe impl aya::Pod for AffinityKey {}
     unsafe impl aya::Pod for AffinityValue {}
+    unsafe impl aya::Pod for MemberKey {}
 }
 
 /// Backend selection: jump consistent hashing (Lamping and Veach, 2014) over a service's

@@ -2,7 +2,7 @@
 //!
 //! A new flow from a client IP goes to the backend that client last got for this service,
 //! while that was less than `timeoutSeconds` ago and the backend is still eligible for new
-//! flows (still in one of the service's slots). Otherwise the usual selection runs and its
+//! flows (in `LB_MEMBERS_V1`: still in one of the service's slots, whichever). Otherwise the usual selection runs and its
 //! choice is remembered. As with kube-proxy, only new flows refresh the entry.
 
 use aya_ebpf::{btf_maps::LruHashMap, macros::btf_map};
@@ -23,10 +23,9 @@ pub fn select(pkt: &Packet, svc: &ServiceValue, now: u64) -> Result<(u32, Backen
     };
     let timeout_ns = u64::from(svc.affinity_timeout_s) * 1_000_000_000;
     if let Some(entry) = LB_AFFINITY_V1.get_ptr_mut(key) {
-        let (backend_id, slot, last) =
-            unsafe { ((*entry).backend_id, (*entry).slot, (*entry).last_ns) };
+        let (backend_id, last) = unsafe { ((*entry).backend_id, (*entry).last_ns) };
         if now.wrapping_sub(last) <= timeout_ns
-            && select::in_slot(svc, slot, backend_id)
+            && select::is_member(svc, backend_id)
             && let Some(b) = select::backend(backend_id)
         {
             unsafe { (*entry).last_ns = now };

@@ -3,7 +3,7 @@
 use aya_ebpf::{btf_maps::HashMap, macros::btf_map};
 use lbproxy_common::select::{flow_hash, jump};
 use lbproxy_common::{
-    Backend, DropReason, IPPROTO_TCP, MAX_BACKENDS, MAX_SLOTS, ServiceValue, SlotKey,
+    Backend, DropReason, IPPROTO_TCP, MAX_BACKENDS, MAX_SLOTS, MemberKey, ServiceValue, SlotKey,
 };
 
 use crate::{packet::Packet, reason::Verdict};
@@ -50,19 +50,20 @@ pub fn select(svc: &ServiceValue, pkt: &Packet) -> Result<(u32, u32, Backend), V
     Ok((slot, backend_id, backend))
 }
 
-/// Whether `backend_id` is still in slot `slot` of the service, i.e. still eligible for new
-/// flows (a backend that left, or turned not-ready, is not).
+#[btf_map(name = "LB_MEMBERS_V1")]
+static LB_MEMBERS_V1: HashMap<MemberKey, u32, { MAX_SLOTS as usize }> = HashMap::new();
+
+/// Whether `backend_id` is in one of the service's slots, i.e. still eligible for new flows
+/// (a backend that left, or turned not-ready, is not).
 #[inline(always)]
-pub fn in_slot(svc: &ServiceValue, slot: u32, backend_id: u32) -> bool {
-    slot < svc.count
-        && unsafe {
-            LB_SLOTS_V1.get(SlotKey {
-                svc_id: svc.svc_id,
-                slot,
-            })
-        }
-        .copied()
-            == Some(backend_id)
+pub fn is_member(svc: &ServiceValue, backend_id: u32) -> bool {
+    unsafe {
+        LB_MEMBERS_V1.get(MemberKey {
+            svc_id: svc.svc_id,
+            backend_id,
+        })
+    }
+    .is_some()
 }
 
 /// The backend with this id, if it is still live.

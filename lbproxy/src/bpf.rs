@@ -126,6 +126,7 @@ fn expected_layout(name: &str) -> Option<(MapType, u32, u32)> {
         ),
         map_names::DROPS => (MapType::PerCpuArray, 4, 8),
         map_names::LABELS => (MapType::Hash, 4, sz(size_of::<ServiceLabel>())),
+        map_names::MEMBERS => (MapType::Hash, sz(size_of::<lbproxy_common::MemberKey>()), 4),
         map_names::AFFINITY => (
             MapType::LruHash,
             sz(size_of::<lbproxy_common::AffinityKey>()),
@@ -467,6 +468,7 @@ pub struct PinnedMaps {
     pub backends: BpfHashMap<MapData, u32, Backend>,
     pub flows: BpfHashMap<MapData, FlowKey, FlowValue>,
     pub labels: BpfHashMap<MapData, u32, ServiceLabel>,
+    pub members: BpfHashMap<MapData, lbproxy_common::MemberKey, u32>,
     pub drops: PerCpuArray<MapData, u64>,
 }
 
@@ -495,6 +497,7 @@ impl PinnedMaps {
             backends: typed(dir, map_names::BACKENDS, Map::HashMap)?,
             flows: typed(dir, map_names::FLOWS, Map::LruHashMap)?,
             labels: typed(dir, map_names::LABELS, Map::HashMap)?,
+            members: typed(dir, map_names::MEMBERS, Map::HashMap)?,
             drops: typed(dir, map_names::DROPS, Map::PerCpuArray)?,
         })
     }
@@ -512,6 +515,10 @@ impl PinnedMaps {
         let mut slots: HashMap<u32, BTreeMap<u32, u32>> = HashMap::new();
         for (k, id) in self.slots.iter().flatten() {
             slots.entry(k.svc_id).or_default().insert(k.slot, id);
+        }
+        let mut members: HashMap<u32, std::collections::BTreeSet<u32>> = HashMap::new();
+        for k in self.members.keys().flatten() {
+            members.entry(k.svc_id).or_default().insert(k.backend_id);
         }
         for (k, v) in self.services.iter().flatten() {
             let Some(fe) = Frontend::from_key(&k) else {
@@ -542,6 +549,7 @@ impl PinnedMaps {
                     count: Some(v.count),
                     draining: Vec::new(),
                     affinity_timeout_s: v.affinity_timeout_s,
+                    members: members.remove(&v.svc_id).unwrap_or_default(),
                 },
             );
         }
@@ -644,6 +652,28 @@ impl Maps for PinnedMaps {
                 map_names::SERVICES,
                 "delete",
                 Frontend::from_key(&key).map_or_else(String::new, |f| f.to_string()),
+                &e,
+            )
+        })
+    }
+    fn put_member(&mut self, svc_id: u32, backend_id: u32) -> Result<(), MapWriteError> {
+        let key = lbproxy_common::MemberKey { svc_id, backend_id };
+        self.members.insert(key, 1, 0).map_err(|e| {
+            werr(
+                map_names::MEMBERS,
+                "update",
+                format!("svc {svc_id} backend {backend_id}"),
+                &e,
+            )
+        })
+    }
+    fn del_member(&mut self, svc_id: u32, backend_id: u32) -> Result<(), MapWriteError> {
+        let key = lbproxy_common::MemberKey { svc_id, backend_id };
+        del_ok(self.members.remove(&key)).map_err(|e| {
+            werr(
+                map_names::MEMBERS,
+                "delete",
+                format!("svc {svc_id} backend {backend_id}"),
                 &e,
             )
         })

@@ -186,6 +186,8 @@ pub trait Maps {
     fn del_backend(&mut self, id: u32) -> Result<(), MapWriteError>;
     fn put_slot(&mut self, key: SlotKey, backend_id: u32) -> Result<(), MapWriteError>;
     fn del_slot(&mut self, key: SlotKey) -> Result<(), MapWriteError>;
+    fn put_member(&mut self, svc_id: u32, backend_id: u32) -> Result<(), MapWriteError>;
+    fn del_member(&mut self, svc_id: u32, backend_id: u32) -> Result<(), MapWriteError>;
     fn put_service(&mut self, key: ServiceKey, value: ServiceValue) -> Result<(), MapWriteError>;
     fn del_service(&mut self, key: ServiceKey) -> Result<(), MapWriteError>;
     fn put_label(&mut self, svc_id: u32, label: &str) -> Result<(), MapWriteError>;
@@ -210,6 +212,8 @@ pub struct ProgrammedFrontend {
     pub count: Option<u32>,
     /// The affinity timeout in the service entry.
     pub affinity_timeout_s: u32,
+    /// Backend ids written to `LB_MEMBERS_V1` for this service.
+    pub members: std::collections::BTreeSet<u32>,
     /// Backends kept live for existing flows only (not in any slot).
     pub draining: Vec<u32>,
 }
@@ -372,6 +376,13 @@ impl Programmer {
         stats.deletes += 1;
         stats.frontends_changed += 1;
         // From here on no packet reaches this frontend's slots.
+        for id in cur.members.iter().chain(cur.slots.iter()) {
+            maps.del_member(cur.svc_id, *id)?;
+            stats.deletes += 1;
+            if let Some(f) = self.state.frontends.get_mut(&fe) {
+                f.members.remove(id);
+            }
+        }
         let mut left = cur.slots.clone();
         while let Some(id) = left.last().copied() {
             let slot = u32::try_from(left.len() - 1).unwrap_or(u32::MAX);
@@ -460,12 +471,18 @@ impl Programmer {
             }
         }
         let want_count = u32::try_from(slots.len()).unwrap_or(u32::MAX);
+        let old_members: std::collections::BTreeSet<u32> = existing
+            .as_ref()
+            .map(|c| c.members.clone())
+            .unwrap_or_default();
+        let new_members: std::collections::BTreeSet<u32> = slots.iter().copied().collect();
         if !is_new
             && slots == old_slots
             && existing.as_ref().is_some_and(|c| {
                 c.label == spec.label
                     && c.count == Some(want_count)
                     && c.affinity_timeout_s == spec.affinity_timeout_s
+                    && c.members == new_members
             })
         {
             return Ok(());
@@ -484,6 +501,7 @@ impl Programmer {
                     count: None,
                     draining,
                     affinity_timeout_s: 0,
+                    members: std::collections::BTreeSet::new(),
                 },
             );
         } else if existing.as_ref().is_some_and(|c| c.label != spec.label) {
@@ -491,6 +509,23 @@ impl Programmer {
             stats.writes += 1;
             if let Some(f) = self.state.frontends.get_mut(&fe) {
                 f.label = spec.label.clone();
+            }
+        }
+
+        // 2b. Membership, which session affinity checks: leavers first, so no client is sent
+        // back to them; newcomers before their slots, so affinity to them holds at once.
+        for id in old_members.difference(&new_members) {
+            maps.del_member(svc_id, *id)?;
+            stats.deletes += 1;
+            if let Some(f) = self.state.frontends.get_mut(&fe) {
+                f.members.remove(id);
+            }
+        }
+        for id in new_members.difference(&old_members) {
+            maps.put_member(svc_id, *id)?;
+            stats.writes += 1;
+            if let Some(f) = self.state.frontends.get_mut(&fe) {
+                f.members.insert(*id);
             }
         }
 
@@ -571,6 +606,7 @@ pub mod tests {
         pub slots: BTreeMap<SlotKey, u32>,
         pub backends: BTreeMap<u32, Backend>,
         pub labels: BTreeMap<u32, String>,
+        pub members: std::collections::BTreeSet<(u32, u32)>,
         pub ops: usize,
         /// Fail the n-th write from now (for failure tests).
         pub fail_at: Option<usize>,
@@ -652,6 +688,16 @@ pub mod tests {
             self.step("services")?;
             self.services.remove(&key);
             self.check();
+            Ok(())
+        }
+        fn put_member(&mut self, svc_id: u32, backend_id: u32) -> Result<(), MapWriteError> {
+            self.step("members")?;
+            self.members.insert((svc_id, backend_id));
+            Ok(())
+        }
+        fn del_member(&mut self, svc_id: u32, backend_id: u32) -> Result<(), MapWriteError> {
+            self.step("members")?;
+            self.members.remove(&(svc_id, backend_id));
             Ok(())
         }
         fn put_label(&mut self, svc_id: u32, label: &str) -> Result<(), MapWriteError> {
@@ -758,7 +804,8 @@ pub mod tests {
         assert_eq!(served(&m, fe(10, 80)), vec![be(2), be(4)]);
         assert_eq!(m.services[&fe(10, 80).key()].svc_id, svc_id_before);
         assert_eq!(s.frontends_changed, 1);
-        assert!(s.writes + s.deletes <= 4, "{s:?}");
+        // Membership out, one slot rewritten, the count, the last slot and the backend out.
+        assert!(s.writes + s.deletes <= 5, "{s:?}");
         assert!(
             m.backends.values().any(|b| b.addr == be(3).addr.octets()),
             "still used by .11"
@@ -768,7 +815,8 @@ pub mod tests {
         d.insert(fe(10, 80), spec(&[2, 4, 5]));
         let s = p.apply(&mut m, &d).unwrap();
         assert_eq!(served(&m, fe(10, 80)), vec![be(2), be(4), be(5)]);
-        assert_eq!(s.writes, 3);
+        // Membership, backend, slot and count.
+        assert_eq!(s.writes, 4);
 
         // Remove a frontend and the backends only it used.
         d.remove(&fe(10, 80));
@@ -834,6 +882,23 @@ pub mod tests {
             assert_eq!(served(&m, fe(10, 80)), vec![be(3), be(5)], "fail at {fail}");
             assert_eq!(served(&m, fe(11, 53)), vec![be(6)], "fail at {fail}");
             assert_eq!(m.backends.len(), 3, "fail at {fail}: {:?}", m.backends);
+            // Membership (what affinity checks) matches the slots exactly once repaired.
+            let from_slots: std::collections::BTreeSet<(u32, u32)> = m
+                .services
+                .values()
+                .flat_map(|v| {
+                    (0..v.count).map(|slot| {
+                        (
+                            v.svc_id,
+                            m.slots[&SlotKey {
+                                svc_id: v.svc_id,
+                                slot,
+                            }],
+                        )
+                    })
+                })
+                .collect();
+            assert_eq!(m.members, from_slots, "fail at {fail}");
         }
     }
 
