@@ -138,20 +138,8 @@ fn drops(lab: &Lab, reason: &str) -> u64 {
 /// collector works under pressure; an idle TCP connection evicted by the flood is counted,
 /// and with consistent hashing its next segment still reaches its backend.
 fn tiny_flow_table(shape: Shape) {
-    let lab = Lab::new(shape);
-    let client = lab.add_pod("client");
-    let backends: Vec<Pod> = ["b1", "b2"].iter().map(|n| lab.add_pod(n)).collect();
-    let _servers: Vec<_> = backends
-        .iter()
-        .map(|p| p.serve(&[BACKEND_TCP, BACKEND_UDP]))
-        .collect();
-    lab.write_manifest(&web_objects(
-        "web",
-        WEB_VIP,
-        ready(&backends.iter().collect::<Vec<_>>()),
-    ));
-    let mut lb = lab.start_lbproxy_with(&["--flow-map-size", "1024"]);
-    lb.expect_healthy(HEALTHY_WITHIN);
+    let s = Setup::with_args(shape, &["b1", "b2"], &["--flow-map-size", "1024"]);
+    let (lab, client, lb) = (&s.lab, &s.client, &s.lb);
 
     let mut active = client
         .connect(WEB_VIP, WEB_TCP, T)
@@ -259,20 +247,8 @@ both_shapes!(idle_flows_expire);
 /// flow is gone after the next collection (every 10 s), while an established TCP connection
 /// idle for the same time stays (its timeout is 24 h) and keeps working.
 fn idle_flows_expire(shape: Shape) {
-    let lab = Lab::new(shape);
-    let client = lab.add_pod("client");
-    let backends: Vec<Pod> = ["b1", "b2"].iter().map(|n| lab.add_pod(n)).collect();
-    let _servers: Vec<_> = backends
-        .iter()
-        .map(|p| p.serve(&[BACKEND_TCP, BACKEND_UDP]))
-        .collect();
-    lab.write_manifest(&web_objects(
-        "web",
-        WEB_VIP,
-        ready(&backends.iter().collect::<Vec<_>>()),
-    ));
-    let mut lb = lab.start_lbproxy_with(&["--conntrack-udp-timeout", "1s"]);
-    lb.expect_healthy(HEALTHY_WITHIN);
+    let s = Setup::with_args(shape, &["b1", "b2"], &["--conntrack-udp-timeout", "1s"]);
+    let (lab, client, lb) = (&s.lab, &s.client, &s.lb);
     let mut tcp = client.connect(WEB_VIP, WEB_TCP, T).expect("tcp connection");
     tcp.request().expect("first request");
     client

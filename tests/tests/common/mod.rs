@@ -92,8 +92,17 @@ impl Setup {
         Setup::with_members(shape, backends, backends)
     }
 
+    /// Like [`Setup::new`], with extra `lbproxy run` arguments.
+    pub fn with_args(shape: Shape, backends: &[&str], args: &[&str]) -> Setup {
+        Setup::build(shape, backends, backends, args)
+    }
+
     /// Like [`Setup::new`], but only `members` (a subset of `backends`) are in the service.
     pub fn with_members(shape: Shape, backends: &[&str], members: &[&str]) -> Setup {
+        Setup::build(shape, backends, members, &[])
+    }
+
+    fn build(shape: Shape, backends: &[&str], members: &[&str], args: &[&str]) -> Setup {
         let lab = Lab::new(shape);
         let client = lab.add_pod("client");
         let backends: Vec<Pod> = backends.iter().map(|n| lab.add_pod(n)).collect();
@@ -106,7 +115,7 @@ impl Setup {
             .filter(|p| members.contains(&p.name.as_str()))
             .collect();
         lab.write_manifest(&web_objects("web", WEB_VIP, ready(&m)));
-        let mut lb = lab.start_lbproxy();
+        let mut lb = lab.start_lbproxy_with(args);
         lb.expect_healthy(HEALTHY_WITHIN);
         Setup {
             lab,
