@@ -152,7 +152,7 @@ fn tiny_flow_table(shape: Shape) {
         .expect("idle connection's first request")
         .backend;
     active.request().expect("active connection's first request");
-    let before = drops(&lab, "tcp_midstream_without_flow");
+    let before = drops(lab, "tcp_midstream_without_flow");
 
     // 1500 UDP flows, one source port each, keeping the active connection busy meanwhile.
     let mut udp_ok = 0;
@@ -194,7 +194,7 @@ fn tiny_flow_table(shape: Shape) {
         r.backend, idle_backend,
         "[{shape}] evicted flow re-hashed elsewhere"
     );
-    let after = drops(&lab, "tcp_midstream_without_flow");
+    let after = drops(lab, "tcp_midstream_without_flow");
     assert!(
         after > before,
         "[{shape}] eviction of a live flow not counted ({before} -> {after})"
@@ -208,7 +208,7 @@ fn tiny_flow_table(shape: Shape) {
         seen_pressure = lb.stderr().contains("under_pressure=true");
         std::thread::sleep(Duration::from_millis(500));
     }
-    let text = metrics(&lab);
+    let text = metrics(lab);
     let cap = metric(&text, "lbproxy_map_capacity{map=\"LB_FLOWS_V1\"}");
     let entries = metric(&text, "lbproxy_map_entries{map=\"LB_FLOWS_V1\"}");
     assert_eq!(cap, Some(1024.0), "[{shape}] capacity metric: {cap:?}");
@@ -264,7 +264,7 @@ fn idle_flows_expire(shape: Shape) {
             })
             .unwrap_or_default()
     };
-    let before = protos(&lab);
+    let before = protos(lab);
     assert!(
         before.contains(&"UDP".to_string()) && before.contains(&"TCP".to_string()),
         "[{shape}] flows before: {before:?}"
@@ -273,7 +273,7 @@ fn idle_flows_expire(shape: Shape) {
     let mut after = before.clone();
     while started.elapsed() < Duration::from_secs(25) && after.contains(&"UDP".to_string()) {
         std::thread::sleep(Duration::from_millis(500));
-        after = protos(&lab);
+        after = protos(lab);
     }
     assert!(
         !after.contains(&"UDP".to_string()),
