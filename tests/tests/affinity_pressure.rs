@@ -185,6 +185,34 @@ fn tiny_flow_table(shape: Shape) {
         "[{shape}] {n} forward flows in a 1024-entry table"
     );
 
+    // The kernel's LRU picks what it evicts; keep flooding (bounded) until the idle
+    // connection's flow is gone, so the eviction below is certain.
+    let idle_client = idle.local.to_string();
+    let listed = |lab: &Lab| {
+        lab.inspect_json("flows")
+            .as_array()
+            .is_some_and(|a| a.iter().any(|f| f["client"] == idle_client.as_str()))
+    };
+    let mut extra = 0u16;
+    while listed(lab) {
+        assert!(
+            extra < 6000,
+            "[{shape}] the idle flow {idle_client} survived 7500 new flows in a 1024-entry table"
+        );
+        for _ in 0..500 {
+            let _ = client.udp_request(
+                WEB_VIP,
+                WEB_UDP,
+                Duration::from_millis(500),
+                Some(30_000 + extra),
+            );
+            extra += 1;
+        }
+        active
+            .request()
+            .expect("active connection during the extra flood");
+    }
+
     // The idle connection's entries were evicted; its next segment is counted, and goes to
     // the same backend by consistent hashing, so the connection still works.
     let r = idle
