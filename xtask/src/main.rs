@@ -4,6 +4,7 @@
 
 mod bench;
 mod bench_churn;
+mod bench_datapath;
 mod demo;
 mod setup;
 mod test;
@@ -12,7 +13,7 @@ mod util;
 use std::os::unix::process::CommandExt as _;
 use std::process::Command;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -80,7 +81,7 @@ enum BenchWhat {
     /// backend's UDP flow takes to move, and how many SYN retries to a replaced backend fail.
     Churn(bench_churn::ChurnArgs),
     /// Connection rate and latency against kube-proxy's iptables/nftables (issue 5).
-    Datapath,
+    Datapath(bench_datapath::DatapathArgs),
 }
 
 fn main() {
@@ -119,7 +120,7 @@ fn real_main() -> Result<()> {
             what: BenchWhat::Churn(args),
         } => bench_churn::churn(&args),
         Task::Bench {
-            what: BenchWhat::Datapath,
-        } => bail!("`cargo xtask bench datapath`: not implemented yet (issue 5)"),
+            what: BenchWhat::Datapath(args),
+        } => bench_datapath::datapath(&args),
     }
 }

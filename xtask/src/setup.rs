@@ -26,6 +26,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "iputils-ping",
     "curl",
     "util-linux",
+    // The font the benchmark plots are drawn with (xtask bench datapath).
+    "fonts-dejavu-core",
 ];
 
 pub const BPF_LINKER_VERSION: &str = "0.13.0";

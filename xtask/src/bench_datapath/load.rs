@@ -1,0 +1,243 @@
+//! Minimal servers for the backend pods and the load generators run in the client pod.
+//!
+//! - TCP: the server accepts, reads 1 byte, writes its 1-byte identity, closes. A client
+//!   worker connects, sends 1 byte, reads 1 byte and closes with `SO_LINGER {1, 0}` (a RST),
+//!   so neither side keeps TIME_WAIT and the client's ephemeral ports never run out.
+//! - UDP: the server answers each datagram with its identity byte. A client worker keeps one
+//!   connected socket and one request in flight.
+
+use std::io::{self, Read as _, Write as _};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::AsRawFd as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use lbproxy_tests::lab::run_in_ns;
+
+/// Threads per server socket.
+const SERVER_THREADS: usize = 4;
+
+fn set_rcvtimeo(fd: i32, d: Duration) {
+    let tv = libc::timeval {
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_usec: d.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: valid fd, correctly sized timeval.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        );
+    }
+}
+
+fn set_linger0(fd: i32) {
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: valid fd, correctly sized linger.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+}
+
+/// TCP and UDP servers in one backend pod; stopped on drop.
+pub struct Server {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Serves `tcp_port` and `udp_port` on 0.0.0.0 inside `ns`, answering with `id`.
+    pub fn start(ns: &str, id: u8, tcp_port: u16, udp_port: u16) -> io::Result<Server> {
+        let (l, u) = run_in_ns(ns, || -> io::Result<(TcpListener, UdpSocket)> {
+            let l = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, tcp_port))?;
+            let u = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, udp_port))?;
+            Ok((l, u))
+        })?;
+        set_rcvtimeo(l.as_raw_fd(), Duration::from_millis(100));
+        u.set_read_timeout(Some(Duration::from_millis(100)))?;
+        let l = Arc::new(l);
+        let u = Arc::new(u);
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for _ in 0..SERVER_THREADS {
+            let (l, stop) = (l.clone(), stop.clone());
+            threads.push(std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok((mut s, _)) = l.accept() else { continue };
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+                    let mut b = [0u8; 1];
+                    if s.read_exact(&mut b).is_ok() {
+                        let _ = s.write_all(&[id]);
+                    }
+                }
+            }));
+        }
+        for _ in 0..2 {
+            let (u, stop) = (u.clone(), stop.clone());
+            threads.push(std::thread::spawn(move || {
+                let mut b = [0u8; 64];
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok((_, peer)) = u.recv_from(&mut b) {
+                        let _ = u.send_to(&[id], peer);
+                    }
+                }
+            }));
+        }
+        Ok(Server { stop, threads })
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The outcome of one load run.
+#[derive(Clone, Debug, Default)]
+pub struct Load {
+    pub ok: u64,
+    pub errors: u64,
+    pub secs: f64,
+    /// Sorted latencies of the successful requests, in microseconds.
+    pub lat_us: Vec<u32>,
+}
+
+impl Load {
+    pub fn rate(&self) -> f64 {
+        self.ok as f64 / self.secs.max(1e-9)
+    }
+
+    pub fn pct(&self, p: f64) -> f64 {
+        if self.lat_us.is_empty() {
+            return f64::NAN;
+        }
+        let i = ((self.lat_us.len() as f64 - 1.0) * p).round() as usize;
+        f64::from(self.lat_us[i.min(self.lat_us.len() - 1)])
+    }
+}
+
+/// One TCP request on a new connection: connect, 1 byte out, 1 byte in, close (RST).
+/// Returns the identity byte.
+pub fn tcp_once(addr: SocketAddr, timeout: Duration) -> io::Result<u8> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
+    set_linger0(s.as_raw_fd());
+    s.set_read_timeout(Some(timeout))?;
+    s.set_nodelay(true)?;
+    s.write_all(b"x")?;
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b)?;
+    Ok(b[0])
+}
+
+fn merge(parts: Vec<(u64, u64, Vec<u32>)>, secs: f64) -> Load {
+    let mut load = Load {
+        secs,
+        ..Load::default()
+    };
+    for (ok, err, lat) in parts {
+        load.ok += ok;
+        load.errors += err;
+        load.lat_us.extend(lat);
+    }
+    load.lat_us.sort_unstable();
+    load
+}
+
+/// `workers` threads inside `ns`, each making new TCP connections to `addr` for `dur`.
+pub fn tcp_crr(ns: &str, addr: SocketAddr, workers: usize, dur: Duration) -> Load {
+    run_in_ns(ns, || {
+        let start = Instant::now();
+        let end = start + dur;
+        let parts = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..workers)
+                .map(|_| {
+                    // Threads inherit the creating thread's network namespace.
+                    s.spawn(move || {
+                        let (mut ok, mut err, mut lat) = (0u64, 0u64, Vec::with_capacity(1 << 16));
+                        loop {
+                            let t = Instant::now();
+                            if t >= end {
+                                break;
+                            }
+                            match tcp_once(addr, Duration::from_secs(1)) {
+                                Ok(_) => {
+                                    ok += 1;
+                                    lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                                }
+                                Err(_) => err += 1,
+                            }
+                        }
+                        (ok, err, lat)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        merge(parts, start.elapsed().as_secs_f64())
+    })
+}
+
+/// `workers` threads inside `ns`, each with one connected UDP socket and one request to
+/// `addr` in flight at a time, for `dur`.
+pub fn udp_rr(ns: &str, addr: SocketAddr, workers: usize, dur: Duration) -> Load {
+    run_in_ns(ns, || {
+        let start = Instant::now();
+        let end = start + dur;
+        let parts = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..workers)
+                .map(|_| {
+                    s.spawn(move || {
+                        let (mut ok, mut err, mut lat) = (0u64, 0u64, Vec::with_capacity(1 << 16));
+                        let sock = match UdpSocket::bind("0.0.0.0:0")
+                            .and_then(|u| u.connect(addr).map(|_| u))
+                        {
+                            Ok(u) => u,
+                            Err(_) => return (0, 1, lat),
+                        };
+                        let _ = sock.set_read_timeout(Some(Duration::from_millis(200)));
+                        let mut b = [0u8; 16];
+                        loop {
+                            let t = Instant::now();
+                            if t >= end {
+                                break;
+                            }
+                            if sock.send(b"x").is_err() {
+                                err += 1;
+                                std::thread::sleep(Duration::from_millis(1));
+                                continue;
+                            }
+                            match sock.recv(&mut b) {
+                                Ok(_) => {
+                                    ok += 1;
+                                    lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                                }
+                                Err(_) => err += 1,
+                            }
+                        }
+                        (ok, err, lat)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        merge(parts, start.elapsed().as_secs_f64())
+    })
+}

@@ -1,0 +1,477 @@
+//! The N services of the datapath benchmark, rendered three ways: kube-proxy's iptables-mode
+//! ruleset, kube-proxy's nftables-mode ruleset, and Service/EndpointSlice manifests for
+//! lbproxy.
+//!
+//! The layouts follow kube-proxy as described in kubernetes/kubernetes
+//! `pkg/proxy/iptables/proxier.go` (chain names and rule shapes of `KUBE-SERVICES`,
+//! `KUBE-SVC-*`, `KUBE-SEP-*`, `KUBE-MARK-MASQ`, `KUBE-POSTROUTING`, `KUBE-FORWARD`) and
+//! `pkg/proxy/nftables/proxier.go` with its `README.md` (table `ip kube-proxy`, the
+//! `service-ips` verdict map, `service-*` chains with `numgen random mod K vmap`, `endpoint-*`
+//! chains with `dnat to`). The text here is written from that description, not copied.
+
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
+
+use lbproxy_tests::lab::{Endpoint, EndpointSlice, Manifest, Protocol, Service};
+
+/// The cluster CIDR kube-proxy would be given (`--cluster-cidr`): pods and the filler
+/// endpoints. Traffic from outside it to a ClusterIP is marked for masquerade.
+pub const CLUSTER_CIDR: &str = "198.18.0.0/16";
+/// Target service ports.
+pub const TCP_PORT: u16 = 80;
+pub const TCP_TARGET: u16 = 8080;
+pub const UDP_PORT: u16 = 53;
+pub const UDP_TARGET: u16 = 5353;
+pub const IPERF_PORT: u16 = 5201;
+
+/// One service port, as kube-proxy sees it ("servicePortName").
+#[derive(Clone, Debug)]
+pub struct SvcPort {
+    /// Service name (namespace "default").
+    pub svc: String,
+    pub port_name: &'static str,
+    pub proto: &'static str,
+    pub vip: Ipv4Addr,
+    pub port: u16,
+    pub target: u16,
+    pub endpoints: Vec<Ipv4Addr>,
+}
+
+impl SvcPort {
+    /// `default/svc:port`, kube-proxy's servicePortName.
+    fn spn(&self) -> String {
+        format!("default/{}:{}", self.svc, self.port_name)
+    }
+}
+
+/// The N services. Service `target` (index N/2, in the middle) has a TCP and a UDP port over
+/// the lab's backends; service `iperf` (next to it) has one TCP port with one backend (iperf3
+/// needs its control and data connections on the same server); the others have one TCP port
+/// with two endpoints that no packet ever reaches.
+#[derive(Clone, Debug)]
+pub struct Services {
+    pub n: usize,
+    pub ports: Vec<SvcPort>,
+}
+
+/// VIP of service `i`: 198.19.0.16 + i.
+pub fn vip_of(i: usize) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 16)) + i as u32)
+}
+
+/// Filler endpoint `k` of service `i`: 198.18.64.0 + 2i + k (inside the cluster CIDR, never
+/// a lab pod, never sent to).
+fn filler_ep(i: usize, k: usize) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 64, 0)) + (2 * i + k) as u32)
+}
+
+impl Services {
+    /// `n` ≥ 2 services; `members` are the target's endpoints, `iperf_backend` the iperf
+    /// service's one endpoint.
+    pub fn new(n: usize, members: &[Ipv4Addr], iperf_backend: Ipv4Addr) -> Services {
+        assert!((2..=30_000).contains(&n), "services must be in 2..=30000");
+        let t = Self::target_index(n);
+        let mut ports = Vec::with_capacity(n + 1);
+        for i in 0..n {
+            if i == t {
+                for (port_name, proto, port, target) in [
+                    ("http", "tcp", TCP_PORT, TCP_TARGET),
+                    ("dns", "udp", UDP_PORT, UDP_TARGET),
+                ] {
+                    ports.push(SvcPort {
+                        svc: "target".into(),
+                        port_name,
+                        proto,
+                        vip: vip_of(i),
+                        port,
+                        target,
+                        endpoints: members.to_vec(),
+                    });
+                }
+            } else if i == t + 1 {
+                ports.push(SvcPort {
+                    svc: "iperf".into(),
+                    port_name: "iperf",
+                    proto: "tcp",
+                    vip: vip_of(i),
+                    port: IPERF_PORT,
+                    target: IPERF_PORT,
+                    endpoints: vec![iperf_backend],
+                });
+            } else {
+                ports.push(SvcPort {
+                    svc: format!("svc-{i}"),
+                    port_name: "http",
+                    proto: "tcp",
+                    vip: vip_of(i),
+                    port: TCP_PORT,
+                    target: TCP_TARGET,
+                    endpoints: vec![filler_ep(i, 0), filler_ep(i, 1)],
+                });
+            }
+        }
+        Services { n, ports }
+    }
+
+    pub fn target_index(n: usize) -> usize {
+        (n - 1) / 2
+    }
+
+    pub fn target_vip(&self) -> Ipv4Addr {
+        vip_of(Self::target_index(self.n))
+    }
+
+    pub fn iperf_vip(&self) -> Ipv4Addr {
+        vip_of(Self::target_index(self.n) + 1)
+    }
+
+    /// The same services with the target's endpoints replaced by `members`.
+    pub fn with_target(&self, members: &[Ipv4Addr]) -> Services {
+        let mut s = self.clone();
+        for p in &mut s.ports {
+            if p.svc == "target" {
+                p.endpoints = members.to_vec();
+            }
+        }
+        s
+    }
+
+    // ---- lbproxy ----
+
+    pub fn manifest(&self) -> Manifest {
+        let mut m = Manifest::new();
+        let mut i = 0;
+        while i < self.ports.len() {
+            // Ports of one service are adjacent.
+            let svc = &self.ports[i].svc;
+            let group: Vec<&SvcPort> = self.ports[i..]
+                .iter()
+                .take_while(|p| &p.svc == svc)
+                .collect();
+            i += group.len();
+            let mut s = Service::cluster_ip(svc, group[0].vip);
+            let mut slice = EndpointSlice::new(&format!("{svc}-1"), svc);
+            for p in &group {
+                let proto = if p.proto == "tcp" {
+                    Protocol::Tcp
+                } else {
+                    Protocol::Udp
+                };
+                s = s.port(p.port_name, p.port, proto, p.target);
+                slice = slice.port(p.port_name, p.target, proto);
+            }
+            for e in &group[0].endpoints {
+                slice = slice.endpoint(Endpoint::ready(e));
+            }
+            m.push(s);
+            m.push(slice);
+        }
+        m
+    }
+
+    // ---- iptables ----
+
+    /// The whole ruleset for one `iptables-restore` (nat and filter tables, with the jumps
+    /// from the built-in chains), as kube-proxy leaves a node after a full sync.
+    pub fn iptables_full(&self) -> String {
+        let mut out = String::new();
+        out.push_str("*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n");
+        for c in [
+            "KUBE-SERVICES",
+            "KUBE-EXTERNAL-SERVICES",
+            "KUBE-FORWARD",
+            "KUBE-NODEPORTS",
+            "KUBE-PROXY-FIREWALL",
+        ] {
+            writeln!(out, ":{c} - [0:0]").unwrap();
+        }
+        out.push_str(
+            "-A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL\n\
+             -A INPUT -m comment --comment \"kubernetes health check service ports\" -j KUBE-NODEPORTS\n\
+             -A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\" -j KUBE-EXTERNAL-SERVICES\n\
+             -A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL\n\
+             -A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD\n\
+             -A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+             -A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\" -j KUBE-EXTERNAL-SERVICES\n\
+             -A OUTPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL\n\
+             -A OUTPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+             -A KUBE-FORWARD -m conntrack --ctstate INVALID -m comment --comment \"kubernetes forwarding rules\" -j DROP\n\
+             -A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark 0x4000/0x4000 -j ACCEPT\n\
+             -A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n\
+             COMMIT\n",
+        );
+        out.push_str(
+            "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n\
+",
+        );
+        self.iptables_nat_body(&mut out);
+        out
+    }
+
+    fn iptables_nat_body(&self, out: &mut String) {
+        for c in [
+            "KUBE-SERVICES",
+            "KUBE-NODEPORTS",
+            "KUBE-POSTROUTING",
+            "KUBE-MARK-MASQ",
+        ] {
+            writeln!(out, ":{c} - [0:0]").unwrap();
+        }
+        for p in &self.ports {
+            writeln!(out, ":{} - [0:0]", ipt_svc(p)).unwrap();
+            for e in &p.endpoints {
+                writeln!(out, ":{} - [0:0]", ipt_sep(p, *e)).unwrap();
+            }
+        }
+        out.push_str(
+            "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+             -A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+             -A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n",
+        );
+        out.push_str(
+            "-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n\
+             -A KUBE-POSTROUTING -j MARK --xor-mark 0x4000\n\
+             -A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully\n\
+             -A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\n",
+        );
+        for p in &self.ports {
+            let spn = p.spn();
+            let svc = ipt_svc(p);
+            writeln!(
+                out,
+                "-A KUBE-SERVICES -m comment --comment \"{spn} cluster IP\" -m {pr} -p {pr} -d {vip}/32 --dport {port} -j {svc}",
+                pr = p.proto,
+                vip = p.vip,
+                port = p.port
+            )
+            .unwrap();
+            writeln!(
+                out,
+                "-A {svc} -m comment --comment \"{spn} cluster IP\" -m {pr} -p {pr} -d {vip}/32 --dport {port} ! -s {CLUSTER_CIDR} -j KUBE-MARK-MASQ",
+                pr = p.proto,
+                vip = p.vip,
+                port = p.port
+            )
+            .unwrap();
+            let n = p.endpoints.len();
+            for (i, e) in p.endpoints.iter().enumerate() {
+                let sep = ipt_sep(p, *e);
+                // Rule i of n jumps with probability 1/(n-i); the last one always.
+                let stat = if i + 1 < n {
+                    format!(
+                        "-m statistic --mode random --probability {:.10} ",
+                        1.0 / (n - i) as f64
+                    )
+                } else {
+                    String::new()
+                };
+                writeln!(
+                    out,
+                    "-A {svc} -m comment --comment \"{spn} -> {e}:{t}\" {stat}-j {sep}",
+                    t = p.target
+                )
+                .unwrap();
+            }
+            for e in &p.endpoints {
+                let sep = ipt_sep(p, *e);
+                writeln!(
+                    out,
+                    "-A {sep} -m comment --comment {spn} -s {e}/32 -j KUBE-MARK-MASQ"
+                )
+                .unwrap();
+                writeln!(
+                    out,
+                    "-A {sep} -m comment --comment {spn} -m {pr} -p {pr} -j DNAT --to-destination {e}:{t}",
+                    pr = p.proto,
+                    t = p.target
+                )
+                .unwrap();
+            }
+        }
+        out.push_str(
+            "-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\n",
+        );
+        out.push_str("COMMIT\n");
+    }
+
+    // ---- nftables ----
+
+    /// The whole `ip kube-proxy` table for one `nft -f`.
+    pub fn nft_full(&self) -> String {
+        let mut out = String::new();
+        out.push_str(
+            "table ip kube-proxy {\n\
+             \tcomment \"rules for kube-proxy\"\n\
+             \tmap service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; comment \"ClusterIP, ExternalIP and LoadBalancer IP traffic\" ; }\n\
+             \tmap no-endpoint-services { type ipv4_addr . inet_proto . inet_service : verdict ; comment \"vmap to drop or reject packets to services with no endpoints\" ; }\n\
+             \tchain mark-for-masquerade { meta mark set meta mark or 0x4000 ; }\n\
+             \tchain masquerading { meta mark & 0x4000 == 0 return ; meta mark set meta mark xor 0x4000 ; masquerade fully-random ; }\n\
+             \tchain services { ip daddr . meta l4proto . th dport vmap @service-ips ; }\n\
+             \tchain service-endpoints-check { ip daddr . meta l4proto . th dport vmap @no-endpoint-services ; }\n\
+             \tchain filter-forward { type filter hook forward priority -110 ; policy accept ; ct state new jump service-endpoints-check ; }\n\
+             \tchain filter-output { type filter hook output priority -110 ; policy accept ; ct state new jump service-endpoints-check ; }\n\
+             \tchain nat-prerouting { type nat hook prerouting priority -100 ; policy accept ; jump services ; }\n\
+             \tchain nat-output { type nat hook output priority -100 ; policy accept ; jump services ; }\n\
+             \tchain nat-postrouting { type nat hook postrouting priority 100 ; policy accept ; jump masquerading ; }\n",
+        );
+        for p in &self.ports {
+            for e in &p.endpoints {
+                writeln!(
+                    out,
+                    "\tchain {} {{ {} }}",
+                    nft_ep(p, *e),
+                    nft_ep_rules(p, *e)
+                )
+                .unwrap();
+            }
+            writeln!(out, "\tchain {} {{ {} }}", nft_svc(p), nft_svc_rules(p)).unwrap();
+        }
+        out.push_str("}\n");
+        // Elements in chunks, one transaction (the whole file is one).
+        for chunk in self.ports.chunks(1000) {
+            out.push_str("add element ip kube-proxy service-ips { ");
+            let elems: Vec<String> = chunk
+                .iter()
+                .map(|p| format!("{} . {} . {} : goto {}", p.vip, p.proto, p.port, nft_svc(p)))
+                .collect();
+            out.push_str(&elems.join(", "));
+            out.push_str(" }\n");
+        }
+        out
+    }
+
+    /// An incremental update from `old` to `self`, as kube-proxy's nftables mode does on a
+    /// partial sync: new endpoint chains added, changed service chains flushed and refilled,
+    /// stale endpoint chains deleted, in one transaction.
+    pub fn nft_incremental(&self, old: &Services) -> String {
+        let mut out = String::new();
+        for (p, o) in self.ports.iter().zip(&old.ports) {
+            if p.endpoints == o.endpoints {
+                continue;
+            }
+            for e in p.endpoints.iter().filter(|e| !o.endpoints.contains(e)) {
+                let c = nft_ep(p, *e);
+                writeln!(out, "add chain ip kube-proxy {c}").unwrap();
+                writeln!(out, "flush chain ip kube-proxy {c}").unwrap();
+                for r in nft_ep_rules(p, *e)
+                    .split(" ; ")
+                    .filter(|r| !r.trim().is_empty())
+                {
+                    writeln!(
+                        out,
+                        "add rule ip kube-proxy {c} {}",
+                        r.trim_end_matches(" ;")
+                    )
+                    .unwrap();
+                }
+            }
+            let c = nft_svc(p);
+            writeln!(out, "flush chain ip kube-proxy {c}").unwrap();
+            for r in nft_svc_rules(p)
+                .split(" ; ")
+                .filter(|r| !r.trim().is_empty())
+            {
+                writeln!(
+                    out,
+                    "add rule ip kube-proxy {c} {}",
+                    r.trim_end_matches(" ;")
+                )
+                .unwrap();
+            }
+            for e in o.endpoints.iter().filter(|e| !p.endpoints.contains(e)) {
+                writeln!(out, "delete chain ip kube-proxy {}", nft_ep(o, *e)).unwrap();
+            }
+        }
+        out
+    }
+}
+
+/// A kube-proxy-style chain hash: 16 characters of base32 over an FNV-1a digest (kube-proxy
+/// uses SHA-256; only the shape of the name matters here).
+fn hash16(key: &str) -> String {
+    const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    let fnv = |salt: u8| {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in key.bytes().chain([salt]) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h
+    };
+    let bits = (u128::from(fnv(1)) << 64) | u128::from(fnv(2));
+    (0..16)
+        .map(|i| ALPHABET[((bits >> (i * 5)) & 31) as usize] as char)
+        .collect()
+}
+
+fn ipt_svc(p: &SvcPort) -> String {
+    format!("KUBE-SVC-{}", hash16(&format!("{}{}", p.spn(), p.proto)))
+}
+
+fn ipt_sep(p: &SvcPort, e: Ipv4Addr) -> String {
+    format!(
+        "KUBE-SEP-{}",
+        hash16(&format!("{}{}{e}:{}", p.spn(), p.proto, p.target))
+    )
+}
+
+/// `service-HASH8-default/svc/tcp/port`.
+fn nft_svc(p: &SvcPort) -> String {
+    let base = format!("default/{}/{}/{}", p.svc, p.proto, p.port_name);
+    format!("service-{}-{base}", &hash16(&base)[..8])
+}
+
+/// `endpoint-HASH8-default/svc/tcp/port__IP/PORT`.
+fn nft_ep(p: &SvcPort, e: Ipv4Addr) -> String {
+    let base = format!(
+        "default/{}/{}/{}__{e}/{}",
+        p.svc, p.proto, p.port_name, p.target
+    );
+    format!("endpoint-{}-{base}", &hash16(&base)[..8])
+}
+
+fn nft_ep_rules(p: &SvcPort, e: Ipv4Addr) -> String {
+    format!(
+        "ip saddr {e} jump mark-for-masquerade ; meta l4proto {} dnat to {e}:{} ;",
+        p.proto, p.target
+    )
+}
+
+fn nft_svc_rules(p: &SvcPort) -> String {
+    let vmap: Vec<String> = p
+        .endpoints
+        .iter()
+        .enumerate()
+        .map(|(i, e)| format!("{i} : goto {}", nft_ep(p, *e)))
+        .collect();
+    format!(
+        "ip daddr {} {} dport {} ip saddr != {CLUSTER_CIDR} jump mark-for-masquerade ; numgen random mod {} vmap {{ {} }} ;",
+        p.vip,
+        p.proto,
+        p.port,
+        p.endpoints.len(),
+        vmap.join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_in_the_middle_and_rules_shaped() {
+        let m = [Ipv4Addr::new(198, 18, 0, 3), Ipv4Addr::new(198, 18, 0, 4)];
+        let s = Services::new(5, &m, m[0]);
+        assert_eq!(s.target_vip(), vip_of(2));
+        let ipt = s.iptables_full();
+        assert!(ipt.contains("--probability 0.5000000000 -j KUBE-SEP-"));
+        assert!(ipt.contains("-j DNAT --to-destination 198.18.0.4:8080"));
+        let nft = s.nft_full();
+        assert!(nft.contains("numgen random mod 2 vmap"));
+        assert!(nft.contains("dnat to 198.18.0.3:5353"));
+        let s2 = s.with_target(&[m[0]]);
+        let inc = s2.nft_incremental(&s);
+        assert!(inc.contains("delete chain ip kube-proxy endpoint-"));
+        assert!(s.manifest().to_yaml().contains("name: target"));
+    }
+}
