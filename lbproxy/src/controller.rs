@@ -58,6 +58,8 @@ pub struct Controller {
     pub events: Option<kube::runtime::events::Recorder>,
     drops_seen: HashMap<u32, u64>,
     pub capacities: Vec<(&'static str, i64)>,
+    /// The manifests source has programmed its first model.
+    manifests_synced: bool,
 }
 
 impl Controller {
@@ -106,6 +108,7 @@ impl Controller {
             events: None,
             drops_seen: HashMap::new(),
             capacities,
+            manifests_synced: false,
         }
     }
 
@@ -283,16 +286,21 @@ impl Controller {
         for s in &loaded.skipped {
             tracing::debug!("not proxied: {s}");
         }
-        if loaded.model == self.model && self.health_synced_once() {
+        if self.manifests_synced && loaded.model == self.model {
             return true;
         }
         self.health.queued();
+        if !self.manifests_synced {
+            self.model = loaded.model;
+            self.manifests_synced = self.sync_all("manifests");
+            return self.manifests_synced;
+        }
+        // Only the services whose definition or slices changed are reprogrammed, as for
+        // watch events; the full reconcile every syncPeriod still covers everything.
+        let dirty = self.model.changed_services(&loaded.model);
         self.model = loaded.model;
-        self.sync_all("manifests")
-    }
-
-    fn health_synced_once(&self) -> bool {
-        self.listed.iter().all(|l| *l)
+        self.dirty.extend(dirty);
+        self.sync_dirty()
     }
 
     fn mark_service_change(&mut self) {

@@ -444,6 +444,26 @@ impl Model {
         Some(old.service)
     }
 
+    /// The services whose definition or endpoint slices differ between `self` and `other`:
+    /// what a sync from `self` to `other` has to reprogram.
+    pub fn changed_services(&self, other: &Model) -> BTreeSet<NamespacedName> {
+        let names: BTreeSet<&NamespacedName> = self
+            .services
+            .keys()
+            .chain(other.services.keys())
+            .chain(self.by_service.keys())
+            .chain(other.by_service.keys())
+            .collect();
+        names
+            .into_iter()
+            .filter(|n| {
+                self.services.get(*n) != other.services.get(*n)
+                    || !self.slices_of(n).eq(other.slices_of(n))
+            })
+            .cloned()
+            .collect()
+    }
+
     /// The slice names currently held, for replacing a whole set after a re-list.
     pub fn slice_ids(&self) -> Vec<NamespacedName> {
         self.slices.keys().cloned().collect()
@@ -715,6 +735,50 @@ endpoints: {eps}
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].ip, "198.18.0.3".parse::<IpAddr>().unwrap());
         assert_eq!(m.present_endpoints(&s, &s.ports[0]).len(), 2);
+    }
+
+    #[test]
+    fn changed_services_are_those_whose_service_or_slices_differ() {
+        let mut a = Model::default();
+        let s = proxied(service_from_k8s(&svc(WEB)).unwrap());
+        a.services.insert(s.id.clone(), s.clone());
+        let sl = proxied(
+            slice_from_k8s(&slice(&slice_yaml(
+                "web-a",
+                "http",
+                8080,
+                "[{addresses: [198.18.0.2]}]",
+            )))
+            .unwrap(),
+        );
+        a.upsert_slice(sl);
+        let mut other = s.clone();
+        other.id.name = "other".into();
+        a.services.insert(other.id.clone(), other.clone());
+        assert!(a.changed_services(&a.clone()).is_empty());
+
+        let mut b = a.clone();
+        let sl2 = proxied(
+            slice_from_k8s(&slice(&slice_yaml(
+                "web-a",
+                "http",
+                8080,
+                "[{addresses: [198.18.0.3]}]",
+            )))
+            .unwrap(),
+        );
+        b.upsert_slice(sl2);
+        assert_eq!(
+            a.changed_services(&b).into_iter().collect::<Vec<_>>(),
+            vec![s.id.clone()]
+        );
+
+        let mut c = a.clone();
+        c.services.remove(&other.id);
+        assert_eq!(
+            c.changed_services(&a).into_iter().collect::<Vec<_>>(),
+            vec![other.id]
+        );
     }
 
     #[test]
