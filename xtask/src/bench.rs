@@ -113,7 +113,8 @@ fn read_log(path: &Path) -> String {
     s
 }
 
-fn rss_kib(pid: u32) -> Option<u64> {
+/// The resident set of process `pid`, in KiB.
+pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
@@ -125,7 +126,7 @@ fn rss_kib(pid: u32) -> Option<u64> {
 }
 
 /// Sum of bpftool's `memlock` over the pinned maps.
-fn map_memlock_bytes(dir: &Path) -> Option<u64> {
+pub(crate) fn map_memlock_bytes(dir: &Path) -> Option<u64> {
     let mut total = 0;
     for e in std::fs::read_dir(dir).ok()?.flatten() {
         let p = e.path();

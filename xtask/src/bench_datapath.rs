@@ -27,7 +27,7 @@ mod rules;
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::path::{Path as FsPath, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -258,41 +258,7 @@ fn iperf(client: &Pod, dst: Ipv4Addr, secs: u32) -> Result<f64> {
         .ok_or_else(|| anyhow!("iperf3 -c {dst}: no result: {}", v["error"]))
 }
 
-fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
-/// Sum of bpftool's `memlock` over lbproxy's pinned maps (as `bench sync` does).
-fn map_memlock_bytes(dir: &FsPath) -> Option<u64> {
-    let mut total = 0;
-    for e in std::fs::read_dir(dir).ok()?.flatten() {
-        if !e.file_name().to_string_lossy().starts_with("LB_") {
-            continue;
-        }
-        let out = Command::new("bpftool")
-            .args(["map", "show", "pinned"])
-            .arg(e.path())
-            .output()
-            .ok()?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        total += text
-            .split("memlock ")
-            .nth(1)?
-            .split('B')
-            .next()?
-            .trim()
-            .parse::<u64>()
-            .ok()?;
-    }
-    Some(total)
-}
+use crate::bench::{map_memlock_bytes, rss_kib};
 
 /// (run_time_ns, run_cnt) of program `id` (needs kernel.bpf_stats_enabled=1).
 fn prog_stats(id: u32) -> Option<(u64, u64)> {
