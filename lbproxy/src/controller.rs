@@ -201,14 +201,13 @@ impl Controller {
     /// Programs the whole model (manifest reloads, full reconciles).
     pub fn sync_all(&mut self, what: &str) -> bool {
         let started = Instant::now();
-        let desired = dataplane::desired(&self.model, &self.node);
+        let mut desired = dataplane::Desired::new();
         self.frontends_of.clear();
         for svc in self.model.services.values() {
-            let fes = dataplane::desired_for(&self.model, svc, &self.node)
-                .into_iter()
-                .map(|(f, _)| f)
-                .collect();
-            self.frontends_of.insert(svc.id.clone(), fes);
+            let fes = dataplane::desired_for(&self.model, svc, &self.node);
+            self.frontends_of
+                .insert(svc.id.clone(), fes.iter().map(|(f, _)| *f).collect());
+            desired.extend(fes);
         }
         self.dirty.clear();
         let result = self.programmer.apply(&mut self.maps, &desired);
@@ -333,10 +332,7 @@ impl Controller {
     fn normalize_service(
         svc: &k8s_openapi::api::core::v1::Service,
     ) -> (NamespacedName, Option<model::Service>) {
-        let key = NamespacedName {
-            namespace: svc.metadata.namespace.clone().unwrap_or_default(),
-            name: svc.metadata.name.clone().unwrap_or_default(),
-        };
+        let key = NamespacedName::of(&svc.metadata);
         let new = match model::service_from_k8s(svc) {
             Ok(Normalized::Proxied(s)) => Some(s),
             Ok(Normalized::Skipped(_)) => None,
@@ -368,24 +364,14 @@ impl Controller {
     }
 
     fn delete_service(&mut self, svc: &k8s_openapi::api::core::v1::Service) {
-        let key = NamespacedName {
-            namespace: svc.metadata.namespace.clone().unwrap_or_default(),
-            name: svc.metadata.name.clone().unwrap_or_default(),
-        };
+        let key = NamespacedName::of(&svc.metadata);
         if self.model.services.remove(&key).is_some() {
             self.dirty.insert(key);
         }
     }
 
-    fn slice_key(s: &K8sEndpointSlice) -> NamespacedName {
-        NamespacedName {
-            namespace: s.metadata.namespace.clone().unwrap_or_default(),
-            name: s.metadata.name.clone().unwrap_or_default(),
-        }
-    }
-
     fn normalize_slice(slice: &K8sEndpointSlice) -> (NamespacedName, Option<model::EndpointSlice>) {
-        let key = Self::slice_key(slice);
+        let key = NamespacedName::of(&slice.metadata);
         match model::slice_from_k8s(slice) {
             Ok(Normalized::Proxied(s)) => (key, Some(s)),
             Ok(Normalized::Skipped(_)) => (key, None),
@@ -466,7 +452,7 @@ impl Controller {
                 }
                 Event::Delete(s) => {
                     self.mark_endpoint_change(&s, false);
-                    if let Some(svc) = self.model.remove_slice(&Self::slice_key(&s)) {
+                    if let Some(svc) = self.model.remove_slice(&NamespacedName::of(&s.metadata)) {
                         self.dirty.insert(svc);
                     }
                 }

@@ -98,9 +98,9 @@ pub struct FrontendSpec {
 
 pub type Desired = BTreeMap<Frontend, FrontendSpec>;
 
-/// The frontends the model asks for. Served today: IPv4 ClusterIPs, TCP and UDP. IPv6 and
-/// SCTP stay in the model but are not programmed yet. `node` is this node's name, for
-/// `internalTrafficPolicy: Local`.
+/// The frontends of the whole model (the controller builds the same per service, with
+/// [`desired_for`]).
+#[cfg(test)]
 pub fn desired(model: &Model, node: &str) -> Desired {
     let mut out = Desired::new();
     for svc in model.services.values() {
@@ -109,7 +109,9 @@ pub fn desired(model: &Model, node: &str) -> Desired {
     out
 }
 
-/// The frontends of one service.
+/// The frontends of one service. Served today: IPv4 ClusterIPs, TCP and UDP. IPv6 and SCTP
+/// stay in the model but are not programmed yet. `node` is this node's name, for
+/// `internalTrafficPolicy: Local`.
 pub fn desired_for(model: &Model, svc: &Service, node: &str) -> Vec<(Frontend, FrontendSpec)> {
     let mut out = Vec::new();
     for port in &svc.ports {

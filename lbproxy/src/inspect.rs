@@ -128,15 +128,8 @@ pub fn backends(maps: &PinnedMaps) -> Vec<BackendRow> {
     rows
 }
 
-fn monotonic_ns() -> u64 {
-    // SAFETY: clock_gettime writes into the zeroed struct.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
-}
-
 pub fn flows(maps: &PinnedMaps) -> Vec<FlowRow> {
-    let now = monotonic_ns();
+    let now = crate::gc::monotonic_ns();
     let labels: BTreeMap<u32, String> = maps
         .labels
         .iter()

@@ -25,6 +25,20 @@ pub struct NamespacedName {
     pub name: String,
 }
 
+impl NamespacedName {
+    /// The name of a Kubernetes object; an absent namespace is `default`, as the API server
+    /// would have filled it in.
+    pub fn of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Self {
+        Self {
+            namespace: meta
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".to_string()),
+            name: meta.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
 impl fmt::Display for NamespacedName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.namespace, self.name)
@@ -183,11 +197,7 @@ fn identify(
     kind: &'static str,
     meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
 ) -> Result<(String, String, impl Fn(String) -> InvalidObject), InvalidObject> {
-    let namespace = meta
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".to_string());
-    let name = meta.name.clone().unwrap_or_default();
+    let NamespacedName { namespace, name } = NamespacedName::of(meta);
     let object = format!("{namespace}/{name}");
     let invalid = move |reason: String| InvalidObject {
         kind,
