@@ -118,8 +118,7 @@ impl Controller {
 
     fn record_result(&mut self, started: Instant, result: ApplyResult, what: &str) -> bool {
         let ok = self.record_result_inner(started, result, what);
-        // Map fill as of this sync (flows are counted on the periodic refresh).
-        self.refresh_map_metrics(false);
+        self.refresh_programmed_metrics();
         ok
     }
 
@@ -516,7 +515,9 @@ impl Controller {
     }
 
     /// Refreshes the datapath-side metrics: map fill and drop counters.
-    pub fn refresh_map_metrics(&mut self, count_flows: bool) {
+    /// Map fill as the controller wrote it: no syscalls, so it runs after every sync. The
+    /// flow table's fill comes from the collector, which scans it anyway.
+    pub fn refresh_programmed_metrics(&self) {
         let m = &self.health.metrics;
         let p = self.programmer.programmed();
         let label = |map: &str| http::MapLabel {
@@ -536,17 +537,19 @@ impl Controller {
             .get_or_create(&label(map_names::SLOTS))
             .set(as_i64(p.frontends.values().map(|f| f.slots.len()).sum()));
         m.map_entries
+            .get_or_create(&label(map_names::MEMBERS))
+            .set(as_i64(p.frontends.values().map(|f| f.members.len()).sum()));
+        m.map_entries
             .get_or_create(&label(map_names::DROPS))
             .set(i64::from(DropReason::COUNT));
-        if count_flows {
-            let n = self.maps.flows.keys().filter(Result::is_ok).count();
-            m.map_entries
-                .get_or_create(&label(map_names::FLOWS))
-                .set(as_i64(n));
-        }
         for (name, cap) in &self.capacities {
             m.map_capacity.get_or_create(&label(name)).set(*cap);
         }
+    }
+
+    /// The datapath's drop counters, read from the map: on the periodic tick.
+    pub fn refresh_drop_metrics(&mut self) {
+        let m = &self.health.metrics;
         for (reason, n) in self.maps.drop_counts() {
             let seen = self.drops_seen.entry(reason as u32).or_insert(0);
             let c = m.datapath_drops.get_or_create(&http::ReasonLabel {

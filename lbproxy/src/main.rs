@@ -229,7 +229,8 @@ fn fingerprint(path: &Path) -> Vec<(PathBuf, u64, Option<std::time::SystemTime>)
         .collect()
 }
 
-/// Collects expired flows every 10 s, off the controller's loop.
+/// Collects expired flows at start and every 10 s, off the controller's loop, and reports
+/// the flow table's fill from the same scan.
 fn spawn_flow_gc(settings: &config::Settings, ctl: &Controller, health: http::Health) {
     let dir = settings.bpffs_dir.clone();
     let timeouts = settings.flow_timeouts;
@@ -241,9 +242,9 @@ fn spawn_flow_gc(settings: &config::Settings, ctl: &Controller, health: http::He
             u32::try_from(*c).unwrap_or(u32::MAX)
         });
     tokio::spawn(async move {
+        // The first tick is immediate: a collection at start also fills the flow gauge.
         let mut every = tokio::time::interval(Duration::from_secs(10));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        every.tick().await;
         loop {
             every.tick().await;
             let dir = dir.clone();
@@ -253,6 +254,13 @@ fn spawn_flow_gc(settings: &config::Settings, ctl: &Controller, health: http::He
             match r {
                 Ok(Ok(stats)) => {
                     health.metrics.flow_gc_deleted.inc_by(stats.deleted as u64);
+                    health
+                        .metrics
+                        .map_entries
+                        .get_or_create(&http::MapLabel {
+                            map: lbproxy_common::map_names::FLOWS.to_string(),
+                        })
+                        .set(i64::try_from(stats.scanned - stats.deleted).unwrap_or(i64::MAX));
                     if stats.deleted > 0 || stats.under_pressure {
                         tracing::info!(
                             scanned = stats.scanned,
@@ -392,7 +400,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         ctl.load_manifests(p);
         print = fingerprint(p);
     }
-    ctl.refresh_map_metrics(true);
+    ctl.refresh_programmed_metrics();
+    ctl.refresh_drop_metrics();
 
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -401,7 +410,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut reconcile = tokio::time::interval(settings.sync_period);
     reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     reconcile.tick().await;
-    let mut ticks: u64 = 0;
     let mut first_kube_sync_done = false;
     let mut last_sync: Option<Instant> = None;
     let sync_timer = tokio::time::sleep(Duration::ZERO);
@@ -453,7 +461,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 ctl.sync_interfaces(&nl_handle).await;
             }
             _ = tick.tick() => {
-                ticks += 1;
                 if let Source::Manifests(p) = &source {
                     let now = fingerprint(p);
                     if now != print {
@@ -462,7 +469,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                     }
                 }
                 ctl.sync_interfaces(&nl_handle).await;
-                ctl.refresh_map_metrics(ticks.is_multiple_of(5));
+                ctl.refresh_drop_metrics();
             }
             _ = reconcile.tick() => {
                 if ctl.listed.iter().all(|l| *l) && (first_kube_sync_done || matches!(source, Source::Manifests(_))) {
