@@ -97,12 +97,13 @@ pub struct AffinityKey {
 }
 const _: () = assert!(core::mem::size_of::<AffinityKey>() == 8);
 
-/// Value of `LB_AFFINITY_V1`: the backend the client last got, in which slot, and when.
+/// Value of `LB_AFFINITY_V1`: the backend the client last got, and when. Whether that
+/// backend is still eligible is `LB_MEMBERS_V1`'s to say, not a slot number.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AffinityValue {
     pub backend_id: u32,
-    pub slot: u32,
+    pub _pad: u32,
     pub last_ns: u64,
 }
 const _: () = assert!(core::mem::size_of::<AffinityValue>() == 16);

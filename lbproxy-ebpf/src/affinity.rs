@@ -2,8 +2,8 @@
 //!
 //! A new flow from a client IP goes to the backend that client last got for this service,
 //! while that was less than `timeoutSeconds` ago and the backend is still eligible for new
-//! flows (in `LB_MEMBERS_V1`: still in one of the service's slots, whichever). Otherwise the usual selection runs and its
-//! choice is remembered. As with kube-proxy, only new flows refresh the entry.
+//! flows (in `LB_MEMBERS_V1`: still in one of the service's slots, whichever). Otherwise the
+//! usual selection runs and its choice is remembered. As with kube-proxy, only new flows refresh the entry.
 
 use aya_ebpf::{btf_maps::LruHashMap, macros::btf_map};
 use lbproxy_common::{AffinityKey, AffinityValue, Backend, MAX_AFFINITY, ServiceValue};
@@ -32,10 +32,10 @@ pub fn select(pkt: &Packet, svc: &ServiceValue, now: u64) -> Result<(u32, Backen
             return Ok((backend_id, b));
         }
     }
-    let (slot, backend_id, backend) = select::select(svc, pkt)?;
+    let (backend_id, backend) = select::select(svc, pkt)?;
     let value = AffinityValue {
         backend_id,
-        slot,
+        _pad: 0,
         last_ns: now,
     };
     // Failing to remember only costs affinity for the next flow, not this one.

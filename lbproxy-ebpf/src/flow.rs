@@ -122,8 +122,7 @@ pub fn forward(pkt: &Packet, svc: &ServiceValue) -> Result<NatTarget, Verdict> {
     let (backend_id, backend) = if svc.affinity_timeout_s != 0 {
         affinity::select(pkt, svc, now)?
     } else {
-        let (_, id, b) = select::select(svc, pkt)?;
-        (id, b)
+        select::select(svc, pkt)?
     };
     let state = if pkt.proto != IPPROTO_TCP {
         FLOW_STATE_NONE

@@ -15,11 +15,12 @@ static LB_SLOTS_V1: HashMap<SlotKey, u32, { MAX_SLOTS as usize }> = HashMap::new
 static LB_BACKENDS_V1: HashMap<u32, Backend, { MAX_BACKENDS as usize }> = HashMap::new();
 
 /// Picks one of the service's `count` slots by jump consistent hashing of the 5-tuple and
-/// returns the slot, the backend id and the backend in it. Errors: a reject when the service has no usable endpoint,
+/// returns the backend id and the backend in it. Errors: a reject when the service has no
+/// usable endpoint,
 /// `SlotMissing`/`BackendMissing` when the maps are inconsistent (never expected: the
 /// controller writes backends before slots before the count).
 #[inline(always)]
-pub fn select(svc: &ServiceValue, pkt: &Packet) -> Result<(u32, u32, Backend), Verdict> {
+pub fn select(svc: &ServiceValue, pkt: &Packet) -> Result<(u32, Backend), Verdict> {
     let proto = pkt.proto;
     if svc.count == 0 {
         // No usable endpoint: answer at once rather than leave the client to time out.
@@ -47,7 +48,7 @@ pub fn select(svc: &ServiceValue, pkt: &Packet) -> Result<(u32, u32, Backend), V
         .copied()
         .ok_or(Verdict::Drop(DropReason::SlotMissing))?;
     let backend = backend(backend_id).ok_or(Verdict::Drop(DropReason::BackendMissing))?;
-    Ok((slot, backend_id, backend))
+    Ok((backend_id, backend))
 }
 
 #[btf_map(name = "LB_MEMBERS_V1")]
