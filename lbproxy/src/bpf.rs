@@ -246,22 +246,16 @@ fn migrate_services_v1(dir: &Path) -> Result<(), BpfError> {
     if !old_path.exists() {
         return Ok(());
     }
-    let name = map_names::SERVICES_V1;
+    let old: BpfHashMap<MapData, ServiceKey, lbproxy_common::ServiceValueV1> =
+        open_pinned(dir, map_names::SERVICES_V1, Map::HashMap)?;
+    let mut new: BpfHashMap<MapData, ServiceKey, ServiceValue> =
+        open_pinned(dir, map_names::SERVICES, Map::HashMap)?;
+    let new_path = dir.join(map_names::SERVICES);
     let map_err = |path: &Path, source| BpfError::Map {
-        name,
+        name: map_names::SERVICES,
         path: path.to_path_buf(),
         source,
     };
-    let old: BpfHashMap<MapData, ServiceKey, lbproxy_common::ServiceValueV1> =
-        BpfHashMap::try_from(Map::HashMap(
-            MapData::from_pin(&old_path).map_err(|e| map_err(&old_path, e))?,
-        ))
-        .map_err(|e| map_err(&old_path, e))?;
-    let new_path = dir.join(map_names::SERVICES);
-    let mut new: BpfHashMap<MapData, ServiceKey, ServiceValue> = BpfHashMap::try_from(
-        Map::HashMap(MapData::from_pin(&new_path).map_err(|e| map_err(&new_path, e))?),
-    )
-    .map_err(|e| map_err(&new_path, e))?;
     let mut n = 0;
     for (k, v) in old.iter().flatten() {
         if new.get(&k, 0).is_err() {
@@ -461,6 +455,21 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// A typed handle on the map pinned as `dir/name`; `wrap` says what kind of map it is.
+pub fn open_pinned<T: TryFrom<Map, Error = MapError>>(
+    dir: &Path,
+    name: &'static str,
+    wrap: fn(MapData) -> Map,
+) -> Result<T, BpfError> {
+    let path = dir.join(name);
+    let data = MapData::from_pin(&path).map_err(|source| BpfError::Map {
+        name,
+        path: path.clone(),
+        source,
+    })?;
+    T::try_from(wrap(data)).map_err(|source| BpfError::Map { name, path, source })
+}
+
 /// Typed handles on the pinned maps.
 pub struct PinnedMaps {
     pub services: BpfHashMap<MapData, ServiceKey, ServiceValue>,
@@ -475,30 +484,14 @@ pub struct PinnedMaps {
 impl PinnedMaps {
     pub fn open(dir: &Path) -> Result<Self, BpfError> {
         check_pinned_layouts(dir)?;
-        fn data(dir: &Path, name: &'static str) -> Result<MapData, BpfError> {
-            let path = dir.join(name);
-            MapData::from_pin(&path).map_err(|source| BpfError::Map { name, path, source })
-        }
-        fn typed<T: TryFrom<Map, Error = MapError>>(
-            dir: &Path,
-            name: &'static str,
-            wrap: fn(MapData) -> Map,
-        ) -> Result<T, BpfError> {
-            let m = wrap(data(dir, name)?);
-            T::try_from(m).map_err(|source| BpfError::Map {
-                name,
-                path: dir.join(name),
-                source,
-            })
-        }
         Ok(Self {
-            services: typed(dir, map_names::SERVICES, Map::HashMap)?,
-            slots: typed(dir, map_names::SLOTS, Map::HashMap)?,
-            backends: typed(dir, map_names::BACKENDS, Map::HashMap)?,
-            flows: typed(dir, map_names::FLOWS, Map::LruHashMap)?,
-            labels: typed(dir, map_names::LABELS, Map::HashMap)?,
-            members: typed(dir, map_names::MEMBERS, Map::HashMap)?,
-            drops: typed(dir, map_names::DROPS, Map::PerCpuArray)?,
+            services: open_pinned(dir, map_names::SERVICES, Map::HashMap)?,
+            slots: open_pinned(dir, map_names::SLOTS, Map::HashMap)?,
+            backends: open_pinned(dir, map_names::BACKENDS, Map::HashMap)?,
+            flows: open_pinned(dir, map_names::FLOWS, Map::LruHashMap)?,
+            labels: open_pinned(dir, map_names::LABELS, Map::HashMap)?,
+            members: open_pinned(dir, map_names::MEMBERS, Map::HashMap)?,
+            drops: open_pinned(dir, map_names::DROPS, Map::PerCpuArray)?,
         })
     }
 

@@ -97,10 +97,8 @@ pub fn expired(entries: &[(FlowKey, FlowValue)], now_ns: u64, t: &Timeouts) -> V
 /// what expired; the datapath keeps running on the same map throughout.
 pub fn collect(dir: &Path, capacity: u32, t: Timeouts, batch: usize) -> anyhow::Result<GcStats> {
     let started = Instant::now();
-    let path = dir.join(map_names::FLOWS);
-    let data = MapData::from_pin(&path)?;
     let mut flows: BpfHashMap<MapData, FlowKey, FlowValue> =
-        BpfHashMap::try_from(Map::LruHashMap(data))?;
+        crate::bpf::open_pinned(dir, map_names::FLOWS, Map::LruHashMap)?;
     let keys: Vec<FlowKey> = flows.keys().filter_map(Result::ok).collect();
     // 75%, not nearer full: the kernel's LRU keeps per-CPU free lists and starts evicting
     // before every entry is in use, so a "full" table can count well under its capacity.
