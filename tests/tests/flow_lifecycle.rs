@@ -20,10 +20,10 @@ mod common;
 
 use std::io::{self, BufRead as _, BufReader, Write as _};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket};
-use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::time::{Duration, Instant};
 
 use common::*;
+use lbproxy_tests::lab::connect::PendingConnect;
 use lbproxy_tests::lab::{
     Conditions, Endpoint, Lab, Pod, Proto, Shape, TcpConn, ns_run, vip, wait_for,
 };
@@ -73,165 +73,6 @@ fn stream_request(s: &TcpStream) -> io::Result<String> {
         ));
     }
     Ok(reply_backend(line.as_bytes()))
-}
-
-fn setsockopt_int(fd: i32, level: i32, name: i32, v: libc::c_int) -> io::Result<()> {
-    // SAFETY: valid fd, correctly sized int option.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-fn sockaddr(a: SocketAddrV4) -> libc::sockaddr_in {
-    libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: a.port().to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(*a.ip()).to_be(),
-        },
-        sin_zero: [0; 8],
-    }
-}
-
-/// A TCP socket bound to a fixed source port (SO_REUSEADDR) with a non-blocking connect in
-/// flight. Create it inside the client's namespace (`Pod::run`); use it from anywhere.
-struct PendingConnect {
-    fd: OwnedFd,
-    port: u16,
-    started: Instant,
-}
-
-impl PendingConnect {
-    fn start(src_port: u16, dst: SocketAddrV4) -> io::Result<PendingConnect> {
-        // SAFETY: plain socket syscalls; the fd is owned at once.
-        let fd = unsafe {
-            let fd = libc::socket(
-                libc::AF_INET,
-                libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                0,
-            );
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            OwnedFd::from_raw_fd(fd)
-        };
-        let raw = fd.as_raw_fd();
-        setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
-        let local = sockaddr(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, src_port));
-        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        // SAFETY: valid fd and sockaddr.
-        if unsafe { libc::bind(raw, (&local as *const libc::sockaddr_in).cast(), len) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let remote = sockaddr(dst);
-        let started = Instant::now();
-        // SAFETY: valid fd and sockaddr.
-        let rc = unsafe { libc::connect(raw, (&remote as *const libc::sockaddr_in).cast(), len) };
-        if rc != 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EINPROGRESS) {
-                return Err(e);
-            }
-        }
-        Ok(PendingConnect {
-            fd,
-            port: src_port,
-            started,
-        })
-    }
-
-    /// Waits until `deadline` for the connect to finish. `Ok(t)`: connected `t` after the
-    /// connect call; `Err`: the socket's error, or `TimedOut`.
-    fn wait_until(&self, deadline: Instant) -> io::Result<Duration> {
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let mut p = libc::pollfd {
-                fd: self.fd.as_raw_fd(),
-                events: libc::POLLOUT,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            let n = unsafe { libc::poll(&mut p, 1, left.as_millis().min(60_000) as i32) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            if n == 0 {
-                if Instant::now() >= deadline {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!(
-                            "not connected {:?} after the connect call",
-                            self.started.elapsed()
-                        ),
-                    ));
-                }
-                continue;
-            }
-            let at = self.started.elapsed();
-            let mut err: libc::c_int = 0;
-            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-            // SAFETY: valid fd, correctly sized out-parameter.
-            let rc = unsafe {
-                libc::getsockopt(
-                    self.fd.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_ERROR,
-                    (&mut err as *mut libc::c_int).cast(),
-                    &mut len,
-                )
-            };
-            if rc != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            return if err == 0 {
-                Ok(at)
-            } else {
-                Err(io::Error::from_raw_os_error(err))
-            };
-        }
-    }
-
-    /// The connected socket as a blocking stream with 1 s timeouts.
-    fn into_stream(self) -> TcpStream {
-        let s = TcpStream::from(self.fd);
-        s.set_nonblocking(false).unwrap();
-        s.set_read_timeout(Some(T)).unwrap();
-        s.set_write_timeout(Some(T)).unwrap();
-        s
-    }
-
-    /// Closes at once (SO_LINGER 0), freeing the source port for another connect.
-    fn abort(self) {
-        let l = libc::linger {
-            l_onoff: 1,
-            l_linger: 0,
-        };
-        // SAFETY: valid fd, correctly sized linger.
-        unsafe {
-            libc::setsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_LINGER,
-                (&l as *const libc::linger).cast(),
-                std::mem::size_of::<libc::linger>() as libc::socklen_t,
-            );
-        }
-    }
 }
 
 /// Drops inbound TCP to `port` inside `pod` (the pod's own INPUT chain): SYNs reach the pod
@@ -540,7 +381,7 @@ fn syn_retry_reaches_replacement(shape: Shape) {
         "[{shape}] the retransmitted SYN connected {t1:?} after the write (want <= 2 s; \
          {connected_after:?} after the connect)"
     );
-    let s1 = p1.into_stream();
+    let s1 = p1.into_stream(T);
     let who = stream_request(&s1)
         .unwrap_or_else(|e| panic!("[{shape}] request on :{SRC_SYN_RETRANSMIT}: {e}"));
     assert_eq!(
@@ -561,7 +402,7 @@ fn syn_retry_reaches_replacement(shape: Shape) {
         c2 < Duration::from_millis(500),
         "[{shape}] fresh connect from :{SRC_SYN_FRESH} took {c2:?} (want < 500 ms: no retransmission needed)"
     );
-    let s2 = p2.into_stream();
+    let s2 = p2.into_stream(T);
     let who = stream_request(&s2)
         .unwrap_or_else(|e| panic!("[{shape}] request on :{SRC_SYN_FRESH}: {e}"));
     assert_eq!(

@@ -33,12 +33,12 @@
 use std::collections::BTreeMap;
 use std::io::{self, Write as _};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
-use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
+use lbproxy_tests::lab::connect::PendingConnect;
 use lbproxy_tests::lab::{
     Backend, Endpoint, EndpointSlice, Lab, Lbproxy, Manifest, Pod, Proto, Protocol, Service, Shape,
     ns_run, vip,
@@ -582,121 +582,6 @@ struct SynRun {
     /// Connect times of the connects that were pending at the change and then succeeded.
     retried_connect: Vec<Duration>,
     apply: Duration,
-}
-
-/// A TCP socket bound to a fixed source port with a non-blocking connect in flight.
-struct PendingConnect {
-    fd: OwnedFd,
-    started: Instant,
-}
-
-fn sockaddr(a: SocketAddrV4) -> libc::sockaddr_in {
-    libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: a.port().to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(*a.ip()).to_be(),
-        },
-        sin_zero: [0; 8],
-    }
-}
-
-impl PendingConnect {
-    fn start(src_port: u16, dst: SocketAddrV4) -> io::Result<PendingConnect> {
-        // SAFETY: plain socket syscalls on an fd owned at once; valid option and sockaddr
-        // pointers with their sizes.
-        unsafe {
-            let raw = libc::socket(
-                libc::AF_INET,
-                libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                0,
-            );
-            if raw < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let fd = OwnedFd::from_raw_fd(raw);
-            let one: libc::c_int = 1;
-            if libc::setsockopt(
-                raw,
-                libc::SOL_SOCKET,
-                libc::SO_REUSEADDR,
-                (&one as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            ) != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-            let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-            let local = sockaddr(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, src_port));
-            if libc::bind(raw, (&local as *const libc::sockaddr_in).cast(), len) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let remote = sockaddr(dst);
-            let started = Instant::now();
-            if libc::connect(raw, (&remote as *const libc::sockaddr_in).cast(), len) != 0 {
-                let e = io::Error::last_os_error();
-                if e.raw_os_error() != Some(libc::EINPROGRESS) {
-                    return Err(e);
-                }
-            }
-            Ok(PendingConnect { fd, started })
-        }
-    }
-
-    /// `None` while pending; `Some(Ok(t))` connected `t` after the connect call;
-    /// `Some(Err)` failed. Waits at most `wait`.
-    fn poll(&self, wait: Duration) -> Option<io::Result<Duration>> {
-        let mut p = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLOUT,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut p, 1, wait.as_millis() as i32) };
-        if n <= 0 {
-            return None;
-        }
-        let at = self.started.elapsed();
-        let mut err: libc::c_int = 0;
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: valid fd, correctly sized out-parameter.
-        let rc = unsafe {
-            libc::getsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_ERROR,
-                (&mut err as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        Some(if rc != 0 {
-            Err(io::Error::last_os_error())
-        } else if err != 0 {
-            Err(io::Error::from_raw_os_error(err))
-        } else {
-            Ok(at)
-        })
-    }
-}
-
-impl Drop for PendingConnect {
-    fn drop(&mut self) {
-        // Close at once (no FIN handshake to wait for; RST if connected).
-        let l = libc::linger {
-            l_onoff: 1,
-            l_linger: 0,
-        };
-        // SAFETY: valid fd, correctly sized linger.
-        unsafe {
-            libc::setsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_LINGER,
-                (&l as *const libc::linger).cast(),
-                std::mem::size_of::<libc::linger>() as libc::socklen_t,
-            );
-        }
-    }
 }
 
 fn syn_round(env: &Env, path: Path, base_port: u16, n: u32, timeout: Duration) -> Result<SynRun> {

@@ -52,6 +52,7 @@
 //! dir (kept, and its path printed, if the thread is panicking).
 
 pub mod bpf;
+pub mod connect;
 pub mod lbproxy;
 pub mod manifest;
 pub mod net;
