@@ -249,14 +249,25 @@ pub fn tcp_request_here(
     Ok((r, c.peer))
 }
 
-/// [`udp_request`] in the calling thread's namespace (see [`tcp_request_here`]).
+/// A source port no earlier request of this process used (until 10,000 have gone by), for
+/// UDP requests that must each be a new flow. An ephemeral port from the kernel can repeat
+/// within a test, and a repeated 5-tuple is, rightly, the same flow to the load balancer.
+/// The range 10000-19999 lies below the kernel's ephemeral range and the fixed ports tests
+/// choose.
+fn fresh_udp_port() -> u16 {
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    10_000 + NEXT.fetch_add(1, Ordering::Relaxed) % 10_000
+}
+
+/// [`udp_request`] in the calling thread's namespace (see [`tcp_request_here`]); without
+/// `src_port`, from a port no earlier request used ([`fresh_udp_port`]).
 pub fn udp_request_here(
     addr: Ipv4Addr,
     port: u16,
     timeout: Duration,
     src_port: Option<u16>,
 ) -> io::Result<(Reply, SocketAddr)> {
-    let sock = socket2_udp(src_port.unwrap_or(0))?;
+    let sock = socket2_udp(src_port.unwrap_or_else(fresh_udp_port))?;
     sock.send_to(REQUEST, SocketAddrV4::new(addr, port))?;
     let deadline = Instant::now() + timeout;
     let mut buf = [0u8; 2048];
