@@ -475,6 +475,11 @@ impl Lab {
                 ip_batch(node, &[format!("link set {host} master {BRIDGE_IF} up")]);
             }
         }
+        // A veth forwards only once both ends have carrier; a packet sent before that is
+        // lost, and a lost first SYN is retried only after 1 s. Wait, so the pod really is
+        // reachable when this returns.
+        wait_lower_up(node, &pod.host_if);
+        wait_lower_up(&pod.netns, "eth0");
         pod
     }
 
@@ -783,6 +788,26 @@ fn quiet_ip(ns: &str, args: &[&str]) -> Result<(), String> {
 }
 
 /// Runs `ip -n NS -batch -` with `cmds`; panics with the commands and stderr on failure.
+/// Waits (up to 5 s) until `dev` in `ns` reports LOWER_UP (carrier); panics otherwise.
+fn wait_lower_up(ns: &str, dev: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let out = Command::new("ip")
+            .args(["-n", ns, "-o", "link", "show", "dev", dev])
+            .output()
+            .unwrap_or_else(|e| panic!("lab: cannot run ip: {e}"));
+        let text = String::from_utf8_lossy(&out.stdout);
+        if text.contains("LOWER_UP") {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "lab: {dev} in {ns} has no carrier after 5 s: {text}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 fn ip_batch(ns: &str, cmds: &[String]) {
     let mut child = Command::new("ip")
         .args(["-n", ns, "-batch", "-"])
