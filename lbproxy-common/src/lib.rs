@@ -29,9 +29,16 @@ pub mod map_names {
     pub const AFFINITY: &str = "LB_AFFINITY_V1";
     /// Which backends are in a service's slots, keyed by (svc_id, backend_id).
     pub const MEMBERS: &str = "LB_MEMBERS_V1";
+    /// Datapath settings the controller writes at start (`DatapathConfig`, one entry).
+    pub const CONFIG: &str = "LB_CONFIG_V1";
+    /// Host-side pod interfaces a packet may be redirected into the peer of, by ifindex.
+    pub const POD_IFS: &str = "LB_PODIFS_V1";
+    /// Per-CPU counters of how translated packets were delivered (`Delivery`).
+    pub const DELIVERY: &str = "LB_DELIVERY_V1";
     /// Every map the controller pins.
-    pub const PINNED: [&str; 8] = [
-        BACKENDS, SLOTS, SERVICES, FLOWS, DROPS, LABELS, AFFINITY, MEMBERS,
+    pub const PINNED: [&str; 11] = [
+        BACKENDS, SLOTS, SERVICES, FLOWS, DROPS, LABELS, AFFINITY, MEMBERS, CONFIG, POD_IFS,
+        DELIVERY,
     ];
 }
 
@@ -52,6 +59,87 @@ pub const MAX_BACKENDS: u32 = 262_144;
 pub const MAX_SLOTS: u32 = 262_144;
 pub const DEFAULT_FLOW_MAP_SIZE: u32 = 262_144;
 pub const MAX_AFFINITY: u32 = 262_144;
+/// Host-side pod interfaces on one node that can take redirected packets.
+pub const MAX_POD_IFS: u32 = 4_096;
+
+/// `DatapathConfig::flags`: redirect translated packets whose next hop is a local pod's
+/// interface straight into that pod, skipping the node's routing and netfilter.
+pub const CONFIG_F_STACK_BYPASS: u32 = 1;
+
+/// The single value of `LB_CONFIG_V1` (key 0).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DatapathConfig {
+    /// `CONFIG_F_*` bits.
+    pub flags: u32,
+    pub _reserved: [u32; 3],
+}
+const _: () = assert!(core::mem::size_of::<DatapathConfig>() == 16);
+
+/// `PodIf::kind`: the interface is a veth whose peer lives in another network namespace,
+/// so `bpf_redirect_peer` can hand it a packet.
+pub const POD_IF_VETH: u32 = 1;
+/// The same for a netkit device.
+pub const POD_IF_NETKIT: u32 = 2;
+
+/// Value of `LB_PODIFS_V1`, keyed by the host-side ifindex (`u32`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PodIf {
+    /// `POD_IF_*`.
+    pub kind: u32,
+}
+const _: () = assert!(core::mem::size_of::<PodIf>() == 4);
+
+/// How a translated packet left the datapath: the index into `LB_DELIVERY_V1`. Redirects
+/// skip the node's stack; every other value names why a packet went through it instead.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// A client's packet, translated, redirected into the backend's pod.
+    RedirectToBackend = 0,
+    /// A backend's reply, translated, redirected into the client's pod.
+    RedirectToClient = 1,
+    /// The route's next hop is not a pod interface lbproxy manages (a bridge, another node,
+    /// the node itself).
+    StackNotPodInterface = 2,
+    /// The node has no neighbour entry for the destination yet; the stack resolves it.
+    StackNoNeighbour = 3,
+    /// The route lookup gave another answer (no route, forwarding disabled, MTU).
+    StackNoRoute = 4,
+    /// The TTL would expire at this hop; the stack answers with ICMP.
+    StackTtl = 5,
+    /// The destination pod is the sender itself (hairpin).
+    StackHairpin = 6,
+}
+
+impl Delivery {
+    pub const COUNT: u32 = 7;
+    /// Room in `LB_DELIVERY_V1`.
+    pub const SLOTS: u32 = 16;
+    pub const ALL: [Delivery; Self::COUNT as usize] = [
+        Delivery::RedirectToBackend,
+        Delivery::RedirectToClient,
+        Delivery::StackNotPodInterface,
+        Delivery::StackNoNeighbour,
+        Delivery::StackNoRoute,
+        Delivery::StackTtl,
+        Delivery::StackHairpin,
+    ];
+
+    /// The label used in metrics and `lbproxy inspect`.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Delivery::RedirectToBackend => "redirect_to_backend",
+            Delivery::RedirectToClient => "redirect_to_client",
+            Delivery::StackNotPodInterface => "stack_not_pod_interface",
+            Delivery::StackNoNeighbour => "stack_no_neighbour",
+            Delivery::StackNoRoute => "stack_no_route",
+            Delivery::StackTtl => "stack_ttl",
+            Delivery::StackHairpin => "stack_hairpin",
+        }
+    }
+}
 
 /// Key of `LB_SERVICES_V1`: one frontend, a VIP:port/proto.
 #[repr(C)]
@@ -267,8 +355,8 @@ impl DropReason {
 #[cfg(feature = "user")]
 mod pod {
     use super::{
-        AffinityKey, AffinityValue, Backend, FlowKey, FlowValue, MemberKey, ServiceKey,
-        ServiceLabel, ServiceValue, ServiceValueV1, SlotKey,
+        AffinityKey, AffinityValue, Backend, DatapathConfig, FlowKey, FlowValue, MemberKey,
+        PodIf, ServiceKey, ServiceLabel, ServiceValue, ServiceValueV1, SlotKey,
     };
     // SAFETY: all of these are repr(C), Copy, made only of integers and byte arrays, and have
     // no implicit padding (sizes are asserted above).
@@ -283,6 +371,8 @@ mod pod {
     unsafe impl aya::Pod for AffinityKey {}
     unsafe impl aya::Pod for AffinityValue {}
     unsafe impl aya::Pod for MemberKey {}
+    unsafe impl aya::Pod for DatapathConfig {}
+    unsafe impl aya::Pod for PodIf {}
 }
 
 /// Backend selection: jump consistent hashing (Lamping and Veach, 2014) over a service's

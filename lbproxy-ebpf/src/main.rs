@@ -10,13 +10,20 @@
 //! so a `--ctstate INVALID -j DROP` rule never sees a half-translated flow.
 //!
 //! Stages, one module each: `packet` (parse) -> `service` (frontend lookup) -> `flow`
-//! (flow table, calling `select` for new flows) -> `nat` (translate), or `reject` (answer the
-//! client at once) when there is no usable backend. Drops and rejects are counted per reason
-//! in `reason`.
+//! (flow table, calling `select` for new flows) -> `nat` (translate) -> `deliver` (to the
+//! stack, or with the stack bypass straight into the destination pod), or `reject` (answer
+//! the client at once) when there is no usable backend. Drops and rejects are counted per
+//! reason in `reason`.
+//!
+//! With the stack bypass, `lb_from_pod` also handles the reply direction: a backend's reply
+//! is reverse-NATed at its own interface and redirected into the client's pod, so neither
+//! direction of a flow between two local pods passes the node's stack or `lb_to_pod`. When a
+//! packet cannot be redirected (see `deliver`), both directions fall back to the split above.
 #![no_std]
 #![no_main]
 
 mod affinity;
+mod deliver;
 mod flow;
 mod nat;
 mod packet;
@@ -50,7 +57,7 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
         Err(v) => return Err(v.reason()),
     };
     let Some(svc) = service::lookup(&pkt) else {
-        return Ok(TC_ACT_UNSPEC);
+        return reply_from_pod(ctx, &pkt);
     };
     let to = match flow::forward(&pkt, &svc) {
         Ok(to) => to,
@@ -65,8 +72,35 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
             return answer.map_err(|v| v.reason());
         }
     };
+    let peer = if deliver::enabled() {
+        deliver::route(ctx, &pkt, to.addr, to.port_be)
+    } else {
+        None
+    };
     nat::dnat(ctx, &pkt, to).map_err(|v| v.reason())?;
-    Ok(TC_ACT_UNSPEC)
+    match peer {
+        Some(peer) => deliver::redirect(ctx, peer, true).map_err(|v| v.reason()),
+        None => Ok(TC_ACT_UNSPEC),
+    }
+}
+
+/// A packet leaving a pod that is not addressed to a service: with the stack bypass, a
+/// backend's reply is reverse-NATed here and redirected into the client's pod. Anything else,
+/// or a reply that cannot be redirected, goes to the stack untouched (`lb_to_pod` translates
+/// such a reply on its way into the client's pod).
+#[inline(always)]
+fn reply_from_pod(ctx: &TcContext, pkt: &packet::Packet) -> Result<i32, DropReason> {
+    if !deliver::enabled() {
+        return Ok(TC_ACT_UNSPEC);
+    }
+    let Some(to) = flow::reply(pkt) else {
+        return Ok(TC_ACT_UNSPEC);
+    };
+    let Some(peer) = deliver::route(ctx, pkt, pkt.dst_addr, pkt.dst_port_be) else {
+        return Ok(TC_ACT_UNSPEC);
+    };
+    nat::snat(ctx, pkt, to).map_err(|v| v.reason())?;
+    deliver::redirect(ctx, peer, false).map_err(|v| v.reason())
 }
 
 #[classifier]

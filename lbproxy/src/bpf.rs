@@ -12,15 +12,17 @@ use std::path::{Path, PathBuf};
 
 use aya::Ebpf;
 use aya::EbpfLoader;
-use aya::maps::{HashMap as BpfHashMap, Map, MapData, MapError, MapType, PerCpuArray};
+use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError, MapType, PerCpuArray};
 use aya::programs::links::{FdLink, LinkOrder, PinnedLink};
 use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
 use aya::programs::{SchedClassifier, TcAttachType};
 use globset::GlobSet;
 use lbproxy_common::{
-    Backend, DropReason, FlowKey, FlowValue, ServiceKey, ServiceLabel, ServiceValue, SlotKey,
-    map_names, program_names,
+    Backend, CONFIG_F_STACK_BYPASS, DatapathConfig, Delivery, DropReason, FlowKey, FlowValue,
+    PodIf, ServiceKey, ServiceLabel, ServiceValue, SlotKey, map_names, program_names,
 };
+
+use crate::ifaces::Link;
 
 use crate::dataplane::{
     BackendAddr, Frontend, MapWriteError, Maps, Programmed, ProgrammedFrontend,
@@ -132,6 +134,9 @@ fn expected_layout(name: &str) -> Option<(MapType, u32, u32)> {
             sz(size_of::<lbproxy_common::AffinityKey>()),
             sz(size_of::<lbproxy_common::AffinityValue>()),
         ),
+        map_names::CONFIG => (MapType::Array, 4, sz(size_of::<DatapathConfig>())),
+        map_names::POD_IFS => (MapType::Hash, 4, sz(size_of::<PodIf>())),
+        map_names::DELIVERY => (MapType::PerCpuArray, 4, 8),
         _ => return None,
     })
 }
@@ -325,18 +330,39 @@ pub fn pinned_interfaces(dir: &Path) -> BTreeMap<Interface, Vec<PathBuf>> {
     out
 }
 
-/// Keeps the programs attached to exactly the pod interfaces that exist and match the globs.
+/// Writes the datapath settings (`LB_CONFIG_V1`). The programs read them on every packet, so
+/// a change applies at once, also to programs a previous run left attached.
+pub fn write_config(dir: &Path, stack_bypass: bool) -> Result<(), BpfError> {
+    let mut map: Array<MapData, DatapathConfig> = open_pinned(dir, map_names::CONFIG, Map::Array)?;
+    let config = DatapathConfig {
+        flags: if stack_bypass { CONFIG_F_STACK_BYPASS } else { 0 },
+        _reserved: [0; 3],
+    };
+    map.set(0, config, 0).map_err(|source| BpfError::Map {
+        name: map_names::CONFIG,
+        path: dir.join(map_names::CONFIG),
+        source,
+    })
+}
+
+/// Keeps the programs attached to exactly the pod interfaces that exist and match the globs,
+/// and `LB_PODIFS_V1` listing exactly the attached ones the datapath may redirect into (none
+/// when the stack bypass is off).
 pub struct Attacher {
     globs: GlobSet,
     attached: BTreeSet<Interface>,
+    pod_ifs: BpfHashMap<MapData, u32, PodIf>,
+    stack_bypass: bool,
 }
 
 impl Attacher {
-    pub fn new(globs: GlobSet) -> Self {
-        Self {
+    pub fn new(globs: GlobSet, dir: &Path, stack_bypass: bool) -> Result<Self, BpfError> {
+        Ok(Self {
             globs,
             attached: BTreeSet::new(),
-        }
+            pod_ifs: open_pinned(dir, map_names::POD_IFS, Map::HashMap)?,
+            stack_bypass,
+        })
     }
 
     pub fn attached(&self) -> &BTreeSet<Interface> {
@@ -346,10 +372,11 @@ impl Attacher {
     /// Attaches to new matching interfaces (adopting links an earlier run pinned), and
     /// forgets pins of interfaces that are gone. Returns one error per interface that could
     /// not be attached; the others are still attached.
-    pub fn sync(&mut self, dp: &mut Datapath, present: &[Interface]) -> Vec<BpfError> {
+    pub fn sync(&mut self, dp: &mut Datapath, present: &[Link]) -> Vec<BpfError> {
         let mut errors = Vec::new();
         let want: BTreeSet<Interface> = present
             .iter()
+            .map(|l| &l.iface)
             .filter(|i| self.globs.is_match(&i.name))
             .cloned()
             .collect();
@@ -382,7 +409,36 @@ impl Attacher {
                 Err(e) => errors.push(e),
             }
         }
+        let redirectable: BTreeMap<u32, PodIf> = present
+            .iter()
+            .filter(|l| self.stack_bypass && self.attached.contains(&l.iface))
+            .filter_map(|l| Some((l.iface.index, PodIf { kind: l.peer_kind? })))
+            .collect();
+        if let Err(e) = self.sync_pod_ifs(&redirectable) {
+            errors.push(e);
+        }
         errors
+    }
+
+    /// Makes `LB_PODIFS_V1` hold exactly `want`: stale entries first, so an interface that
+    /// left is never a redirect target, then new ones.
+    fn sync_pod_ifs(&mut self, want: &BTreeMap<u32, PodIf>) -> Result<(), BpfError> {
+        let err = |source| BpfError::Map {
+            name: map_names::POD_IFS,
+            path: PathBuf::from(map_names::POD_IFS),
+            source,
+        };
+        let have: BTreeMap<u32, PodIf> = self.pod_ifs.iter().flatten().collect();
+        for ifindex in have.keys().filter(|i| !want.contains_key(i)) {
+            del_ok(self.pod_ifs.remove(ifindex)).map_err(err)?;
+        }
+        for (ifindex, v) in want {
+            if have.get(ifindex) != Some(v) {
+                self.pod_ifs.insert(ifindex, v, 0).map_err(err)?;
+                tracing::debug!(ifindex, kind = v.kind, "redirects into this interface's pod");
+            }
+        }
+        Ok(())
     }
 }
 
@@ -479,6 +535,9 @@ pub struct PinnedMaps {
     pub labels: BpfHashMap<MapData, u32, ServiceLabel>,
     pub members: BpfHashMap<MapData, lbproxy_common::MemberKey, u32>,
     pub drops: PerCpuArray<MapData, u64>,
+    pub delivery: PerCpuArray<MapData, u64>,
+    pub config: Array<MapData, DatapathConfig>,
+    pub pod_ifs: BpfHashMap<MapData, u32, PodIf>,
 }
 
 impl PinnedMaps {
@@ -492,6 +551,9 @@ impl PinnedMaps {
             labels: open_pinned(dir, map_names::LABELS, Map::HashMap)?,
             members: open_pinned(dir, map_names::MEMBERS, Map::HashMap)?,
             drops: open_pinned(dir, map_names::DROPS, Map::PerCpuArray)?,
+            delivery: open_pinned(dir, map_names::DELIVERY, Map::PerCpuArray)?,
+            config: open_pinned(dir, map_names::CONFIG, Map::Array)?,
+            pod_ifs: open_pinned(dir, map_names::POD_IFS, Map::HashMap)?,
         })
     }
 
@@ -553,16 +615,29 @@ impl PinnedMaps {
     pub fn drop_counts(&self) -> Vec<(DropReason, u64)> {
         DropReason::ALL
             .iter()
-            .map(|r| {
-                let n = self
-                    .drops
-                    .get(&(*r as u32), 0)
-                    .map(|v| v.iter().sum())
-                    .unwrap_or(0);
-                (*r, n)
-            })
+            .map(|r| (*r, cpu_sum(&self.drops, *r as u32)))
             .collect()
     }
+
+    /// How translated packets were delivered, summed over CPUs.
+    pub fn delivery_counts(&self) -> Vec<(Delivery, u64)> {
+        Delivery::ALL
+            .iter()
+            .map(|d| (*d, cpu_sum(&self.delivery, *d as u32)))
+            .collect()
+    }
+
+    /// Whether the stack bypass is on, as the datapath sees it.
+    pub fn stack_bypass(&self) -> bool {
+        self.config
+            .get(&0, 0)
+            .is_ok_and(|c| c.flags & CONFIG_F_STACK_BYPASS != 0)
+    }
+}
+
+/// One per-CPU counter, summed over CPUs (0 if unreadable).
+fn cpu_sum(map: &PerCpuArray<MapData, u64>, index: u32) -> u64 {
+    map.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0)
 }
 
 pub fn label_str(l: &ServiceLabel) -> String {

@@ -15,6 +15,7 @@
 //! podInterfaces: ["lxc*", "veth*", "cali*"]
 //! bpffsDir: /sys/fs/bpf/lbproxy
 //! flowMapSize: 262144
+//! stackBypass: false            # redirect service traffic between local pods past the node's stack
 //! manifests: ""
 //! conntrack:                    # kube-proxy's block; sets lbproxy's flow table timeouts
 //!   tcpEstablishedTimeout: 24h
@@ -57,6 +58,7 @@ pub struct FileConfig {
     pub pod_interfaces: Option<Vec<String>>,
     pub bpffs_dir: Option<String>,
     pub flow_map_size: Option<u64>,
+    pub stack_bypass: Option<bool>,
     pub manifests: Option<String>,
     pub conntrack: Option<ConntrackConfig>,
 }
@@ -90,6 +92,7 @@ pub struct Flags {
     pub pod_interfaces: Option<String>,
     pub bpffs_dir: Option<PathBuf>,
     pub flow_map_size: Option<u64>,
+    pub stack_bypass: Option<bool>,
     pub manifests: Option<PathBuf>,
     pub tcp_established_timeout: Option<String>,
     pub tcp_close_wait_timeout: Option<String>,
@@ -109,6 +112,9 @@ pub struct Settings {
     pub pod_interfaces: Vec<String>,
     pub bpffs_dir: PathBuf,
     pub flow_map_size: u32,
+    /// Redirect translated packets between local pods straight into the destination pod,
+    /// past the node's routing and netfilter (off by default: see the README).
+    pub stack_bypass: bool,
     pub manifests: Option<PathBuf>,
     pub flow_timeouts: crate::gc::Timeouts,
 }
@@ -298,6 +304,7 @@ pub fn resolve(file: Option<(&Path, FileConfig)>, flags: Flags) -> Result<Settin
                 format!("{size} is not in 1024..=4294967295"),
             )
         })?;
+    let stack_bypass = flags.stack_bypass.or(f.stack_bypass).unwrap_or(false);
     let manifests = flags.manifests.or_else(|| {
         f.manifests
             .clone()
@@ -379,6 +386,7 @@ pub fn resolve(file: Option<(&Path, FileConfig)>, flags: Flags) -> Result<Settin
         pod_interfaces,
         bpffs_dir,
         flow_map_size,
+        stack_bypass,
         manifests,
     })
 }

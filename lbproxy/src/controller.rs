@@ -57,6 +57,7 @@ pub struct Controller {
     failing: bool,
     pub events: Option<kube::runtime::events::Recorder>,
     drops_seen: HashMap<u32, u64>,
+    delivery_seen: HashMap<u32, u64>,
     pub capacities: Vec<(&'static str, i64)>,
     /// The manifests source has programmed its first model.
     manifests_synced: bool,
@@ -107,6 +108,7 @@ impl Controller {
             failing: false,
             events: None,
             drops_seen: HashMap::new(),
+            delivery_seen: HashMap::new(),
             capacities,
             manifests_synced: false,
         }
@@ -547,20 +549,30 @@ impl Controller {
         }
     }
 
-    /// The datapath's drop counters, read from the map: on the periodic tick.
+    /// The datapath's drop and delivery counters, read from the maps: on the periodic tick.
     pub fn refresh_drop_metrics(&mut self) {
         let m = &self.health.metrics;
         for (reason, n) in self.maps.drop_counts() {
-            let seen = self.drops_seen.entry(reason as u32).or_insert(0);
             let c = m.datapath_drops.get_or_create(&http::ReasonLabel {
                 reason: reason.label().to_string(),
             });
-            if n > *seen {
-                c.inc_by(n - *seen);
-            }
-            *seen = n;
+            advance(&c, self.drops_seen.entry(reason as u32).or_insert(0), n);
+        }
+        for (path, n) in self.maps.delivery_counts() {
+            let c = m.datapath_delivered.get_or_create(&http::PathLabel {
+                path: path.label().to_string(),
+            });
+            advance(&c, self.delivery_seen.entry(path as u32).or_insert(0), n);
         }
     }
+}
+
+/// Moves a Prometheus counter on by what a datapath counter gained since it was last read.
+fn advance(counter: &prometheus_client::metrics::counter::Counter, seen: &mut u64, now: u64) {
+    if now > *seen {
+        counter.inc_by(now - *seen);
+    }
+    *seen = now;
 }
 
 /// Hands memory freed after a big sync (a full list's objects) back to the kernel. glibc

@@ -34,6 +34,11 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PathLabel {
+    pub path: String,
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// Every metric lbproxy exports. Label sets are bounded: map names and drop reasons are
@@ -52,6 +57,7 @@ pub struct Metrics {
     pub map_entries: Family<MapLabel, Gauge>,
     pub map_capacity: Family<MapLabel, Gauge>,
     pub datapath_drops: Family<ReasonLabel, Counter>,
+    pub datapath_delivered: Family<PathLabel, Counter>,
     pub attached_interfaces: Gauge,
     pub flow_gc_deleted: Counter,
 }
@@ -131,6 +137,12 @@ impl Metrics {
             "Packets the datapath dropped, by reason",
             datapath_drops.clone(),
         );
+        let datapath_delivered = Family::<PathLabel, Counter>::default();
+        r.register(
+            "lbproxy_datapath_delivered_packets",
+            "Translated packets by how they left the datapath: redirect_* went straight into the destination pod (stack bypass), stack_* through the node's stack, and why",
+            datapath_delivered.clone(),
+        );
         let attached_interfaces = Gauge::default();
         r.register(
             "lbproxy_attached_interfaces",
@@ -158,6 +170,7 @@ impl Metrics {
             map_entries,
             map_capacity,
             datapath_drops,
+            datapath_delivered,
             attached_interfaces,
         }
     }

@@ -2,25 +2,52 @@
 //! "something changed" events from the link multicast group.
 
 use futures::{StreamExt as _, TryStreamExt as _};
-use netlink_packet_route::link::LinkAttribute;
+use lbproxy_common::{POD_IF_NETKIT, POD_IF_VETH};
+use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo};
 use rtnetlink::MulticastGroup;
 use tokio::sync::mpsc;
 
 use crate::bpf::Interface;
 
+/// An interface, and whether the datapath may redirect packets into its peer.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Link {
+    pub iface: Interface,
+    /// `POD_IF_VETH` or `POD_IF_NETKIT` when the interface is one end of a pair whose other
+    /// end is in another network namespace (a pod's), which is what `bpf_redirect_peer`
+    /// needs; `None` otherwise.
+    pub peer_kind: Option<u32>,
+}
+
 /// Lists every interface in this network namespace.
-pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Interface>, rtnetlink::Error> {
+pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Link>, rtnetlink::Error> {
     let mut out = Vec::new();
     let mut links = handle.link().get().execute();
     while let Some(msg) = links.try_next().await? {
-        let name = msg.attributes.iter().find_map(|a| match a {
-            LinkAttribute::IfName(n) => Some(n.clone()),
-            _ => None,
-        });
+        let mut name = None;
+        let mut kind = None;
+        let mut peer_elsewhere = false;
+        for a in &msg.attributes {
+            match a {
+                LinkAttribute::IfName(n) => name = Some(n.clone()),
+                LinkAttribute::LinkNetNsId(_) => peer_elsewhere = true,
+                LinkAttribute::LinkInfo(infos) => {
+                    kind = infos.iter().find_map(|i| match i {
+                        LinkInfo::Kind(InfoKind::Veth) => Some(POD_IF_VETH),
+                        LinkInfo::Kind(InfoKind::Netkit) => Some(POD_IF_NETKIT),
+                        _ => None,
+                    });
+                }
+                _ => {}
+            }
+        }
         if let Some(name) = name {
-            out.push(Interface {
-                index: msg.header.index,
-                name,
+            out.push(Link {
+                iface: Interface {
+                    index: msg.header.index,
+                    name,
+                },
+                peer_kind: kind.filter(|_| peer_elsewhere),
             });
         }
     }

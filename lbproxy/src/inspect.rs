@@ -221,6 +221,9 @@ pub enum What {
     Backends,
     Flows,
     Drops,
+    /// The stack bypass: whether it is on, the interfaces it redirects into, and how
+    /// translated packets were delivered.
+    Delivery,
 }
 
 /// `--service` and `--backend`.
@@ -355,12 +358,66 @@ pub fn run(dir: &Path, what: What, json: bool, filter: &Filter) -> anyhow::Resul
                 table(&["REASON", "PACKETS"], &cells)
             }
         }
+        What::Delivery => delivery(&maps, json)?,
     };
     print!("{out}");
     if json {
         println!();
     }
     Ok(())
+}
+
+/// `inspect delivery`.
+fn delivery(maps: &PinnedMaps, json: bool) -> anyhow::Result<String> {
+    let bypass = maps.stack_bypass();
+    let mut ifs: Vec<(u32, &'static str)> = maps
+        .pod_ifs
+        .iter()
+        .flatten()
+        .map(|(ifindex, v)| {
+            let kind = match v.kind {
+                lbproxy_common::POD_IF_VETH => "veth",
+                lbproxy_common::POD_IF_NETKIT => "netkit",
+                _ => "unknown",
+            };
+            (ifindex, kind)
+        })
+        .collect();
+    ifs.sort_unstable();
+    let counts: Vec<(&'static str, u64)> = maps
+        .delivery_counts()
+        .into_iter()
+        .map(|(d, n)| (d.label(), n))
+        .collect();
+    if json {
+        let v = serde_json::json!({
+            "stack_bypass": bypass,
+            "redirect_interfaces": ifs
+                .iter()
+                .map(|(i, k)| serde_json::json!({"ifindex": i, "kind": k}))
+                .collect::<Vec<_>>(),
+            "packets": counts.iter().copied().collect::<BTreeMap<_, _>>(),
+        });
+        return Ok(serde_json::to_string_pretty(&v)?);
+    }
+    let mut out = format!(
+        "stack bypass: {}\nredirect into: {}\n\n",
+        if bypass { "on" } else { "off" },
+        if ifs.is_empty() {
+            "(no interface)".to_string()
+        } else {
+            ifs.iter()
+                .map(|(i, k)| format!("ifindex {i} ({k})"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    );
+    let cells: Vec<Vec<String>> = counts
+        .iter()
+        .map(|(p, n)| vec![(*p).to_string(), n.to_string()])
+        .collect();
+    out.push_str(&table(&["PATH", "PACKETS"], &cells));
+    Ok(out)
 }
 
 #[cfg(test)]

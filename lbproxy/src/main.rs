@@ -2,7 +2,7 @@
 //!
 //! - `lbproxy run`: load the datapath, attach it to pod interfaces, and keep the BPF maps
 //!   equal to the desired state read from a source.
-//! - `lbproxy inspect services|backends|flows|drops`: read the pinned maps.
+//! - `lbproxy inspect services|backends|flows|drops|delivery`: read the pinned maps.
 //! - `lbproxy cleanup`: detach and unpin everything.
 
 mod bpf;
@@ -109,6 +109,11 @@ struct RunArgs {
     /// Flow table capacity (LRU); each flow takes two entries [default: 262144]
     #[arg(long)]
     flow_map_size: Option<u64>,
+    /// Redirect service traffic between pods on this node straight into the destination pod,
+    /// skipping the node's routing and netfilter (iptables policy on the node then does not
+    /// see it) [default: false]
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    stack_bypass: Option<bool>,
     /// Idle timeout of an established TCP flow [default: 24h]
     #[arg(long)]
     conntrack_tcp_timeout_established: Option<String>,
@@ -298,6 +303,7 @@ fn settings(args: &RunArgs) -> anyhow::Result<config::Settings> {
         pod_interfaces: args.pod_interfaces.clone(),
         bpffs_dir: args.bpffs_dir.clone(),
         flow_map_size: args.flow_map_size,
+        stack_bypass: args.stack_bypass,
         manifests: args.manifests.clone(),
         tcp_established_timeout: args.conntrack_tcp_timeout_established.clone(),
         tcp_close_wait_timeout: args.conntrack_tcp_timeout_close_wait.clone(),
@@ -357,11 +363,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         Err(e) => tracing::warn!("datapath logs unavailable: {e}"),
     }
+    bpf::write_config(&settings.bpffs_dir, settings.stack_bypass)?;
+    tracing::info!(stack_bypass = settings.stack_bypass, "datapath configured");
     let maps = PinnedMaps::open(&settings.bpffs_dir)?;
     let mut ctl = Controller::new(
         dp,
         maps,
-        Attacher::new(globs),
+        Attacher::new(globs, &settings.bpffs_dir, settings.stack_bypass)?,
         health.clone(),
         settings.hostname.clone(),
     );

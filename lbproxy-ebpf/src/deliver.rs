@@ -1,0 +1,162 @@
+//! Stage 5: deliver. With the stack bypass on (`CONFIG_F_STACK_BYPASS`), a translated packet
+//! whose next hop is a local pod's interface is redirected straight into that pod with
+//! `bpf_redirect_peer`: the node's routing, netfilter and the veth's queue are skipped, and
+//! the other direction's program never runs. Everything else goes up the node's stack as
+//! before, counted under the reason it could not be redirected.
+//!
+//! The next hop comes from the kernel's own FIB (`bpf_fib_lookup`), so routes, policy rules
+//! and neighbour entries stay the node's: lbproxy keeps no copy of them. A redirect is made
+//! only into an interface the controller listed in `LB_PODIFS_V1` (a veth or netkit whose
+//! peer is in a pod's namespace), never elsewhere.
+
+use core::mem::size_of;
+
+use aya_ebpf::{
+    bindings::{BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams},
+    btf_maps::{Array, HashMap, PerCpuArray},
+    helpers::generated::{bpf_fib_lookup, bpf_redirect_peer},
+    macros::btf_map,
+    programs::TcContext,
+};
+use lbproxy_common::{
+    CONFIG_F_STACK_BYPASS, DatapathConfig, Delivery, DropReason, MAX_POD_IFS, PodIf,
+};
+
+use crate::{
+    packet::{ETH_LEN, IP_CSUM_OFF, Packet},
+    reason::Verdict,
+};
+
+#[btf_map(name = "LB_CONFIG_V1")]
+static LB_CONFIG_V1: Array<DatapathConfig, 1> = Array::new();
+
+#[btf_map(name = "LB_PODIFS_V1")]
+static LB_PODIFS_V1: HashMap<u32, PodIf, { MAX_POD_IFS as usize }> = HashMap::new();
+
+#[btf_map(name = "LB_DELIVERY_V1")]
+static LB_DELIVERY_V1: PerCpuArray<u64, { Delivery::SLOTS as usize }> = PerCpuArray::new();
+
+const AF_INET: u8 = 2;
+/// Offset of the IPv4 TTL, followed by the protocol: the two make one checksummed word.
+const IP_TTL_OFF: usize = ETH_LEN + 8;
+
+/// Where to send a translated packet instead of the node's stack.
+#[derive(Clone, Copy)]
+pub struct Peer {
+    ifindex: u32,
+    /// Destination then source MAC: the first 12 bytes of the frame as the stack would
+    /// have written them when forwarding.
+    macs: [u8; 12],
+    /// The TTL and protocol word before and after this hop's decrement, network order.
+    ttl_word: [u8; 2],
+}
+
+#[inline(always)]
+fn count(d: Delivery) {
+    if let Some(c) = LB_DELIVERY_V1.get_ptr_mut(d as u32) {
+        // Per-CPU slot: no other writer.
+        unsafe { *c += 1 };
+    }
+}
+
+/// Whether the controller turned the bypass on.
+#[inline(always)]
+pub fn enabled() -> bool {
+    LB_CONFIG_V1
+        .get(0)
+        .is_some_and(|c| c.flags & CONFIG_F_STACK_BYPASS != 0)
+}
+
+/// The pod interface `pkt`, once addressed to `dst`, can be redirected into, or `None` (and
+/// the reason counted) when it must go through the node's stack. Call before translating:
+/// the route is the one the stack would pick for the packet after translation.
+#[inline(always)]
+pub fn route(ctx: &TcContext, pkt: &Packet, dst: [u8; 4], dst_port_be: u16) -> Option<Peer> {
+    match try_route(ctx, pkt, dst, dst_port_be) {
+        Ok(peer) => Some(peer),
+        Err(why) => {
+            count(why);
+            None
+        }
+    }
+}
+
+#[inline(always)]
+fn try_route(
+    ctx: &TcContext,
+    pkt: &Packet,
+    dst: [u8; 4],
+    dst_port_be: u16,
+) -> Result<Peer, Delivery> {
+    let [ttl, proto] = ctx
+        .load::<[u8; 2]>(IP_TTL_OFF)
+        .map_err(|_| Delivery::StackNoRoute)?;
+    if ttl <= 1 {
+        return Err(Delivery::StackTtl);
+    }
+    let skb = ctx.skb.skb;
+    // SAFETY: the context pointer is valid for the whole program run.
+    let in_ifindex = unsafe { (*skb).ifindex };
+    // SAFETY: an all-zero bpf_fib_lookup is a valid input (unions of plain integers).
+    let mut p: FibParams = unsafe { core::mem::zeroed() };
+    p.family = AF_INET;
+    p.l4_protocol = pkt.proto;
+    p.sport = pkt.src_port_be;
+    p.dport = dst_port_be;
+    // tot_len 0: the MTU check uses the skb itself, which understands GSO.
+    p.ifindex = in_ifindex;
+    p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(pkt.src_addr);
+    p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(dst);
+    // SAFETY: `p` is a properly sized, initialized bpf_fib_lookup on our stack.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            skb.cast(),
+            &raw mut p,
+            size_of::<FibParams>() as i32,
+            0,
+        )
+    };
+    if rc == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
+        return Err(Delivery::StackNoNeighbour);
+    }
+    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
+        return Err(Delivery::StackNoRoute);
+    }
+    let out = p.ifindex;
+    if out == in_ifindex {
+        return Err(Delivery::StackHairpin);
+    }
+    // SAFETY: a plain lookup; the value is only tested for presence.
+    if unsafe { LB_PODIFS_V1.get(out) }.is_none() {
+        return Err(Delivery::StackNotPodInterface);
+    }
+    let mut macs = [0u8; 12];
+    macs[..6].copy_from_slice(&p.dmac);
+    macs[6..].copy_from_slice(&p.smac);
+    Ok(Peer {
+        ifindex: out,
+        macs,
+        ttl_word: [ttl, proto],
+    })
+}
+
+/// Finishes the hop the stack would have made (MACs, TTL) and redirects into the pod.
+/// Returns the TC action. `to_backend` says which way the packet goes, for the counters.
+#[inline(always)]
+pub fn redirect(ctx: &TcContext, peer: Peer, to_backend: bool) -> Result<i32, Verdict> {
+    const FAIL: Verdict = Verdict::Drop(DropReason::NatFailed);
+    let old = u16::from_ne_bytes(peer.ttl_word);
+    let new = u16::from_ne_bytes([peer.ttl_word[0] - 1, peer.ttl_word[1]]);
+    ctx.l3_csum_replace(IP_CSUM_OFF, u64::from(old), u64::from(new), 2)
+        .map_err(|_| FAIL)?;
+    ctx.store(IP_TTL_OFF, &(peer.ttl_word[0] - 1), 0)
+        .map_err(|_| FAIL)?;
+    ctx.store(0, &peer.macs, 0).map_err(|_| FAIL)?;
+    count(if to_backend {
+        Delivery::RedirectToBackend
+    } else {
+        Delivery::RedirectToClient
+    });
+    // SAFETY: a helper call with no pointer arguments.
+    Ok(unsafe { bpf_redirect_peer(peer.ifindex, 0) } as i32)
+}
