@@ -4,12 +4,15 @@
 //! For each N, one namespace lab (node, a client pod, backend pods b1..b4 running the tiny
 //! servers of [`load`]) carries N services ([`rules::Services`]): the target service in the
 //! middle (TCP 80 and UDP 53 over b1, b2, b3), an iperf service next to it (b1 only), and
-//! N−2 filler services. Each round measures the four paths in a fixed order (direct,
-//! iptables, nftables, lbproxy), with only one path active at a time:
+//! N−2 filler services. Each round measures the five paths in a fixed order (direct,
+//! iptables, nftables, lbproxy, lbproxy-bypass), with only one path active at a time:
 //! - **direct**: the client talks to b1's pod IP;
 //! - **iptables**: kube-proxy's iptables-mode ruleset, one `iptables-restore` in the node ns;
 //! - **nftables**: kube-proxy's nftables-mode table `ip kube-proxy`, one `nft -f`;
-//! - **lbproxy**: `lbproxy run --manifests` (release build) on the same services.
+//! - **lbproxy**: `lbproxy run --manifests` (release build) on the same services, default
+//!   settings: translated packets still cross the node's stack;
+//! - **lbproxy-bypass**: the same with `--stack-bypass`: packets are redirected straight into
+//!   the destination pod.
 //!
 //! Between paths the node namespace's whole nftables ruleset (which holds iptables-nft's
 //! tables too) is flushed, its conntrack table emptied, and lbproxy stopped and cleaned up.
@@ -66,7 +69,7 @@ pub struct DatapathArgs {
     /// Use the bridge-shaped pod network (cni0-like) instead of routed veths (Calico-like).
     #[arg(long)]
     pub bridge: bool,
-    /// Only these paths (comma-separated: iptables, nftables, lbproxy); direct, the baseline,
+    /// Only these paths (comma-separated: iptables, nftables, lbproxy, lbproxy-bypass); direct, the baseline,
     /// is always measured [default: all].
     #[arg(long, value_delimiter = ',')]
     pub paths: Option<Vec<String>>,
@@ -152,10 +155,19 @@ enum Path {
     Iptables,
     Nftables,
     Lbproxy,
+    LbproxyBypass,
 }
 
 impl Path {
-    const ALL: [Path; 4] = [Path::Direct, Path::Iptables, Path::Nftables, Path::Lbproxy];
+    const ALL: [Path; 5] = [
+        Path::Direct,
+        Path::Iptables,
+        Path::Nftables,
+        Path::Lbproxy,
+        Path::LbproxyBypass,
+    ];
+    /// The lbproxy configurations, judged against issue 5's targets.
+    const LBPROXY: [Path; 2] = [Path::Lbproxy, Path::LbproxyBypass];
 
     fn key(self) -> &'static str {
         match self {
@@ -163,6 +175,7 @@ impl Path {
             Path::Iptables => "iptables",
             Path::Nftables => "nftables",
             Path::Lbproxy => "lbproxy",
+            Path::LbproxyBypass => "lbproxy-bypass",
         }
     }
 }
@@ -335,10 +348,14 @@ impl Bench<'_> {
                 )?),
                 None,
             )),
-            Path::Lbproxy => {
+            Path::Lbproxy | Path::LbproxyBypass => {
                 self.lab.write_manifest_text(&self.yaml);
                 let t = Instant::now();
-                let mut lb = self.lab.start_lbproxy();
+                let mut lb = self.lab.start_lbproxy_with(if p == Path::LbproxyBypass {
+                    &["--stack-bypass"]
+                } else {
+                    &[]
+                });
                 let addr: SocketAddr = lbproxy_tests::lab::HEALTHZ_ADDR.parse().unwrap();
                 let node = self.lab.node_ns().to_owned();
                 loop {
@@ -433,7 +450,7 @@ impl Bench<'_> {
                 let apply = pipe(c, &self.nft_change)?;
                 Ok((self.probe_new_backend(t0)?, apply))
             }
-            Path::Lbproxy => {
+            Path::Lbproxy | Path::LbproxyBypass => {
                 let lb = lb.context("lbproxy handle")?;
                 let off = lb.stderr_len();
                 let off_out = lb.stdout().len();
@@ -473,7 +490,7 @@ impl Bench<'_> {
 
     /// lbproxy's programs' mean run time per invocation and invocations per connection,
     /// over a short connection-rate run with `kernel.bpf_stats_enabled=1`.
-    fn bpf_profile(&self, dur: Duration) -> (BTreeMap<String, f64>, Option<f64>) {
+    fn bpf_profile(&self, p: Path, dur: Duration) -> (BTreeMap<String, f64>, Option<f64>) {
         let key = "/proc/sys/kernel/bpf_stats_enabled";
         let before = std::fs::read_to_string(key).unwrap_or_default();
         if std::fs::write(key, "1").is_err() {
@@ -495,12 +512,7 @@ impl Bench<'_> {
             m
         };
         let a = snap(&ids);
-        let load = load::tcp_crr(
-            &self.client.netns,
-            self.tcp_dst(Path::Lbproxy),
-            self.cfg.workers,
-            dur,
-        );
+        let load = load::tcp_crr(&self.client.netns, self.tcp_dst(p), self.cfg.workers, dur);
         let b = snap(&ids);
         let _ = std::fs::write(key, before.trim());
         let mut out = BTreeMap::new();
@@ -544,7 +556,7 @@ impl Bench<'_> {
                 s.rss_kib = rss_kib(lb.pid());
                 s.map_bytes = map_memlock_bytes(self.lab.bpffs_dir());
                 if last_round {
-                    let (ns, per) = self.bpf_profile(Duration::from_secs(1));
+                    let (ns, per) = self.bpf_profile(p, Duration::from_secs(1));
                     s.prog_ns = ns;
                     s.runs_per_conn = per;
                 }
@@ -692,7 +704,7 @@ fn path_json(p: Path, v: &[Sample]) -> Value {
             },
         })},
     });
-    if p == Path::Lbproxy {
+    if Path::LBPROXY.contains(&p) {
         let last = v.last();
         j["memory"] = json!({
             "rss_mib": last.and_then(|s| s.rss_kib).map(|k| k as f64 / 1024.0),
@@ -800,7 +812,7 @@ fn table(n: usize, r: &Value) -> String {
         )
     });
     let w0 = rows.iter().map(|r| r.0.chars().count()).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..4)
+    let widths: Vec<usize> = (0..Path::ALL.len())
         .map(|i| {
             rows.iter()
                 .map(|r| r.1[i].chars().count())
@@ -827,40 +839,59 @@ fn table(n: usize, r: &Value) -> String {
         }
         out.push('\n');
     }
-    let lb = p(Path::Lbproxy);
-    out.push_str(&format!(
-        "\nlbproxy memory: controller RSS {:.1} MiB, BPF maps (memlock) {:.1} MiB; programs per connection {:.1}, mean run time {}\n",
-        f(&lb["memory"]["rss_mib"]).unwrap_or(f64::NAN),
-        f(&lb["memory"]["bpf_map_mib"]).unwrap_or(f64::NAN),
-        f(&lb["bpf_profile"]["program_runs_per_connection"]).unwrap_or(f64::NAN),
-        lb["bpf_profile"]["ns_per_run"]
-            .as_object()
-            .map(|m| m
-                .iter()
-                .map(|(k, v)| format!("{k} {:.0} ns", v.as_f64().unwrap_or(f64::NAN)))
-                .collect::<Vec<_>>()
-                .join(", "))
-            .unwrap_or_default()
-    ));
+    for path in Path::LBPROXY {
+        let lb = p(path);
+        if lb.is_null() {
+            continue;
+        }
+        out.push_str(&format!(
+            "\n{}: controller RSS {:.1} MiB, BPF maps (memlock) {:.1} MiB; programs per connection {:.1}, mean run time {}",
+            path.key(),
+            f(&lb["memory"]["rss_mib"]).unwrap_or(f64::NAN),
+            f(&lb["memory"]["bpf_map_mib"]).unwrap_or(f64::NAN),
+            f(&lb["bpf_profile"]["program_runs_per_connection"]).unwrap_or(f64::NAN),
+            lb["bpf_profile"]["ns_per_run"]
+                .as_object()
+                .map(|m| m
+                    .iter()
+                    .map(|(k, v)| format!("{k} {:.0} ns", v.as_f64().unwrap_or(f64::NAN)))
+                    .collect::<Vec<_>>()
+                    .join(", "))
+                .unwrap_or_default()
+        ));
+    }
+    out.push('\n');
     out
 }
 
-/// Issue 5's targets, at the largest N (flatness: largest against smallest N).
+/// Issue 5's targets for each lbproxy configuration that was measured, at the largest N
+/// (flatness: largest against smallest N).
 fn targets(ns: &[usize], results: &Value) -> Vec<Value> {
+    let mut t = Vec::new();
+    for lbp in Path::LBPROXY {
+        if !results[ns.last().copied().unwrap_or(0).to_string()][lbp.key()].is_null() {
+            t.extend(targets_of(lbp, ns, results));
+        }
+    }
+    t
+}
+
+/// Issue 5's targets for one lbproxy configuration, `lbp`.
+fn targets_of(lbp: Path, ns: &[usize], results: &Value) -> Vec<Value> {
     let hi = ns.last().copied().unwrap_or(0);
     let lo = ns.first().copied().unwrap_or(0);
     let at = |n: usize, p: Path| &results[n.to_string()][p.key()];
     let g = |n: usize, p: Path, a: &str, b: &str| f(&at(n, p)[a][b]);
     let mut t = Vec::new();
     let mut push = |name: String, value: Option<f64>, shown: String, met: Option<bool>| {
-        t.push(json!({"target": name, "value": value, "shown": shown, "met": met}));
+        t.push(json!({"path": lbp.key(), "target": name, "value": value, "shown": shown, "met": met}));
     };
     for (what, key) in [
         ("TCP connection rate", "tcp_crr"),
         ("UDP request rate", "udp_rr"),
     ] {
         let r = match (
-            g(hi, Path::Lbproxy, key, "rate_per_s"),
+            g(hi, lbp, key, "rate_per_s"),
             g(hi, Path::Direct, key, "rate_per_s"),
         ) {
             (Some(a), Some(b)) if b > 0.0 => Some(a / b),
@@ -874,7 +905,7 @@ fn targets(ns: &[usize], results: &Value) -> Vec<Value> {
         );
         let key1 = format!("{key}_1worker");
         let dp = match (
-            g(hi, Path::Lbproxy, &key1, "p50_us"),
+            g(hi, lbp, &key1, "p50_us"),
             g(hi, Path::Direct, &key1, "p50_us"),
         ) {
             (Some(a), Some(b)) => Some(a - b),
@@ -890,8 +921,8 @@ fn targets(ns: &[usize], results: &Value) -> Vec<Value> {
             None
         } else {
             match (
-                g(hi, Path::Lbproxy, key, "rate_per_s"),
-                g(lo, Path::Lbproxy, key, "rate_per_s"),
+                g(hi, lbp, key, "rate_per_s"),
+                g(lo, lbp, key, "rate_per_s"),
             ) {
                 (Some(a), Some(b)) if b > 0.0 => Some(a / b),
                 _ => None,
@@ -905,7 +936,7 @@ fn targets(ns: &[usize], results: &Value) -> Vec<Value> {
         );
     }
     let thr = match (
-        f(&at(hi, Path::Lbproxy)["throughput_gbps"]),
+        f(&at(hi, lbp)["throughput_gbps"]),
         f(&at(hi, Path::Direct)["throughput_gbps"]),
     ) {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
@@ -917,7 +948,7 @@ fn targets(ns: &[usize], results: &Value) -> Vec<Value> {
         thr.map_or("n/a".into(), |r| format!("{r:.2}×")),
         thr.map(|r| r >= 0.95),
     );
-    let c = &at(hi, Path::Lbproxy)["endpoint_change"];
+    let c = &at(hi, lbp)["endpoint_change"];
     let apply = f(&c["apply_ms"]);
     push(
         format!("one endpoint change written ≤ 1 ms after the controller's decision at N={hi}"),
@@ -1065,7 +1096,7 @@ fn run(cfg: &Config) -> Result<Value> {
     for n in &cfg.services {
         println!("{}", table(*n, &doc["results"][n.to_string()]));
     }
-    println!("issue 5 targets (lbproxy):");
+    println!("issue 5 targets:");
     for t in doc["targets"].as_array().unwrap() {
         let verdict = match t["met"].as_bool() {
             Some(true) => "MET   ",
@@ -1073,7 +1104,8 @@ fn run(cfg: &Config) -> Result<Value> {
             None => "n/a   ",
         };
         println!(
-            "  {verdict} {}: {}",
+            "  {verdict} {}: {}: {}",
+            t["path"].as_str().unwrap_or(""),
             t["target"].as_str().unwrap_or(""),
             t["shown"].as_str().unwrap_or("")
         );
@@ -1125,7 +1157,7 @@ mod tests {
                 .unwrap();
         // Same document (floats may differ in the last bit after the round trip).
         assert_eq!(on_disk["paths"], doc["paths"]);
-        assert_eq!(on_disk["targets"].as_array().map(Vec::len), Some(9));
+        assert_eq!(on_disk["targets"].as_array().map(Vec::len), Some(18));
         let r = &on_disk["results"]["3"];
         for p in Path::ALL {
             let v = &r[p.key()];
@@ -1160,10 +1192,11 @@ mod tests {
                 );
             }
         }
-        let lb = &r["lbproxy"];
-        assert!(lb["memory"]["rss_mib"].as_f64().is_some(), "{lb:#}");
-        assert!(lb["memory"]["bpf_map_mib"].as_f64().is_some(), "{lb:#}");
-        assert_eq!(on_disk["targets"].as_array().unwrap().len(), 9);
+        for p in Path::LBPROXY {
+            let lb = &r[p.key()];
+            assert!(lb["memory"]["rss_mib"].as_f64().is_some(), "{lb:#}");
+            assert!(lb["memory"]["bpf_map_mib"].as_f64().is_some(), "{lb:#}");
+        }
         for name in [
             "connection_rate.png",
             "p50_latency.png",

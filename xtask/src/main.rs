@@ -65,11 +65,15 @@ enum Task {
     },
     /// Show lbproxy balancing a Service in a namespace lab: no cluster needed.
     Demo(demo::DemoArgs),
-    /// Benchmarks. `sync`: the controller at 10,000 services against a list+watch API
-    /// server. The datapath benchmark against iptables/nftables is issue 5.
+    /// Benchmarks. Without a subcommand, the datapath benchmark (`bench datapath`): lbproxy
+    /// against kube-proxy's iptables and nftables layouts and a direct path, e.g.
+    /// `cargo xtask bench --quick`.
+    #[command(args_conflicts_with_subcommands = true)]
     Bench {
         #[command(subcommand)]
-        what: BenchWhat,
+        what: Option<BenchWhat>,
+        #[command(flatten)]
+        datapath: bench_datapath::DatapathArgs,
     },
 }
 
@@ -113,14 +117,11 @@ fn real_main() -> Result<()> {
             no_ebpf,
         }),
         Task::Demo(args) => demo::demo(&args),
-        Task::Bench {
-            what: BenchWhat::Sync(args),
-        } => bench::sync(&args),
-        Task::Bench {
-            what: BenchWhat::Churn(args),
-        } => bench_churn::churn(&args),
-        Task::Bench {
-            what: BenchWhat::Datapath(args),
-        } => bench_datapath::datapath(&args),
+        Task::Bench { what, datapath } => match what {
+            Some(BenchWhat::Sync(args)) => bench::sync(&args),
+            Some(BenchWhat::Churn(args)) => bench_churn::churn(&args),
+            Some(BenchWhat::Datapath(args)) => bench_datapath::datapath(&args),
+            None => bench_datapath::datapath(&datapath),
+        },
     }
 }
