@@ -355,8 +355,8 @@ impl DropReason {
 #[cfg(feature = "user")]
 mod pod {
     use super::{
-        AffinityKey, AffinityValue, Backend, DatapathConfig, FlowKey, FlowValue, MemberKey,
-        PodIf, ServiceKey, ServiceLabel, ServiceValue, ServiceValueV1, SlotKey,
+        AffinityKey, AffinityValue, Backend, DatapathConfig, FlowKey, FlowValue, MemberKey, PodIf,
+        ServiceKey, ServiceLabel, ServiceValue, ServiceValueV1, SlotKey,
     };
     // SAFETY: all of these are repr(C), Copy, made only of integers and byte arrays, and have
     // no implicit padding (sizes are asserted above).

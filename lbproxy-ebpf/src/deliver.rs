@@ -108,14 +108,7 @@ fn try_route(
     p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(pkt.src_addr);
     p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(dst);
     // SAFETY: `p` is a properly sized, initialized bpf_fib_lookup on our stack.
-    let rc = unsafe {
-        bpf_fib_lookup(
-            skb.cast(),
-            &raw mut p,
-            size_of::<FibParams>() as i32,
-            0,
-        )
-    };
+    let rc = unsafe { bpf_fib_lookup(skb.cast(), &raw mut p, size_of::<FibParams>() as i32, 0) };
     if rc == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
         return Err(Delivery::StackNoNeighbour);
     }

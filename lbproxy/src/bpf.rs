@@ -335,7 +335,11 @@ pub fn pinned_interfaces(dir: &Path) -> BTreeMap<Interface, Vec<PathBuf>> {
 pub fn write_config(dir: &Path, stack_bypass: bool) -> Result<(), BpfError> {
     let mut map: Array<MapData, DatapathConfig> = open_pinned(dir, map_names::CONFIG, Map::Array)?;
     let config = DatapathConfig {
-        flags: if stack_bypass { CONFIG_F_STACK_BYPASS } else { 0 },
+        flags: if stack_bypass {
+            CONFIG_F_STACK_BYPASS
+        } else {
+            0
+        },
         _reserved: [0; 3],
     };
     map.set(0, config, 0).map_err(|source| BpfError::Map {
@@ -435,7 +439,11 @@ impl Attacher {
         for (ifindex, v) in want {
             if have.get(ifindex) != Some(v) {
                 self.pod_ifs.insert(ifindex, v, 0).map_err(err)?;
-                tracing::debug!(ifindex, kind = v.kind, "redirects into this interface's pod");
+                tracing::debug!(
+                    ifindex,
+                    kind = v.kind,
+                    "redirects into this interface's pod"
+                );
             }
         }
         Ok(())

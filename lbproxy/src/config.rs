@@ -414,10 +414,12 @@ mod tests {
         assert_eq!(s.sync_period, Duration::from_secs(30));
         assert_eq!(s.min_sync_period, Duration::ZERO);
         assert_eq!(s.pod_interfaces, vec!["lxc*", "veth*", "cali*"]);
+        assert!(!s.stack_bypass, "the stack bypass is off unless asked for");
         let s = file(
-            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nclientConnection: {kubeconfig: /k}\nhostnameOverride: Node-A\nhealthzBindAddress: 127.0.0.1:1\nmetricsBindAddress: 127.0.0.1:2\nsyncPeriod: 1m\nminSyncPeriod: 500ms\nmode: ebpf\npodInterfaces: [eth*]\nbpffsDir: /sys/fs/bpf/x\nflowMapSize: 2048\n",
+            "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nclientConnection: {kubeconfig: /k}\nhostnameOverride: Node-A\nhealthzBindAddress: 127.0.0.1:1\nmetricsBindAddress: 127.0.0.1:2\nsyncPeriod: 1m\nminSyncPeriod: 500ms\nmode: ebpf\npodInterfaces: [eth*]\nbpffsDir: /sys/fs/bpf/x\nflowMapSize: 2048\nstackBypass: true\n",
         )
         .unwrap();
+        assert!(s.stack_bypass);
         assert_eq!(s.hostname, "node-a");
         assert_eq!(s.kubeconfig, Some(PathBuf::from("/k")));
         assert_eq!(s.sync_period, Duration::from_secs(60));
@@ -428,16 +430,22 @@ mod tests {
     #[test]
     fn flags_override_the_file() {
         let p = Path::new("c.yaml");
-        let f = parse_file(p, "syncPeriod: 1m\nhostnameOverride: a\n").unwrap();
+        let f = parse_file(
+            p,
+            "syncPeriod: 1m\nhostnameOverride: a\nstackBypass: true\n",
+        )
+        .unwrap();
         let s = resolve(
             Some((p, f)),
             Flags {
                 sync_period: Some("10s".into()),
+                stack_bypass: Some(false),
                 ..Default::default()
             },
         )
         .unwrap();
         assert_eq!(s.sync_period, Duration::from_secs(10));
+        assert!(!s.stack_bypass, "--stack-bypass=false overrides the file");
         assert_eq!(s.hostname, "a");
     }
 

@@ -54,11 +54,16 @@ fn routed_pods_bypass_the_node_stack() {
     // Cold neighbours: the node has not talked to the backends yet, so the first packets
     // take the stack, which resolves them; later ones are redirected.
     let (t, u) = web_traffic_ok_in(Some(&s.lab), "bypass, open node", &s.client, WEB_VIP, 30);
-    assert!(t.len() == 2 && u.len() == 2, "both backends answer: TCP {t:?} UDP {u:?}");
+    assert!(
+        t.len() == 2 && u.len() == 2,
+        "both backends answer: TCP {t:?} UDP {u:?}"
+    );
 
     drop_forwarded_backend_traffic(&s.lab);
     let b1 = s.backend("b1").ip;
-    let direct = s.client.tcp_request(b1, BACKEND_TCP, Duration::from_millis(500));
+    let direct = s
+        .client
+        .tcp_request(b1, BACKEND_TCP, Duration::from_millis(500));
     assert!(
         direct.is_err(),
         "the FORWARD drop rule must stop direct pod-to-pod traffic, but b1 answered: {direct:?}"
@@ -69,8 +74,17 @@ fn routed_pods_bypass_the_node_stack() {
         delivered(&s.lab, "redirect_to_client"),
     );
     let n = 40;
-    let (t, u) = web_traffic_ok_in(Some(&s.lab), "bypass, FORWARD dropping", &s.client, WEB_VIP, n);
-    assert!(t.len() == 2 && u.len() == 2, "both backends answer: TCP {t:?} UDP {u:?}");
+    let (t, u) = web_traffic_ok_in(
+        Some(&s.lab),
+        "bypass, FORWARD dropping",
+        &s.client,
+        WEB_VIP,
+        n,
+    );
+    assert!(
+        t.len() == 2 && u.len() == 2,
+        "both backends answer: TCP {t:?} UDP {u:?}"
+    );
     // A TCP request is at least SYN, ACK, request, FIN out and SYN-ACK, reply, FIN back;
     // a UDP one is one packet each way.
     let (fwd, rev) = (
@@ -89,7 +103,9 @@ fn routed_pods_bypass_the_node_stack() {
     let v = s.lab.inspect_json("delivery");
     assert_eq!(v["stack_bypass"], false, "inspect delivery: {v:#}");
     assert_eq!(
-        v["redirect_interfaces"].as_array().map_or(usize::MAX, Vec::len),
+        v["redirect_interfaces"]
+            .as_array()
+            .map_or(usize::MAX, Vec::len),
         0,
         "no redirect target with the bypass off: {v:#}"
     );
@@ -110,7 +126,10 @@ fn routed_pods_bypass_the_node_stack() {
 fn bridged_pods_fall_back_to_the_stack() {
     let s = Setup::with_args(Shape::Bridge, &["b1", "b2"], &["--stack-bypass"]);
     let (t, u) = web_traffic_ok_in(Some(&s.lab), "bypass, bridge", &s.client, WEB_VIP, 20);
-    assert!(t.len() == 2 && u.len() == 2, "both backends answer: TCP {t:?} UDP {u:?}");
+    assert!(
+        t.len() == 2 && u.len() == 2,
+        "both backends answer: TCP {t:?} UDP {u:?}"
+    );
     assert_eq!(delivered(&s.lab, "redirect_to_backend"), 0);
     assert_eq!(delivered(&s.lab, "redirect_to_client"), 0);
     let not_pod = delivered(&s.lab, "stack_not_pod_interface");

@@ -884,7 +884,9 @@ fn targets_of(lbp: Path, ns: &[usize], results: &Value) -> Vec<Value> {
     let g = |n: usize, p: Path, a: &str, b: &str| f(&at(n, p)[a][b]);
     let mut t = Vec::new();
     let mut push = |name: String, value: Option<f64>, shown: String, met: Option<bool>| {
-        t.push(json!({"path": lbp.key(), "target": name, "value": value, "shown": shown, "met": met}));
+        t.push(
+            json!({"path": lbp.key(), "target": name, "value": value, "shown": shown, "met": met}),
+        );
     };
     for (what, key) in [
         ("TCP connection rate", "tcp_crr"),
@@ -920,10 +922,7 @@ fn targets_of(lbp: Path, ns: &[usize], results: &Value) -> Vec<Value> {
         let flat = if hi == lo {
             None
         } else {
-            match (
-                g(hi, lbp, key, "rate_per_s"),
-                g(lo, lbp, key, "rate_per_s"),
-            ) {
+            match (g(hi, lbp, key, "rate_per_s"), g(lo, lbp, key, "rate_per_s")) {
                 (Some(a), Some(b)) if b > 0.0 => Some(a / b),
                 _ => None,
             }
