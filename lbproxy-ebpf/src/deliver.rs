@@ -23,7 +23,8 @@ use lbproxy_common::{
 };
 
 use crate::{
-    packet::{ETH_LEN, IP_CSUM_OFF, Packet},
+    nat::csum_update,
+    packet::{ETH_LEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, Packet, ptr_at},
     reason::Verdict,
 };
 
@@ -39,6 +40,9 @@ static LB_DELIVERY_V1: PerCpuArray<u64, { Delivery::SLOTS as usize }> = PerCpuAr
 const AF_INET: u8 = 2;
 /// Offset of the IPv4 TTL, followed by the protocol: the two make one checksummed word.
 const IP_TTL_OFF: usize = ETH_LEN + 8;
+/// The Ethernet header and the fixed part of the IPv4 header: everything a redirect
+/// rewrites, in one store.
+const L2_L3_LEN: usize = ETH_LEN + 20;
 
 /// Where to send a translated packet instead of the node's stack.
 #[derive(Clone, Copy)]
@@ -47,8 +51,15 @@ pub struct Peer {
     /// Destination then source MAC: the first 12 bytes of the frame as the stack would
     /// have written them when forwarding.
     macs: [u8; 12],
-    /// The TTL and protocol word before and after this hop's decrement, network order.
-    ttl_word: [u8; 2],
+}
+
+/// Which IP address the translation replaces.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The destination: a client's packet to a VIP, now to a backend.
+    Destination,
+    /// The source: a backend's reply, now from the VIP.
+    Source,
 }
 
 #[inline(always)]
@@ -88,10 +99,9 @@ fn try_route(
     dst: [u8; 4],
     dst_port_be: u16,
 ) -> Result<Peer, Delivery> {
-    let [ttl, proto] = ctx
-        .load::<[u8; 2]>(IP_TTL_OFF)
-        .map_err(|_| Delivery::StackNoRoute)?;
-    if ttl <= 1 {
+    let ttl: *const u8 = ptr_at(ctx, IP_TTL_OFF).ok_or(Delivery::StackNoRoute)?;
+    // SAFETY: bounds-checked by ptr_at.
+    if unsafe { *ttl } <= 1 {
         return Err(Delivery::StackTtl);
     }
     let skb = ctx.skb.skb;
@@ -126,29 +136,50 @@ fn try_route(
     let mut macs = [0u8; 12];
     macs[..6].copy_from_slice(&p.dmac);
     macs[6..].copy_from_slice(&p.smac);
-    Ok(Peer {
-        ifindex: out,
-        macs,
-        ttl_word: [ttl, proto],
-    })
+    Ok(Peer { ifindex: out, macs })
 }
 
-/// Finishes the hop the stack would have made (MACs, TTL) and redirects into the pod.
-/// Returns the TC action. `to_backend` says which way the packet goes, for the counters.
+/// Finishes the translation's L3 half (`side`'s address becomes `new_addr`) and the hop the
+/// stack would have made (MACs, TTL), all in one store with the header checksum updated
+/// incrementally, then redirects into the pod. The L4 half (`nat::dnat_l4`/`snat_l4`) is
+/// the caller's. Returns the TC action.
 #[inline(always)]
-pub fn redirect(ctx: &TcContext, peer: Peer, to_backend: bool) -> Result<i32, Verdict> {
+pub fn redirect(
+    ctx: &TcContext,
+    peer: Peer,
+    side: Side,
+    new_addr: [u8; 4],
+) -> Result<i32, Verdict> {
     const FAIL: Verdict = Verdict::Drop(DropReason::NatFailed);
-    let old = u16::from_ne_bytes(peer.ttl_word);
-    let new = u16::from_ne_bytes([peer.ttl_word[0] - 1, peer.ttl_word[1]]);
-    ctx.l3_csum_replace(IP_CSUM_OFF, u64::from(old), u64::from(new), 2)
-        .map_err(|_| FAIL)?;
-    ctx.store(IP_TTL_OFF, &(peer.ttl_word[0] - 1), 0)
-        .map_err(|_| FAIL)?;
-    ctx.store(0, &peer.macs, 0).map_err(|_| FAIL)?;
-    count(if to_backend {
-        Delivery::RedirectToBackend
-    } else {
-        Delivery::RedirectToClient
+    let hdr: *const [u8; L2_L3_LEN] = ptr_at(ctx, 0).ok_or(FAIL)?;
+    // SAFETY: bounds-checked by ptr_at.
+    let mut h = unsafe { *hdr };
+    let word = |h: &[u8; L2_L3_LEN], at: usize| u16::from_ne_bytes([h[at], h[at + 1]]);
+    let old_ttl = word(&h, IP_TTL_OFF);
+    let (a0, a1) = match side {
+        Side::Destination => (word(&h, IP_DST_OFF), word(&h, IP_DST_OFF + 2)),
+        Side::Source => (word(&h, IP_SRC_OFF), word(&h, IP_SRC_OFF + 2)),
+    };
+    h[..12].copy_from_slice(&peer.macs);
+    h[IP_TTL_OFF] = h[IP_TTL_OFF].wrapping_sub(1);
+    match side {
+        Side::Destination => h[IP_DST_OFF..IP_DST_OFF + 4].copy_from_slice(&new_addr),
+        Side::Source => h[IP_SRC_OFF..IP_SRC_OFF + 4].copy_from_slice(&new_addr),
+    }
+    let csum = csum_update(
+        word(&h, IP_CSUM_OFF),
+        &[old_ttl, a0, a1],
+        &[
+            word(&h, IP_TTL_OFF),
+            u16::from_ne_bytes([new_addr[0], new_addr[1]]),
+            u16::from_ne_bytes([new_addr[2], new_addr[3]]),
+        ],
+    );
+    h[IP_CSUM_OFF..IP_CSUM_OFF + 2].copy_from_slice(&csum.to_ne_bytes());
+    ctx.store(0, &h, 0).map_err(|_| FAIL)?;
+    count(match side {
+        Side::Destination => Delivery::RedirectToBackend,
+        Side::Source => Delivery::RedirectToClient,
     });
     // SAFETY: a helper call with no pointer arguments.
     Ok(unsafe { bpf_redirect_peer(peer.ifindex, 0) } as i32)

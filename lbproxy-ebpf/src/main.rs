@@ -77,10 +77,16 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
     } else {
         None
     };
-    nat::dnat(ctx, &pkt, to).map_err(|v| v.reason())?;
     match peer {
-        Some(peer) => deliver::redirect(ctx, peer, true).map_err(|v| v.reason()),
-        None => Ok(TC_ACT_UNSPEC),
+        Some(peer) => {
+            nat::dnat_l4(ctx, &pkt, to).map_err(|v| v.reason())?;
+            deliver::redirect(ctx, peer, deliver::Side::Destination, to.addr)
+                .map_err(|v| v.reason())
+        }
+        None => {
+            nat::dnat(ctx, &pkt, to).map_err(|v| v.reason())?;
+            Ok(TC_ACT_UNSPEC)
+        }
     }
 }
 
@@ -99,8 +105,8 @@ fn reply_from_pod(ctx: &TcContext, pkt: &packet::Packet) -> Result<i32, DropReas
     let Some(peer) = deliver::route(ctx, pkt, pkt.dst_addr, pkt.dst_port_be) else {
         return Ok(TC_ACT_UNSPEC);
     };
-    nat::snat(ctx, pkt, to).map_err(|v| v.reason())?;
-    deliver::redirect(ctx, peer, false).map_err(|v| v.reason())
+    nat::snat_l4(ctx, pkt, to).map_err(|v| v.reason())?;
+    deliver::redirect(ctx, peer, deliver::Side::Source, to.addr).map_err(|v| v.reason())
 }
 
 #[classifier]

@@ -17,10 +17,24 @@ const BPF_F_MARK_MANGLED_0: u64 = 0x20;
 /// Rewrites the destination (client -> VIP becomes client -> backend).
 #[inline(always)]
 pub fn dnat(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdict> {
-    rewrite(
+    dnat_l4(ctx, pkt, to)?;
+    rewrite_l3(ctx, IP_DST_OFF, pkt.dst_addr, to.addr)
+}
+
+/// Rewrites the source (backend -> client becomes VIP -> client).
+#[inline(always)]
+pub fn snat(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdict> {
+    snat_l4(ctx, pkt, to)?;
+    rewrite_l3(ctx, IP_SRC_OFF, pkt.src_addr, to.addr)
+}
+
+/// The L4 half of [`dnat`]: the destination port and the L4 checksum. The caller writes the
+/// IP header itself (the stack bypass rewrites it together with the hop's TTL and MACs).
+#[inline(always)]
+pub fn dnat_l4(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdict> {
+    rewrite_l4(
         ctx,
         pkt,
-        IP_DST_OFF,
         pkt.dst_addr,
         pkt.l4_off + L4_DPORT_OFF,
         pkt.dst_port_be,
@@ -28,13 +42,12 @@ pub fn dnat(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdict>
     )
 }
 
-/// Rewrites the source (backend -> client becomes VIP -> client).
+/// The L4 half of [`snat`].
 #[inline(always)]
-pub fn snat(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdict> {
-    rewrite(
+pub fn snat_l4(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdict> {
+    rewrite_l4(
         ctx,
         pkt,
-        IP_SRC_OFF,
         pkt.src_addr,
         pkt.l4_off + L4_SPORT_OFF,
         pkt.src_port_be,
@@ -42,17 +55,18 @@ pub fn snat(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdict>
     )
 }
 
+const FAIL: Verdict = Verdict::Drop(DropReason::NatFailed);
+
+/// The port, and the L4 checksum for the port and the address (part of the pseudo-header).
 #[inline(always)]
-fn rewrite(
+fn rewrite_l4(
     ctx: &TcContext,
     pkt: &Packet,
-    addr_off: usize,
     old_addr: [u8; 4],
     port_off: usize,
     old_port_be: u16,
     to: NatTarget,
 ) -> Result<(), Verdict> {
-    const FAIL: Verdict = Verdict::Drop(DropReason::NatFailed);
     let old_a = u64::from(u32::from_ne_bytes(old_addr));
     let new_a = u64::from(u32::from_ne_bytes(to.addr));
     let l4_flags = if pkt.proto == IPPROTO_UDP {
@@ -64,9 +78,6 @@ fn rewrite(
     if old_a != new_a {
         ctx.l4_csum_replace(csum_off, old_a, new_a, l4_flags | BPF_F_PSEUDO_HDR | 4)
             .map_err(|_| FAIL)?;
-        ctx.l3_csum_replace(IP_CSUM_OFF, old_a, new_a, 4)
-            .map_err(|_| FAIL)?;
-        ctx.store(addr_off, &to.addr, 0).map_err(|_| FAIL)?;
     }
     if old_port_be != to.port_be {
         ctx.l4_csum_replace(
@@ -79,4 +90,39 @@ fn rewrite(
         ctx.store(port_off, &to.port_be, 0).map_err(|_| FAIL)?;
     }
     Ok(())
+}
+
+/// The address in the IP header, and the header checksum.
+#[inline(always)]
+fn rewrite_l3(
+    ctx: &TcContext,
+    addr_off: usize,
+    old_addr: [u8; 4],
+    new_addr: [u8; 4],
+) -> Result<(), Verdict> {
+    if old_addr == new_addr {
+        return Ok(());
+    }
+    let old_a = u64::from(u32::from_ne_bytes(old_addr));
+    let new_a = u64::from(u32::from_ne_bytes(new_addr));
+    ctx.l3_csum_replace(IP_CSUM_OFF, old_a, new_a, 4)
+        .map_err(|_| FAIL)?;
+    ctx.store(addr_off, &new_addr, 0).map_err(|_| FAIL)
+}
+
+/// One's complement checksum `csum` (as read from the packet) updated for 16-bit words
+/// changing from `old` to `new` (RFC 1624, eqn. 3). Byte order does not matter as long as
+/// the checksum and the words are read the same way.
+#[inline(always)]
+pub fn csum_update(csum: u16, old: &[u16], new: &[u16]) -> u16 {
+    let mut sum = u32::from(!csum);
+    for w in old {
+        sum += u32::from(!*w);
+    }
+    for w in new {
+        sum += u32::from(*w);
+    }
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
 }

@@ -4,10 +4,65 @@
 
 mod common;
 
+use std::net::{Ipv4Addr, UdpSocket};
+use std::os::fd::AsRawFd as _;
 use std::time::Duration;
 
 use common::*;
-use lbproxy_tests::lab::{Lab, Proto, Shape};
+use lbproxy_tests::lab::{Lab, Pod, Proto, Shape};
+
+/// The IP TTL of the answer to one UDP request from `client` to `addr:port`, read with
+/// `IP_RECVTTL`.
+fn reply_ttl(client: &Pod, addr: Ipv4Addr, port: u16) -> u8 {
+    client.run(|| {
+        let sock = UdpSocket::bind("0.0.0.0:0").expect("bind");
+        sock.set_read_timeout(Some(T)).expect("timeout");
+        let fd = sock.as_raw_fd();
+        let on: libc::c_int = 1;
+        // SAFETY: a valid socket and an int option of the right size.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::IPPROTO_IP,
+                libc::IP_RECVTTL,
+                (&raw const on).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0, "IP_RECVTTL: {}", std::io::Error::last_os_error());
+        sock.send_to(b"ttl?", (addr, port)).expect("send");
+        let mut buf = [0u8; 512];
+        let mut cbuf = [0u64; 16];
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: an all-zero msghdr is valid; the pointers set below outlive the call.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &raw mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = size_of_val(&cbuf);
+        // SAFETY: msg points at live buffers of the sizes given.
+        let n = unsafe { libc::recvmsg(fd, &raw mut msg, 0) };
+        assert!(
+            n > 0,
+            "no UDP answer from {addr}:{port}: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: walking the control messages the kernel wrote into cbuf.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&raw const msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::IPPROTO_IP && (*c).cmsg_type == libc::IP_TTL {
+                    return *libc::CMSG_DATA(c).cast::<libc::c_int>() as u8;
+                }
+                c = libc::CMSG_NXTHDR(&raw const msg, c);
+            }
+        }
+        panic!("no IP_TTL control message on the answer from {addr}:{port}");
+    })
+}
 
 /// `lbproxy inspect delivery --json`'s counter for `path`.
 fn delivered(lab: &Lab, path: &str) -> u64 {
@@ -58,6 +113,21 @@ fn routed_pods_bypass_the_node_stack() {
         t.len() == 2 && u.len() == 2,
         "both backends answer: TCP {t:?} UDP {u:?}"
     );
+
+    // A redirect makes the hop the node would have made: the TTL drops by one, as on the
+    // direct path through the node.
+    let before = delivered(&s.lab, "redirect_to_client");
+    let via_vip = reply_ttl(&s.client, WEB_VIP, WEB_UDP);
+    assert!(
+        delivered(&s.lab, "redirect_to_client") > before,
+        "the TTL probe's answer was not redirected"
+    );
+    let direct = reply_ttl(&s.client, s.backend("b1").ip, BACKEND_UDP);
+    assert_eq!(
+        via_vip, direct,
+        "TTL of an answer through the VIP (redirected) vs. straight from b1 (routed by the node)"
+    );
+    eprintln!("reply TTL through the VIP {via_vip}, straight from b1 {direct}");
 
     drop_forwarded_backend_traffic(&s.lab);
     let b1 = s.backend("b1").ip;
