@@ -9,6 +9,42 @@
 //! the old one, so a restarted controller never reads a pinned map of the wrong shape.
 #![no_std]
 
+/// Declares a `#[repr(u32)]` enum of per-CPU counter indices with `COUNT`, `SLOTS` (the
+/// counter map's room, so values can be added without a new layout), `ALL` and `label()`
+/// (the name in metrics and `lbproxy inspect`).
+macro_rules! counter_enum {
+    (
+        $(#[$doc:meta])*
+        pub enum $name:ident, slots $slots:literal {
+            $($(#[$vdoc:meta])* $variant:ident = $value:literal => $label:literal,)*
+        }
+    ) => {
+        $(#[$doc])*
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum $name {
+            $($(#[$vdoc])* $variant = $value,)*
+        }
+
+        impl $name {
+            /// How many values exist now.
+            pub const COUNT: u32 = [$($name::$variant),*].len() as u32;
+            /// Room in the counter map.
+            pub const SLOTS: u32 = $slots;
+            pub const ALL: [$name; Self::COUNT as usize] = [$($name::$variant),*];
+
+            /// The label used in metrics and `lbproxy inspect`.
+            pub const fn label(self) -> &'static str {
+                match self {
+                    $($name::$variant => $label,)*
+                }
+            }
+        }
+
+        const _: () = assert!($name::COUNT <= $name::SLOTS);
+    };
+}
+
 /// Names of the maps, as pinned under `--bpffs-dir`. Kernel map names are cut at 15 bytes,
 /// so keep these short.
 pub mod map_names {
@@ -91,53 +127,25 @@ pub struct PodIf {
 }
 const _: () = assert!(core::mem::size_of::<PodIf>() == 4);
 
-/// How a translated packet left the datapath: the index into `LB_DELIVERY_V1`. Redirects
-/// skip the node's stack; every other value names why a packet went through it instead.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Delivery {
-    /// A client's packet, translated, redirected into the backend's pod.
-    RedirectToBackend = 0,
-    /// A backend's reply, translated, redirected into the client's pod.
-    RedirectToClient = 1,
-    /// The route's next hop is not a pod interface lbproxy manages (a bridge, another node,
-    /// the node itself).
-    StackNotPodInterface = 2,
-    /// The node has no neighbour entry for the destination yet; the stack resolves it.
-    StackNoNeighbour = 3,
-    /// The route lookup gave another answer (no route, forwarding disabled, MTU).
-    StackNoRoute = 4,
-    /// The TTL would expire at this hop; the stack answers with ICMP.
-    StackTtl = 5,
-    /// The destination pod is the sender itself (hairpin).
-    StackHairpin = 6,
-}
-
-impl Delivery {
-    pub const COUNT: u32 = 7;
-    /// Room in `LB_DELIVERY_V1`.
-    pub const SLOTS: u32 = 16;
-    pub const ALL: [Delivery; Self::COUNT as usize] = [
-        Delivery::RedirectToBackend,
-        Delivery::RedirectToClient,
-        Delivery::StackNotPodInterface,
-        Delivery::StackNoNeighbour,
-        Delivery::StackNoRoute,
-        Delivery::StackTtl,
-        Delivery::StackHairpin,
-    ];
-
-    /// The label used in metrics and `lbproxy inspect`.
-    pub const fn label(self) -> &'static str {
-        match self {
-            Delivery::RedirectToBackend => "redirect_to_backend",
-            Delivery::RedirectToClient => "redirect_to_client",
-            Delivery::StackNotPodInterface => "stack_not_pod_interface",
-            Delivery::StackNoNeighbour => "stack_no_neighbour",
-            Delivery::StackNoRoute => "stack_no_route",
-            Delivery::StackTtl => "stack_ttl",
-            Delivery::StackHairpin => "stack_hairpin",
-        }
+counter_enum! {
+    /// How a translated packet left the datapath: the index into `LB_DELIVERY_V1`. Redirects
+    /// skip the node's stack; every other value names why a packet went through it instead.
+    pub enum Delivery, slots 16 {
+        /// A client's packet, translated, redirected into the backend's pod.
+        RedirectToBackend = 0 => "redirect_to_backend",
+        /// A backend's reply, translated, redirected into the client's pod.
+        RedirectToClient = 1 => "redirect_to_client",
+        /// The route's next hop is not a pod interface lbproxy manages (a bridge, another
+        /// node, the node itself).
+        StackNotPodInterface = 2 => "stack_not_pod_interface",
+        /// The node has no neighbour entry for the destination yet; the stack resolves it.
+        StackNoNeighbour = 3 => "stack_no_neighbour",
+        /// The route lookup gave another answer (no route, forwarding disabled, MTU).
+        StackNoRoute = 4 => "stack_no_route",
+        /// The TTL would expire at this hop; the stack answers with ICMP.
+        StackTtl = 5 => "stack_ttl",
+        /// The destination pod is the sender itself (hairpin).
+        StackHairpin = 6 => "stack_hairpin",
     }
 }
 
@@ -283,72 +291,35 @@ pub struct FlowValue {
 }
 const _: () = assert!(core::mem::size_of::<FlowValue>() == 32);
 
-/// Why the datapath dropped (or, for `Ok*` counters, handled) a packet. The values index
-/// `LB_DROPS_V1` and are the `reason` label of `lbproxy_datapath_drops_total`. They never
-/// collide with TC action codes because they only ever index the counter map.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DropReason {
-    /// The packet was too short for the headers its protocol fields promise.
-    Malformed = 0,
-    /// The service exists but has no usable endpoint.
-    NoBackend = 1,
-    /// A slot pointed at a backend id that is not in `LB_BACKENDS_V1`.
-    BackendMissing = 2,
-    /// The flow table rejected a new entry.
-    FlowInsertFailed = 3,
-    /// A checksum or store helper failed while translating.
-    NatFailed = 4,
-    /// A slot of a service with a non-zero count was missing.
-    SlotMissing = 5,
-    /// TCP to a service with no usable endpoint: answered with a RST.
-    NoBackendTcpReset = 6,
-    /// UDP to a service with no usable endpoint: answered with ICMP port unreachable.
-    NoBackendUdpUnreachable = 7,
-    /// A TCP segment of a flow whose backend left: answered with a RST, flow forgotten.
-    BackendGoneReset = 8,
-    /// A reject could not be written (IP options, helper failure): dropped instead.
-    RejectFailed = 9,
-    /// Not a drop: a TCP segment other than a SYN reached a service with no flow entry, which
-    /// is what a live flow evicted from a full flow table looks like. It is sent to a newly
-    /// selected backend.
-    MidstreamWithoutFlow = 10,
-}
-
-impl DropReason {
-    /// How many reasons exist now.
-    pub const COUNT: u32 = 11;
-    /// Room in `LB_DROPS_V2`, so reasons can be added without a new layout.
-    pub const SLOTS: u32 = 32;
-    pub const ALL: [DropReason; Self::COUNT as usize] = [
-        DropReason::Malformed,
-        DropReason::NoBackend,
-        DropReason::BackendMissing,
-        DropReason::FlowInsertFailed,
-        DropReason::NatFailed,
-        DropReason::SlotMissing,
-        DropReason::NoBackendTcpReset,
-        DropReason::NoBackendUdpUnreachable,
-        DropReason::BackendGoneReset,
-        DropReason::RejectFailed,
-        DropReason::MidstreamWithoutFlow,
-    ];
-
-    /// The label used in metrics and `lbproxy inspect`.
-    pub const fn label(self) -> &'static str {
-        match self {
-            DropReason::Malformed => "malformed",
-            DropReason::NoBackend => "no_backend",
-            DropReason::BackendMissing => "backend_missing",
-            DropReason::FlowInsertFailed => "flow_insert_failed",
-            DropReason::NatFailed => "nat_failed",
-            DropReason::SlotMissing => "slot_missing",
-            DropReason::NoBackendTcpReset => "no_backend_tcp_reset",
-            DropReason::NoBackendUdpUnreachable => "no_backend_icmp_unreachable",
-            DropReason::BackendGoneReset => "backend_gone_tcp_reset",
-            DropReason::RejectFailed => "reject_failed",
-            DropReason::MidstreamWithoutFlow => "tcp_midstream_without_flow",
-        }
+counter_enum! {
+    /// Why the datapath dropped (or, for `MidstreamWithoutFlow`, handled) a packet. The values
+    /// index `LB_DROPS_V2` and are the `reason` label of `lbproxy_datapath_drops_total`. They
+    /// never collide with TC action codes because they only ever index the counter map.
+    pub enum DropReason, slots 32 {
+        /// The packet was too short for the headers its protocol fields promise.
+        Malformed = 0 => "malformed",
+        /// The service exists but has no usable endpoint.
+        NoBackend = 1 => "no_backend",
+        /// A slot pointed at a backend id that is not in `LB_BACKENDS_V1`.
+        BackendMissing = 2 => "backend_missing",
+        /// The flow table rejected a new entry.
+        FlowInsertFailed = 3 => "flow_insert_failed",
+        /// A checksum or store helper failed while translating.
+        NatFailed = 4 => "nat_failed",
+        /// A slot of a service with a non-zero count was missing.
+        SlotMissing = 5 => "slot_missing",
+        /// TCP to a service with no usable endpoint: answered with a RST.
+        NoBackendTcpReset = 6 => "no_backend_tcp_reset",
+        /// UDP to a service with no usable endpoint: answered with ICMP port unreachable.
+        NoBackendUdpUnreachable = 7 => "no_backend_icmp_unreachable",
+        /// A TCP segment of a flow whose backend left: answered with a RST, flow forgotten.
+        BackendGoneReset = 8 => "backend_gone_tcp_reset",
+        /// A reject could not be written (IP options, helper failure): dropped instead.
+        RejectFailed = 9 => "reject_failed",
+        /// Not a drop: a TCP segment other than a SYN reached a service with no flow entry,
+        /// which is what a live flow evicted from a full flow table looks like. It is sent to
+        /// a newly selected backend.
+        MidstreamWithoutFlow = 10 => "tcp_midstream_without_flow",
     }
 }
 
