@@ -275,7 +275,8 @@ const _: () = assert!(core::mem::size_of::<FlowKey>() == 16);
 /// Value of `LB_FLOWS_V1`.
 ///
 /// Forward entries rewrite the destination to `nat_addr:nat_port_be` (the backend); reply
-/// entries rewrite the source to it (the VIP). Times are `bpf_ktime_get_ns` (CLOCK_MONOTONIC).
+/// entries rewrite the source to it (the VIP). Times are `bpf_ktime_get_coarse_ns`
+/// (CLOCK_MONOTONIC at tick resolution).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlowValue {

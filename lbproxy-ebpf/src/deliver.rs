@@ -38,6 +38,7 @@ static LB_PODIFS_V1: HashMap<u32, PodIf, { MAX_POD_IFS as usize }> = HashMap::ne
 static LB_DELIVERY_V1: PerCpuArray<u64, { Delivery::SLOTS as usize }> = PerCpuArray::new();
 
 const AF_INET: u8 = 2;
+const _: () = assert!(size_of::<FibParams>() == 64);
 /// Offset of the IPv4 TTL, followed by the protocol: the two make one checksummed word.
 const IP_TTL_OFF: usize = ETH_LEN + 8;
 /// The Ethernet header and the fixed part of the IPv4 header: everything a redirect
@@ -107,16 +108,28 @@ fn try_route(
     let skb = ctx.skb.skb;
     // SAFETY: the context pointer is valid for the whole program run.
     let in_ifindex = unsafe { (*skb).ifindex };
-    // SAFETY: an all-zero bpf_fib_lookup is a valid input (unions of plain integers).
-    let mut p: FibParams = unsafe { core::mem::zeroed() };
-    p.family = AF_INET;
-    p.l4_protocol = pkt.proto;
-    p.sport = pkt.src_port_be;
-    p.dport = dst_port_be;
-    // tot_len 0: the MTU check uses the skb itself, which understands GSO.
-    p.ifindex = in_ifindex;
-    p.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(pkt.src_addr);
-    p.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(dst);
+    // The input, as bpf_fib_lookup's little-endian words: family, l4_protocol, sport, dport,
+    // tot_len 0 (the MTU check then uses the skb, which understands GSO); ifindex, tos 0;
+    // ipv4_src; ipv4_dst. The other words are ignored for IPv4 without flags (the rest of
+    // the IPv6 addresses, tbid/VLAN, mark) or outputs (MACs). They get a filler known only
+    // at run time: constant bytes there would be merged into a call to a BPF-to-BPF memset
+    // subprogram, which costs more than the lookup's own setup.
+    let filler = u64::from(in_ifindex);
+    let words: [u64; 8] = [
+        u64::from(AF_INET)
+            | u64::from(pkt.proto) << 8
+            | u64::from(pkt.src_port_be) << 16
+            | u64::from(dst_port_be) << 32,
+        u64::from(in_ifindex),
+        u64::from(u32::from_ne_bytes(pkt.src_addr)),
+        filler,
+        u64::from(u32::from_ne_bytes(dst)),
+        filler,
+        filler,
+        filler,
+    ];
+    // SAFETY: bpf_fib_lookup is 64 bytes of plain integers (asserted at the top).
+    let mut p: FibParams = unsafe { core::mem::transmute::<[u64; 8], FibParams>(words) };
     // SAFETY: `p` is a properly sized, initialized bpf_fib_lookup on our stack.
     let rc = unsafe { bpf_fib_lookup(skb.cast(), &raw mut p, size_of::<FibParams>() as i32, 0) };
     if rc == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
@@ -133,9 +146,10 @@ fn try_route(
     if unsafe { LB_PODIFS_V1.get(out) }.is_none() {
         return Err(Delivery::StackNotPodInterface);
     }
-    let mut macs = [0u8; 12];
-    macs[..6].copy_from_slice(&p.dmac);
-    macs[6..].copy_from_slice(&p.smac);
+    let (d, sm) = (p.dmac, p.smac);
+    let macs = [
+        d[0], d[1], d[2], d[3], d[4], d[5], sm[0], sm[1], sm[2], sm[3], sm[4], sm[5],
+    ];
     Ok(Peer { ifindex: out, macs })
 }
 

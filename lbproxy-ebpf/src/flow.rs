@@ -6,7 +6,9 @@
 //! no longer live (removed from `LB_BACKENDS_V1`, or its id reused for another address), or
 //! whose service was replaced, is treated as a new flow on its next packet.
 
-use aya_ebpf::{btf_maps::LruHashMap, helpers::bpf_ktime_get_ns, macros::btf_map};
+use aya_ebpf::{
+    btf_maps::LruHashMap, helpers::generated::bpf_ktime_get_coarse_ns, macros::btf_map,
+};
 use lbproxy_common::{
     DEFAULT_FLOW_MAP_SIZE, DropReason, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_STATE_CLOSING,
     FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE, FLOW_STATE_SYN_SENT, FlowKey, FlowValue, IPPROTO_TCP,
@@ -87,7 +89,11 @@ fn reply_key(backend_addr: [u8; 4], backend_port_be: u16, pkt: &Packet) -> FlowK
 #[inline(always)]
 pub fn forward(pkt: &Packet, svc: &ServiceValue) -> Result<NatTarget, Verdict> {
     let key = key_of(pkt, FLOW_DIR_FORWARD);
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    // An entry of this tuple's previous flow, rewritten in place below instead of being
+    // deleted and inserted again: a client reusing source ports quickly (one connection
+    // after another) then costs no LRU churn. `old_reply` is that flow's reply key.
+    let mut reuse: Option<(*mut FlowValue, FlowKey)> = None;
     if let Some(entry) = LB_FLOWS_V1.get_ptr_mut(key) {
         let (svc_id, backend_id, addr, port_be, state) = unsafe {
             (
@@ -111,12 +117,14 @@ pub fn forward(pkt: &Packet, svc: &ServiceValue) -> Result<NatTarget, Verdict> {
             }
             return Ok(NatTarget { addr, port_be });
         }
-        // Forget both directions of the old flow.
-        let _ = LB_FLOWS_V1.remove(reply_key(addr, port_be, pkt));
+        let old_reply = reply_key(addr, port_be, pkt);
         if !live && pkt.proto == IPPROTO_TCP && !pkt.is_syn() {
+            // Forget both directions of the old flow.
+            let _ = LB_FLOWS_V1.remove(old_reply);
             let _ = LB_FLOWS_V1.remove(key);
             return Err(Verdict::Reject(DropReason::BackendGoneReset));
         }
+        reuse = Some((entry, old_reply));
     }
 
     let (backend_id, backend) = if svc.affinity_timeout_s != 0 {
@@ -149,17 +157,46 @@ pub fn forward(pkt: &Packet, svc: &ServiceValue) -> Result<NatTarget, Verdict> {
         nat_port_be: pkt.dst_port_be,
         ..forward
     };
+    let new_reply = reply_key(backend.addr, backend.port_be, pkt);
     // Reply entry first, so the backend's first answer always finds it.
-    LB_FLOWS_V1
-        .insert(reply_key(backend.addr, backend.port_be, pkt), reply, 0)
-        .map_err(|_| Verdict::Drop(DropReason::FlowInsertFailed))?;
-    LB_FLOWS_V1
-        .insert(key, forward, 0)
-        .map_err(|_| Verdict::Drop(DropReason::FlowInsertFailed))?;
+    match reuse {
+        Some((entry, old_reply)) => {
+            if old_reply != new_reply {
+                let _ = LB_FLOWS_V1.remove(old_reply);
+            }
+            put(new_reply, reply)?;
+            // SAFETY: `entry` came from a successful lookup of `key`. The previous flow on
+            // this tuple is over (closed or never answered), so no packet of it races this
+            // write.
+            unsafe { *entry = forward };
+        }
+        None => {
+            insert(new_reply, reply)?;
+            insert(key, forward)?;
+        }
+    }
     Ok(NatTarget {
         addr: backend.addr,
         port_be: backend.port_be,
     })
+}
+
+/// Writes `value` under `key`: in place when the entry exists, else as a new entry.
+#[inline(always)]
+fn put(key: FlowKey, value: FlowValue) -> Result<(), Verdict> {
+    if let Some(e) = LB_FLOWS_V1.get_ptr_mut(key) {
+        // SAFETY: `e` came from a successful lookup; see `forward` on racing readers.
+        unsafe { *e = value };
+        return Ok(());
+    }
+    insert(key, value)
+}
+
+#[inline(always)]
+fn insert(key: FlowKey, value: FlowValue) -> Result<(), Verdict> {
+    LB_FLOWS_V1
+        .insert(key, value, 0)
+        .map_err(|_| Verdict::Drop(DropReason::FlowInsertFailed))
 }
 
 /// Reply direction: the VIP:port a backend's packet to a client must appear to come from,
@@ -169,7 +206,7 @@ pub fn forward(pkt: &Packet, svc: &ServiceValue) -> Result<NatTarget, Verdict> {
 pub fn reply(pkt: &Packet) -> Option<NatTarget> {
     let key = key_of(pkt, FLOW_DIR_REPLY);
     let entry = LB_FLOWS_V1.get_ptr_mut(key)?;
-    touch(entry, unsafe { bpf_ktime_get_ns() });
+    touch(entry, unsafe { bpf_ktime_get_coarse_ns() });
     let (addr, port_be, state) =
         unsafe { ((*entry).nat_addr, (*entry).nat_port_be, (*entry).state) };
     let closing = pkt.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST) != 0;

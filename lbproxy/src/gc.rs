@@ -1,8 +1,10 @@
 //! Flow table hygiene, in userspace: expired entries are deleted in batches, by state.
 //!
 //! Each direction of a flow is its own entry with its own `last_seen_ns`, written by the
-//! datapath with `bpf_ktime_get_ns` (CLOCK_MONOTONIC). The collector compares against the same
-//! clock, so a controller restart changes nothing: the first collection after a restart
+//! datapath with `bpf_ktime_get_coarse_ns` (CLOCK_MONOTONIC_COARSE: the monotonic clock at
+//! tick resolution, without the cost of reading the TSC on every packet). The collector
+//! compares against CLOCK_MONOTONIC, at most a tick ahead, so a controller restart changes
+//! nothing: the first collection after a restart
 //! deletes only entries that were already idle past their timeout.
 //!
 //! Under pressure (the table over 75% full) idle and half-open flows go first: SYN_SENT and

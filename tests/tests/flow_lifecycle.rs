@@ -15,6 +15,9 @@
 //! 5. [`reject_timings`]: a black hole makes connect and recv time out instead of failing
 //!    at once.
 //! 6. [`restart_keeps_flows`]: a flow table rebuilt on start shows a young entry (or none).
+//! 7. [`source_port_reuse`]: one connection after another from one source port each gets a
+//!    working flow, and the table keeps exactly one flow (two entries) for the tuple, also
+//!    when the backend changes between them.
 
 mod common;
 
@@ -36,6 +39,7 @@ both_shapes!(
     kep1669_fallback,
     reject_timings,
     restart_keeps_flows,
+    source_port_reuse,
 );
 
 /// Fixed client source ports (below the ephemeral range, so nothing else takes them).
@@ -43,6 +47,7 @@ const SRC_UDP: u16 = 20001;
 const SRC_SYN_RETRANSMIT: u16 = 20011;
 const SRC_SYN_FRESH: u16 = 20012;
 const SRC_RESTART_UDP: u16 = 20021;
+const SRC_REUSE: u16 = 20031;
 
 /// The contract for a removed backend's UDP flow: answers from a live backend within 1 s.
 const MOVE_WITHIN: Duration = Duration::from_secs(1);
@@ -818,5 +823,140 @@ fn restart_keeps_flows(shape: Shape) {
         matches!(&tcp_reply, Ok(b) if *b == x) && udp_reply.len() == 1 && udp_reply[0].1 == y,
         "[{shape}] after the first flow GC: TCP {tcp_reply:?} (want {x}), UDP {} (want {y})",
         fmt_events(&udp_reply)
+    );
+}
+
+/// The reply entries (`dir` 1) in the pinned flow map whose destination is `client`, as
+/// their source `ip:port` (the backend), read with bpftool.
+fn reply_entries_to(lab: &Lab, client: SocketAddrV4) -> Vec<String> {
+    let map = lab.bpffs_dir().join("LB_FLOWS_V1").display().to_string();
+    let out = lab
+        .node_run(&["bpftool", "-j", "map", "dump", "pinned", &map])
+        .unwrap_or_else(|e| panic!("bpftool map dump {map}: {e}"));
+    let v: Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("bpftool JSON ({e}): {out}"));
+    let addr = |a: &Value| -> Option<Ipv4Addr> {
+        let b: Vec<u8> = a
+            .as_array()?
+            .iter()
+            .map(|x| x.as_u64().map(|n| n as u8))
+            .collect::<Option<_>>()?;
+        Some(Ipv4Addr::new(
+            *b.first()?,
+            *b.get(1)?,
+            *b.get(2)?,
+            *b.get(3)?,
+        ))
+    };
+    // `port_be` fields are printed as the u16 in memory, read little-endian.
+    let port = |p: &Value| p.as_u64().map(|n| (n as u16).swap_bytes());
+    v.as_array()
+        .unwrap_or_else(|| panic!("bpftool map dump: not an array: {out}"))
+        .iter()
+        .filter_map(|e| {
+            let k = e.get("formatted").map_or(&e["key"], |f| &f["key"]);
+            (k["dir"] == 1
+                && addr(&k["dst_addr"]) == Some(*client.ip())
+                && port(&k["dst_port_be"]) == Some(client.port()))
+            .then(|| {
+                format!(
+                    "{}:{}",
+                    addr(&k["src_addr"]).map_or("?".into(), |a| a.to_string()),
+                    port(&k["src_port_be"]).unwrap_or(0)
+                )
+            })
+        })
+        .collect()
+}
+
+/// 7. Connections one after another from one source port (each closed with a RST, as a
+///    client hammering a service with short connections does) all succeed on the backend
+///    the tuple hashes to, and the flow table holds one forward and one reply entry for the
+///    tuple throughout. After that backend leaves the service, the next connection from the
+///    same port reaches another backend, and the old reply entry is gone.
+fn source_port_reuse(shape: Shape) {
+    let s = Setup::new(shape, &["b1", "b2", "b3"]);
+    let dst = SocketAddrV4::new(WEB_VIP, WEB_TCP);
+    let me = SocketAddrV4::new(s.client.ip, SRC_REUSE);
+    let connect_once = |ctx: &str| -> String {
+        let c = s
+            .client
+            .run(|| PendingConnect::start(SRC_REUSE, dst))
+            .unwrap_or_else(|e| panic!("[{shape}] {ctx}: connect from :{SRC_REUSE}: {e}"));
+        c.wait_until(c.started + T)
+            .unwrap_or_else(|e| panic!("[{shape}] {ctx}: connect from :{SRC_REUSE}: {e}"));
+        let stream = c.into_stream(T);
+        let b = stream_request(&stream)
+            .unwrap_or_else(|e| panic!("[{shape}] {ctx}: request from :{SRC_REUSE}: {e}"));
+        // Closed with SO_LINGER 0: a RST, and no TIME_WAIT keeps the port.
+        let l = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: a valid socket and a linger struct of the right size.
+        let rc = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&stream),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&raw const l).cast(),
+                size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0, "SO_LINGER: {}", io::Error::last_os_error());
+        drop(stream);
+        b
+    };
+    let first = connect_once("connection 1");
+    for i in 2..=8 {
+        let b = connect_once(&format!("connection {i}"));
+        assert_eq!(
+            b, first,
+            "[{shape}] connection {i} from the same tuple went to another backend"
+        );
+    }
+    let first_addr = format!("{}:{BACKEND_TCP}", s.backend(&first).ip);
+    let f = flows_from(&s.lab, me, &tcp_frontend());
+    assert!(
+        f.len() == 1 && f[0]["backend"] == first_addr.as_str(),
+        "[{shape}] after 8 connections from {me}: want one flow to {first_addr}: {f:#?}"
+    );
+    let r = reply_entries_to(&s.lab, me);
+    assert_eq!(
+        r,
+        vec![first_addr.clone()],
+        "[{shape}] reply entries to {me}"
+    );
+
+    // The tuple's backend leaves the service.
+    let rest: Vec<&Pod> = s.backends.iter().filter(|p| p.name != first).collect();
+    s.lab
+        .write_manifest(&web_objects("web", WEB_VIP, ready(&rest)));
+    let want: Vec<String> = rest
+        .iter()
+        .map(|p| format!("{}:{BACKEND_TCP}", p.ip))
+        .collect();
+    wait_service_backends(
+        &s.lab,
+        &tcp_frontend(),
+        &want,
+        &format!("[{shape}] {first} removed"),
+    );
+    let next = connect_once("connection after the removal");
+    assert_ne!(
+        next, first,
+        "[{shape}] the removed backend {first} still got the tuple"
+    );
+    let next_addr = format!("{}:{BACKEND_TCP}", s.backend(&next).ip);
+    let f = flows_from(&s.lab, me, &tcp_frontend());
+    assert!(
+        f.len() == 1 && f[0]["backend"] == next_addr.as_str(),
+        "[{shape}] after the removal: want one flow from {me} to {next_addr}: {f:#?}"
+    );
+    let r = reply_entries_to(&s.lab, me);
+    assert_eq!(
+        r,
+        vec![next_addr],
+        "[{shape}] reply entries to {me} after the removal (the old one must be gone)"
     );
 }
