@@ -349,15 +349,7 @@ impl Controller {
     }
 
     fn apply_normalized_service(&mut self, key: NamespacedName, new: Option<model::Service>) {
-        let changed = match new {
-            Some(s) if self.model.services.get(&key) != Some(&s) => {
-                self.model.services.insert(key.clone(), s);
-                true
-            }
-            Some(_) => false,
-            None => self.model.services.remove(&key).is_some(),
-        };
-        if changed {
+        if self.model.set_service(&key, new) {
             self.dirty.insert(key);
         }
     }
@@ -387,20 +379,8 @@ impl Controller {
     }
 
     fn apply_normalized_slice(&mut self, key: &NamespacedName, new: Option<model::EndpointSlice>) {
-        match new {
-            Some(s) => {
-                if self.model.slice(key) == Some(&s) {
-                    return;
-                }
-                let touched = self.model.upsert_slice(s);
-                self.dirty.extend(touched);
-            }
-            None => {
-                if let Some(svc) = self.model.remove_slice(key) {
-                    self.dirty.insert(svc);
-                }
-            }
-        }
+        let touched = self.model.set_slice(key, new);
+        self.dirty.extend(touched);
     }
 
     /// Applies one watch event to the model.

@@ -417,12 +417,34 @@ impl Model {
         self.slices.len()
     }
 
-    pub fn slice(&self, id: &NamespacedName) -> Option<&EndpointSlice> {
-        self.slices.get(id)
-    }
-
     pub fn has_slice(&self, id: &NamespacedName) -> bool {
         self.slices.contains_key(id)
+    }
+
+    /// Defines (`Some`) or removes (`None`) a service. Returns whether that changed it.
+    pub fn set_service(&mut self, id: &NamespacedName, new: Option<Service>) -> bool {
+        match new {
+            Some(s) if self.services.get(id) != Some(&s) => {
+                self.services.insert(id.clone(), s);
+                true
+            }
+            Some(_) => false,
+            None => self.services.remove(id).is_some(),
+        }
+    }
+
+    /// Defines (`Some`) or removes (`None`) a slice. Returns the services whose endpoints
+    /// may have changed (see [`Model::upsert_slice`]): none when the slice is as it was.
+    pub fn set_slice(
+        &mut self,
+        id: &NamespacedName,
+        new: Option<EndpointSlice>,
+    ) -> Vec<NamespacedName> {
+        match new {
+            Some(s) if self.slices.get(id) == Some(&s) => Vec::new(),
+            Some(s) => self.upsert_slice(s),
+            None => self.remove_slice(id).into_iter().collect(),
+        }
     }
 
     /// Inserts or replaces a slice. Returns the services whose endpoints may have changed
