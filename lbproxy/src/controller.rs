@@ -60,6 +60,8 @@ pub struct Controller {
     pub capacities: Vec<(&'static str, i64)>,
     /// The manifests source has programmed its first model.
     manifests_synced: bool,
+    /// The manifests source's reader, which keeps what each document parsed to.
+    manifests: manifests::Loader,
 }
 
 impl Controller {
@@ -109,6 +111,7 @@ impl Controller {
             drops_seen: HashMap::new(),
             capacities,
             manifests_synced: false,
+            manifests: manifests::Loader::default(),
         }
     }
 
@@ -272,32 +275,45 @@ impl Controller {
     }
 
     /// Manifests source: reload and program. Bad input keeps the last good state.
+    ///
+    /// A reload yields the objects of the documents that changed, applied to the model like
+    /// watch events: only the services they touch are reprogrammed, and the model is never
+    /// rebuilt or compared whole. The full reconcile every syncPeriod still covers
+    /// everything.
     pub fn load_manifests(&mut self, path: &Path) -> bool {
-        let loaded = match manifests::load(path) {
-            Ok(l) => l,
+        let started = Instant::now();
+        let change = match self.manifests.load(path) {
+            Ok(c) => c,
             Err(e) => {
                 self.health.metrics.sync_failures.inc();
                 tracing::error!("manifests rejected, keeping the last good state: {e}");
                 return false;
             }
         };
-        for s in &loaded.skipped {
+        tracing::debug!(
+            pieces = change.pieces,
+            parsed = change.parsed,
+            took_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+            "manifests read"
+        );
+        for s in &change.skipped {
             tracing::debug!("not proxied: {s}");
         }
-        if self.manifests_synced && loaded.model == self.model {
-            return true;
+        for (id, svc) in change.services {
+            self.apply_normalized_service(id, svc);
         }
-        self.health.queued();
+        for (id, slice) in change.slices {
+            self.apply_normalized_slice(&id, slice);
+        }
         if !self.manifests_synced {
-            self.model = loaded.model;
+            self.health.queued();
             self.manifests_synced = self.sync_all("manifests");
             return self.manifests_synced;
         }
-        // Only the services whose definition or slices changed are reprogrammed, as for
-        // watch events; the full reconcile every syncPeriod still covers everything.
-        let dirty = self.model.changed_services(&loaded.model);
-        self.model = loaded.model;
-        self.dirty.extend(dirty);
+        if !self.has_pending() {
+            return true;
+        }
+        self.health.queued();
         self.sync_dirty()
     }
 
