@@ -1322,4 +1322,95 @@ endpoints: [{addresses: [198.18.0.2]}]
             "{good} good, {bad} rejected, {unparsable} unparsable"
         );
     }
+
+    /// The datapath benchmark's manifest (`cargo xtask bench datapath`: xtask's
+    /// `bench_datapath/rules.rs`, written as the lab's `manifest.rs` writes YAML): `n`
+    /// services with one TCP port and two endpoints, the middle one, `target`, with
+    /// `target_endpoints`.
+    fn bench_yaml(n: usize, target_endpoints: &[&str]) -> String {
+        use std::fmt::Write as _;
+        use std::net::Ipv4Addr;
+        let target = (n - 1) / 2;
+        let mut docs = Vec::new();
+        for i in 0..n {
+            let offset = |base: Ipv4Addr, k: usize| {
+                Ipv4Addr::from(u32::from(base) + u32::try_from(k).unwrap()).to_string()
+            };
+            let vip = offset(Ipv4Addr::new(198, 19, 0, 16), i);
+            let (name, endpoints) = if i == target {
+                let eps = target_endpoints.iter().map(ToString::to_string).collect();
+                ("target".to_string(), eps)
+            } else {
+                let filler = |k| offset(Ipv4Addr::new(198, 18, 64, 0), 2 * i + k);
+                (format!("svc-{i}"), vec![filler(0), filler(1)])
+            };
+            let mut y = String::new();
+            let _ = write!(
+                y,
+                "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  clusterIP: {vip}\n  clusterIPs:\n  - {vip}\n  internalTrafficPolicy: Cluster\n  ipFamilies:\n  - IPv4\n  ipFamilyPolicy: SingleStack\n  ports:\n  - name: http\n    port: 80\n    protocol: TCP\n    targetPort: 8080\n  sessionAffinity: None\n  type: ClusterIP\nstatus:\n  loadBalancer: {{}}\n"
+            );
+            docs.push(y);
+            let mut y =
+                String::from("addressType: IPv4\napiVersion: discovery.k8s.io/v1\nendpoints:\n");
+            for e in &endpoints {
+                let _ = write!(
+                    y,
+                    "- addresses:\n  - {e}\n  conditions:\n    ready: true\n    serving: true\n    terminating: false\n  nodeName: lab-node\n"
+                );
+            }
+            let _ = write!(
+                y,
+                "kind: EndpointSlice\nmetadata:\n  labels:\n    endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io\n    kubernetes.io/service-name: {name}\n  name: {name}-1\n  namespace: default\nports:\n- name: http\n  port: 8080\n  protocol: TCP\n"
+            );
+            docs.push(y);
+        }
+        docs.join("---\n")
+    }
+
+    /// What the manifests source costs at the datapath benchmark's N = 10,000: the file
+    /// rewritten (atomically) with one endpoint changed, then a reload and its change
+    /// applied to the model, as the controller does before programming the maps.
+    #[test]
+    #[ignore = "a benchmark: cargo test --release -p lbproxy reload_benchmark -- --ignored --nocapture"]
+    fn reload_benchmark() {
+        const RUNS: usize = 21;
+        let dir = std::env::temp_dir().join(format!("lbproxy-reload-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("cluster.yaml");
+        let write = |text: &str| {
+            let tmp = dir.join(".cluster.yaml.tmp");
+            std::fs::write(&tmp, text).unwrap();
+            std::fs::rename(&tmp, &file).unwrap();
+        };
+        let text = bench_yaml(10_000, &["198.18.0.2", "198.18.0.3", "198.18.0.4"]);
+        write(&text);
+        let mut loader = Loader::default();
+        let mut model = model::Model::default();
+        let t = std::time::Instant::now();
+        loader.load(&file).unwrap().apply_to(&mut model);
+        let first = t.elapsed();
+        assert_eq!(model.services.len(), 10_000);
+        let mut took = Vec::new();
+        for run in 0..RUNS {
+            // Each run a new third endpoint for the target.
+            write(&text.replace("198.18.0.4\n", &format!("198.18.1.{run}\n")));
+            let t = std::time::Instant::now();
+            let change = loader.load(&file).unwrap();
+            let parsed = change.parsed;
+            let dirty = change.apply_to(&mut model);
+            took.push(t.elapsed());
+            assert_eq!(parsed, 1);
+            assert_eq!(names(dirty), ["default/target"]);
+        }
+        took.sort();
+        eprintln!(
+            "{} KiB, 20,000 objects: first load {:.1} ms; reload after one endpoint change: median {:.1} ms, min {:.1} ms, max {:.1} ms ({RUNS} runs)",
+            text.len() / 1024,
+            first.as_secs_f64() * 1e3,
+            took[RUNS / 2].as_secs_f64() * 1e3,
+            took[0].as_secs_f64() * 1e3,
+            took[RUNS - 1].as_secs_f64() * 1e3,
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
