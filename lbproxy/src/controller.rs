@@ -61,6 +61,8 @@ pub struct Controller {
     pub capacities: Vec<(&'static str, i64)>,
     /// The manifests source has programmed its first model.
     manifests_synced: bool,
+    /// The manifests source's reader, which keeps what each document parsed to.
+    manifests: manifests::Loader,
 }
 
 impl Controller {
@@ -111,6 +113,7 @@ impl Controller {
             delivery_seen: HashMap::new(),
             capacities,
             manifests_synced: false,
+            manifests: manifests::Loader::default(),
         }
     }
 
@@ -274,32 +277,45 @@ impl Controller {
     }
 
     /// Manifests source: reload and program. Bad input keeps the last good state.
+    ///
+    /// A reload yields the objects of the documents that changed, applied to the model like
+    /// watch events: only the services they touch are reprogrammed, and the model is never
+    /// rebuilt or compared whole. The full reconcile every syncPeriod still covers
+    /// everything.
     pub fn load_manifests(&mut self, path: &Path) -> bool {
-        let loaded = match manifests::load(path) {
-            Ok(l) => l,
+        let started = Instant::now();
+        let change = match self.manifests.load(path) {
+            Ok(c) => c,
             Err(e) => {
                 self.health.metrics.sync_failures.inc();
                 tracing::error!("manifests rejected, keeping the last good state: {e}");
                 return false;
             }
         };
-        for s in &loaded.skipped {
+        tracing::debug!(
+            pieces = change.pieces,
+            parsed = change.parsed,
+            took_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+            "manifests read"
+        );
+        for s in &change.skipped {
             tracing::debug!("not proxied: {s}");
         }
-        if self.manifests_synced && loaded.model == self.model {
-            return true;
+        for (id, svc) in change.services {
+            self.apply_normalized_service(id, svc);
         }
-        self.health.queued();
+        for (id, slice) in change.slices {
+            self.apply_normalized_slice(&id, slice);
+        }
         if !self.manifests_synced {
-            self.model = loaded.model;
+            self.health.queued();
             self.manifests_synced = self.sync_all("manifests");
             return self.manifests_synced;
         }
-        // Only the services whose definition or slices changed are reprogrammed, as for
-        // watch events; the full reconcile every syncPeriod still covers everything.
-        let dirty = self.model.changed_services(&loaded.model);
-        self.model = loaded.model;
-        self.dirty.extend(dirty);
+        if !self.has_pending() {
+            return true;
+        }
+        self.health.queued();
         self.sync_dirty()
     }
 
@@ -351,15 +367,7 @@ impl Controller {
     }
 
     fn apply_normalized_service(&mut self, key: NamespacedName, new: Option<model::Service>) {
-        let changed = match new {
-            Some(s) if self.model.services.get(&key) != Some(&s) => {
-                self.model.services.insert(key.clone(), s);
-                true
-            }
-            Some(_) => false,
-            None => self.model.services.remove(&key).is_some(),
-        };
-        if changed {
+        if self.model.set_service(&key, new) {
             self.dirty.insert(key);
         }
     }
@@ -389,20 +397,8 @@ impl Controller {
     }
 
     fn apply_normalized_slice(&mut self, key: &NamespacedName, new: Option<model::EndpointSlice>) {
-        match new {
-            Some(s) => {
-                if self.model.slice(key) == Some(&s) {
-                    return;
-                }
-                let touched = self.model.upsert_slice(s);
-                self.dirty.extend(touched);
-            }
-            None => {
-                if let Some(svc) = self.model.remove_slice(key) {
-                    self.dirty.insert(svc);
-                }
-            }
-        }
+        let touched = self.model.set_slice(key, new);
+        self.dirty.extend(touched);
     }
 
     /// Applies one watch event to the model.

@@ -906,9 +906,9 @@ pub mod tests {
 
     fn model_of(text: &str) -> Model {
         use crate::manifests;
-        let mut o = manifests::Objects::default();
-        manifests::parse_text(std::path::Path::new("x.yaml"), text, &mut o).unwrap();
-        manifests::build_model(o).unwrap().model
+        manifests::parse(std::path::Path::new("x.yaml"), text)
+            .unwrap()
+            .model
     }
 
     const SVC: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\nspec: {clusterIP: 198.19.0.10, ports: [{name: http, port: 80}]}\n";
@@ -996,9 +996,9 @@ addressType: IPv4
 ports: [{name: http, port: 8080}, {name: dns, port: 5353, protocol: UDP}]
 endpoints: [{addresses: [198.18.0.2]}]
 ";
-        let mut o = manifests::Objects::default();
-        manifests::parse_text(std::path::Path::new("x.yaml"), text, &mut o).unwrap();
-        let model = manifests::build_model(o).unwrap().model;
+        let model = manifests::parse(std::path::Path::new("x.yaml"), text)
+            .unwrap()
+            .model;
         let d = desired(&model, "node-a");
         let keys: Vec<String> = d.keys().map(ToString::to_string).collect();
         assert_eq!(keys, vec!["198.19.0.10:53/UDP", "198.19.0.10:80/TCP"]);

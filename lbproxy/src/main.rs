@@ -189,19 +189,47 @@ fn cleanup(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Turns file-system events on the manifest path into a channel of "maybe changed" ticks.
+/// What a file-system event under the manifest path says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FileEvent {
+    /// A file was written and closed, renamed into place, removed, or its metadata changed:
+    /// what is there now is complete.
+    Settled,
+    /// A file is being written in place (created, or data written): its close follows.
+    Writing,
+}
+
+impl FileEvent {
+    /// The meaning of a notify event; `None` for reads, ours included (reading the files
+    /// produces open and close events, and must not trigger the next read).
+    fn of(kind: notify::EventKind) -> Option<Self> {
+        use notify::event::{AccessKind, AccessMode, CreateKind, EventKind, ModifyKind};
+        match kind {
+            EventKind::Access(AccessKind::Close(AccessMode::Write)) => Some(FileEvent::Settled),
+            EventKind::Access(_) => None,
+            EventKind::Create(CreateKind::File)
+            | EventKind::Modify(ModifyKind::Data(_) | ModifyKind::Any) => Some(FileEvent::Writing),
+            _ => Some(FileEvent::Settled),
+        }
+    }
+}
+
+/// How long a file written in place may stay open before it is read anyway (a writer that
+/// keeps it open, or a file system without close events).
+const WRITE_SETTLE: Duration = Duration::from_millis(30);
+
+/// Turns file-system events on the manifest path into a channel of [`FileEvent`]s.
 fn watch_manifests(
     path: &Path,
-) -> anyhow::Result<(notify::RecommendedWatcher, mpsc::UnboundedReceiver<()>)> {
+) -> anyhow::Result<(
+    notify::RecommendedWatcher,
+    mpsc::UnboundedReceiver<FileEvent>,
+)> {
     use notify::{RecursiveMode, Watcher as _};
     let (tx, rx) = mpsc::unbounded_channel();
     let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-        // Reading the files ourselves produces open/close (access) events: ignoring them
-        // keeps a read from triggering the next read.
-        if let Ok(ev) = ev
-            && !matches!(ev.kind, notify::EventKind::Access(_))
-        {
-            let _ = tx.send(());
+        if let Some(ev) = ev.ok().and_then(|ev| FileEvent::of(ev.kind)) {
+            let _ = tx.send(ev);
         }
     })
     .context("creating the manifest watcher")?;
@@ -217,6 +245,25 @@ fn watch_manifests(
         .watch(&target, RecursiveMode::Recursive)
         .with_context(|| format!("watching {}", target.display()))?;
     Ok((watcher, rx))
+}
+
+/// Takes the events queued after `first`; when none says a write is complete, waits up to
+/// [`WRITE_SETTLE`] for one. A file replaced by a rename (editors, ConfigMaps, `kubectl`
+/// pipelines writing a temporary file) is so read at once, and one written in place is not
+/// read half-written.
+async fn settle(first: FileEvent, events: &mut mpsc::UnboundedReceiver<FileEvent>) {
+    let mut settled = first == FileEvent::Settled;
+    while let Ok(ev) = events.try_recv() {
+        settled |= ev == FileEvent::Settled;
+    }
+    let deadline = tokio::time::Instant::now() + WRITE_SETTLE;
+    while !settled {
+        match tokio::time::timeout_at(deadline, events.recv()).await {
+            Ok(Some(ev)) => settled = ev == FileEvent::Settled,
+            Ok(None) | Err(_) => break,
+        }
+    }
+    while events.try_recv().is_ok() {}
 }
 
 /// A cheap fingerprint of the manifest files (names, sizes, mtimes), as a safety net for
@@ -454,10 +501,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                     sync_timer.as_mut().reset((Instant::now() + Duration::from_secs(1)).into());
                 }
             }
-            Some(()) = file_events.recv() => {
-                // Coalesce a burst of events (write, rename, chmod) into one sync.
-                tokio::time::sleep(Duration::from_millis(30)).await;
-                while file_events.try_recv().is_ok() {}
+            Some(ev) = file_events.recv() => {
+                settle(ev, &mut file_events).await;
                 if let Source::Manifests(p) = &source {
                     print = fingerprint(p);
                     ctl.load_manifests(p);
@@ -487,4 +532,75 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use notify::event::{
+        AccessKind, AccessMode, CreateKind, DataChange, EventKind, ModifyKind, RemoveKind,
+        RenameMode,
+    };
+
+    #[test]
+    fn file_events_are_told_apart() {
+        let of = FileEvent::of;
+        assert_eq!(
+            of(EventKind::Access(AccessKind::Open(AccessMode::Any))),
+            None
+        );
+        assert_eq!(
+            of(EventKind::Access(AccessKind::Close(AccessMode::Read))),
+            None
+        );
+        assert_eq!(
+            of(EventKind::Access(AccessKind::Close(AccessMode::Write))),
+            Some(FileEvent::Settled)
+        );
+        assert_eq!(
+            of(EventKind::Modify(ModifyKind::Name(RenameMode::To))),
+            Some(FileEvent::Settled)
+        );
+        assert_eq!(
+            of(EventKind::Remove(RemoveKind::File)),
+            Some(FileEvent::Settled)
+        );
+        assert_eq!(
+            of(EventKind::Create(CreateKind::File)),
+            Some(FileEvent::Writing)
+        );
+        assert_eq!(
+            of(EventKind::Modify(ModifyKind::Data(DataChange::Any))),
+            Some(FileEvent::Writing)
+        );
+    }
+
+    #[tokio::test]
+    async fn settling_waits_only_for_files_still_being_written() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        // A rename into place: no wait, and the burst is taken.
+        tx.send(FileEvent::Settled).unwrap();
+        let t = Instant::now();
+        settle(FileEvent::Settled, &mut rx).await;
+        assert!(t.elapsed() < WRITE_SETTLE);
+        assert!(rx.try_recv().is_err());
+        // Written in place and already closed: no wait either.
+        tx.send(FileEvent::Writing).unwrap();
+        tx.send(FileEvent::Settled).unwrap();
+        let t = Instant::now();
+        settle(FileEvent::Writing, &mut rx).await;
+        assert!(t.elapsed() < WRITE_SETTLE);
+        // Closed a little later: read then.
+        let later = tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            later.send(FileEvent::Settled).unwrap();
+        });
+        settle(FileEvent::Writing, &mut rx).await;
+        assert!(rx.try_recv().is_err());
+        // Never closed: read after the wait.
+        let t = Instant::now();
+        settle(FileEvent::Writing, &mut rx).await;
+        assert!(t.elapsed() >= WRITE_SETTLE);
+    }
 }
