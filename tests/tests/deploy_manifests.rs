@@ -335,6 +335,8 @@ struct LbproxyConfig {
     #[serde(default)]
     flow_map_size: Option<u64>,
     #[serde(default)]
+    stack_bypass: Option<bool>,
+    #[serde(default)]
     manifests: Option<String>,
 }
 
