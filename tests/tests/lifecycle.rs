@@ -3,9 +3,11 @@
 
 mod common;
 
+use std::net::SocketAddrV4;
 use std::time::{Duration, Instant};
 
 use common::*;
+use lbproxy_tests::lab::connect::PendingConnect;
 use lbproxy_tests::lab::{
     Endpoint, Lab, Pod, Proto, Shape, bpf, run_in_ns, tcp_request_here, udp_request_here, vip,
     wait_for,
@@ -117,11 +119,31 @@ fn sigterm(shape: Shape) {
     assert_attached(&format!("[{shape}] after restart"), &s.lab, &pods);
 }
 
+/// Fixed source port of the connection whose flow entries outlive lbproxy in `cleanup`.
+const SRC_STALE: u16 = 20041;
+
 /// 7. `lbproxy cleanup` removes the pins and detaches every program; the VIP stops answering
-///    while the pod network itself keeps working.
+///    while the pod network itself keeps working. The detach is done when `cleanup` returns:
+///    a connection straight to a backend from the source port of an old VIP flow (whose
+///    reply entry would reverse-NAT the backend's SYN-ACK) connects at once.
 fn cleanup(shape: Shape) {
     let mut s = Setup::new(shape, &["b1", "b2"]);
     web_traffic_ok(&format!("[{shape}] before cleanup"), &s.client, WEB_VIP, 10);
+    let vip_flow = s
+        .client
+        .run(|| PendingConnect::start(SRC_STALE, SocketAddrV4::new(WEB_VIP, WEB_TCP)))
+        .unwrap_or_else(|e| panic!("[{shape}] connect from :{SRC_STALE}: {e}"));
+    vip_flow
+        .wait_until(vip_flow.started + T)
+        .unwrap_or_else(|e| panic!("[{shape}] connect from :{SRC_STALE} to the VIP: {e}"));
+    vip_flow.abort();
+    let me = format!("{}:{SRC_STALE}", s.client.ip);
+    let flows = s.lab.inspect_json("flows");
+    let stale_backend: SocketAddrV4 = flows
+        .as_array()
+        .and_then(|a| a.iter().find(|f| f["client"] == me.as_str()))
+        .and_then(|f| f["backend"].as_str()?.parse().ok())
+        .unwrap_or_else(|| panic!("[{shape}] no flow from {me} in inspect flows: {flows:#}"));
     let pods: Vec<&Pod> = std::iter::once(&s.client).chain(&s.backends).collect();
     assert_attached(&format!("[{shape}] before cleanup"), &s.lab, &pods);
     let (before, _) = lb_programs(&s.lab);
@@ -144,6 +166,17 @@ fn cleanup(shape: Shape) {
         out.status.success(),
         "[{shape}] lbproxy cleanup failed: {cleanup_log}"
     );
+    let direct = s
+        .client
+        .run(|| PendingConnect::start(SRC_STALE, stale_backend))
+        .unwrap_or_else(|e| panic!("[{shape}] connect from :{SRC_STALE}: {e}"));
+    let r = direct.wait_until(direct.started + Duration::from_millis(500));
+    assert!(
+        r.is_ok(),
+        "[{shape}] right after cleanup, {me} -> {stale_backend} (the tuple of an old VIP flow) \
+         did not connect within 500 ms: {r:?}"
+    );
+    direct.abort();
 
     let dir = s.lab.bpffs_dir();
     let left: Vec<_> = std::fs::read_dir(dir)
