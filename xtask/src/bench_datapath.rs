@@ -537,9 +537,10 @@ impl Bench<'_> {
         let r = (|| -> Result<Sample> {
             self.wait_reachable(p)?;
             // Warm-up, discarded: the first connections after a path change can meet the
-            // previous path's transients (a SYN retransmitted after 1 s was seen on the
-            // direct path right after lbproxy with the stack bypass was removed), which
-            // would cost a worker a whole second of a short measurement.
+            // previous path's leftovers, and one lost SYN costs a worker a whole second of
+            // a short measurement. (Before `lbproxy cleanup` detached its links itself, the
+            // old programs outlived it briefly and reset the direct path's first
+            // connections: 8 errors and a 20-50% lower direct rate in every later round.)
             load::tcp_crr(
                 &self.client.netns,
                 self.tcp_dst(p),
