@@ -167,11 +167,16 @@ impl PendingConnect {
 impl Drop for PendingConnect {
     fn drop(&mut self) {
         if self.fd.is_some() {
-            let l = libc::linger {
-                l_onoff: 1,
-                l_linger: 0,
-            };
-            let _ = setsockopt(self.raw(), libc::SOL_SOCKET, libc::SO_LINGER, &l);
+            let _ = reset_on_close(self.raw());
         }
     }
+}
+
+/// Makes closing the socket `fd` send a RST (SO_LINGER 0): no TIME_WAIT keeps its port.
+pub fn reset_on_close(fd: i32) -> io::Result<()> {
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, &l)
 }

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use lbproxy_tests::lab::connect::reset_on_close;
 use lbproxy_tests::lab::run_in_ns;
 
 /// Threads per server socket.
@@ -32,23 +33,6 @@ fn set_rcvtimeo(fd: i32, d: Duration) {
             libc::SO_RCVTIMEO,
             (&tv as *const libc::timeval).cast(),
             std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        );
-    }
-}
-
-fn set_linger0(fd: i32) {
-    let l = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: valid fd, correctly sized linger.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&l as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
         );
     }
 }
@@ -138,7 +122,7 @@ impl Load {
 /// Returns the identity byte.
 pub fn tcp_once(addr: SocketAddr, timeout: Duration) -> io::Result<u8> {
     let mut s = TcpStream::connect_timeout(&addr, timeout)?;
-    set_linger0(s.as_raw_fd());
+    let _ = reset_on_close(s.as_raw_fd());
     s.set_read_timeout(Some(timeout))?;
     s.set_nodelay(true)?;
     s.write_all(b"x")?;
