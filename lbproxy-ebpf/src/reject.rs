@@ -18,14 +18,12 @@ use aya_ebpf::{
 use lbproxy_common::DropReason;
 use network_types::{ip::Ipv4Hdr, tcp::TcpHdr};
 
-use crate::packet::{ETH_LEN, Packet, ptr_at};
+use crate::packet::{
+    ETH_LEN, Packet, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN, ptr_at,
+};
 use crate::reason::Verdict;
 
 const IPPROTO_ICMP: u8 = 1;
-const TCP_FLAG_FIN: u8 = 0x01;
-const TCP_FLAG_SYN: u8 = 0x02;
-const TCP_FLAG_RST: u8 = 0x04;
-const TCP_FLAG_ACK: u8 = 0x10;
 const BPF_ADJ_ROOM_MAC: u32 = 1;
 
 const IP_LEN: usize = 20;
