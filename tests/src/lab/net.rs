@@ -68,7 +68,7 @@ const REQUEST: &[u8] = b"hello\n";
 const POLL: Duration = Duration::from_millis(100);
 
 /// Sets `SO_RCVTIMEO` on a socket; on Linux this also bounds `accept(2)`.
-fn set_rcvtimeo(fd: i32, d: Duration) -> io::Result<()> {
+pub fn set_rcvtimeo(fd: i32, d: Duration) -> io::Result<()> {
     let tv = libc::timeval {
         tv_sec: d.as_secs() as _,
         tv_usec: d.subsec_micros() as _,

@@ -15,27 +15,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use lbproxy_tests::lab::connect::reset_on_close;
-use lbproxy_tests::lab::run_in_ns;
+use lbproxy_tests::lab::{run_in_ns, set_rcvtimeo};
 
 /// Threads per server socket.
 const SERVER_THREADS: usize = 4;
-
-fn set_rcvtimeo(fd: i32, d: Duration) {
-    let tv = libc::timeval {
-        tv_sec: d.as_secs() as libc::time_t,
-        tv_usec: d.subsec_micros() as libc::suseconds_t,
-    };
-    // SAFETY: valid fd, correctly sized timeval.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        );
-    }
-}
 
 /// TCP and UDP servers in one backend pod; stopped on drop.
 pub struct Server {
@@ -51,7 +34,7 @@ impl Server {
             let u = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, udp_port))?;
             Ok((l, u))
         })?;
-        set_rcvtimeo(l.as_raw_fd(), Duration::from_millis(100));
+        set_rcvtimeo(l.as_raw_fd(), Duration::from_millis(100))?;
         u.set_read_timeout(Some(Duration::from_millis(100)))?;
         let l = Arc::new(l);
         let u = Arc::new(u);
@@ -131,38 +114,35 @@ pub fn tcp_once(addr: SocketAddr, timeout: Duration) -> io::Result<u8> {
     Ok(b[0])
 }
 
-fn merge(parts: Vec<(u64, u64, Vec<u32>)>, secs: f64) -> Load {
-    let mut load = Load {
-        secs,
-        ..Load::default()
-    };
-    for (ok, err, lat) in parts {
-        load.ok += ok;
-        load.errors += err;
-        load.lat_us.extend(lat);
-    }
-    load.lat_us.sort_unstable();
-    load
-}
-
-/// `workers` threads inside `ns`, each making new TCP connections to `addr` for `dur`.
-pub fn tcp_crr(ns: &str, addr: SocketAddr, workers: usize, dur: Duration) -> Load {
+/// `workers` threads inside `ns`, each opening its client with `open` (a failure counts as
+/// one error and ends that worker) and then calling `request` on it back to back for `dur`,
+/// timing every successful request.
+fn drive<C>(
+    ns: &str,
+    workers: usize,
+    dur: Duration,
+    open: impl Fn() -> io::Result<C> + Sync,
+    request: impl Fn(&mut C) -> io::Result<()> + Sync,
+) -> Load {
     run_in_ns(ns, || {
         let start = Instant::now();
         let end = start + dur;
-        let parts = std::thread::scope(|s| {
+        let parts: Vec<(u64, u64, Vec<u32>)> = std::thread::scope(|s| {
             let hs: Vec<_> = (0..workers)
                 .map(|_| {
                     // Threads inherit the creating thread's network namespace.
-                    s.spawn(move || {
+                    s.spawn(|| {
                         let (mut ok, mut err, mut lat) = (0u64, 0u64, Vec::with_capacity(1 << 16));
+                        let Ok(mut client) = open() else {
+                            return (0, 1, lat);
+                        };
                         loop {
                             let t = Instant::now();
                             if t >= end {
                                 break;
                             }
-                            match tcp_once(addr, Duration::from_secs(1)) {
-                                Ok(_) => {
+                            match request(&mut client) {
+                                Ok(()) => {
                                     ok += 1;
                                     lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
                                 }
@@ -175,53 +155,50 @@ pub fn tcp_crr(ns: &str, addr: SocketAddr, workers: usize, dur: Duration) -> Loa
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        merge(parts, start.elapsed().as_secs_f64())
+        let mut load = Load {
+            secs: start.elapsed().as_secs_f64(),
+            ..Load::default()
+        };
+        for (ok, err, lat) in parts {
+            load.ok += ok;
+            load.errors += err;
+            load.lat_us.extend(lat);
+        }
+        load.lat_us.sort_unstable();
+        load
     })
+}
+
+/// `workers` threads inside `ns`, each making new TCP connections to `addr` for `dur`.
+pub fn tcp_crr(ns: &str, addr: SocketAddr, workers: usize, dur: Duration) -> Load {
+    drive(
+        ns,
+        workers,
+        dur,
+        || Ok(()),
+        |()| tcp_once(addr, Duration::from_secs(1)).map(drop),
+    )
 }
 
 /// `workers` threads inside `ns`, each with one connected UDP socket and one request to
 /// `addr` in flight at a time, for `dur`.
 pub fn udp_rr(ns: &str, addr: SocketAddr, workers: usize, dur: Duration) -> Load {
-    run_in_ns(ns, || {
-        let start = Instant::now();
-        let end = start + dur;
-        let parts = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..workers)
-                .map(|_| {
-                    s.spawn(move || {
-                        let (mut ok, mut err, mut lat) = (0u64, 0u64, Vec::with_capacity(1 << 16));
-                        let sock = match UdpSocket::bind("0.0.0.0:0")
-                            .and_then(|u| u.connect(addr).map(|_| u))
-                        {
-                            Ok(u) => u,
-                            Err(_) => return (0, 1, lat),
-                        };
-                        let _ = sock.set_read_timeout(Some(Duration::from_millis(200)));
-                        let mut b = [0u8; 16];
-                        loop {
-                            let t = Instant::now();
-                            if t >= end {
-                                break;
-                            }
-                            if sock.send(b"x").is_err() {
-                                err += 1;
-                                std::thread::sleep(Duration::from_millis(1));
-                                continue;
-                            }
-                            match sock.recv(&mut b) {
-                                Ok(_) => {
-                                    ok += 1;
-                                    lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
-                                }
-                                Err(_) => err += 1,
-                            }
-                        }
-                        (ok, err, lat)
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        merge(parts, start.elapsed().as_secs_f64())
-    })
+    drive(
+        ns,
+        workers,
+        dur,
+        || {
+            let sock = UdpSocket::bind("0.0.0.0:0")?;
+            sock.connect(addr)?;
+            sock.set_read_timeout(Some(Duration::from_millis(200)))?;
+            Ok(sock)
+        },
+        |sock| {
+            if let Err(e) = sock.send(b"x") {
+                std::thread::sleep(Duration::from_millis(1));
+                return Err(e);
+            }
+            sock.recv(&mut [0u8; 16]).map(drop)
+        },
+    )
 }
