@@ -80,26 +80,6 @@ fn stream_request(s: &TcpStream) -> io::Result<String> {
     Ok(reply_backend(line.as_bytes()))
 }
 
-/// Drops inbound TCP to `port` inside `pod` (the pod's own INPUT chain): SYNs reach the pod
-/// and vanish, as with a hung or overloaded process.
-fn freeze_tcp(pod: &Pod, port: u16) {
-    ns_run(
-        &pod.netns,
-        &[
-            "iptables",
-            "-A",
-            "INPUT",
-            "-p",
-            "tcp",
-            "--dport",
-            &port.to_string(),
-            "-j",
-            "DROP",
-        ],
-    )
-    .unwrap_or_else(|e| panic!("freezing {} (iptables DROP inside the pod): {e}", pod.name));
-}
-
 /// The forward flow entries (`inspect flows --json`) from `client` to `frontend`.
 fn flows_from(lab: &Lab, client: SocketAddrV4, frontend: &str) -> Vec<Value> {
     let all = lab.inspect_json("flows");
@@ -330,7 +310,8 @@ fn syn_retry_reaches_replacement(shape: Shape) {
         .unwrap_or_else(|e| panic!("[{shape}] request before the freeze: {e}"));
     assert_eq!(r.backend, "a", "[{shape}] before the freeze");
 
-    freeze_tcp(&a, BACKEND_TCP);
+    a.freeze_tcp(BACKEND_TCP)
+        .unwrap_or_else(|e| panic!("[{shape}] {e}"));
     let dst = SocketAddrV4::new(WEB_VIP, WEB_TCP);
     let (p1, p2) = client.run(|| {
         (

@@ -41,7 +41,7 @@ use anyhow::{Context as _, Result, bail};
 use lbproxy_tests::lab::connect::PendingConnect;
 use lbproxy_tests::lab::{
     Backend, Endpoint, EndpointSlice, Lab, Lbproxy, Manifest, Pod, Proto, Protocol, Service, Shape,
-    ns_run, vip,
+    vip,
 };
 use serde_json::{Value, json};
 
@@ -153,21 +153,9 @@ impl Env {
             .values()
             .map(|p| p.serve(&[UDP_TARGET, SYN_TARGET]))
             .collect();
-        ns_run(
-            &pods[FROZEN].netns,
-            &[
-                "iptables",
-                "-A",
-                "INPUT",
-                "-p",
-                "tcp",
-                "--dport",
-                &SYN_TARGET.to_string(),
-                "-j",
-                "DROP",
-            ],
-        )
-        .map_err(|e| anyhow::anyhow!("freezing {FROZEN}: {e}"))?;
+        pods[FROZEN]
+            .freeze_tcp(SYN_TARGET)
+            .map_err(|e| anyhow::anyhow!(e))?;
         let mut env = Env {
             lb: None,
             _servers: servers,

@@ -213,6 +213,27 @@ impl Pod {
     pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
         run_in_ns(&self.netns, f)
     }
+
+    /// Drops inbound TCP to `port` in the pod's own INPUT chain: SYNs reach the pod and
+    /// vanish, as with a hung or overloaded process. The error names the pod.
+    pub fn freeze_tcp(&self, port: u16) -> Result<(), String> {
+        ns_run(
+            &self.netns,
+            &[
+                "iptables",
+                "-A",
+                "INPUT",
+                "-p",
+                "tcp",
+                "--dport",
+                &port.to_string(),
+                "-j",
+                "DROP",
+            ],
+        )
+        .map(drop)
+        .map_err(|e| format!("freezing {} (iptables DROP inside the pod): {e}", self.name))
+    }
 }
 
 struct LabState {
@@ -523,21 +544,15 @@ impl Lab {
         ns_run(&self.node, argv)
     }
 
-    /// The standard `lbproxy run` arguments for this lab.
+    /// The standard `lbproxy run` arguments for this lab: [`Lab::lbproxy_base_args`] with the
+    /// lab's manifest as the source.
     pub fn lbproxy_run_args(&self) -> Vec<String> {
-        vec![
-            "run".into(),
+        let mut args = self.lbproxy_base_args();
+        args.extend([
             "--manifests".into(),
             self.manifest_path().display().to_string(),
-            "--pod-interfaces".into(),
-            self.pod_glob(),
-            "--bpffs-dir".into(),
-            self.bpffs_dir.display().to_string(),
-            "--healthz-bind-address".into(),
-            HEALTHZ_ADDR.into(),
-            "--metrics-bind-address".into(),
-            METRICS_ADDR.into(),
-        ]
+        ]);
+        args
     }
 
     /// The `lbproxy run` arguments for this lab without a source (no `--manifests`):
