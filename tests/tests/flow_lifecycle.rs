@@ -877,29 +877,15 @@ fn source_port_reuse(shape: Shape) {
     let dst = SocketAddrV4::new(WEB_VIP, WEB_TCP);
     let me = SocketAddrV4::new(s.client.ip, SRC_REUSE);
     let connect_once = |ctx: &str| -> String {
-        // The client's kernel sometimes still holds the previous connection's tuple for a
-        // moment after its RST close (EADDRNOTAVAIL, about 1 run in 15, gone when `ss`
-        // looks): that is the client's own socket table, not the load balancer, so the
-        // connect is retried for up to 200 ms.
-        let deadline = Instant::now() + Duration::from_millis(200);
-        let c = loop {
-            match s.client.run(|| PendingConnect::start(SRC_REUSE, dst)) {
-                Err(e)
-                    if e.raw_os_error() == Some(libc::EADDRNOTAVAIL)
-                        && Instant::now() < deadline =>
-                {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                r => {
-                    break r.unwrap_or_else(|e| {
-                        panic!(
-                            "[{shape}] {ctx}: connect from :{SRC_REUSE}: {e}\nsockets: {:?}",
-                            ns_run(&s.client.netns, &["ss", "-tanoe", "sport = :20031"])
-                        )
-                    });
-                }
-            }
-        };
+        let c = s
+            .client
+            .run(|| PendingConnect::start(SRC_REUSE, dst))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "[{shape}] {ctx}: connect from :{SRC_REUSE}: {e}\nsockets: {:?}",
+                    ns_run(&s.client.netns, &["ss", "-tanoe", "sport = :20031"])
+                )
+            });
         c.wait_until(c.started + T)
             .unwrap_or_else(|e| panic!("[{shape}] {ctx}: connect from :{SRC_REUSE}: {e}"));
         let stream = c.into_stream(T);

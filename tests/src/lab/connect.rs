@@ -45,8 +45,30 @@ pub struct PendingConnect {
     pub started: Instant,
 }
 
+/// How long [`PendingConnect::start`] retries a connect refused with EADDRNOTAVAIL.
+const TUPLE_RELEASE: Duration = Duration::from_millis(200);
+
 impl PendingConnect {
+    /// Starts the connect. Right after a connection on the same tuple was closed with a RST,
+    /// the kernel sometimes still holds the tuple for a moment (EADDRNOTAVAIL, about one
+    /// reuse in a hundred here, with no socket left on the port when `ss` looks): that is
+    /// the client's own socket table, so the connect is retried for up to 200 ms.
     pub fn start(src_port: u16, dst: SocketAddrV4) -> io::Result<PendingConnect> {
+        let deadline = Instant::now() + TUPLE_RELEASE;
+        loop {
+            match PendingConnect::start_once(src_port, dst) {
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EADDRNOTAVAIL)
+                        && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn start_once(src_port: u16, dst: SocketAddrV4) -> io::Result<PendingConnect> {
         // SAFETY: a plain socket call; the fd is owned at once.
         let fd = unsafe {
             let fd = libc::socket(
