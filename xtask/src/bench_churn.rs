@@ -438,22 +438,10 @@ impl Env {
     }
 }
 
-/// A kube-proxy-like chain name: `KUBE-<kind>-` and 16 base32 characters of a hash.
+/// A kube-proxy-like chain name: `KUBE-<kind>-` and 16 base32 characters of a hash (the
+/// datapath benchmark's, so both benchmarks name chains alike).
 fn chain(kind: &str, key: &str) -> String {
-    const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
-    let fnv = |salt: u8| {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in key.bytes().chain([salt]) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        h
-    };
-    let bits = (u128::from(fnv(1)) << 64) | u128::from(fnv(2));
-    let s: String = (0..16)
-        .map(|i| ALPHABET[((bits >> (i * 5)) & 31) as usize] as char)
-        .collect();
-    format!("KUBE-{kind}-{s}")
+    format!("KUBE-{kind}-{}", crate::bench_datapath::hash16(key))
 }
 
 // ---- the UDP move ----

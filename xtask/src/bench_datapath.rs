@@ -27,6 +27,8 @@ mod load;
 mod plot;
 mod rules;
 
+pub(crate) use rules::hash16;
+
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};

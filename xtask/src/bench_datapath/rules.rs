@@ -388,7 +388,7 @@ impl Services {
 
 /// A kube-proxy-style chain hash: 16 characters of base32 over an FNV-1a digest (kube-proxy
 /// uses SHA-256; only the shape of the name matters here).
-fn hash16(key: &str) -> String {
+pub(crate) fn hash16(key: &str) -> String {
     const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
     let fnv = |salt: u8| {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
