@@ -43,15 +43,7 @@ fn spread(shape: Shape) {
             .as_array()
             .and_then(|a| a.iter().find(|x| x["frontend"] == frontend.as_str()))
             .unwrap_or_else(|| panic!("[{shape}] inspect services: no {frontend}: {svcs:#}"));
-        let mut got: Vec<String> = svc["backends"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|b| format!("{}:{}", b["addr"].as_str().unwrap_or("?"), b["port"]))
-                    .collect()
-            })
-            .unwrap_or_default();
-        got.sort();
+        let got = row_backends(svc);
         let mut want: Vec<String> = s
             .backends
             .iter()
@@ -227,11 +219,7 @@ fn live_update(shape: Shape) {
 fn not_ready(shape: Shape) {
     let lab = Lab::new(shape);
     let client = lab.add_pod("client");
-    let pods: Vec<Pod> = ["b1", "b2", "b3"].iter().map(|n| lab.add_pod(n)).collect();
-    let _srv: Vec<_> = pods
-        .iter()
-        .map(|p| p.serve(&[BACKEND_TCP, BACKEND_UDP]))
-        .collect();
+    let (pods, _srv) = serving_pods(&lab, &["b1", "b2", "b3"]);
     lab.write_manifest(&web_objects(
         "web",
         WEB_VIP,

@@ -101,12 +101,8 @@ fn service_backends(lab: &Lab, frontend: &str) -> Option<Vec<String>> {
         .iter()
         .find(|s| s["frontend"] == frontend)?
         .clone();
-    let mut v: Vec<String> = svc["backends"]
-        .as_array()?
-        .iter()
-        .map(|b| format!("{}:{}", b["addr"].as_str().unwrap_or("?"), b["port"]))
-        .collect();
-    v.sort();
+    svc["backends"].as_array()?;
+    let mut v = row_backends(&svc);
     v.dedup();
     Some(v)
 }
@@ -530,11 +526,7 @@ fn terminating_then_removed(shape: Shape) {
 fn kep1669_fallback(shape: Shape) {
     let lab = Lab::new(shape);
     let client = lab.add_pod("client");
-    let pods: Vec<Pod> = ["b1", "b2", "b3"].iter().map(|n| lab.add_pod(n)).collect();
-    let _srv: Vec<_> = pods
-        .iter()
-        .map(|p| p.serve(&[BACKEND_TCP, BACKEND_UDP]))
-        .collect();
+    let (pods, _srv) = serving_pods(&lab, &["b1", "b2", "b3"]);
     let not_serving_terminating = Conditions {
         ready: Some(false),
         serving: Some(false),

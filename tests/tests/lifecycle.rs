@@ -434,14 +434,7 @@ fn two_instances(shape: Shape) {
     let mk = |tag: &str| {
         let lab = Lab::new(shape);
         let client = lab.add_pod("client");
-        let bs: Vec<Pod> = ["b1", "b2"]
-            .iter()
-            .map(|n| lab.add_pod(&format!("{tag}-{n}")))
-            .collect();
-        let srv: Vec<_> = bs
-            .iter()
-            .map(|p| p.serve(&[BACKEND_TCP, BACKEND_UDP]))
-            .collect();
+        let (bs, srv) = serving_pods(&lab, &[&format!("{tag}-b1"), &format!("{tag}-b2")]);
         lab.write_manifest(&web_objects(
             "web",
             WEB_VIP,

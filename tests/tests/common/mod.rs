@@ -105,11 +105,7 @@ impl Setup {
     fn build(shape: Shape, backends: &[&str], members: &[&str], args: &[&str]) -> Setup {
         let lab = Lab::new(shape);
         let client = lab.add_pod("client");
-        let backends: Vec<Pod> = backends.iter().map(|n| lab.add_pod(n)).collect();
-        let servers = backends
-            .iter()
-            .map(|p| p.serve(&[BACKEND_TCP, BACKEND_UDP]))
-            .collect();
+        let (backends, servers) = serving_pods(&lab, backends);
         let m: Vec<&Pod> = backends
             .iter()
             .filter(|p| members.contains(&p.name.as_str()))
@@ -242,4 +238,29 @@ pub fn lb_attachments(lab: &Lab) -> Vec<lbproxy_tests::lab::bpf::TcxAttachment> 
         .into_iter()
         .filter(|a| a.prog_name == "lb_from_pod" || a.prog_name == "lb_to_pod")
         .collect()
+}
+
+/// The backends of one `lbproxy inspect services --json` row as sorted `ip:port` strings.
+pub fn row_backends(row: &serde_json::Value) -> Vec<String> {
+    let mut b: Vec<String> = row["backends"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|b| format!("{}:{}", b["addr"].as_str().unwrap_or("?"), b["port"]))
+                .collect()
+        })
+        .unwrap_or_default();
+    b.sort();
+    b
+}
+
+/// Adds the pods `names` to `lab`, each serving [`BACKEND_TCP`] and [`BACKEND_UDP`]; the
+/// servers stop when the returned handles drop.
+pub fn serving_pods(lab: &Lab, names: &[&str]) -> (Vec<Pod>, Vec<Backend>) {
+    let pods: Vec<Pod> = names.iter().map(|n| lab.add_pod(n)).collect();
+    let servers = pods
+        .iter()
+        .map(|p| p.serve(&[BACKEND_TCP, BACKEND_UDP]))
+        .collect();
+    (pods, servers)
 }

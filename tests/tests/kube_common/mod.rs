@@ -80,15 +80,7 @@ pub fn frontends(lab: &Lab) -> Fes {
         .as_array()
         .unwrap_or_else(|| panic!("inspect services: not an array: {v}"))
     {
-        let mut b: Vec<String> = row["backends"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|b| format!("{}:{}", b["addr"].as_str().unwrap_or("?"), b["port"]))
-                    .collect()
-            })
-            .unwrap_or_default();
-        b.sort();
+        let b = super::common::row_backends(row);
         out.insert(
             row["frontend"].as_str().unwrap_or("?").to_owned(),
             Fe {
