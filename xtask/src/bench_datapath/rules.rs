@@ -353,36 +353,29 @@ impl Services {
                 let c = nft_ep(p, *e);
                 writeln!(out, "add chain ip kube-proxy {c}").unwrap();
                 writeln!(out, "flush chain ip kube-proxy {c}").unwrap();
-                for r in nft_ep_rules(p, *e)
-                    .split(" ; ")
-                    .filter(|r| !r.trim().is_empty())
-                {
-                    writeln!(
-                        out,
-                        "add rule ip kube-proxy {c} {}",
-                        r.trim_end_matches(" ;")
-                    )
-                    .unwrap();
-                }
+                add_rules(&mut out, &c, &nft_ep_rules(p, *e));
             }
             let c = nft_svc(p);
             writeln!(out, "flush chain ip kube-proxy {c}").unwrap();
-            for r in nft_svc_rules(p)
-                .split(" ; ")
-                .filter(|r| !r.trim().is_empty())
-            {
-                writeln!(
-                    out,
-                    "add rule ip kube-proxy {c} {}",
-                    r.trim_end_matches(" ;")
-                )
-                .unwrap();
-            }
+            add_rules(&mut out, &c, &nft_svc_rules(p));
             for e in o.endpoints.iter().filter(|e| !p.endpoints.contains(e)) {
                 writeln!(out, "delete chain ip kube-proxy {}", nft_ep(o, *e)).unwrap();
             }
         }
         out
+    }
+}
+
+/// `add rule` lines for chain `c` of `ip kube-proxy`, one per rule of `rules` (a chain
+/// body as `nft_*_rules` writes it: rules separated by ` ; `).
+fn add_rules(out: &mut String, c: &str, rules: &str) {
+    for r in rules.split(" ; ").filter(|r| !r.trim().is_empty()) {
+        writeln!(
+            out,
+            "add rule ip kube-proxy {c} {}",
+            r.trim_end_matches(" ;")
+        )
+        .unwrap();
     }
 }
 
