@@ -116,7 +116,7 @@ pub struct Settings {
     /// past the node's routing and netfilter (off by default: see the README).
     pub stack_bypass: bool,
     pub manifests: Option<PathBuf>,
-    pub flow_timeouts: crate::gc::Timeouts,
+    pub flow_timeouts: crate::bpf::flow_gc::Timeouts,
 }
 
 /// A refused setting: where it came from, which field, and why.
@@ -333,7 +333,7 @@ pub fn resolve(file: Option<(&Path, FileConfig)>, flags: Flags) -> Result<Settin
         ));
     }
     let ct = f.conntrack.as_ref();
-    let defaults = crate::gc::Timeouts::default();
+    let defaults = crate::bpf::flow_gc::Timeouts::default();
     let timeout = |flag: Option<String>,
                    file: Option<&String>,
                    field: &str,
@@ -349,7 +349,7 @@ pub fn resolve(file: Option<(&Path, FileConfig)>, flags: Flags) -> Result<Settin
         }
         Ok(d)
     };
-    let flow_timeouts = crate::gc::Timeouts {
+    let flow_timeouts = crate::bpf::flow_gc::Timeouts {
         tcp_established: timeout(
             flags.tcp_established_timeout,
             ct.and_then(|c| c.tcp_established_timeout.as_ref()),

@@ -9,7 +9,7 @@ use lbproxy_common::{FLOW_DIR_FORWARD, SlotKey};
 use serde::Serialize;
 
 use crate::bpf::{PinnedMaps, label_str};
-use crate::dataplane::{BackendAddr, Frontend};
+use crate::desired::{BackendAddr, Frontend};
 use crate::model::Protocol;
 
 #[derive(Serialize)]
@@ -129,7 +129,7 @@ pub fn backends(maps: &PinnedMaps) -> Vec<BackendRow> {
 }
 
 pub fn flows(maps: &PinnedMaps) -> Vec<FlowRow> {
-    let now = crate::gc::monotonic_ns();
+    let now = crate::bpf::flow_gc::monotonic_ns();
     let labels: BTreeMap<u32, String> = maps
         .labels
         .iter()

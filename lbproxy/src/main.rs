@@ -8,14 +8,12 @@
 mod bpf;
 mod config;
 mod controller;
-mod dataplane;
-mod gc;
+mod desired;
 mod http;
-mod ifaces;
 mod inspect;
-mod kube_source;
-mod manifests;
 mod model;
+mod program;
+mod source;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -177,7 +175,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn cleanup(dir: &Path) -> anyhow::Result<()> {
-    let removed = bpf::cleanup(dir)?;
+    let removed = bpf::cleanup::cleanup(dir)?;
     if removed.is_empty() {
         println!("nothing to clean up under {}", dir.display());
     } else {
@@ -269,7 +267,7 @@ async fn settle(first: FileEvent, events: &mut mpsc::UnboundedReceiver<FileEvent
 /// A cheap fingerprint of the manifest files (names, sizes, mtimes), as a safety net for
 /// file systems whose events are unreliable.
 fn fingerprint(path: &Path) -> Vec<(PathBuf, u64, Option<std::time::SystemTime>)> {
-    manifests::manifest_files(path)
+    source::manifests::manifest_files(path)
         .unwrap_or_default()
         .into_iter()
         .map(|f| {
@@ -300,9 +298,10 @@ fn spawn_flow_gc(settings: &config::Settings, ctl: &Controller, health: http::He
         loop {
             every.tick().await;
             let dir = dir.clone();
-            let r =
-                tokio::task::spawn_blocking(move || gc::collect(&dir, capacity, timeouts, 4096))
-                    .await;
+            let r = tokio::task::spawn_blocking(move || {
+                bpf::flow_gc::collect(&dir, capacity, timeouts, 4096)
+            })
+            .await;
             match r {
                 Ok(Ok(stats)) => {
                     health.metrics.flow_gc_deleted.inc_by(stats.deleted as u64);
@@ -420,13 +419,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         health.clone(),
         settings.hostname.clone(),
     );
-    let (nl_handle, mut link_events) = ifaces::watch().context("opening rtnetlink")?;
+    let (nl_handle, mut link_events) = bpf::ifaces::watch().context("opening rtnetlink")?;
     spawn_flow_gc(&settings, &ctl, health.clone());
 
     let mut source = match &settings.manifests {
         Some(p) => Source::Manifests(p.clone()),
         None => {
-            let client = kube_source::client(settings.kubeconfig.as_deref()).await?;
+            let client = source::kube::client(settings.kubeconfig.as_deref()).await?;
             ctl.events = Some(kube::runtime::events::Recorder::new(
                 client.clone(),
                 kube::runtime::events::Reporter {
@@ -435,7 +434,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 },
             ));
             tracing::info!(node = %settings.hostname, "watching the Kubernetes API");
-            Source::Kube(kube_source::watch(&client, &settings.hostname))
+            Source::Kube(source::kube::watch(&client, &settings.hostname))
         }
     };
     // The manifests source also needs a file watcher.

@@ -7,7 +7,7 @@ use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkInfo};
 use rtnetlink::MulticastGroup;
 use tokio::sync::mpsc;
 
-use crate::bpf::Interface;
+use crate::bpf::attach::Interface;
 
 /// An interface, and whether the datapath may redirect packets into its peer.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -1,16 +1,18 @@
 //! The one desired-state model: services, their ports, and endpoints with their conditions.
 //!
-//! Every source (manifests today, the API server later) produces Kubernetes objects; they are
-//! normalized here, once, into these types. The dataplane only ever sees this model.
+//! Every source (the API server, or manifests) produces Kubernetes objects; they are
+//! normalized here, once, into these types ([`service`], [`slice`]). What comes after (the
+//! desired state, the programmer) only ever sees this model.
+
+mod service;
+mod slice;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::Service as K8sService;
-use k8s_openapi::api::discovery::v1::EndpointSlice as K8sEndpointSlice;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-
+pub use service::{Service, ServicePort, TargetPort, service_from_k8s};
+pub use slice::{Endpoint, EndpointAddr, EndpointSlice, resolve_slice_port, slice_from_k8s};
 /// `sessionAffinityConfig.clientIP.timeoutSeconds` when absent (3 hours, as Kubernetes).
 pub const DEFAULT_AFFINITY_TIMEOUT_S: i32 = 10_800;
 
@@ -89,68 +91,6 @@ impl Protocol {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TargetPort {
-    Number(u16),
-    Name(String),
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServicePort {
-    /// May be empty for a single-port service.
-    pub name: String,
-    pub port: u16,
-    pub protocol: Protocol,
-    pub target_port: TargetPort,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Service {
-    pub id: NamespacedName,
-    /// ClusterIPs, IPv4 and IPv6 (dual-stack). Empty for headless services.
-    pub cluster_ips: Vec<IpAddr>,
-    pub ports: Vec<ServicePort>,
-    /// `internalTrafficPolicy: Local`: in-cluster traffic only goes to endpoints on this node.
-    pub internal_local: bool,
-    /// `sessionAffinity: ClientIP`'s timeout in seconds; 0 without affinity.
-    pub affinity_timeout_s: u32,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SlicePort {
-    pub name: String,
-    pub port: u16,
-    pub protocol: Protocol,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Endpoint {
-    pub addresses: Vec<IpAddr>,
-    /// `ready` (absent means true).
-    pub ready: bool,
-    /// `serving` (absent means the value of `ready`).
-    pub serving: bool,
-    /// `terminating` (absent means false).
-    pub terminating: bool,
-    pub node_name: Option<String>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EndpointSlice {
-    pub id: NamespacedName,
-    /// The service this slice belongs to (label `kubernetes.io/service-name`).
-    pub service: NamespacedName,
-    pub ports: Vec<SlicePort>,
-    pub endpoints: Vec<Endpoint>,
-}
-
-/// A backend address for one service port, after port resolution.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct EndpointAddr {
-    pub ip: IpAddr,
-    pub port: u16,
-}
-
 /// The desired state. Slices are kept whole and joined to services when asked, so a slice
 /// may arrive before its service.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -208,196 +148,6 @@ fn identify(
         return Err(invalid("metadata.name is missing".into()));
     }
     Ok((namespace, name, invalid))
-}
-
-/// Normalizes a v1 Service, the way kube-proxy reads it.
-pub fn service_from_k8s(svc: &K8sService) -> Result<Normalized<Service>, InvalidObject> {
-    let (namespace, name, invalid) = identify("Service", &svc.metadata)?;
-    let invalid = &invalid;
-    if svc
-        .metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(LABEL_SERVICE_PROXY_NAME))
-    {
-        return Ok(Normalized::Skipped("labelled for another proxy"));
-    }
-    let Some(spec) = svc.spec.as_ref() else {
-        return Err(invalid("spec is missing".into()));
-    };
-    if spec.type_.as_deref() == Some("ExternalName") {
-        return Ok(Normalized::Skipped("type ExternalName"));
-    }
-    let mut ips: Vec<String> = spec.cluster_ips.clone().unwrap_or_default();
-    if ips.is_empty()
-        && let Some(ip) = &spec.cluster_ip
-    {
-        ips.push(ip.clone());
-    }
-    if ips.iter().any(|ip| ip == "None") {
-        return Ok(Normalized::Skipped("headless (clusterIP None)"));
-    }
-    let mut cluster_ips = Vec::new();
-    for (i, ip) in ips.iter().enumerate() {
-        if ip.is_empty() {
-            continue;
-        }
-        cluster_ips.push(parse_ip(&format!("spec.clusterIPs[{i}]"), ip).map_err(invalid)?);
-    }
-    let mut ports = Vec::new();
-    let mut seen = BTreeSet::new();
-    for (i, p) in spec.ports.iter().flatten().enumerate() {
-        let field = format!("spec.ports[{i}]");
-        let port = port_u16(&format!("{field}.port"), p.port).map_err(invalid)?;
-        let protocol =
-            Protocol::parse(p.protocol.as_deref()).map_err(|e| invalid(format!("{field}: {e}")))?;
-        let name = p.name.clone().unwrap_or_default();
-        if !seen.insert((port, protocol)) {
-            return Err(invalid(format!(
-                "{field}: port {port}/{} is listed twice",
-                protocol.as_str()
-            )));
-        }
-        let target_port = match &p.target_port {
-            None => TargetPort::Number(port),
-            Some(IntOrString::Int(n)) => {
-                TargetPort::Number(port_u16(&format!("{field}.targetPort"), *n).map_err(invalid)?)
-            }
-            Some(IntOrString::String(s)) => match s.parse::<i32>() {
-                Ok(n) => TargetPort::Number(
-                    port_u16(&format!("{field}.targetPort"), n).map_err(invalid)?,
-                ),
-                Err(_) if s.is_empty() => TargetPort::Number(port),
-                Err(_) => TargetPort::Name(s.clone()),
-            },
-        };
-        ports.push(ServicePort {
-            name,
-            port,
-            protocol,
-            target_port,
-        });
-    }
-    let internal_local = match spec.internal_traffic_policy.as_deref() {
-        None | Some("Cluster") => false,
-        Some("Local") => true,
-        Some(other) => {
-            return Err(invalid(format!(
-                "spec.internalTrafficPolicy {other:?} is not one of Cluster, Local"
-            )));
-        }
-    };
-    let affinity_timeout_s = match spec.session_affinity.as_deref() {
-        None | Some("None") => 0,
-        Some("ClientIP") => {
-            let t = spec
-                .session_affinity_config
-                .as_ref()
-                .and_then(|c| c.client_ip.as_ref())
-                .and_then(|c| c.timeout_seconds)
-                .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_S);
-            match u32::try_from(t) {
-                Ok(t) if (1..=86_400).contains(&t) => t,
-                _ => {
-                    return Err(invalid(format!(
-                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds {t} is out of range 1-86400"
-                    )));
-                }
-            }
-        }
-        Some(other) => {
-            return Err(invalid(format!(
-                "spec.sessionAffinity {other:?} is not one of None, ClientIP"
-            )));
-        }
-    };
-    Ok(Normalized::Proxied(Service {
-        id: NamespacedName { namespace, name },
-        cluster_ips,
-        ports,
-        internal_local,
-        affinity_timeout_s,
-    }))
-}
-
-/// Normalizes a discovery.k8s.io/v1 EndpointSlice.
-pub fn slice_from_k8s(
-    slice: &K8sEndpointSlice,
-) -> Result<Normalized<EndpointSlice>, InvalidObject> {
-    let (namespace, name, invalid) = identify("EndpointSlice", &slice.metadata)?;
-    let invalid = &invalid;
-    let Some(service_name) = slice
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(LABEL_SERVICE_NAME))
-        .cloned()
-    else {
-        return Ok(Normalized::Skipped("no kubernetes.io/service-name label"));
-    };
-    let family_ok = |ip: &IpAddr| match slice.address_type.as_str() {
-        "IPv4" => ip.is_ipv4(),
-        "IPv6" => ip.is_ipv6(),
-        _ => false,
-    };
-    if slice.address_type == "FQDN" {
-        return Ok(Normalized::Skipped("addressType FQDN"));
-    }
-    if slice.address_type != "IPv4" && slice.address_type != "IPv6" {
-        return Err(invalid(format!(
-            "addressType {:?} is not one of IPv4, IPv6, FQDN",
-            slice.address_type
-        )));
-    }
-    let mut ports = Vec::new();
-    for (i, p) in slice.ports.iter().flatten().enumerate() {
-        let field = format!("ports[{i}]");
-        let Some(port) = p.port else {
-            // An absent port means "all ports"; kube-proxy ignores such ports.
-            continue;
-        };
-        ports.push(SlicePort {
-            name: p.name.clone().unwrap_or_default(),
-            port: port_u16(&format!("{field}.port"), port).map_err(invalid)?,
-            protocol: Protocol::parse(p.protocol.as_deref())
-                .map_err(|e| invalid(format!("{field}: {e}")))?,
-        });
-    }
-    let mut endpoints = Vec::new();
-    for (i, ep) in slice.endpoints.iter().enumerate() {
-        let mut addresses = Vec::new();
-        for (j, a) in ep.addresses.iter().enumerate() {
-            let ip = parse_ip(&format!("endpoints[{i}].addresses[{j}]"), a).map_err(invalid)?;
-            if !family_ok(&ip) {
-                return Err(invalid(format!(
-                    "endpoints[{i}].addresses[{j}] {a:?} does not match addressType {}",
-                    slice.address_type
-                )));
-            }
-            addresses.push(ip);
-        }
-        let cond = ep.conditions.as_ref();
-        let ready = cond.and_then(|c| c.ready).unwrap_or(true);
-        endpoints.push(Endpoint {
-            addresses,
-            ready,
-            serving: cond.and_then(|c| c.serving).unwrap_or(ready),
-            terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
-            node_name: ep.node_name.clone(),
-        });
-    }
-    Ok(Normalized::Proxied(EndpointSlice {
-        id: NamespacedName {
-            namespace: namespace.clone(),
-            name,
-        },
-        service: NamespacedName {
-            namespace,
-            name: service_name,
-        },
-        ports,
-        endpoints,
-    }))
 }
 
 impl Model {
@@ -545,24 +295,11 @@ impl Model {
     }
 }
 
-/// The number a slice gives a service port, if any. See [`Model::ready_endpoints`].
-pub fn resolve_slice_port(slice: &EndpointSlice, port: &ServicePort) -> Option<u16> {
-    let by_name = |name: &str| {
-        slice
-            .ports
-            .iter()
-            .find(|p| p.name == name && p.protocol == port.protocol)
-            .map(|p| p.port)
-    };
-    by_name(&port.name).or_else(|| match &port.target_port {
-        TargetPort::Name(target) => by_name(target),
-        TargetPort::Number(_) => None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Service as K8sService;
+    use k8s_openapi::api::discovery::v1::EndpointSlice as K8sEndpointSlice;
 
     fn svc(yaml: &str) -> K8sService {
         serde_yaml::from_str(yaml).unwrap()

@@ -19,14 +19,14 @@ use kube::runtime::watcher::Event;
 use lbproxy_common::{DropReason, map_names};
 
 use crate::bpf::{self, Attacher, Datapath, PinnedMaps};
-use crate::dataplane::{self, Frontend, FrontendSpec, Programmer};
+use crate::desired::{self as dataplane, Frontend, FrontendSpec};
 use crate::http::{self, Health};
-use crate::kube_source::SourceEvent;
-use crate::manifests;
 use crate::model::{self, Model, NamespacedName, Normalized};
+use crate::program::{self, Programmer};
+use crate::source::kube::SourceEvent;
+use crate::source::manifests;
 
-type ApplyResult =
-    Result<dataplane::ApplyStats, (dataplane::ApplyStats, Vec<dataplane::MapWriteError>)>;
+type ApplyResult = Result<program::ApplyStats, (program::ApplyStats, Vec<program::MapWriteError>)>;
 
 /// The EndpointSlice annotation kube-proxy measures programming latency from.
 const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
@@ -498,7 +498,7 @@ impl Controller {
     }
 
     pub async fn sync_interfaces(&mut self, handle: &rtnetlink::Handle) {
-        match crate::ifaces::list(handle).await {
+        match crate::bpf::ifaces::list(handle).await {
             Ok(list) => {
                 for e in self.attacher.sync(&mut self.dp, &list) {
                     tracing::error!("attach failed (will retry): {}", bpf::error_chain(&e));

@@ -1,0 +1,244 @@
+//! Attaching the programs to pod interfaces: one pinned tcx link per program and interface.
+//!
+//! Links live under `--bpffs-dir` as `links/<ifname>@<ifindex>:ingress|egress` (bpffs
+//! refuses `.` in names, so a `.` in an interface name is stored as `%`). A pinned link keeps
+//! its program attached after the controller exits; a new controller atomically swaps its
+//! own program into the same link (`bpf_link_update`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use aya::maps::{HashMap as BpfHashMap, Map, MapData};
+use aya::programs::links::{FdLink, LinkOrder, PinnedLink};
+use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
+use aya::programs::{SchedClassifier, TcAttachType};
+use globset::GlobSet;
+use lbproxy_common::{PodIf, map_names, program_names};
+
+use super::ifaces::Link;
+use super::pinned::del_ok;
+use super::{BpfError, Datapath, error_chain, open_pinned};
+
+/// An interface in this network namespace.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Interface {
+    pub index: u32,
+    pub name: String,
+}
+
+const DIRECTIONS: [(&str, &str, TcAttachType); 2] = [
+    ("ingress", program_names::FROM_POD, TcAttachType::Ingress),
+    ("egress", program_names::TO_POD, TcAttachType::Egress),
+];
+
+fn link_pin(dir: &Path, iface: &Interface, direction: &str) -> PathBuf {
+    dir.join("links").join(format!(
+        "{}@{}:{direction}",
+        iface.name.replace('.', "%"),
+        iface.index
+    ))
+}
+
+/// Parses `<ifname>@<ifindex>:<direction>`.
+fn parse_link_pin(file: &str) -> Option<(Interface, String)> {
+    let (rest, direction) = file.rsplit_once(':')?;
+    let (name, index) = rest.rsplit_once('@')?;
+    Some((
+        Interface {
+            index: index.parse().ok()?,
+            name: name.replace('%', "."),
+        },
+        direction.to_string(),
+    ))
+}
+
+/// The interfaces that have pinned links under `dir`.
+pub fn pinned_interfaces(dir: &Path) -> BTreeMap<Interface, Vec<PathBuf>> {
+    let mut out: BTreeMap<Interface, Vec<PathBuf>> = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(dir.join("links")) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let file = e.file_name().to_string_lossy().to_string();
+        if let Some((iface, _)) = parse_link_pin(&file) {
+            out.entry(iface).or_default().push(e.path());
+        }
+    }
+    out
+}
+
+/// Keeps the programs attached to exactly the pod interfaces that exist and match the globs,
+/// and `LB_PODIFS_V1` listing exactly the attached ones the datapath may redirect into (none
+/// when the stack bypass is off).
+pub struct Attacher {
+    globs: GlobSet,
+    attached: BTreeSet<Interface>,
+    pod_ifs: BpfHashMap<MapData, u32, PodIf>,
+    stack_bypass: bool,
+}
+
+impl Attacher {
+    pub fn new(globs: GlobSet, dir: &Path, stack_bypass: bool) -> Result<Self, BpfError> {
+        Ok(Self {
+            globs,
+            attached: BTreeSet::new(),
+            pod_ifs: open_pinned(dir, map_names::POD_IFS, Map::HashMap)?,
+            stack_bypass,
+        })
+    }
+
+    pub fn attached(&self) -> &BTreeSet<Interface> {
+        &self.attached
+    }
+
+    /// Attaches to new matching interfaces (adopting links an earlier run pinned), and
+    /// forgets pins of interfaces that are gone. Returns one error per interface that could
+    /// not be attached; the others are still attached.
+    pub fn sync(&mut self, dp: &mut Datapath, present: &[Link]) -> Vec<BpfError> {
+        let mut errors = Vec::new();
+        let want: BTreeSet<Interface> = present
+            .iter()
+            .map(|l| &l.iface)
+            .filter(|i| self.globs.is_match(&i.name))
+            .cloned()
+            .collect();
+        // Pins for interfaces that vanished (or were renamed, or left the globs).
+        for (iface, paths) in pinned_interfaces(&dp.dir) {
+            if !want.contains(&iface) {
+                for p in paths {
+                    let _ = std::fs::remove_file(&p);
+                }
+                if self.attached.remove(&iface) {
+                    tracing::info!(interface = %iface.name, ifindex = iface.index, "interface gone; forgotten");
+                }
+            }
+        }
+        self.attached.retain(|i| want.contains(i));
+        for iface in want {
+            if self.attached.contains(&iface) {
+                continue;
+            }
+            match attach_interface(dp, &iface) {
+                Ok(adopted) => {
+                    tracing::info!(
+                        interface = %iface.name,
+                        ifindex = iface.index,
+                        adopted,
+                        "attached"
+                    );
+                    self.attached.insert(iface);
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        let redirectable: BTreeMap<u32, PodIf> = present
+            .iter()
+            .filter(|l| self.stack_bypass && self.attached.contains(&l.iface))
+            .filter_map(|l| Some((l.iface.index, PodIf { kind: l.peer_kind? })))
+            .collect();
+        if let Err(e) = self.sync_pod_ifs(&redirectable) {
+            errors.push(e);
+        }
+        errors
+    }
+
+    /// Makes `LB_PODIFS_V1` hold exactly `want`: stale entries first, so an interface that
+    /// left is never a redirect target, then new ones.
+    fn sync_pod_ifs(&mut self, want: &BTreeMap<u32, PodIf>) -> Result<(), BpfError> {
+        let err = |source| BpfError::Map {
+            name: map_names::POD_IFS,
+            path: PathBuf::from(map_names::POD_IFS),
+            source,
+        };
+        let have: BTreeMap<u32, PodIf> = self.pod_ifs.iter().flatten().collect();
+        for ifindex in have.keys().filter(|i| !want.contains_key(i)) {
+            del_ok(self.pod_ifs.remove(ifindex)).map_err(err)?;
+        }
+        for (ifindex, v) in want {
+            if have.get(ifindex) != Some(v) {
+                self.pod_ifs.insert(ifindex, v, 0).map_err(err)?;
+                tracing::debug!(
+                    ifindex,
+                    kind = v.kind,
+                    "redirects into this interface's pod"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Attaches both programs to one interface. Returns whether existing pinned links were
+/// adopted (their program swapped atomically) rather than created.
+fn attach_interface(dp: &mut Datapath, iface: &Interface) -> Result<bool, BpfError> {
+    let mut adopted = false;
+    for (direction, prog_name, attach_type) in DIRECTIONS {
+        let err = |reason: String| BpfError::Attach {
+            ifname: iface.name.clone(),
+            ifindex: iface.index,
+            direction,
+            reason,
+        };
+        let pin = link_pin(&dp.dir, iface, direction);
+        let prog: &mut SchedClassifier = dp
+            .ebpf
+            .program_mut(prog_name)
+            .ok_or_else(|| err(format!("program {prog_name} missing from the object")))?
+            .try_into()
+            .map_err(|e| err(error_chain(&e)))?;
+        if pin.exists() {
+            let replaced = PinnedLink::from_pin(&pin)
+                .map_err(|e| error_chain(&e))
+                .and_then(|old| {
+                    SchedClassifierLink::try_from(FdLink::from(old)).map_err(|e| error_chain(&e))
+                })
+                .and_then(|link| prog.attach_to_link(link).map_err(|e| error_chain(&e)));
+            match replaced {
+                Ok(id) => {
+                    // The pin keeps the link; this process's fd can go.
+                    drop(prog.take_link(id));
+                    adopted = true;
+                    continue;
+                }
+                Err(reason) => {
+                    tracing::warn!(pin = %pin.display(), %reason, "stale link pin; attaching anew");
+                    let _ = std::fs::remove_file(&pin);
+                }
+            }
+        }
+        let id = prog
+            .attach_with_options(
+                &iface.name,
+                attach_type,
+                TcAttachOptions::TcxOrder(LinkOrder::default()),
+            )
+            .map_err(|e| err(format!("tcx attach: {}", error_chain(&e))))?;
+        let link = prog
+            .take_link(id)
+            .map_err(|e| err(format!("taking the link: {}", error_chain(&e))))?;
+        let fd: FdLink = link
+            .try_into()
+            .map_err(|e| err(format!("not a tcx link: {}", error_chain(&e))))?;
+        fd.pin(&pin)
+            .map_err(|e| err(format!("pinning {}: {}", pin.display(), error_chain(&e))))?;
+    }
+    Ok(adopted)
+}
+
+/// An error with its sources, since aya's syscall errors keep the errno in `source()`.
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_pin_names_round_trip() {
+        let i = Interface {
+            index: 42,
+            name: "cali.a@b".into(),
+        };
+        let p = link_pin(Path::new("/x"), &i, "ingress");
+        let file = p.file_name().unwrap().to_string_lossy().to_string();
+        assert_eq!(parse_link_pin(&file), Some((i, "ingress".to_string())));
+    }
+}

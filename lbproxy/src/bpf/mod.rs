@@ -1,0 +1,327 @@
+//! The datapath in the kernel: loading the object, checking and migrating pinned map
+//! layouts, attaching to interfaces ([`attach`]), typed access to the pinned maps
+//! ([`pinned`]), the flow collector ([`flow_gc`]) and `lbproxy cleanup` ([`cleanup`]).
+//!
+//! Layout under `--bpffs-dir`:
+//! - `LB_*_V<n>`: the maps, pinned by name (see `lbproxy_common`'s map specs);
+//! - `links/`: one pinned tcx link per program and interface (see [`attach`]).
+
+pub mod attach;
+pub mod cleanup;
+pub mod flow_gc;
+pub mod ifaces;
+pub mod pinned;
+
+pub use attach::Attacher;
+pub use pinned::{PinnedMaps, label_str};
+
+use std::path::{Path, PathBuf};
+
+use aya::Ebpf;
+use aya::EbpfLoader;
+use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError, MapType};
+use aya::programs::SchedClassifier;
+use lbproxy_common::{
+    Backend, CONFIG_F_STACK_BYPASS, DatapathConfig, FlowKey, FlowValue, PodIf, ServiceKey,
+    ServiceLabel, ServiceValue, SlotKey, map_names, program_names,
+};
+
+/// The datapath object, built by build.rs.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lbproxy"));
+
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BpfError {
+    #[error(
+        "{0} is not on a BPF filesystem; mount one (`mount -t bpf bpf /sys/fs/bpf`) or pass a --bpffs-dir under a bpffs mount"
+    )]
+    NotBpffs(PathBuf),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "pinned map {path} has layout {found}, but this lbproxy expects {expected}; it was made by an incompatible version. Run `lbproxy cleanup --bpffs-dir {dir}` (this drops existing flows) or use another --bpffs-dir"
+    )]
+    Layout {
+        path: PathBuf,
+        dir: PathBuf,
+        found: String,
+        expected: String,
+    },
+    #[error("map {name} at {path}: {source}")]
+    Map {
+        name: &'static str,
+        path: PathBuf,
+        source: MapError,
+    },
+    #[error("loading the datapath object: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("program {name}: {source}")]
+    Program {
+        name: &'static str,
+        source: aya::programs::ProgramError,
+    },
+    #[error("interface {ifname} ({ifindex}), {direction}: {reason}")]
+    Attach {
+        ifname: String,
+        ifindex: u32,
+        direction: &'static str,
+        reason: String,
+    },
+}
+
+/// Fails unless `dir`'s nearest existing ancestor is on bpffs; then creates `dir` and
+/// `dir/links`.
+pub fn prepare_dir(dir: &Path) -> Result<(), BpfError> {
+    let mut probe = dir.to_path_buf();
+    while !probe.exists() {
+        if !probe.pop() {
+            return Err(BpfError::NotBpffs(dir.to_path_buf()));
+        }
+    }
+    if !is_bpffs(&probe) {
+        return Err(BpfError::NotBpffs(dir.to_path_buf()));
+    }
+    let links = dir.join("links");
+    std::fs::create_dir_all(&links).map_err(|source| BpfError::Io {
+        path: links,
+        source,
+    })
+}
+
+#[expect(
+    clippy::useless_conversion,
+    reason = "statfs.f_type is i64 on x86_64 but another width on other architectures"
+)]
+fn is_bpffs(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt as _;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs writes into the zeroed struct; the path is NUL-terminated.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statfs(c.as_ptr(), &raw mut st) };
+    rc == 0 && i64::from(st.f_type) == BPF_FS_MAGIC
+}
+
+/// Expected shape of each pinned map: (type, key size, value size).
+fn expected_layout(name: &str) -> Option<(MapType, u32, u32)> {
+    use std::mem::size_of;
+    let sz = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    Some(match name {
+        map_names::SERVICES => (
+            MapType::Hash,
+            sz(size_of::<ServiceKey>()),
+            sz(size_of::<ServiceValue>()),
+        ),
+        map_names::SLOTS => (MapType::Hash, sz(size_of::<SlotKey>()), 4),
+        map_names::BACKENDS => (MapType::Hash, 4, sz(size_of::<Backend>())),
+        map_names::FLOWS => (
+            MapType::LruHash,
+            sz(size_of::<FlowKey>()),
+            sz(size_of::<FlowValue>()),
+        ),
+        map_names::DROPS => (MapType::PerCpuArray, 4, 8),
+        map_names::LABELS => (MapType::Hash, 4, sz(size_of::<ServiceLabel>())),
+        map_names::MEMBERS => (MapType::Hash, sz(size_of::<lbproxy_common::MemberKey>()), 4),
+        map_names::AFFINITY => (
+            MapType::LruHash,
+            sz(size_of::<lbproxy_common::AffinityKey>()),
+            sz(size_of::<lbproxy_common::AffinityValue>()),
+        ),
+        map_names::CONFIG => (MapType::Array, 4, sz(size_of::<DatapathConfig>())),
+        map_names::POD_IFS => (MapType::Hash, 4, sz(size_of::<PodIf>())),
+        map_names::DELIVERY => (MapType::PerCpuArray, 4, 8),
+        _ => return None,
+    })
+}
+
+/// Checks every existing pin under `dir` against the layout this binary was built with, so
+/// a restart never runs on maps of the wrong shape.
+pub fn check_pinned_layouts(dir: &Path) -> Result<(), BpfError> {
+    for name in map_names::PINNED {
+        let path = dir.join(name);
+        if !path.exists() {
+            continue;
+        }
+        let data = MapData::from_pin(&path).map_err(|source| BpfError::Map {
+            name,
+            path: path.clone(),
+            source,
+        })?;
+        let info = data.info().map_err(|source| BpfError::Map {
+            name,
+            path: path.clone(),
+            source,
+        })?;
+        let Some((ty, k, v)) = expected_layout(name) else {
+            continue;
+        };
+        let found_ty = info.map_type().ok();
+        if found_ty != Some(ty) || info.key_size() != k || info.value_size() != v {
+            return Err(BpfError::Layout {
+                path,
+                dir: dir.to_path_buf(),
+                found: format!(
+                    "{:?} key {} value {}",
+                    found_ty,
+                    info.key_size(),
+                    info.value_size()
+                ),
+                expected: format!("{ty:?} key {k} value {v}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The loaded datapath: programs ready to attach, maps pinned under `dir`.
+pub struct Datapath {
+    pub ebpf: Ebpf,
+    pub dir: PathBuf,
+}
+
+impl Datapath {
+    /// Loads the object, reusing maps already pinned under `dir` (their entries, and so every
+    /// flow, survive a restart) and pinning new ones.
+    pub fn load(dir: &Path, flow_map_size: u32) -> Result<Self, BpfError> {
+        prepare_dir(dir)?;
+        for old in map_names::RETIRED {
+            let p = dir.join(old);
+            if p.exists() {
+                tracing::info!(
+                    map = old,
+                    "removing a map layout this version no longer uses"
+                );
+                std::fs::remove_file(&p).map_err(|source| BpfError::Io { path: p, source })?;
+            }
+        }
+        check_pinned_layouts(dir)?;
+        let flows_pin = dir.join(map_names::FLOWS);
+        if flows_pin.exists()
+            && let Ok(info) = MapData::from_pin(&flows_pin).and_then(|d| d.info())
+            && info.max_entries() != flow_map_size
+        {
+            tracing::warn!(
+                existing = info.max_entries(),
+                requested = flow_map_size,
+                "the pinned flow map keeps its size; --flow-map-size applies after `lbproxy cleanup`"
+            );
+        }
+        let pins: Vec<(&'static str, PathBuf)> = map_names::PINNED
+            .iter()
+            .map(|n| (*n, dir.join(n)))
+            .collect();
+        let mut loader = EbpfLoader::new();
+        loader.map_max_entries(map_names::FLOWS, flow_map_size);
+        for (name, path) in &pins {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let mut ebpf = loader.load(OBJECT)?;
+        migrate_services_v1(dir)?;
+        for name in [program_names::FROM_POD, program_names::TO_POD] {
+            let prog: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .ok_or_else(|| BpfError::Program {
+                    name,
+                    source: aya::programs::ProgramError::UnexpectedProgramType,
+                })?
+                .try_into()
+                .map_err(|source| BpfError::Program { name, source })?;
+            prog.load()
+                .map_err(|source| BpfError::Program { name, source })?;
+        }
+        Ok(Self {
+            ebpf,
+            dir: dir.to_path_buf(),
+        })
+    }
+}
+
+/// Copies a `LB_SERVICES_V1` pinned by an earlier version into `LB_SERVICES_V2`, keeping
+/// every svc_id so its flows stay valid, then unpins V1. Programs of the earlier version keep
+/// their reference to V1 until their links are swapped to the new programs.
+fn migrate_services_v1(dir: &Path) -> Result<(), BpfError> {
+    let old_path = dir.join(map_names::SERVICES_V1);
+    if !old_path.exists() {
+        return Ok(());
+    }
+    let old: BpfHashMap<MapData, ServiceKey, lbproxy_common::ServiceValueV1> =
+        open_pinned(dir, map_names::SERVICES_V1, Map::HashMap)?;
+    let mut new: BpfHashMap<MapData, ServiceKey, ServiceValue> =
+        open_pinned(dir, map_names::SERVICES, Map::HashMap)?;
+    let new_path = dir.join(map_names::SERVICES);
+    let map_err = |path: &Path, source| BpfError::Map {
+        name: map_names::SERVICES,
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut n = 0;
+    for (k, v) in old.iter().flatten() {
+        if new.get(&k, 0).is_err() {
+            let value = ServiceValue {
+                svc_id: v.svc_id,
+                count: v.count,
+                affinity_timeout_s: 0,
+                _reserved: 0,
+            };
+            new.insert(k, value, 0).map_err(|e| map_err(&new_path, e))?;
+            n += 1;
+        }
+    }
+    std::fs::remove_file(&old_path).map_err(|source| BpfError::Io {
+        path: old_path.clone(),
+        source,
+    })?;
+    tracing::info!(frontends = n, "migrated LB_SERVICES_V1 to LB_SERVICES_V2");
+    Ok(())
+}
+
+/// Writes the datapath settings (`LB_CONFIG_V1`). The programs read them on every packet, so
+/// a change applies at once, also to programs a previous run left attached.
+pub fn write_config(dir: &Path, stack_bypass: bool) -> Result<(), BpfError> {
+    let mut map: Array<MapData, DatapathConfig> = open_pinned(dir, map_names::CONFIG, Map::Array)?;
+    let config = DatapathConfig {
+        flags: if stack_bypass {
+            CONFIG_F_STACK_BYPASS
+        } else {
+            0
+        },
+        _reserved: [0; 3],
+    };
+    map.set(0, config, 0).map_err(|source| BpfError::Map {
+        name: map_names::CONFIG,
+        path: dir.join(map_names::CONFIG),
+        source,
+    })
+}
+
+/// An error with its sources, since aya's syscall errors keep the errno in `source()`.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// A typed handle on the map pinned as `dir/name`; `wrap` says what kind of map it is.
+pub fn open_pinned<T: TryFrom<Map, Error = MapError>>(
+    dir: &Path,
+    name: &'static str,
+    wrap: fn(MapData) -> Map,
+) -> Result<T, BpfError> {
+    let path = dir.join(name);
+    let data = MapData::from_pin(&path).map_err(|source| BpfError::Map {
+        name,
+        path: path.clone(),
+        source,
+    })?;
+    T::try_from(wrap(data)).map_err(|source| BpfError::Map { name, path, source })
+}

@@ -1,0 +1,259 @@
+//! Typed handles on the pinned maps, used by `run`, `inspect` and the flow collector alike,
+//! and the real [`Maps`] the programmer writes through.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray};
+use lbproxy_common::{
+    Backend, CONFIG_F_STACK_BYPASS, DatapathConfig, Delivery, DropReason, FlowKey, FlowValue,
+    PodIf, ServiceKey, ServiceLabel, ServiceValue, SlotKey, map_names,
+};
+
+use super::{BpfError, check_pinned_layouts, open_pinned};
+use crate::desired::{BackendAddr, Frontend};
+use crate::program::{MapWriteError, Maps, Programmed, ProgrammedFrontend};
+
+/// Typed handles on the pinned maps.
+pub struct PinnedMaps {
+    pub services: BpfHashMap<MapData, ServiceKey, ServiceValue>,
+    pub slots: BpfHashMap<MapData, SlotKey, u32>,
+    pub backends: BpfHashMap<MapData, u32, Backend>,
+    pub flows: BpfHashMap<MapData, FlowKey, FlowValue>,
+    pub labels: BpfHashMap<MapData, u32, ServiceLabel>,
+    pub members: BpfHashMap<MapData, lbproxy_common::MemberKey, u32>,
+    pub drops: PerCpuArray<MapData, u64>,
+    pub delivery: PerCpuArray<MapData, u64>,
+    pub config: Array<MapData, DatapathConfig>,
+    pub pod_ifs: BpfHashMap<MapData, u32, PodIf>,
+}
+
+impl PinnedMaps {
+    pub fn open(dir: &Path) -> Result<Self, BpfError> {
+        check_pinned_layouts(dir)?;
+        Ok(Self {
+            services: open_pinned(dir, map_names::SERVICES, Map::HashMap)?,
+            slots: open_pinned(dir, map_names::SLOTS, Map::HashMap)?,
+            backends: open_pinned(dir, map_names::BACKENDS, Map::HashMap)?,
+            flows: open_pinned(dir, map_names::FLOWS, Map::LruHashMap)?,
+            labels: open_pinned(dir, map_names::LABELS, Map::HashMap)?,
+            members: open_pinned(dir, map_names::MEMBERS, Map::HashMap)?,
+            drops: open_pinned(dir, map_names::DROPS, Map::PerCpuArray)?,
+            delivery: open_pinned(dir, map_names::DELIVERY, Map::PerCpuArray)?,
+            config: open_pinned(dir, map_names::CONFIG, Map::Array)?,
+            pod_ifs: open_pinned(dir, map_names::POD_IFS, Map::HashMap)?,
+        })
+    }
+
+    /// Reads back what the maps hold, to adopt it. Entries that do not fit together (a slot
+    /// without its service, a frontend with a missing slot) are reported, and repaired by the
+    /// first apply.
+    pub fn read_programmed(&self) -> Programmed {
+        let mut p = Programmed::default();
+        for (id, b) in self.backends.iter().flatten() {
+            if let Some(addr) = BackendAddr::from_value(&b) {
+                p.backends.insert(id, addr);
+            }
+        }
+        let mut slots: HashMap<u32, BTreeMap<u32, u32>> = HashMap::new();
+        for (k, id) in self.slots.iter().flatten() {
+            slots.entry(k.svc_id).or_default().insert(k.slot, id);
+        }
+        let mut members: HashMap<u32, std::collections::BTreeSet<u32>> = HashMap::new();
+        for k in self.members.keys().flatten() {
+            members.entry(k.svc_id).or_default().insert(k.backend_id);
+        }
+        for (k, v) in self.services.iter().flatten() {
+            let Some(fe) = Frontend::from_key(&k) else {
+                continue;
+            };
+            let svc_slots = slots.remove(&v.svc_id).unwrap_or_default();
+            // Slots 0..n, as long as they are contiguous and point at known backends; extra
+            // slots past the count are kept too so they get deleted.
+            let mut list = Vec::new();
+            for (i, (slot, id)) in svc_slots.iter().enumerate() {
+                if usize::try_from(*slot).ok() != Some(i) || !p.backends.contains_key(id) {
+                    tracing::warn!(frontend = %fe, slot, "inconsistent slot found at start-up; it will be rewritten");
+                    break;
+                }
+                list.push(*id);
+            }
+            let label = self
+                .labels
+                .get(&v.svc_id, 0)
+                .map(|l| label_str(&l))
+                .unwrap_or_default();
+            p.frontends.insert(
+                fe,
+                ProgrammedFrontend {
+                    svc_id: v.svc_id,
+                    label,
+                    slots: list,
+                    count: Some(v.count),
+                    draining: Vec::new(),
+                    affinity_timeout_s: v.affinity_timeout_s,
+                    members: members.remove(&v.svc_id).unwrap_or_default(),
+                },
+            );
+        }
+        p
+    }
+
+    /// Datapath drop counters, summed over CPUs, by reason.
+    pub fn drop_counts(&self) -> Vec<(DropReason, u64)> {
+        DropReason::ALL
+            .iter()
+            .map(|r| (*r, cpu_sum(&self.drops, *r as u32)))
+            .collect()
+    }
+
+    /// How translated packets were delivered, summed over CPUs.
+    pub fn delivery_counts(&self) -> Vec<(Delivery, u64)> {
+        Delivery::ALL
+            .iter()
+            .map(|d| (*d, cpu_sum(&self.delivery, *d as u32)))
+            .collect()
+    }
+
+    /// Whether the stack bypass is on, as the datapath sees it.
+    pub fn stack_bypass(&self) -> bool {
+        self.config
+            .get(&0, 0)
+            .is_ok_and(|c| c.flags & CONFIG_F_STACK_BYPASS != 0)
+    }
+}
+
+/// One per-CPU counter, summed over CPUs (0 if unreadable).
+fn cpu_sum(map: &PerCpuArray<MapData, u64>, index: u32) -> u64 {
+    map.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0)
+}
+
+pub fn label_str(l: &ServiceLabel) -> String {
+    let end = l.name.iter().position(|b| *b == 0).unwrap_or(l.name.len());
+    String::from_utf8_lossy(&l.name[..end]).into_owned()
+}
+
+fn label_value(s: &str) -> ServiceLabel {
+    let mut name = [0u8; 128];
+    // Keep room for the NUL; cut on a char boundary.
+    let mut end = s.len().min(127);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    name[..end].copy_from_slice(&s.as_bytes()[..end]);
+    ServiceLabel { name }
+}
+
+fn werr(map: &'static str, op: &'static str, entry: String, e: &MapError) -> MapWriteError {
+    MapWriteError {
+        map,
+        op,
+        entry,
+        reason: e.to_string(),
+    }
+}
+
+/// Deleting an entry that is already gone is not an error.
+pub(super) fn del_ok(r: Result<(), MapError>) -> Result<(), MapError> {
+    match r {
+        Err(MapError::KeyNotFound) => Ok(()),
+        Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        other => other,
+    }
+}
+
+impl Maps for PinnedMaps {
+    fn put_backend(&mut self, id: u32, b: &Backend) -> Result<(), MapWriteError> {
+        self.backends
+            .insert(id, *b, 0)
+            .map_err(|e| werr(map_names::BACKENDS, "update", format!("id {id}"), &e))
+    }
+    fn del_backend(&mut self, id: u32) -> Result<(), MapWriteError> {
+        del_ok(self.backends.remove(&id))
+            .map_err(|e| werr(map_names::BACKENDS, "delete", format!("id {id}"), &e))
+    }
+    fn put_slot(&mut self, key: SlotKey, backend_id: u32) -> Result<(), MapWriteError> {
+        self.slots.insert(key, backend_id, 0).map_err(|e| {
+            werr(
+                map_names::SLOTS,
+                "update",
+                format!("svc {} slot {}", key.svc_id, key.slot),
+                &e,
+            )
+        })
+    }
+    fn del_slot(&mut self, key: SlotKey) -> Result<(), MapWriteError> {
+        del_ok(self.slots.remove(&key)).map_err(|e| {
+            werr(
+                map_names::SLOTS,
+                "delete",
+                format!("svc {} slot {}", key.svc_id, key.slot),
+                &e,
+            )
+        })
+    }
+    fn put_service(&mut self, key: ServiceKey, value: ServiceValue) -> Result<(), MapWriteError> {
+        self.services.insert(key, value, 0).map_err(|e| {
+            werr(
+                map_names::SERVICES,
+                "update",
+                Frontend::from_key(&key).map_or_else(String::new, |f| f.to_string()),
+                &e,
+            )
+        })
+    }
+    fn del_service(&mut self, key: ServiceKey) -> Result<(), MapWriteError> {
+        del_ok(self.services.remove(&key)).map_err(|e| {
+            werr(
+                map_names::SERVICES,
+                "delete",
+                Frontend::from_key(&key).map_or_else(String::new, |f| f.to_string()),
+                &e,
+            )
+        })
+    }
+    fn put_member(&mut self, svc_id: u32, backend_id: u32) -> Result<(), MapWriteError> {
+        let key = lbproxy_common::MemberKey { svc_id, backend_id };
+        self.members.insert(key, 1, 0).map_err(|e| {
+            werr(
+                map_names::MEMBERS,
+                "update",
+                format!("svc {svc_id} backend {backend_id}"),
+                &e,
+            )
+        })
+    }
+    fn del_member(&mut self, svc_id: u32, backend_id: u32) -> Result<(), MapWriteError> {
+        let key = lbproxy_common::MemberKey { svc_id, backend_id };
+        del_ok(self.members.remove(&key)).map_err(|e| {
+            werr(
+                map_names::MEMBERS,
+                "delete",
+                format!("svc {svc_id} backend {backend_id}"),
+                &e,
+            )
+        })
+    }
+    fn put_label(&mut self, svc_id: u32, label: &str) -> Result<(), MapWriteError> {
+        self.labels
+            .insert(svc_id, label_value(label), 0)
+            .map_err(|e| werr(map_names::LABELS, "update", format!("svc {svc_id}"), &e))
+    }
+    fn del_label(&mut self, svc_id: u32) -> Result<(), MapWriteError> {
+        del_ok(self.labels.remove(&svc_id))
+            .map_err(|e| werr(map_names::LABELS, "delete", format!("svc {svc_id}"), &e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_cut_safely() {
+        let long = "é".repeat(100);
+        let l = label_value(&long);
+        assert!(label_str(&l).len() <= 127);
+        assert_eq!(label_str(&label_value("ns/a:http")), "ns/a:http");
+    }
+}

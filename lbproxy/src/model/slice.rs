@@ -1,0 +1,140 @@
+//! An EndpointSlice as the proxy sees it: its ports and endpoints with their conditions.
+
+use std::net::IpAddr;
+
+use k8s_openapi::api::discovery::v1::EndpointSlice as K8sEndpointSlice;
+
+use super::{
+    InvalidObject, LABEL_SERVICE_NAME, NamespacedName, Normalized, Protocol, ServicePort,
+    TargetPort, identify, parse_ip, port_u16,
+};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlicePort {
+    pub name: String,
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    pub addresses: Vec<IpAddr>,
+    /// `ready` (absent means true).
+    pub ready: bool,
+    /// `serving` (absent means the value of `ready`).
+    pub serving: bool,
+    /// `terminating` (absent means false).
+    pub terminating: bool,
+    pub node_name: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointSlice {
+    pub id: NamespacedName,
+    /// The service this slice belongs to (label `kubernetes.io/service-name`).
+    pub service: NamespacedName,
+    pub ports: Vec<SlicePort>,
+    pub endpoints: Vec<Endpoint>,
+}
+
+/// A backend address for one service port, after port resolution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EndpointAddr {
+    pub ip: IpAddr,
+    pub port: u16,
+}
+
+/// Normalizes a discovery.k8s.io/v1 EndpointSlice.
+pub fn slice_from_k8s(
+    slice: &K8sEndpointSlice,
+) -> Result<Normalized<EndpointSlice>, InvalidObject> {
+    let (namespace, name, invalid) = identify("EndpointSlice", &slice.metadata)?;
+    let invalid = &invalid;
+    let Some(service_name) = slice
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_SERVICE_NAME))
+        .cloned()
+    else {
+        return Ok(Normalized::Skipped("no kubernetes.io/service-name label"));
+    };
+    let family_ok = |ip: &IpAddr| match slice.address_type.as_str() {
+        "IPv4" => ip.is_ipv4(),
+        "IPv6" => ip.is_ipv6(),
+        _ => false,
+    };
+    if slice.address_type == "FQDN" {
+        return Ok(Normalized::Skipped("addressType FQDN"));
+    }
+    if slice.address_type != "IPv4" && slice.address_type != "IPv6" {
+        return Err(invalid(format!(
+            "addressType {:?} is not one of IPv4, IPv6, FQDN",
+            slice.address_type
+        )));
+    }
+    let mut ports = Vec::new();
+    for (i, p) in slice.ports.iter().flatten().enumerate() {
+        let field = format!("ports[{i}]");
+        let Some(port) = p.port else {
+            // An absent port means "all ports"; kube-proxy ignores such ports.
+            continue;
+        };
+        ports.push(SlicePort {
+            name: p.name.clone().unwrap_or_default(),
+            port: port_u16(&format!("{field}.port"), port).map_err(invalid)?,
+            protocol: Protocol::parse(p.protocol.as_deref())
+                .map_err(|e| invalid(format!("{field}: {e}")))?,
+        });
+    }
+    let mut endpoints = Vec::new();
+    for (i, ep) in slice.endpoints.iter().enumerate() {
+        let mut addresses = Vec::new();
+        for (j, a) in ep.addresses.iter().enumerate() {
+            let ip = parse_ip(&format!("endpoints[{i}].addresses[{j}]"), a).map_err(invalid)?;
+            if !family_ok(&ip) {
+                return Err(invalid(format!(
+                    "endpoints[{i}].addresses[{j}] {a:?} does not match addressType {}",
+                    slice.address_type
+                )));
+            }
+            addresses.push(ip);
+        }
+        let cond = ep.conditions.as_ref();
+        let ready = cond.and_then(|c| c.ready).unwrap_or(true);
+        endpoints.push(Endpoint {
+            addresses,
+            ready,
+            serving: cond.and_then(|c| c.serving).unwrap_or(ready),
+            terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
+            node_name: ep.node_name.clone(),
+        });
+    }
+    Ok(Normalized::Proxied(EndpointSlice {
+        id: NamespacedName {
+            namespace: namespace.clone(),
+            name,
+        },
+        service: NamespacedName {
+            namespace,
+            name: service_name,
+        },
+        ports,
+        endpoints,
+    }))
+}
+
+/// The number a slice gives a service port, if any. See [`Model::ready_endpoints`].
+pub fn resolve_slice_port(slice: &EndpointSlice, port: &ServicePort) -> Option<u16> {
+    let by_name = |name: &str| {
+        slice
+            .ports
+            .iter()
+            .find(|p| p.name == name && p.protocol == port.protocol)
+            .map(|p| p.port)
+    };
+    by_name(&port.name).or_else(|| match &port.target_port {
+        TargetPort::Name(target) => by_name(target),
+        TargetPort::Number(_) => None,
+    })
+}

@@ -1,0 +1,10 @@
+//! Desired state into the maps: a [`Programmer`] diffs what is programmed against what is
+//! desired and writes the difference through the [`Maps`] trait.
+
+mod maps;
+mod programmer;
+
+#[cfg(test)]
+pub use maps::mem;
+pub use maps::{MapWriteError, Maps};
+pub use programmer::{ApplyStats, Programmed, ProgrammedFrontend, Programmer};
