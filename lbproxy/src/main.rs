@@ -16,7 +16,7 @@ mod program;
 mod source;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 
 use crate::bpf::{Attacher, Datapath, PinnedMaps};
 use crate::config::DEFAULT_BPFFS_DIR;
-use crate::controller::{Controller, Source};
+use crate::controller::Controller;
 
 #[derive(Parser)]
 #[command(
@@ -187,105 +187,16 @@ fn cleanup(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What a file-system event under the manifest path says.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum FileEvent {
-    /// A file was written and closed, renamed into place, removed, or its metadata changed:
-    /// what is there now is complete.
-    Settled,
-    /// A file is being written in place (created, or data written): its close follows.
-    Writing,
-}
-
-impl FileEvent {
-    /// The meaning of a notify event; `None` for reads, ours included (reading the files
-    /// produces open and close events, and must not trigger the next read).
-    fn of(kind: notify::EventKind) -> Option<Self> {
-        use notify::event::{AccessKind, AccessMode, CreateKind, EventKind, ModifyKind};
-        match kind {
-            EventKind::Access(AccessKind::Close(AccessMode::Write)) => Some(FileEvent::Settled),
-            EventKind::Access(_) => None,
-            EventKind::Create(CreateKind::File)
-            | EventKind::Modify(ModifyKind::Data(_) | ModifyKind::Any) => Some(FileEvent::Writing),
-            _ => Some(FileEvent::Settled),
-        }
-    }
-}
-
-/// How long a file written in place may stay open before it is read anyway (a writer that
-/// keeps it open, or a file system without close events).
-const WRITE_SETTLE: Duration = Duration::from_millis(30);
-
-/// Turns file-system events on the manifest path into a channel of [`FileEvent`]s.
-fn watch_manifests(
-    path: &Path,
-) -> anyhow::Result<(
-    notify::RecommendedWatcher,
-    mpsc::UnboundedReceiver<FileEvent>,
-)> {
-    use notify::{RecursiveMode, Watcher as _};
-    let (tx, rx) = mpsc::unbounded_channel();
-    let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-        if let Some(ev) = ev.ok().and_then(|ev| FileEvent::of(ev.kind)) {
-            let _ = tx.send(ev);
-        }
-    })
-    .context("creating the manifest watcher")?;
-    // Watch the parent of a file, so editors' and ConfigMaps' atomic renames are seen.
-    let target = if path.is_dir() {
-        path.to_path_buf()
-    } else {
-        path.parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
-    };
-    watcher
-        .watch(&target, RecursiveMode::Recursive)
-        .with_context(|| format!("watching {}", target.display()))?;
-    Ok((watcher, rx))
-}
-
-/// Takes the events queued after `first`; when none says a write is complete, waits up to
-/// [`WRITE_SETTLE`] for one. A file replaced by a rename (editors, ConfigMaps, `kubectl`
-/// pipelines writing a temporary file) is so read at once, and one written in place is not
-/// read half-written.
-async fn settle(first: FileEvent, events: &mut mpsc::UnboundedReceiver<FileEvent>) {
-    let mut settled = first == FileEvent::Settled;
-    while let Ok(ev) = events.try_recv() {
-        settled |= ev == FileEvent::Settled;
-    }
-    let deadline = tokio::time::Instant::now() + WRITE_SETTLE;
-    while !settled {
-        match tokio::time::timeout_at(deadline, events.recv()).await {
-            Ok(Some(ev)) => settled = ev == FileEvent::Settled,
-            Ok(None) | Err(_) => break,
-        }
-    }
-    while events.try_recv().is_ok() {}
-}
-
-/// A cheap fingerprint of the manifest files (names, sizes, mtimes), as a safety net for
-/// file systems whose events are unreliable.
-fn fingerprint(path: &Path) -> Vec<(PathBuf, u64, Option<std::time::SystemTime>)> {
-    source::manifests::manifest_files(path)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|f| {
-            let m = std::fs::metadata(&f).ok();
-            let len = m.as_ref().map_or(0, std::fs::Metadata::len);
-            let mtime = m.and_then(|m| m.modified().ok());
-            (f, len, mtime)
-        })
-        .collect()
-}
-
 /// Collects expired flows at start and every 10 s, off the controller's loop, and reports
 /// the flow table's fill from the same scan.
-fn spawn_flow_gc(settings: &config::Settings, ctl: &Controller, health: http::Health) {
+fn spawn_flow_gc(
+    settings: &config::Settings,
+    capacities: &[(&'static str, i64)],
+    health: http::Health,
+) {
     let dir = settings.bpffs_dir.clone();
     let timeouts = settings.flow_timeouts;
-    let capacity = ctl
-        .capacities
+    let capacity = capacities
         .iter()
         .find(|(n, _)| *n == lbproxy_common::map_names::FLOWS)
         .map_or(settings.flow_map_size, |(_, c)| {
@@ -308,9 +219,7 @@ fn spawn_flow_gc(settings: &config::Settings, ctl: &Controller, health: http::He
                     health
                         .metrics
                         .map_entries
-                        .get_or_create(&http::MapLabel {
-                            map: lbproxy_common::map_names::FLOWS.to_string(),
-                        })
+                        .get_or_create(&http::MapLabel::of(lbproxy_common::map_names::FLOWS))
                         .set(i64::try_from(stats.scanned - stats.deleted).unwrap_or(i64::MAX));
                     if stats.deleted > 0 || stats.under_pressure {
                         tracing::info!(
@@ -379,6 +288,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     )
     .await?;
 
+    // The datapath: loaded, configured, and attached to every pod interface before the
+    // first sync (/healthz turns 200 then, and by then the programs must be in place).
     let mut dp =
         Datapath::load(&settings.bpffs_dir, settings.flow_map_size).with_context(|| {
             format!(
@@ -386,7 +297,59 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 settings.bpffs_dir.display()
             )
         })?;
-    // Keep the logger alive for as long as the programs run (toolchain.md), and drain it.
+    spawn_datapath_logs(&mut dp);
+    bpf::write_config(&settings.bpffs_dir, settings.stack_bypass)?;
+    tracing::info!(stack_bypass = settings.stack_bypass, "datapath configured");
+    let attacher = Attacher::new(globs, &settings.bpffs_dir, settings.stack_bypass)?;
+    bpf::ifaces::spawn_attach(dp, attacher, health.clone())
+        .await
+        .context("opening rtnetlink")?;
+    let capacities = bpf::capacities(&settings.bpffs_dir);
+    spawn_flow_gc(&settings, &capacities, health.clone());
+    bpf::spawn_counters(PinnedMaps::open(&settings.bpffs_dir)?, health.clone());
+
+    // The source.
+    let mut report = controller::Report::new(health.clone(), settings.hostname.clone());
+    report.capacities = capacities;
+    let (tx, mut events) = mpsc::channel(256);
+    match &settings.manifests {
+        Some(p) => source::manifests::watch::spawn(p.clone(), tx)?,
+        None => {
+            let client = source::kube::client(settings.kubeconfig.as_deref()).await?;
+            report.events = Some(kube::runtime::events::Recorder::new(
+                client.clone(),
+                kube::runtime::events::Reporter {
+                    controller: "lbproxy".into(),
+                    instance: Some(settings.hostname.clone()),
+                },
+            ));
+            tracing::info!(node = %settings.hostname, "watching the Kubernetes API");
+            source::kube::spawn(&client, &settings.hostname, tx);
+        }
+    }
+
+    // The controller, until SIGTERM or SIGINT.
+    let mut ctl = Controller::new(PinnedMaps::open(&settings.bpffs_dir)?, report);
+    let timing = controller::Timing {
+        sync_period: settings.sync_period,
+        min_sync_period: settings.min_sync_period,
+    };
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let shutdown = async move {
+        let which = tokio::select! {
+            _ = sigterm.recv() => "SIGTERM",
+            _ = sigint.recv() => "SIGINT",
+        };
+        tracing::info!("{which}: exiting; programs stay attached and maps pinned");
+    };
+    ctl.drive(&mut events, timing, shutdown).await;
+    Ok(())
+}
+
+/// Keeps the datapath's logger alive for as long as the programs run (toolchain.md), and
+/// drains it.
+fn spawn_datapath_logs(dp: &mut Datapath) {
     match aya_log::EbpfLogger::init(&mut dp.ebpf) {
         Ok(logger) => {
             tokio::spawn(async move {
@@ -408,198 +371,5 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             });
         }
         Err(e) => tracing::warn!("datapath logs unavailable: {e}"),
-    }
-    bpf::write_config(&settings.bpffs_dir, settings.stack_bypass)?;
-    tracing::info!(stack_bypass = settings.stack_bypass, "datapath configured");
-    let maps = PinnedMaps::open(&settings.bpffs_dir)?;
-    let mut ctl = Controller::new(
-        dp,
-        maps,
-        Attacher::new(globs, &settings.bpffs_dir, settings.stack_bypass)?,
-        health.clone(),
-        settings.hostname.clone(),
-    );
-    let (nl_handle, mut link_events) = bpf::ifaces::watch().context("opening rtnetlink")?;
-    spawn_flow_gc(&settings, &ctl, health.clone());
-
-    let mut source = match &settings.manifests {
-        Some(p) => Source::Manifests(p.clone()),
-        None => {
-            let client = source::kube::client(settings.kubeconfig.as_deref()).await?;
-            ctl.events = Some(kube::runtime::events::Recorder::new(
-                client.clone(),
-                kube::runtime::events::Reporter {
-                    controller: "lbproxy".into(),
-                    instance: Some(settings.hostname.clone()),
-                },
-            ));
-            tracing::info!(node = %settings.hostname, "watching the Kubernetes API");
-            Source::Kube(source::kube::watch(&client, &settings.hostname))
-        }
-    };
-    // The manifests source also needs a file watcher.
-    let (_watcher, mut file_events) = match &source {
-        Source::Manifests(p) => {
-            let (w, rx) = watch_manifests(p)?;
-            (Some(w), rx)
-        }
-        Source::Kube(_) => (None, mpsc::unbounded_channel().1),
-    };
-    // Attach first: /healthz turns 200 at the first sync, and by then every pod interface
-    // must already carry the programs.
-    ctl.sync_interfaces(&nl_handle).await;
-    let mut print = Vec::new();
-    if let Source::Manifests(p) = &source {
-        ctl.listed = [true; 3];
-        ctl.load_manifests(p);
-        print = fingerprint(p);
-    }
-    ctl.refresh_programmed_metrics();
-    ctl.refresh_drop_metrics();
-
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut tick = tokio::time::interval(Duration::from_secs(2));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut reconcile = tokio::time::interval(settings.sync_period);
-    reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    reconcile.tick().await;
-    let mut first_kube_sync_done = false;
-    let mut last_sync: Option<Instant> = None;
-    let sync_timer = tokio::time::sleep(Duration::ZERO);
-    tokio::pin!(sync_timer);
-    loop {
-        let kube_ready = ctl.listed.iter().all(|l| *l);
-        tokio::select! {
-            _ = sigterm.recv() => { tracing::info!("SIGTERM: exiting; programs stay attached and maps pinned"); break; }
-            _ = sigint.recv() => { tracing::info!("SIGINT: exiting; programs stay attached and maps pinned"); break; }
-            Some(ev) = async { match &mut source { Source::Kube(rx) => rx.recv().await, Source::Manifests(_) => std::future::pending().await } } => {
-                ctl.on_source_event(ev);
-                // Coalesce whatever else is already queued.
-                if let Source::Kube(rx) = &mut source {
-                    while let Ok(ev) = rx.try_recv() {
-                        ctl.on_source_event(ev);
-                    }
-                }
-                if ctl.listed.iter().all(|l| *l) {
-                    if !first_kube_sync_done {
-                        first_kube_sync_done = true;
-                        ctl.sync_all("initial list");
-                        last_sync = Some(Instant::now());
-                    } else if ctl.has_pending() {
-                        let at = controller::next_sync_at(last_sync, settings.min_sync_period);
-                        sync_timer.as_mut().reset(at.into());
-                    }
-                }
-            }
-            () = &mut sync_timer, if kube_ready && first_kube_sync_done && ctl.has_pending() => {
-                ctl.sync_dirty();
-                last_sync = Some(Instant::now());
-                if ctl.has_pending() {
-                    // A failed write: retry in a second.
-                    sync_timer.as_mut().reset((Instant::now() + Duration::from_secs(1)).into());
-                }
-            }
-            Some(ev) = file_events.recv() => {
-                settle(ev, &mut file_events).await;
-                if let Source::Manifests(p) = &source {
-                    print = fingerprint(p);
-                    ctl.load_manifests(p);
-                }
-            }
-            Some(()) = link_events.recv() => {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                while link_events.try_recv().is_ok() {}
-                ctl.sync_interfaces(&nl_handle).await;
-            }
-            _ = tick.tick() => {
-                if let Source::Manifests(p) = &source {
-                    let now = fingerprint(p);
-                    if now != print {
-                        print = now;
-                        ctl.load_manifests(p);
-                    }
-                }
-                ctl.sync_interfaces(&nl_handle).await;
-                ctl.refresh_drop_metrics();
-            }
-            _ = reconcile.tick() => {
-                if ctl.listed.iter().all(|l| *l) && (first_kube_sync_done || matches!(source, Source::Manifests(_))) {
-                    ctl.reconcile();
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use notify::event::{
-        AccessKind, AccessMode, CreateKind, DataChange, EventKind, ModifyKind, RemoveKind,
-        RenameMode,
-    };
-
-    #[test]
-    fn file_events_are_told_apart() {
-        let of = FileEvent::of;
-        assert_eq!(
-            of(EventKind::Access(AccessKind::Open(AccessMode::Any))),
-            None
-        );
-        assert_eq!(
-            of(EventKind::Access(AccessKind::Close(AccessMode::Read))),
-            None
-        );
-        assert_eq!(
-            of(EventKind::Access(AccessKind::Close(AccessMode::Write))),
-            Some(FileEvent::Settled)
-        );
-        assert_eq!(
-            of(EventKind::Modify(ModifyKind::Name(RenameMode::To))),
-            Some(FileEvent::Settled)
-        );
-        assert_eq!(
-            of(EventKind::Remove(RemoveKind::File)),
-            Some(FileEvent::Settled)
-        );
-        assert_eq!(
-            of(EventKind::Create(CreateKind::File)),
-            Some(FileEvent::Writing)
-        );
-        assert_eq!(
-            of(EventKind::Modify(ModifyKind::Data(DataChange::Any))),
-            Some(FileEvent::Writing)
-        );
-    }
-
-    #[tokio::test]
-    async fn settling_waits_only_for_files_still_being_written() {
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        // A rename into place: no wait, and the burst is taken.
-        tx.send(FileEvent::Settled).unwrap();
-        let t = Instant::now();
-        settle(FileEvent::Settled, &mut rx).await;
-        assert!(t.elapsed() < WRITE_SETTLE);
-        assert!(rx.try_recv().is_err());
-        // Written in place and already closed: no wait either.
-        tx.send(FileEvent::Writing).unwrap();
-        tx.send(FileEvent::Settled).unwrap();
-        let t = Instant::now();
-        settle(FileEvent::Writing, &mut rx).await;
-        assert!(t.elapsed() < WRITE_SETTLE);
-        // Closed a little later: read then.
-        let later = tx.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            later.send(FileEvent::Settled).unwrap();
-        });
-        settle(FileEvent::Writing, &mut rx).await;
-        assert!(rx.try_recv().is_err());
-        // Never closed: read after the wait.
-        let t = Instant::now();
-        settle(FileEvent::Writing, &mut rx).await;
-        assert!(t.elapsed() >= WRITE_SETTLE);
     }
 }

@@ -73,3 +73,49 @@ pub fn watch() -> std::io::Result<(rtnetlink::Handle, mpsc::UnboundedReceiver<()
     });
     Ok((handle, rx))
 }
+
+/// Keeps the programs attached to the pod interfaces: attaches once now (so they are in
+/// place before the first sync), then again whenever a link changes, and every 2 s as a
+/// safety net. The task owns the loaded datapath, which keeps the programs loaded.
+pub async fn spawn_attach(
+    mut dp: super::Datapath,
+    mut attacher: super::Attacher,
+    health: crate::http::Health,
+) -> std::io::Result<()> {
+    let (handle, mut link_events) = watch()?;
+    let sync =
+        async move |dp: &mut super::Datapath, attacher: &mut super::Attacher| match list(&handle)
+            .await
+        {
+            Ok(list) => {
+                for e in attacher.sync(dp, &list) {
+                    tracing::error!("attach failed (will retry): {}", super::error_chain(&e));
+                }
+                health
+                    .metrics
+                    .attached_interfaces
+                    .set(i64::try_from(attacher.attached().len()).unwrap_or(i64::MAX));
+            }
+            Err(e) => tracing::error!("listing interfaces: {e}"),
+        };
+    sync(&mut dp, &mut attacher).await;
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                ev = link_events.recv() => {
+                    if ev.is_none() {
+                        return;
+                    }
+                    // A burst of link messages is one change.
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    while link_events.try_recv().is_ok() {}
+                }
+                _ = tick.tick() => {}
+            }
+            sync(&mut dp, &mut attacher).await;
+        }
+    });
+    Ok(())
+}

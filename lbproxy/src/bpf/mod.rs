@@ -15,6 +15,7 @@ pub mod pinned;
 pub use attach::Attacher;
 pub use pinned::{PinnedMaps, label_str};
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use aya::Ebpf;
@@ -324,4 +325,52 @@ pub fn open_pinned<T: TryFrom<Map, Error = MapError>>(
         source,
     })?;
     T::try_from(wrap(data)).map_err(|source| BpfError::Map { name, path, source })
+}
+
+/// The capacity of each pinned map, by name (for the capacity metric and the collector).
+pub fn capacities(dir: &Path) -> Vec<(&'static str, i64)> {
+    map_names::PINNED
+        .iter()
+        .filter_map(|name| {
+            let info = MapData::from_pin(dir.join(name))
+                .and_then(|d| d.info())
+                .ok()?;
+            Some((*name, i64::from(info.max_entries())))
+        })
+        .collect()
+}
+
+/// Reads the datapath's drop and delivery counters every 2 s into their Prometheus
+/// counters, off the controller's loop.
+pub fn spawn_counters(maps: PinnedMaps, health: crate::http::Health) {
+    tokio::spawn(async move {
+        let mut drops_seen: HashMap<u32, u64> = HashMap::new();
+        let mut delivery_seen: HashMap<u32, u64> = HashMap::new();
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let m = &health.metrics;
+            for (reason, n) in maps.drop_counts() {
+                let c = m.datapath_drops.get_or_create(&crate::http::ReasonLabel {
+                    reason: reason.label().to_string(),
+                });
+                advance(&c, drops_seen.entry(reason as u32).or_insert(0), n);
+            }
+            for (path, n) in maps.delivery_counts() {
+                let c = m.datapath_delivered.get_or_create(&crate::http::PathLabel {
+                    path: path.label().to_string(),
+                });
+                advance(&c, delivery_seen.entry(path as u32).or_insert(0), n);
+            }
+        }
+    });
+}
+
+/// Moves a Prometheus counter on by what a datapath counter gained since it was last read.
+fn advance(counter: &prometheus_client::metrics::counter::Counter, seen: &mut u64, now: u64) {
+    if now > *seen {
+        counter.inc_by(now - *seen);
+    }
+    *seen = now;
 }

@@ -1,7 +1,6 @@
 //! Typed handles on the pinned maps, used by `run`, `inspect` and the flow collector alike,
 //! and the real [`Maps`] the programmer writes through.
 
-use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray};
@@ -11,8 +10,8 @@ use lbproxy_common::{
 };
 
 use super::{BpfError, check_pinned_layouts, open_pinned};
-use crate::desired::{BackendAddr, Frontend};
-use crate::program::{MapWriteError, Maps, Programmed, ProgrammedFrontend};
+use crate::desired::Frontend;
+use crate::program::{MapWriteError, Maps, Programmed, WriteCause, assemble};
 
 /// Typed handles on the pinned maps.
 pub struct PinnedMaps {
@@ -43,60 +42,6 @@ impl PinnedMaps {
             config: open_pinned(dir, map_names::CONFIG, Map::Array)?,
             pod_ifs: open_pinned(dir, map_names::POD_IFS, Map::HashMap)?,
         })
-    }
-
-    /// Reads back what the maps hold, to adopt it. Entries that do not fit together (a slot
-    /// without its service, a frontend with a missing slot) are reported, and repaired by the
-    /// first apply.
-    pub fn read_programmed(&self) -> Programmed {
-        let mut p = Programmed::default();
-        for (id, b) in self.backends.iter().flatten() {
-            if let Some(addr) = BackendAddr::from_value(&b) {
-                p.backends.insert(id, addr);
-            }
-        }
-        let mut slots: HashMap<u32, BTreeMap<u32, u32>> = HashMap::new();
-        for (k, id) in self.slots.iter().flatten() {
-            slots.entry(k.svc_id).or_default().insert(k.slot, id);
-        }
-        let mut members: HashMap<u32, std::collections::BTreeSet<u32>> = HashMap::new();
-        for k in self.members.keys().flatten() {
-            members.entry(k.svc_id).or_default().insert(k.backend_id);
-        }
-        for (k, v) in self.services.iter().flatten() {
-            let Some(fe) = Frontend::from_key(&k) else {
-                continue;
-            };
-            let svc_slots = slots.remove(&v.svc_id).unwrap_or_default();
-            // Slots 0..n, as long as they are contiguous and point at known backends; extra
-            // slots past the count are kept too so they get deleted.
-            let mut list = Vec::new();
-            for (i, (slot, id)) in svc_slots.iter().enumerate() {
-                if usize::try_from(*slot).ok() != Some(i) || !p.backends.contains_key(id) {
-                    tracing::warn!(frontend = %fe, slot, "inconsistent slot found at start-up; it will be rewritten");
-                    break;
-                }
-                list.push(*id);
-            }
-            let label = self
-                .labels
-                .get(&v.svc_id, 0)
-                .map(|l| label_str(&l))
-                .unwrap_or_default();
-            p.frontends.insert(
-                fe,
-                ProgrammedFrontend {
-                    svc_id: v.svc_id,
-                    label,
-                    slots: list,
-                    count: Some(v.count),
-                    draining: Vec::new(),
-                    affinity_timeout_s: v.affinity_timeout_s,
-                    members: members.remove(&v.svc_id).unwrap_or_default(),
-                },
-            );
-        }
-        p
     }
 
     /// Datapath drop counters, summed over CPUs, by reason.
@@ -144,12 +89,12 @@ fn label_value(s: &str) -> ServiceLabel {
     ServiceLabel { name }
 }
 
-fn werr(map: &'static str, op: &'static str, entry: String, e: &MapError) -> MapWriteError {
+fn werr(map: &'static str, op: &'static str, entry: String, e: MapError) -> MapWriteError {
     MapWriteError {
         map,
         op,
         entry,
-        reason: e.to_string(),
+        cause: WriteCause::Kernel(e),
     }
 }
 
@@ -163,14 +108,29 @@ pub(super) fn del_ok(r: Result<(), MapError>) -> Result<(), MapError> {
 }
 
 impl Maps for PinnedMaps {
+    fn read_programmed(&self) -> Programmed {
+        assemble(
+            self.backends.iter().flatten(),
+            self.slots.iter().flatten(),
+            self.members.keys().flatten(),
+            self.services.iter().flatten(),
+            |svc_id| {
+                self.labels
+                    .get(&svc_id, 0)
+                    .map(|l| label_str(&l))
+                    .unwrap_or_default()
+            },
+        )
+    }
+
     fn put_backend(&mut self, id: u32, b: &Backend) -> Result<(), MapWriteError> {
         self.backends
             .insert(id, *b, 0)
-            .map_err(|e| werr(map_names::BACKENDS, "update", format!("id {id}"), &e))
+            .map_err(|e| werr(map_names::BACKENDS, "update", format!("id {id}"), e))
     }
     fn del_backend(&mut self, id: u32) -> Result<(), MapWriteError> {
         del_ok(self.backends.remove(&id))
-            .map_err(|e| werr(map_names::BACKENDS, "delete", format!("id {id}"), &e))
+            .map_err(|e| werr(map_names::BACKENDS, "delete", format!("id {id}"), e))
     }
     fn put_slot(&mut self, key: SlotKey, backend_id: u32) -> Result<(), MapWriteError> {
         self.slots.insert(key, backend_id, 0).map_err(|e| {
@@ -178,7 +138,7 @@ impl Maps for PinnedMaps {
                 map_names::SLOTS,
                 "update",
                 format!("svc {} slot {}", key.svc_id, key.slot),
-                &e,
+                e,
             )
         })
     }
@@ -188,7 +148,7 @@ impl Maps for PinnedMaps {
                 map_names::SLOTS,
                 "delete",
                 format!("svc {} slot {}", key.svc_id, key.slot),
-                &e,
+                e,
             )
         })
     }
@@ -198,7 +158,7 @@ impl Maps for PinnedMaps {
                 map_names::SERVICES,
                 "update",
                 Frontend::from_key(&key).map_or_else(String::new, |f| f.to_string()),
-                &e,
+                e,
             )
         })
     }
@@ -208,7 +168,7 @@ impl Maps for PinnedMaps {
                 map_names::SERVICES,
                 "delete",
                 Frontend::from_key(&key).map_or_else(String::new, |f| f.to_string()),
-                &e,
+                e,
             )
         })
     }
@@ -219,7 +179,7 @@ impl Maps for PinnedMaps {
                 map_names::MEMBERS,
                 "update",
                 format!("svc {svc_id} backend {backend_id}"),
-                &e,
+                e,
             )
         })
     }
@@ -230,18 +190,18 @@ impl Maps for PinnedMaps {
                 map_names::MEMBERS,
                 "delete",
                 format!("svc {svc_id} backend {backend_id}"),
-                &e,
+                e,
             )
         })
     }
     fn put_label(&mut self, svc_id: u32, label: &str) -> Result<(), MapWriteError> {
         self.labels
             .insert(svc_id, label_value(label), 0)
-            .map_err(|e| werr(map_names::LABELS, "update", format!("svc {svc_id}"), &e))
+            .map_err(|e| werr(map_names::LABELS, "update", format!("svc {svc_id}"), e))
     }
     fn del_label(&mut self, svc_id: u32) -> Result<(), MapWriteError> {
         del_ok(self.labels.remove(&svc_id))
-            .map_err(|e| werr(map_names::LABELS, "delete", format!("svc {svc_id}"), &e))
+            .map_err(|e| werr(map_names::LABELS, "delete", format!("svc {svc_id}"), e))
     }
 }
 

@@ -1,21 +1,78 @@
 //! The writes the programmer makes, as a trait: [`crate::bpf::PinnedMaps`] is the real one,
 //! [`mem::MemMaps`] the in-memory one tests drive the programmer and controller with.
 
-use lbproxy_common::{Backend, ServiceKey, ServiceValue, SlotKey};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-/// A map write that failed, naming the map and the entry.
+use lbproxy_common::{Backend, MemberKey, ServiceKey, ServiceValue, SlotKey};
+
+use super::{Programmed, ProgrammedFrontend};
+use crate::desired::{BackendAddr, Frontend};
+
+/// A map write that failed, naming the map and the entry, with the cause kept as a source
+/// (the errno, for a write the kernel refused).
 #[derive(Debug, thiserror::Error)]
-#[error("{map}: {op} {entry}: {reason}")]
+#[error("{map}: {op} {entry}")]
 pub struct MapWriteError {
     pub map: &'static str,
     pub op: &'static str,
     pub entry: String,
-    pub reason: String,
+    #[source]
+    pub cause: WriteCause,
+}
+
+impl MapWriteError {
+    /// The errno the kernel answered, if the kernel refused the write.
+    pub fn errno(&self) -> Option<i32> {
+        match &self.cause {
+            WriteCause::Kernel(aya::maps::MapError::SyscallError(e)) => e.io_error.raw_os_error(),
+            _ => None,
+        }
+    }
+}
+
+/// Why a map write failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteCause {
+    /// The kernel refused it; the message says what the errno means for a map.
+    #[error("{}", meaning(.0))]
+    Kernel(#[source] aya::maps::MapError),
+    /// A failure injected by a test.
+    #[cfg(test)]
+    #[error("injected failure")]
+    Injected,
+}
+
+/// What a refused map write means, in an operator's words, with the errno's name.
+fn meaning(e: &aya::maps::MapError) -> String {
+    let aya::maps::MapError::SyscallError(s) = e else {
+        return "refused".to_string();
+    };
+    let Some(errno) = s.io_error.raw_os_error() else {
+        return "refused".to_string();
+    };
+    let (what, name) = match errno {
+        libc::E2BIG => ("map full", "E2BIG"),
+        libc::ENOMEM => ("out of kernel memory", "ENOMEM"),
+        libc::EPERM => ("not permitted", "EPERM"),
+        libc::EACCES => ("not permitted", "EACCES"),
+        libc::ENOENT => ("no such entry", "ENOENT"),
+        libc::EBADF => ("the map is not open", "EBADF"),
+        libc::EINVAL => ("invalid key or value for this map", "EINVAL"),
+        libc::EBUSY => ("map busy", "EBUSY"),
+        _ => ("refused", ""),
+    };
+    if name.is_empty() {
+        format!("{what} (errno {errno})")
+    } else {
+        format!("{what} (errno {errno}, {name})")
+    }
 }
 
 /// The writes the programmer makes. Implemented over the pinned BPF maps, and in memory for
 /// tests.
 pub trait Maps {
+    /// What the maps hold, read back: to adopt it at start-up, and to find drift.
+    fn read_programmed(&self) -> Programmed;
     fn put_backend(&mut self, id: u32, b: &Backend) -> Result<(), MapWriteError>;
     fn del_backend(&mut self, id: u32) -> Result<(), MapWriteError>;
     fn put_slot(&mut self, key: SlotKey, backend_id: u32) -> Result<(), MapWriteError>;
@@ -28,10 +85,64 @@ pub trait Maps {
     fn del_label(&mut self, svc_id: u32) -> Result<(), MapWriteError>;
 }
 
+/// Puts together what the maps hold, entry by entry, as a [`Programmed`] state. Entries that
+/// do not fit together (a slot without its service, a frontend with a missing slot) are
+/// reported, and repaired by the first apply.
+pub fn assemble(
+    backends: impl Iterator<Item = (u32, Backend)>,
+    slots: impl Iterator<Item = (SlotKey, u32)>,
+    members: impl Iterator<Item = MemberKey>,
+    services: impl Iterator<Item = (ServiceKey, ServiceValue)>,
+    label: impl Fn(u32) -> String,
+) -> Programmed {
+    let mut p = Programmed::default();
+    for (id, b) in backends {
+        if let Some(addr) = BackendAddr::from_value(&b) {
+            p.backends.insert(id, addr);
+        }
+    }
+    let mut by_svc: HashMap<u32, BTreeMap<u32, u32>> = HashMap::new();
+    for (k, id) in slots {
+        by_svc.entry(k.svc_id).or_default().insert(k.slot, id);
+    }
+    let mut members_of: HashMap<u32, BTreeSet<u32>> = HashMap::new();
+    for k in members {
+        members_of.entry(k.svc_id).or_default().insert(k.backend_id);
+    }
+    for (k, v) in services {
+        let Some(fe) = Frontend::from_key(&k) else {
+            continue;
+        };
+        let svc_slots = by_svc.remove(&v.svc_id).unwrap_or_default();
+        // Slots 0..n, as long as they are contiguous and point at known backends; extra
+        // slots past the count are kept too so they get deleted.
+        let mut list = Vec::new();
+        for (i, (slot, id)) in svc_slots.iter().enumerate() {
+            if usize::try_from(*slot).ok() != Some(i) || !p.backends.contains_key(id) {
+                tracing::warn!(frontend = %fe, slot, "inconsistent slot found at start-up; it will be rewritten");
+                break;
+            }
+            list.push(*id);
+        }
+        p.frontends.insert(
+            fe,
+            ProgrammedFrontend {
+                svc_id: v.svc_id,
+                label: label(v.svc_id),
+                slots: list,
+                count: Some(v.count),
+                draining: Vec::new(),
+                affinity_timeout_s: v.affinity_timeout_s,
+                members: members_of.remove(&v.svc_id).unwrap_or_default(),
+            },
+        );
+    }
+    p
+}
+
 #[cfg(test)]
 pub mod mem {
     use super::*;
-    use std::collections::BTreeMap;
 
     /// The maps in memory. After every write it checks the invariant the datapath relies
     /// on: every service's slots `0..count` exist and point at existing backends.
@@ -57,7 +168,7 @@ pub mod mem {
                         map,
                         op: "update",
                         entry: String::new(),
-                        reason: "injected".into(),
+                        cause: WriteCause::Injected,
                     });
                 }
                 *n -= 1;
@@ -85,6 +196,18 @@ pub mod mem {
     }
 
     impl Maps for MemMaps {
+        fn read_programmed(&self) -> Programmed {
+            assemble(
+                self.backends.iter().map(|(k, v)| (*k, *v)),
+                self.slots.iter().map(|(k, v)| (*k, *v)),
+                self.members.iter().map(|(svc_id, backend_id)| MemberKey {
+                    svc_id: *svc_id,
+                    backend_id: *backend_id,
+                }),
+                self.services.iter().map(|(k, v)| (*k, *v)),
+                |id| self.labels.get(&id).cloned().unwrap_or_default(),
+            )
+        }
         fn put_backend(&mut self, id: u32, b: &Backend) -> Result<(), MapWriteError> {
             self.step("backends")?;
             self.backends.insert(id, *b);
@@ -145,5 +268,31 @@ pub mod mem {
             self.labels.remove(&svc_id);
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_write_says_what_the_errno_means() {
+        let e = MapWriteError {
+            map: "LB_SERVICES_V2",
+            op: "update",
+            entry: "198.19.0.10:80/TCP".into(),
+            cause: WriteCause::Kernel(aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+                call: "bpf_map_update_elem",
+                io_error: std::io::Error::from_raw_os_error(libc::E2BIG),
+            })),
+        };
+        assert_eq!(e.errno(), Some(libc::E2BIG));
+        let chain = crate::bpf::error_chain(&e);
+        assert!(
+            chain.starts_with(
+                "LB_SERVICES_V2: update 198.19.0.10:80/TCP: map full (errno 7, E2BIG): "
+            ),
+            "{chain}"
+        );
     }
 }

@@ -6,5 +6,5 @@ mod programmer;
 
 #[cfg(test)]
 pub use maps::mem;
-pub use maps::{MapWriteError, Maps};
+pub use maps::{MapWriteError, Maps, WriteCause, assemble};
 pub use programmer::{ApplyStats, Programmed, ProgrammedFrontend, Programmer};

@@ -3,7 +3,9 @@
 //!
 //! A watcher re-lists after a `410 Gone` and resumes a broken watch from the last
 //! resourceVersion; kube-rs's default backoff spaces out retries while the API server is away.
-//! Events go to the controller as [`SourceEvent`]s; the controller owns the model.
+//! Each object is normalized here, as it arrives, into the model's types, and reaches the
+//! controller as a [`SourceEvent`]; the controller owns the model. An invalid object is
+//! logged with the field at fault and treated as not proxied.
 
 use std::path::Path;
 
@@ -15,18 +17,11 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::sync::mpsc;
 
-use crate::model::LABEL_SERVICE_NAME;
+use super::{Kind, SourceEvent};
+use crate::model::{self, LABEL_SERVICE_NAME, NamespacedName, Normalized};
 
-/// What a watcher reports. Objects are boxed: they differ a lot in size and only pass
-/// through the channel once.
-#[derive(Debug)]
-pub enum SourceEvent {
-    Service(Event<Box<K8sService>>),
-    Slice(Event<Box<K8sEndpointSlice>>),
-    Node(Event<Box<Node>>),
-    /// A watch failed; kube-rs retries with backoff. Carries the resource and the error.
-    WatchError(&'static str, String),
-}
+/// The EndpointSlice annotation kube-proxy measures programming latency from.
+const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
 /// Builds a client from `--kubeconfig`, else `KUBECONFIG` / in-cluster (kube-rs's inference).
 pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<Client> {
@@ -67,7 +62,13 @@ fn spawn_watch<K, F>(
                     Ok(ev) => (wrap(ev), false),
                     Err(e) => {
                         let gone = is_gone(&e);
-                        (SourceEvent::WatchError(name, e.to_string()), gone)
+                        (
+                            SourceEvent::Failed {
+                                source: name,
+                                error: e.to_string(),
+                            },
+                            gone,
+                        )
                     }
                 };
                 // Bounded: a big list waits for the controller instead of piling up raw
@@ -87,14 +88,64 @@ fn spawn_watch<K, F>(
     });
 }
 
-fn boxed<K>(e: Event<K>) -> Event<Box<K>> {
-    match e {
-        Event::Apply(k) => Event::Apply(Box::new(k)),
-        Event::Delete(k) => Event::Delete(Box::new(k)),
-        Event::Init => Event::Init,
-        Event::InitApply(k) => Event::InitApply(Box::new(k)),
-        Event::InitDone => Event::InitDone,
+/// A watcher event in the source's terms: `Init`/`InitDone` frame a full list, and every
+/// object is normalized (`delete` gives the same id with nothing).
+fn translate<K>(kind: Kind, ev: Event<K>, object: impl Fn(&K, bool) -> SourceEvent) -> SourceEvent {
+    match ev {
+        Event::Init => SourceEvent::Listing(kind),
+        Event::InitDone => SourceEvent::Listed(kind),
+        Event::Apply(k) | Event::InitApply(k) => object(&k, true),
+        Event::Delete(k) => object(&k, false),
     }
+}
+
+/// A Service as the model takes it; an invalid one is logged and not proxied.
+fn service_event(svc: &K8sService, present: bool) -> SourceEvent {
+    let id = NamespacedName::of(&svc.metadata);
+    let service = if present {
+        match model::service_from_k8s(svc) {
+            Ok(Normalized::Proxied(s)) => Some(s),
+            Ok(Normalized::Skipped(why)) => {
+                tracing::debug!(service = %id, "not proxied: {why}");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(service = %id, "ignoring {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    SourceEvent::Service { id, service }
+}
+
+/// An EndpointSlice as the model takes it, with its trigger time.
+fn slice_event(slice: &K8sEndpointSlice, present: bool) -> SourceEvent {
+    let id = NamespacedName::of(&slice.metadata);
+    if !present {
+        return SourceEvent::Slice {
+            id,
+            slice: None,
+            trigger: None,
+        };
+    }
+    let trigger = slice
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(TRIGGER_TIME))
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        .map(|ts| ts.as_millisecond() as f64 / 1000.0);
+    let slice = match model::slice_from_k8s(slice) {
+        Ok(Normalized::Proxied(s)) => Some(s),
+        Ok(Normalized::Skipped(_)) => None,
+        Err(e) => {
+            tracing::warn!(slice = %id, "ignoring {e}");
+            None
+        }
+    };
+    SourceEvent::Slice { id, slice, trigger }
 }
 
 /// A `410 Gone` answered to the watch request itself (not as an ERROR event in the stream,
@@ -107,29 +158,35 @@ fn is_gone(e: &watcher::Error) -> bool {
     )
 }
 
-/// Starts the three watchers. Events arrive on the returned channel until it is dropped.
-pub fn watch(client: &Client, node_name: &str) -> mpsc::Receiver<SourceEvent> {
-    let (tx, rx) = mpsc::channel(256);
+/// Starts the three watchers. Their events go to `tx` until its receiver is dropped.
+pub fn spawn(client: &Client, node_name: &str, tx: mpsc::Sender<SourceEvent>) {
     spawn_watch(
         Api::<K8sService>::all(client.clone()),
         watcher::Config::default(),
         "services",
         tx.clone(),
-        |e| SourceEvent::Service(boxed(e)),
+        |e| translate(Kind::Services, e, service_event),
     );
     spawn_watch(
         Api::<K8sEndpointSlice>::all(client.clone()),
         watcher::Config::default().labels(LABEL_SERVICE_NAME),
         "endpointslices",
         tx.clone(),
-        |e| SourceEvent::Slice(boxed(e)),
+        |e| translate(Kind::Slices, e, slice_event),
     );
     spawn_watch(
         Api::<Node>::all(client.clone()),
         watcher::Config::default().fields(&format!("metadata.name={node_name}")),
         "nodes",
         tx,
-        |e| SourceEvent::Node(boxed(e)),
+        |e| {
+            translate(Kind::Node, e, |n: &Node, present| SourceEvent::Node {
+                uid: if present {
+                    n.metadata.uid.clone()
+                } else {
+                    None
+                },
+            })
+        },
     );
-    rx
 }

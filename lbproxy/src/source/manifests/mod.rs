@@ -25,6 +25,8 @@ use serde_json::Value;
 
 use crate::model::{self, NamespacedName, Normalized};
 
+pub mod watch;
+
 /// Why a manifest set was rejected.
 #[derive(Debug)]
 pub struct ManifestError {

@@ -1,0 +1,190 @@
+//! Report: what the controller tells the world about its syncs.
+//!
+//! - kube-proxy's metrics (sync duration, change counters, network programming latency) and
+//!   lbproxy's own (map fill, failures);
+//! - `/healthz`'s state ([`Health`]);
+//! - a Warning Event on this Node when the dataplane cannot be programmed, once per failure
+//!   streak, and a log line with every failed write's cause.
+
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use lbproxy_common::{DropReason, map_names};
+
+use crate::http::{self, Health};
+use crate::program::{ApplyStats, MapWriteError, Programmed};
+
+/// Where and how the controller reports.
+pub struct Report {
+    pub health: Health,
+    /// This node's name, for Events.
+    pub node: String,
+    pub node_uid: Option<String>,
+    /// Posts Node Events (the kube source only).
+    pub events: Option<kube::runtime::events::Recorder>,
+    /// The capacity of each pinned map, by metric label.
+    pub capacities: Vec<(&'static str, i64)>,
+    /// A failure streak already reported with a Node Event.
+    failing: bool,
+}
+
+/// The outcome of one sync, as the reporter needs it.
+pub struct Synced<'a> {
+    pub what: &'a str,
+    pub started: Instant,
+    pub services: usize,
+    pub slices: usize,
+}
+
+impl Report {
+    pub fn new(health: Health, node: String) -> Self {
+        Self {
+            health,
+            node,
+            node_uid: None,
+            events: None,
+            capacities: Vec::new(),
+            failing: false,
+        }
+    }
+
+    pub fn service_change(&self, pending: i64) {
+        let m = &self.health.metrics;
+        m.service_changes_total.inc();
+        m.service_changes_pending.set(pending);
+        self.health.queued();
+    }
+
+    pub fn endpoint_change(&self, pending: i64) {
+        let m = &self.health.metrics;
+        m.endpoint_changes_total.inc();
+        m.endpoint_changes_pending.set(pending);
+        self.health.queued();
+    }
+
+    /// A source could not read what it watches.
+    pub fn source_failed(&self, source: &str, error: &str) {
+        if source == "manifests" {
+            self.health.metrics.sync_failures.inc();
+            tracing::error!(
+                source,
+                "manifests rejected, keeping the last good state: {error}"
+            );
+        } else {
+            tracing::warn!(
+                source,
+                "watching {source}: {error} (retrying with backoff; the last state keeps serving)"
+            );
+        }
+    }
+
+    /// Records a sync that wrote everything (`triggers`: the trigger times it covered).
+    pub fn sync_ok(&mut self, s: &Synced<'_>, stats: ApplyStats, triggers: &[f64]) {
+        let m = &self.health.metrics;
+        m.sync_duration.observe(s.started.elapsed().as_secs_f64());
+        let now = http::unix_now();
+        for t in triggers {
+            m.network_programming_duration.observe((now - t).max(0.0));
+        }
+        m.service_changes_pending.set(0);
+        m.endpoint_changes_pending.set(0);
+        self.health.updated();
+        if stats.frontends_changed > 0 {
+            tracing::info!(
+                what = s.what,
+                services = s.services,
+                slices = s.slices,
+                changed = stats.frontends_changed,
+                writes = stats.writes,
+                deletes = stats.deletes,
+                took_us = u64::try_from(s.started.elapsed().as_micros()).unwrap_or(u64::MAX),
+                "synced"
+            );
+        }
+        if self.failing {
+            tracing::info!("the dataplane is programmed again");
+        }
+        self.failing = false;
+    }
+
+    /// Records a sync whose writes failed in part; the caller retries.
+    pub fn sync_failed(&mut self, s: &Synced<'_>, errors: &[MapWriteError]) {
+        let m = &self.health.metrics;
+        m.sync_duration.observe(s.started.elapsed().as_secs_f64());
+        m.sync_failures.inc();
+        for e in errors {
+            tracing::error!(
+                map = e.map,
+                op = e.op,
+                entry = %e.entry,
+                errno = e.errno().unwrap_or(0),
+                cause = %e.cause,
+                "map write failed (will retry): {}",
+                crate::bpf::error_chain(e)
+            );
+        }
+        if !self.failing {
+            self.failing = true;
+            let first = errors
+                .first()
+                .map(|e| crate::bpf::error_chain(e))
+                .unwrap_or_default();
+            self.post_node_event(format!(
+                "lbproxy could not program the dataplane ({} map write(s) failed; first: {first}); it retries",
+                errors.len()
+            ));
+        }
+    }
+
+    fn post_node_event(&self, note: String) {
+        let Some(recorder) = self.events.clone() else {
+            return;
+        };
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(self.node.clone()),
+            uid: self.node_uid.clone(),
+            ..Default::default()
+        };
+        tokio::spawn(async move {
+            let ev = kube::runtime::events::Event {
+                type_: kube::runtime::events::EventType::Warning,
+                reason: "DataplaneProgrammingFailed".into(),
+                note: Some(note),
+                action: "Sync".into(),
+                secondary: None,
+            };
+            if let Err(e) = recorder.publish(&ev, &reference).await {
+                tracing::warn!("could not post the Node event: {e}");
+            }
+        });
+    }
+
+    /// Map fill as the controller wrote it: no syscalls, so it runs after every sync. The
+    /// flow table's fill comes from the collector, which scans it anyway.
+    pub fn programmed(&self, p: &Programmed) {
+        let m = &self.health.metrics;
+        let as_i64 = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        let set = |map: &str, n: i64| {
+            m.map_entries.get_or_create(&http::MapLabel::of(map)).set(n);
+        };
+        set(map_names::SERVICES, as_i64(p.frontends.len()));
+        set(map_names::LABELS, as_i64(p.frontends.len()));
+        set(map_names::BACKENDS, as_i64(p.backends.len()));
+        set(
+            map_names::SLOTS,
+            as_i64(p.frontends.values().map(|f| f.slots.len()).sum()),
+        );
+        set(
+            map_names::MEMBERS,
+            as_i64(p.frontends.values().map(|f| f.members.len()).sum()),
+        );
+        set(map_names::DROPS, i64::from(DropReason::COUNT));
+        for (name, cap) in &self.capacities {
+            m.map_capacity
+                .get_or_create(&http::MapLabel::of(name))
+                .set(*cap);
+        }
+    }
+}
