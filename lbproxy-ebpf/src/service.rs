@@ -1,7 +1,7 @@
 //! Stage 1: extract the service key from a packet and look the frontend up.
 
 use aya_ebpf::{btf_maps::HashMap, macros::btf_map};
-use lbproxy_common::{MAX_SERVICES, ServiceKey, ServiceLabel, ServiceValue};
+use lbproxy_common::{MAX_SERVICES, SCOPE_DEFAULT, ServiceKey, ServiceLabel, ServiceValue};
 
 use crate::packet::Packet;
 
@@ -22,7 +22,7 @@ pub fn lookup(pkt: &Packet) -> Option<ServiceValue> {
         addr: pkt.dst_addr,
         port_be: pkt.dst_port_be,
         proto: pkt.proto,
-        _pad: 0,
+        scope: SCOPE_DEFAULT,
     };
     // SAFETY: the value is copied out at once; hash map values are not freed under RCU
     // while this program runs.

@@ -268,7 +268,9 @@ fn migrate_services_v1(dir: &Path) -> Result<(), BpfError> {
                 svc_id: v.svc_id,
                 count: v.count,
                 affinity_timeout_s: 0,
-                _reserved: 0,
+                flags: 0,
+                kind: 0,
+                _pad: 0,
             };
             new.insert(k, value, 0).map_err(|e| map_err(&new_path, e))?;
             n += 1;

@@ -30,7 +30,7 @@ impl Frontend {
             addr: self.addr.octets(),
             port_be: self.port.to_be(),
             proto: self.proto.number(),
-            _pad: 0,
+            scope: lbproxy_common::SCOPE_DEFAULT,
         }
     }
 
@@ -569,7 +569,9 @@ impl Programmer {
                     svc_id,
                     count: want_count,
                     affinity_timeout_s: spec.affinity_timeout_s,
-                    _reserved: 0,
+                    flags: 0,
+                    kind: 0,
+                    _pad: 0,
                 },
             )?;
             stats.writes += 1;
