@@ -13,29 +13,17 @@ use core::mem::size_of;
 
 use aya_ebpf::{
     bindings::{BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams},
-    btf_maps::{Array, HashMap, PerCpuArray},
     helpers::generated::{bpf_fib_lookup, bpf_redirect_peer},
-    macros::btf_map,
     programs::TcContext,
 };
-use lbproxy_common::{
-    CONFIG_F_STACK_BYPASS, DatapathConfig, Delivery, DropReason, MAX_POD_IFS, PodIf,
-};
+use lbproxy_common::{CONFIG_F_STACK_BYPASS, Delivery, DropReason};
 
 use crate::{
+    maps::{LB_CONFIG_V1, LB_DELIVERY_V1, LB_PODIFS_V1},
     nat::csum_update,
     packet::{ETH_LEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, Packet, ptr_at},
     reason::Verdict,
 };
-
-#[btf_map(name = "LB_CONFIG_V1")]
-static LB_CONFIG_V1: Array<DatapathConfig, 1> = Array::new();
-
-#[btf_map(name = "LB_PODIFS_V1")]
-static LB_PODIFS_V1: HashMap<u32, PodIf, { MAX_POD_IFS as usize }> = HashMap::new();
-
-#[btf_map(name = "LB_DELIVERY_V1")]
-static LB_DELIVERY_V1: PerCpuArray<u64, { Delivery::SLOTS as usize }> = PerCpuArray::new();
 
 const AF_INET: u8 = 2;
 const _: () = assert!(size_of::<FibParams>() == 64);

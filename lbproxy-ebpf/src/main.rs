@@ -25,6 +25,7 @@
 mod affinity;
 mod deliver;
 mod flow;
+mod maps;
 mod nat;
 mod packet;
 mod reason;
