@@ -13,11 +13,10 @@ use lbproxy_common::{
 };
 
 use crate::{
-    affinity,
+    lb::{affinity, select},
     maps::LB_FLOWS_V1,
-    packet::{Packet, TCP_FLAG_FIN, TCP_FLAG_RST},
+    parse::{Packet, TCP_FLAG_FIN, TCP_FLAG_RST},
     reason::Verdict,
-    select,
 };
 
 /// `last_seen_ns` is refreshed at most this often, to keep writes off the hot path.

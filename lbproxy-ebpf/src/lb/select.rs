@@ -5,7 +5,7 @@ use lbproxy_common::{Backend, DropReason, IPPROTO_TCP, MemberKey, ServiceValue, 
 
 use crate::{
     maps::{LB_BACKENDS_V1, LB_MEMBERS_V1, LB_SLOTS_V1},
-    packet::Packet,
+    parse::Packet,
     reason::Verdict,
 };
 

@@ -7,7 +7,8 @@
 
 use lbproxy_common::{AffinityKey, AffinityValue, Backend, ServiceValue};
 
-use crate::{maps::LB_AFFINITY_V1, packet::Packet, reason::Verdict, select};
+use super::select;
+use crate::{maps::LB_AFFINITY_V1, parse::Packet, reason::Verdict};
 
 /// Selects a backend for a new flow of a service with affinity.
 #[inline(always)]

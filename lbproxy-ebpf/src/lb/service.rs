@@ -2,10 +2,14 @@
 
 use lbproxy_common::{SCOPE_DEFAULT, ServiceKey, ServiceValue};
 
-use crate::{maps::LB_SERVICES_V2, packet::Packet};
+use crate::{maps::LB_SERVICES_V2, parse::Packet};
 
 /// The frontend a packet is addressed to, if any. `None` means "not a service": the packet
 /// is not ours and passes untouched.
+///
+/// The key's scope is `SCOPE_DEFAULT`, the entry every frontend has. A second lookup with
+/// `SCOPE_INTERNAL` for in-cluster sources, when the entry has `SVC_F_SPLIT_SCOPE`, is
+/// reserved: no entry sets that flag yet.
 #[inline(always)]
 pub fn lookup(pkt: &Packet) -> Option<ServiceValue> {
     let key = ServiceKey {
