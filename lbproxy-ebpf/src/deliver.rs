@@ -13,37 +13,20 @@ use core::mem::size_of;
 
 use aya_ebpf::{
     bindings::{BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams},
-    btf_maps::{Array, HashMap, PerCpuArray},
     helpers::generated::{bpf_fib_lookup, bpf_redirect_peer},
-    macros::btf_map,
     programs::TcContext,
 };
-use lbproxy_common::{
-    CONFIG_F_STACK_BYPASS, DatapathConfig, Delivery, DropReason, MAX_POD_IFS, PodIf,
-};
+use lbproxy_common::{CONFIG_F_STACK_BYPASS, Delivery, DropReason};
 
 use crate::{
-    nat::csum_update,
-    packet::{ETH_LEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, Packet, ptr_at},
+    maps::{LB_CONFIG_V1, LB_DELIVERY_V1, LB_PODIFS_V1},
+    nat::csum,
+    parse::{IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, IP_TTL_OFF, L2_L3_LEN, Packet, ptr_at},
     reason::Verdict,
 };
 
-#[btf_map(name = "LB_CONFIG_V1")]
-static LB_CONFIG_V1: Array<DatapathConfig, 1> = Array::new();
-
-#[btf_map(name = "LB_PODIFS_V1")]
-static LB_PODIFS_V1: HashMap<u32, PodIf, { MAX_POD_IFS as usize }> = HashMap::new();
-
-#[btf_map(name = "LB_DELIVERY_V1")]
-static LB_DELIVERY_V1: PerCpuArray<u64, { Delivery::SLOTS as usize }> = PerCpuArray::new();
-
 const AF_INET: u8 = 2;
 const _: () = assert!(size_of::<FibParams>() == 64);
-/// Offset of the IPv4 TTL, followed by the protocol: the two make one checksummed word.
-const IP_TTL_OFF: usize = ETH_LEN + 8;
-/// The Ethernet header and the fixed part of the IPv4 header: everything a redirect
-/// rewrites, in one store.
-const L2_L3_LEN: usize = ETH_LEN + 20;
 
 /// Where to send a translated packet instead of the node's stack.
 #[derive(Clone, Copy)]
@@ -156,7 +139,8 @@ fn try_route(
 /// Finishes the translation's L3 half (`side`'s address becomes `new_addr`) and the hop the
 /// stack would have made (MACs, TTL), all in one store with the header checksum updated
 /// incrementally, then redirects into the pod. The L4 half (`nat::dnat_l4`/`snat_l4`) is
-/// the caller's. Returns the TC action.
+/// the caller's. Everything rewritten is in the first `L2_L3_LEN` bytes (the Ethernet header
+/// and the fixed part of the IPv4 header), written back in one store. Returns the TC action.
 #[inline(always)]
 pub fn redirect(
     ctx: &TcContext,
@@ -180,7 +164,7 @@ pub fn redirect(
         Side::Destination => h[IP_DST_OFF..IP_DST_OFF + 4].copy_from_slice(&new_addr),
         Side::Source => h[IP_SRC_OFF..IP_SRC_OFF + 4].copy_from_slice(&new_addr),
     }
-    let csum = csum_update(
+    let csum = csum::update(
         word(&h, IP_CSUM_OFF),
         &[old_ttl, a0, a1],
         &[

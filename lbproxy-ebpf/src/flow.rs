@@ -6,25 +6,18 @@
 //! no longer live (removed from `LB_BACKENDS_V1`, or its id reused for another address), or
 //! whose service was replaced, is treated as a new flow on its next packet.
 
-use aya_ebpf::{
-    btf_maps::LruHashMap, helpers::generated::bpf_ktime_get_coarse_ns, macros::btf_map,
-};
+use aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns;
 use lbproxy_common::{
-    DEFAULT_FLOW_MAP_SIZE, DropReason, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_STATE_CLOSING,
-    FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE, FLOW_STATE_SYN_SENT, FlowKey, FlowValue, IPPROTO_TCP,
-    ServiceValue,
+    DropReason, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_STATE_CLOSING, FLOW_STATE_ESTABLISHED,
+    FLOW_STATE_NONE, FLOW_STATE_SYN_SENT, FlowKey, FlowValue, IPPROTO_TCP, ServiceValue,
 };
 
 use crate::{
-    affinity,
-    packet::{Packet, TCP_FLAG_FIN, TCP_FLAG_RST},
+    lb::{affinity, select},
+    maps::LB_FLOWS_V1,
+    parse::{Packet, TCP_FLAG_FIN, TCP_FLAG_RST},
     reason::Verdict,
-    select,
 };
-
-#[btf_map(name = "LB_FLOWS_V1")]
-static LB_FLOWS_V1: LruHashMap<FlowKey, FlowValue, { DEFAULT_FLOW_MAP_SIZE as usize }> =
-    LruHashMap::new();
 
 /// `last_seen_ns` is refreshed at most this often, to keep writes off the hot path.
 const TOUCH_INTERVAL_NS: u64 = 1_000_000_000;

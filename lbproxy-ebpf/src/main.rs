@@ -9,11 +9,12 @@
 //! it means netfilter and conntrack on the node only ever see consistent pod-to-pod tuples,
 //! so a `--ctstate INVALID -j DROP` rule never sees a half-translated flow.
 //!
-//! Stages, one module each: `packet` (parse) -> `service` (frontend lookup) -> `flow`
-//! (flow table, calling `select` for new flows) -> `nat` (translate) -> `deliver` (to the
-//! stack, or with the stack bypass straight into the destination pod), or `reject` (answer
-//! the client at once) when there is no usable backend. Drops and rejects are counted per
-//! reason in `reason`.
+//! Stages, one module each: `parse` -> `lb::service` (frontend lookup) -> `flow` (flow
+//! table, calling `lb::select` or `lb::affinity` for new flows) -> `nat` (translate) ->
+//! `deliver` (to the stack, or with the stack bypass straight into the destination pod), or
+//! `reject` (answer the client at once) when there is no usable backend. Drops and rejects
+//! are counted per reason in `reason`. Every map is declared in `maps`, from
+//! `lbproxy_common`'s specs.
 //!
 //! With the stack bypass, `lb_from_pod` also handles the reply direction: a backend's reply
 //! is reverse-NATed at its own interface and redirected into the client's pod, so neither
@@ -22,15 +23,14 @@
 #![no_std]
 #![no_main]
 
-mod affinity;
 mod deliver;
 mod flow;
+mod lb;
+mod maps;
 mod nat;
-mod packet;
+mod parse;
 mod reason;
 mod reject;
-mod select;
-mod service;
 
 use aya_ebpf::{macros::classifier, programs::TcContext};
 use aya_log_ebpf::debug;
@@ -51,12 +51,12 @@ pub fn lb_from_pod(ctx: TcContext) -> i32 {
 }
 
 fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
-    let pkt = match packet::parse(ctx) {
+    let pkt = match parse::parse(ctx) {
         Ok(Some(pkt)) => pkt,
         Ok(None) => return Ok(TC_ACT_UNSPEC),
         Err(v) => return Err(v.reason()),
     };
-    let Some(svc) = service::lookup(&pkt) else {
+    let Some(svc) = lb::service::lookup(&pkt) else {
         return reply_from_pod(ctx, &pkt);
     };
     let to = match flow::forward(&pkt, &svc) {
@@ -95,7 +95,7 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
 /// or a reply that cannot be redirected, goes to the stack untouched (`lb_to_pod` translates
 /// such a reply on its way into the client's pod).
 #[inline(always)]
-fn reply_from_pod(ctx: &TcContext, pkt: &packet::Packet) -> Result<i32, DropReason> {
+fn reply_from_pod(ctx: &TcContext, pkt: &parse::Packet) -> Result<i32, DropReason> {
     if !deliver::enabled() {
         return Ok(TC_ACT_UNSPEC);
     }
@@ -121,7 +121,7 @@ pub fn lb_to_pod(ctx: TcContext) -> i32 {
 }
 
 fn try_to_pod(ctx: &TcContext) -> Result<i32, DropReason> {
-    let pkt = match packet::parse(ctx) {
+    let pkt = match parse::parse(ctx) {
         Ok(Some(pkt)) => pkt,
         Ok(None) => return Ok(TC_ACT_UNSPEC),
         Err(v) => return Err(v.reason()),

@@ -1,8 +1,8 @@
 //! Verdicts and the per-reason drop counters.
 
-use aya_ebpf::btf_maps::PerCpuArray;
-use aya_ebpf::macros::btf_map;
 use lbproxy_common::DropReason;
+
+use crate::maps::LB_DROPS_V2;
 
 /// tcx: hand the packet to the next program (or the stack, when this is the last one).
 pub const TC_ACT_UNSPEC: i32 = -1;
@@ -17,9 +17,6 @@ pub enum Verdict {
     /// Answer the client at once (TCP RST or ICMP unreachable), counted under this reason.
     Reject(DropReason),
 }
-
-#[btf_map(name = "LB_DROPS_V2")]
-static LB_DROPS_V2: PerCpuArray<u64, { DropReason::SLOTS as usize }> = PerCpuArray::new();
 
 impl Verdict {
     #[inline(always)]

@@ -18,16 +18,18 @@ use aya_ebpf::{
 use lbproxy_common::DropReason;
 use network_types::{ip::Ipv4Hdr, tcp::TcpHdr};
 
-use crate::packet::{
-    ETH_LEN, Packet, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN, ptr_at,
+use crate::{
+    nat::csum::{fold, sum_words},
+    parse::{
+        ETH_LEN, IP_LEN, Packet, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN, TCP_LEN,
+        ptr_at,
+    },
+    reason::Verdict,
 };
-use crate::reason::Verdict;
 
 const IPPROTO_ICMP: u8 = 1;
 const BPF_ADJ_ROOM_MAC: u32 = 1;
 
-const IP_LEN: usize = 20;
-const TCP_LEN: usize = 20;
 const ICMP_LEN: usize = 8;
 /// ICMP quotes the original IP header and 8 bytes of its payload.
 const QUOTE_LEN: usize = IP_LEN + 8;
@@ -35,24 +37,6 @@ const QUOTE_LEN: usize = IP_LEN + 8;
 #[inline(always)]
 fn fail() -> Verdict {
     Verdict::Drop(DropReason::RejectFailed)
-}
-
-/// One's-complement sum of big-endian 16-bit words.
-#[inline(always)]
-fn sum_words(bytes: &[u8], mut acc: u32) -> u32 {
-    let mut i = 0;
-    while i + 1 < bytes.len() {
-        acc += u32::from(u16::from_be_bytes([bytes[i], bytes[i + 1]]));
-        i += 2;
-    }
-    acc
-}
-
-#[inline(always)]
-fn fold(mut acc: u32) -> u16 {
-    acc = (acc & 0xffff) + (acc >> 16);
-    acc = (acc & 0xffff) + (acc >> 16);
-    !(acc as u16)
 }
 
 #[inline(always)]

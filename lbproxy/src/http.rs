@@ -34,19 +34,11 @@ impl MapLabel {
     /// layout change does not break dashboards (`LB_SERVICES_V2` is `services`).
     pub fn of(name: &str) -> Self {
         Self {
-            map: unversioned(name),
+            map: lbproxy_common::spec_by_name(name)
+                .map_or(name, |spec| spec.label)
+                .to_string(),
         }
     }
-}
-
-/// `LB_SERVICES_V2` -> `services`.
-fn unversioned(name: &str) -> String {
-    let base = name.strip_prefix("LB_").unwrap_or(name);
-    let base = match base.rsplit_once("_V") {
-        Some((b, v)) if !v.is_empty() && v.bytes().all(|c| c.is_ascii_digit()) => b,
-        _ => base,
-    };
-    base.to_ascii_lowercase()
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -2,8 +2,6 @@
 
 use std::path::Path;
 
-use lbproxy_common::map_names;
-
 use super::BpfError;
 use super::attach::pinned_interfaces;
 
@@ -67,10 +65,10 @@ pub fn cleanup(dir: &Path) -> Result<Vec<String>, BpfError> {
             source,
         })?;
     }
-    for name in map_names::PINNED
-        .iter()
-        .chain(map_names::RETIRED.iter())
-        .chain([map_names::SERVICES_V1].iter())
+    let specs = lbproxy_common::MAPS.iter().chain(lbproxy_common::MIGRATED);
+    for name in specs
+        .map(|spec| spec.name)
+        .chain(lbproxy_common::RETIRED.iter().copied())
     {
         let p = dir.join(name);
         if p.exists() {

@@ -20,11 +20,10 @@ use std::path::{Path, PathBuf};
 
 use aya::Ebpf;
 use aya::EbpfLoader;
-use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError, MapType};
+use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError};
 use aya::programs::SchedClassifier;
 use lbproxy_common::{
-    Backend, CONFIG_F_STACK_BYPASS, DatapathConfig, FlowKey, FlowValue, PodIf, ServiceKey,
-    ServiceLabel, ServiceValue, SlotKey, map_names, program_names,
+    CONFIG_F_STACK_BYPASS, DatapathConfig, ServiceKey, ServiceValue, map_names, program_names,
 };
 
 /// The datapath object, built by build.rs.
@@ -108,42 +107,11 @@ fn is_bpffs(path: &Path) -> bool {
     rc == 0 && i64::from(st.f_type) == BPF_FS_MAGIC
 }
 
-/// Expected shape of each pinned map: (type, key size, value size).
-fn expected_layout(name: &str) -> Option<(MapType, u32, u32)> {
-    use std::mem::size_of;
-    let sz = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-    Some(match name {
-        map_names::SERVICES => (
-            MapType::Hash,
-            sz(size_of::<ServiceKey>()),
-            sz(size_of::<ServiceValue>()),
-        ),
-        map_names::SLOTS => (MapType::Hash, sz(size_of::<SlotKey>()), 4),
-        map_names::BACKENDS => (MapType::Hash, 4, sz(size_of::<Backend>())),
-        map_names::FLOWS => (
-            MapType::LruHash,
-            sz(size_of::<FlowKey>()),
-            sz(size_of::<FlowValue>()),
-        ),
-        map_names::DROPS => (MapType::PerCpuArray, 4, 8),
-        map_names::LABELS => (MapType::Hash, 4, sz(size_of::<ServiceLabel>())),
-        map_names::MEMBERS => (MapType::Hash, sz(size_of::<lbproxy_common::MemberKey>()), 4),
-        map_names::AFFINITY => (
-            MapType::LruHash,
-            sz(size_of::<lbproxy_common::AffinityKey>()),
-            sz(size_of::<lbproxy_common::AffinityValue>()),
-        ),
-        map_names::CONFIG => (MapType::Array, 4, sz(size_of::<DatapathConfig>())),
-        map_names::POD_IFS => (MapType::Hash, 4, sz(size_of::<PodIf>())),
-        map_names::DELIVERY => (MapType::PerCpuArray, 4, 8),
-        _ => return None,
-    })
-}
-
 /// Checks every existing pin under `dir` against the layout this binary was built with, so
 /// a restart never runs on maps of the wrong shape.
 pub fn check_pinned_layouts(dir: &Path) -> Result<(), BpfError> {
-    for name in map_names::PINNED {
+    for spec in lbproxy_common::MAPS {
+        let name = spec.name;
         let path = dir.join(name);
         if !path.exists() {
             continue;
@@ -158,9 +126,8 @@ pub fn check_pinned_layouts(dir: &Path) -> Result<(), BpfError> {
             path: path.clone(),
             source,
         })?;
-        let Some((ty, k, v)) = expected_layout(name) else {
-            continue;
-        };
+        let ty = spec.kind.map_type();
+        let (k, v) = (spec.key_size, spec.value_size);
         let found_ty = info.map_type().ok();
         if found_ty != Some(ty) || info.key_size() != k || info.value_size() != v {
             return Err(BpfError::Layout {
@@ -190,7 +157,7 @@ impl Datapath {
     /// flow, survive a restart) and pinning new ones.
     pub fn load(dir: &Path, flow_map_size: u32) -> Result<Self, BpfError> {
         prepare_dir(dir)?;
-        for old in map_names::RETIRED {
+        for old in lbproxy_common::RETIRED {
             let p = dir.join(old);
             if p.exists() {
                 tracing::info!(
@@ -212,9 +179,9 @@ impl Datapath {
                 "the pinned flow map keeps its size; --flow-map-size applies after `lbproxy cleanup`"
             );
         }
-        let pins: Vec<(&'static str, PathBuf)> = map_names::PINNED
+        let pins: Vec<(&'static str, PathBuf)> = lbproxy_common::MAPS
             .iter()
-            .map(|n| (*n, dir.join(n)))
+            .map(|spec| (spec.name, dir.join(spec.name)))
             .collect();
         let mut loader = EbpfLoader::new();
         loader.map_max_entries(map_names::FLOWS, flow_map_size);
@@ -267,7 +234,9 @@ fn migrate_services_v1(dir: &Path) -> Result<(), BpfError> {
                 svc_id: v.svc_id,
                 count: v.count,
                 affinity_timeout_s: 0,
-                _reserved: 0,
+                flags: 0,
+                kind: 0,
+                _pad: 0,
             };
             new.insert(k, value, 0).map_err(|e| map_err(&new_path, e))?;
             n += 1;
@@ -329,13 +298,13 @@ pub fn open_pinned<T: TryFrom<Map, Error = MapError>>(
 
 /// The capacity of each pinned map, by name (for the capacity metric and the collector).
 pub fn capacities(dir: &Path) -> Vec<(&'static str, i64)> {
-    map_names::PINNED
+    lbproxy_common::MAPS
         .iter()
-        .filter_map(|name| {
-            let info = MapData::from_pin(dir.join(name))
+        .filter_map(|spec| {
+            let info = MapData::from_pin(dir.join(spec.name))
                 .and_then(|d| d.info())
                 .ok()?;
-            Some((*name, i64::from(info.max_entries())))
+            Some((spec.name, i64::from(info.max_entries())))
         })
         .collect()
 }

@@ -25,7 +25,7 @@ impl Frontend {
             addr: self.addr.octets(),
             port_be: self.port.to_be(),
             proto: self.proto.number(),
-            _pad: 0,
+            scope: lbproxy_common::SCOPE_DEFAULT,
         }
     }
 

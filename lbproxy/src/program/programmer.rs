@@ -389,7 +389,9 @@ impl Programmer {
                     svc_id,
                     count: want_count,
                     affinity_timeout_s: spec.affinity_timeout_s,
-                    _reserved: 0,
+                    flags: 0,
+                    kind: 0,
+                    _pad: 0,
                 },
             )?;
             stats.writes += 1;

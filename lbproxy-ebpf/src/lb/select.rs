@@ -1,18 +1,13 @@
 //! Stage 2: select a backend for a new flow, and look a backend up by id.
 
-use aya_ebpf::{btf_maps::HashMap, macros::btf_map};
 use lbproxy_common::select::{flow_hash, jump};
-use lbproxy_common::{
-    Backend, DropReason, IPPROTO_TCP, MAX_BACKENDS, MAX_SLOTS, MemberKey, ServiceValue, SlotKey,
+use lbproxy_common::{Backend, DropReason, IPPROTO_TCP, MemberKey, ServiceValue, SlotKey};
+
+use crate::{
+    maps::{LB_BACKENDS_V1, LB_MEMBERS_V1, LB_SLOTS_V1},
+    parse::Packet,
+    reason::Verdict,
 };
-
-use crate::{packet::Packet, reason::Verdict};
-
-#[btf_map(name = "LB_SLOTS_V1")]
-static LB_SLOTS_V1: HashMap<SlotKey, u32, { MAX_SLOTS as usize }> = HashMap::new();
-
-#[btf_map(name = "LB_BACKENDS_V1")]
-static LB_BACKENDS_V1: HashMap<u32, Backend, { MAX_BACKENDS as usize }> = HashMap::new();
 
 /// Picks one of the service's `count` slots by jump consistent hashing of the 5-tuple and
 /// returns the backend id and the backend in it. Errors: a reject when the service has no
@@ -50,9 +45,6 @@ pub fn select(svc: &ServiceValue, pkt: &Packet) -> Result<(u32, Backend), Verdic
     let backend = backend(backend_id).ok_or(Verdict::Drop(DropReason::BackendMissing))?;
     Ok((backend_id, backend))
 }
-
-#[btf_map(name = "LB_MEMBERS_V1")]
-static LB_MEMBERS_V1: HashMap<MemberKey, u32, { MAX_SLOTS as usize }> = HashMap::new();
 
 /// Whether `backend_id` is in one of the service's slots, i.e. still eligible for new flows
 /// (a backend that left, or turned not-ready, is not).

@@ -1,8 +1,10 @@
-//! Bounds-checked packet access and the header offsets the other stages use.
+//! Stage 0: parse. The fields of an IPv4 TCP or UDP packet the load balancer looks at, read
+//! once; [`offsets`] says where everything is and checks access to it.
 
-use core::mem::{offset_of, size_of};
+mod offsets;
 
 use aya_ebpf::programs::TcContext;
+use lbproxy_common::{DropReason, IPPROTO_TCP, IPPROTO_UDP};
 use network_types::{
     eth::{EthHdr, EtherType},
     ip::Ipv4Hdr,
@@ -10,31 +12,8 @@ use network_types::{
     udp::UdpHdr,
 };
 
+pub use self::offsets::*;
 use crate::reason::Verdict;
-use lbproxy_common::{DropReason, IPPROTO_TCP, IPPROTO_UDP};
-
-pub const ETH_LEN: usize = EthHdr::LEN;
-pub const IP_CSUM_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, check);
-pub const IP_SRC_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, src_addr);
-pub const IP_DST_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, dst_addr);
-pub const TCP_CSUM_OFF: usize = offset_of!(TcpHdr, check);
-pub const UDP_CSUM_OFF: usize = offset_of!(UdpHdr, check);
-/// Both TCP and UDP start with source port then destination port.
-pub const L4_SPORT_OFF: usize = 0;
-pub const L4_DPORT_OFF: usize = 2;
-/// The more-fragments flag and fragment offset, in network order as read raw.
-const IP_FRAG_MASK_BE: u16 = 0x3fff_u16.to_be();
-
-/// A pointer to `T` at `offset` in the packet, or `None` if it would run past the end.
-#[inline(always)]
-pub fn ptr_at<T>(ctx: &TcContext, offset: usize) -> Option<*const T> {
-    let start = ctx.data();
-    let end = ctx.data_end();
-    if start + offset + size_of::<T>() > end {
-        return None;
-    }
-    Some((start + offset) as *const T)
-}
 
 /// The parts of an IPv4 TCP or UDP packet the load balancer looks at. Addresses and ports
 /// are raw network-order bytes, as in the maps.
@@ -51,20 +30,13 @@ pub struct Packet {
     pub l4_off: usize,
 }
 
-pub const TCP_FLAG_FIN: u8 = 0x01;
-pub const TCP_FLAG_SYN: u8 = 0x02;
-pub const TCP_FLAG_RST: u8 = 0x04;
-pub const TCP_FLAG_ACK: u8 = 0x10;
-
 impl Packet {
     /// A SYN without ACK: the first segment of a TCP connection (or its retransmission).
     #[inline(always)]
     pub fn is_syn(&self) -> bool {
         self.proto == IPPROTO_TCP && self.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK) == TCP_FLAG_SYN
     }
-}
 
-impl Packet {
     /// Offset of the L4 checksum field for this packet's protocol.
     #[inline(always)]
     pub fn l4_csum_off(&self) -> usize {
@@ -76,7 +48,7 @@ impl Packet {
     }
 }
 
-/// Stage 0: parse. Returns `Ok(None)` for anything that is not a first-or-only fragment of
+/// Reads the packet. Returns `Ok(None)` for anything that is not a first-or-only fragment of
 /// IPv4 TCP or UDP (the load balancer leaves it alone), `Err(Malformed)` for a packet whose
 /// headers are cut short.
 #[inline(always)]
@@ -121,7 +93,8 @@ pub fn parse(ctx: &TcContext) -> Result<Option<Packet>, Verdict> {
     let ports: *const [u16; 2] = ptr_at(ctx, l4_off).ok_or(Verdict::Drop(DropReason::Malformed))?;
     let [src_port_be, dst_port_be] = unsafe { *ports };
     let tcp_flags = if proto == IPPROTO_TCP {
-        let f: *const u8 = ptr_at(ctx, l4_off + 13).ok_or(Verdict::Drop(DropReason::Malformed))?;
+        let f: *const u8 =
+            ptr_at(ctx, l4_off + TCP_FLAGS_OFF).ok_or(Verdict::Drop(DropReason::Malformed))?;
         unsafe { *f }
     } else {
         0

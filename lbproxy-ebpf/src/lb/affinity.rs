@@ -5,14 +5,10 @@
 //! flows (in `LB_MEMBERS_V1`: still in one of the service's slots, whichever). Otherwise the
 //! usual selection runs and its choice is remembered. As with kube-proxy, only new flows refresh the entry.
 
-use aya_ebpf::{btf_maps::LruHashMap, macros::btf_map};
-use lbproxy_common::{AffinityKey, AffinityValue, Backend, MAX_AFFINITY, ServiceValue};
+use lbproxy_common::{AffinityKey, AffinityValue, Backend, ServiceValue};
 
-use crate::{packet::Packet, reason::Verdict, select};
-
-#[btf_map(name = "LB_AFFINITY_V1")]
-static LB_AFFINITY_V1: LruHashMap<AffinityKey, AffinityValue, { MAX_AFFINITY as usize }> =
-    LruHashMap::new();
+use super::select;
+use crate::{maps::LB_AFFINITY_V1, parse::Packet, reason::Verdict};
 
 /// Selects a backend for a new flow of a service with affinity.
 #[inline(always)]

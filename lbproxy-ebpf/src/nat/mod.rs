@@ -1,11 +1,15 @@
-//! Stage 4: translate L3 then L4, with incremental checksum updates.
+//! Stage 4: translate L3 then L4, with incremental checksum updates (the kernel's
+//! `bpf_l3_csum_replace`/`bpf_l4_csum_replace` here; [`csum`] where a stage rewrites a header
+//! itself).
+
+pub mod csum;
 
 use aya_ebpf::programs::TcContext;
 use lbproxy_common::{DropReason, IPPROTO_UDP};
 
 use crate::{
     flow::NatTarget,
-    packet::{IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, L4_DPORT_OFF, L4_SPORT_OFF, Packet},
+    parse::{IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, L4_DPORT_OFF, L4_SPORT_OFF, Packet},
     reason::Verdict,
 };
 
@@ -108,21 +112,4 @@ fn rewrite_l3(
     ctx.l3_csum_replace(IP_CSUM_OFF, old_a, new_a, 4)
         .map_err(|_| FAIL)?;
     ctx.store(addr_off, &new_addr, 0).map_err(|_| FAIL)
-}
-
-/// One's complement checksum `csum` (as read from the packet) updated for 16-bit words
-/// changing from `old` to `new` (RFC 1624, eqn. 3). Byte order does not matter as long as
-/// the checksum and the words are read the same way.
-#[inline(always)]
-pub fn csum_update(csum: u16, old: &[u16], new: &[u16]) -> u16 {
-    let mut sum = u32::from(!csum);
-    for w in old {
-        sum += u32::from(!*w);
-    }
-    for w in new {
-        sum += u32::from(*w);
-    }
-    sum = (sum & 0xffff) + (sum >> 16);
-    sum = (sum & 0xffff) + (sum >> 16);
-    !(sum as u16)
 }

@@ -1,0 +1,34 @@
+//! `LB_DELIVERY_V1`: per-CPU counters of how translated packets were delivered, indexed by
+//! [`Delivery`].
+
+use crate::spec::{MapKind, MapSpec};
+
+counter_enum! {
+    /// How a translated packet left the datapath: the index into `LB_DELIVERY_V1`. Redirects
+    /// skip the node's stack; every other value names why a packet went through it instead.
+    pub enum Delivery, slots 16 {
+        /// A client's packet, translated, redirected into the backend's pod.
+        RedirectToBackend = 0 => "redirect_to_backend",
+        /// A backend's reply, translated, redirected into the client's pod.
+        RedirectToClient = 1 => "redirect_to_client",
+        /// The route's next hop is not a pod interface lbproxy manages (a bridge, another
+        /// node, the node itself).
+        StackNotPodInterface = 2 => "stack_not_pod_interface",
+        /// The node has no neighbour entry for the destination yet; the stack resolves it.
+        StackNoNeighbour = 3 => "stack_no_neighbour",
+        /// The route lookup gave another answer (no route, forwarding disabled, MTU).
+        StackNoRoute = 4 => "stack_no_route",
+        /// The TTL would expire at this hop; the stack answers with ICMP.
+        StackTtl = 5 => "stack_ttl",
+        /// The destination pod is the sender itself (hairpin).
+        StackHairpin = 6 => "stack_hairpin",
+    }
+}
+
+/// A per-CPU `u64` per [`Delivery`] slot.
+pub const SPEC: MapSpec = MapSpec::of::<u32, u64>(
+    "LB_DELIVERY_V1",
+    "delivery",
+    MapKind::PerCpuArray,
+    Delivery::SLOTS,
+);

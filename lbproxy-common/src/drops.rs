@@ -1,0 +1,45 @@
+//! `LB_DROPS_V2`: per-CPU counters of why the datapath dropped (or answered) a packet,
+//! indexed by [`DropReason`].
+
+use crate::spec::{MapKind, MapSpec};
+
+counter_enum! {
+    /// Why the datapath dropped (or, for `MidstreamWithoutFlow`, handled) a packet. The values
+    /// index `LB_DROPS_V2` and are the `reason` label of `lbproxy_datapath_drops_total`. They
+    /// never collide with TC action codes because they only ever index the counter map.
+    pub enum DropReason, slots 32 {
+        /// The packet was too short for the headers its protocol fields promise.
+        Malformed = 0 => "malformed",
+        /// The service exists but has no usable endpoint.
+        NoBackend = 1 => "no_backend",
+        /// A slot pointed at a backend id that is not in `LB_BACKENDS_V1`.
+        BackendMissing = 2 => "backend_missing",
+        /// The flow table rejected a new entry.
+        FlowInsertFailed = 3 => "flow_insert_failed",
+        /// A checksum or store helper failed while translating.
+        NatFailed = 4 => "nat_failed",
+        /// A slot of a service with a non-zero count was missing.
+        SlotMissing = 5 => "slot_missing",
+        /// TCP to a service with no usable endpoint: answered with a RST.
+        NoBackendTcpReset = 6 => "no_backend_tcp_reset",
+        /// UDP to a service with no usable endpoint: answered with ICMP port unreachable.
+        NoBackendUdpUnreachable = 7 => "no_backend_icmp_unreachable",
+        /// A TCP segment of a flow whose backend left: answered with a RST, flow forgotten.
+        BackendGoneReset = 8 => "backend_gone_tcp_reset",
+        /// A reject could not be written (IP options, helper failure): dropped instead.
+        RejectFailed = 9 => "reject_failed",
+        /// Not a drop: a TCP segment other than a SYN reached a service with no flow entry,
+        /// which is what a live flow evicted from a full flow table looks like. It is sent to
+        /// a newly selected backend.
+        MidstreamWithoutFlow = 10 => "tcp_midstream_without_flow",
+    }
+}
+
+/// A per-CPU `u64` per [`DropReason`] slot. `LB_DROPS_V1` (room for 6 reasons) is retired:
+/// the counters are statistics, so a controller removes it at start without migrating.
+pub const SPEC: MapSpec = MapSpec::of::<u32, u64>(
+    "LB_DROPS_V2",
+    "drops",
+    MapKind::PerCpuArray,
+    DropReason::SLOTS,
+);

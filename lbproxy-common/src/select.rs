@@ -1,0 +1,51 @@
+//! Backend selection: jump consistent hashing (Lamping and Veach, 2014) over a service's
+//! slots, keyed by the flow's 5-tuple.
+//!
+//! Chosen instead of a Maglev table because it gives the same guarantees with no table:
+//! - uniform spread over the `n` slots;
+//! - appending a backend (slot `n`) moves only the ~1/(n+1) of keys that now belong to it;
+//! - the controller removes a backend by moving the last slot into its hole, which moves ~2/n
+//!   of keys (the removed backend's, and a share of the last slot's) instead of Maglev's ~1/n.
+//!
+//! There is no per-service table to size, store or rebuild: a service costs one slot per
+//! backend, and the datapath runs at most [`JUMP_MAX_STEPS`] iterations of integer arithmetic
+//! per new flow.
+
+/// Bound on the loop, for the verifier. The expected number of steps is ln(n) + 1;
+/// 64 steps reach beyond n = 10^20.
+pub const JUMP_MAX_STEPS: u32 = 64;
+
+/// Maps `key` to a bucket in `0..n` (`n` > 0).
+#[inline(always)]
+pub fn jump(mut key: u64, n: u32) -> u32 {
+    let n = i64::from(n);
+    let mut b: i64 = -1;
+    let mut j: i64 = 0;
+    let mut steps = 0;
+    while j < n && steps < JUMP_MAX_STEPS {
+        b = j;
+        key = key.wrapping_mul(2_862_933_555_777_941_757).wrapping_add(1);
+        // (b + 1) * 2^31 / ((key >> 33) + 1), in integers.
+        j = (((b as u64) + 1) << 31).wrapping_div((key >> 33) + 1) as i64;
+        steps += 1;
+    }
+    if b < 0 { 0 } else { b as u32 }
+}
+
+/// A 64-bit hash of a flow's 5-tuple (addresses and ports as raw network-order bytes).
+#[inline(always)]
+pub fn flow_hash(src: [u8; 4], dst: [u8; 4], sport_be: u16, dport_be: u16, proto: u8) -> u64 {
+    let a = u64::from(u32::from_ne_bytes(src)) << 32 | u64::from(u32::from_ne_bytes(dst));
+    let b = u64::from(sport_be) << 32 | u64::from(dport_be) << 16 | u64::from(proto);
+    fmix64(fmix64(a) ^ b.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
+/// MurmurHash3's 64-bit finalizer.
+#[inline(always)]
+fn fmix64(mut k: u64) -> u64 {
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    k ^ (k >> 33)
+}

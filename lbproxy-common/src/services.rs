@@ -1,0 +1,100 @@
+//! `LB_SERVICES_V2`: the frontends, VIP:port/proto -> service.
+//!
+//! A frontend's key carries a lookup scope and its value a kind and flags, as Cilium's
+//! `lb4_key.scope` (`LB_LOOKUP_SCOPE_EXT`/`_INT`) and `lb4_service.flags` (`SVC_FLAG_*`) do.
+//! They reserve room for NodePort, LoadBalancer IPs and split traffic policies without a new
+//! layout. All-zero scope, kind and flags is exactly what every entry held before they were
+//! named, so entries written by earlier versions keep their meaning.
+
+use crate::spec::{MapKind, MapSpec};
+
+/// Room in `LB_SERVICES_V2`, and in `LB_LABELS_V1` (one label per `svc_id`).
+pub const MAX_SERVICES: u32 = 65_536;
+
+/// `ServiceKey::scope` of the entry every lookup finds first. A frontend with one endpoint
+/// set for all its clients (all of them, today) has only this entry. Cilium's
+/// `LB_LOOKUP_SCOPE_EXT`.
+pub const SCOPE_DEFAULT: u8 = 0;
+/// `ServiceKey::scope` of a frontend's second entry, for traffic from inside the cluster when
+/// it uses another endpoint set than external traffic (e.g. `externalTrafficPolicy: Local`
+/// with `internalTrafficPolicy: Cluster`). Looked up only when the default entry has
+/// [`SVC_F_SPLIT_SCOPE`] and the source is in the cluster. Cilium's `LB_LOOKUP_SCOPE_INT`.
+/// Reserved: no entry has it yet.
+pub const SCOPE_INTERNAL: u8 = 1;
+
+/// `ServiceValue::kind`: how the frontend is reached. Reserved for metrics and inspection; the
+/// datapath does not read it yet. 0 is what every entry held before kinds were named.
+pub const SVC_KIND_CLUSTER_IP: u8 = 0;
+pub const SVC_KIND_NODE_PORT: u8 = 1;
+pub const SVC_KIND_EXTERNAL_IP: u8 = 2;
+pub const SVC_KIND_LOAD_BALANCER: u8 = 3;
+
+/// `ServiceValue::flags` bits. All are reserved: the datapath reads none of them yet, and no
+/// entry sets them. 0 means today's behaviour.
+///
+/// Look the frontend up again with [`SCOPE_INTERNAL`] when the source is in the cluster: this
+/// entry serves external clients only.
+pub const SVC_F_SPLIT_SCOPE: u16 = 1 << 0;
+/// Only node-local backends are in this entry's slots (`externalTrafficPolicy: Local` or
+/// `internalTrafficPolicy: Local`); with none, drop rather than fall back to remote ones.
+pub const SVC_F_LOCAL_ONLY: u16 = 1 << 1;
+/// SNAT the client to the node's address before forwarding (traffic that arrives from outside
+/// the node and leaves to a remote backend, so replies come back through this node).
+pub const SVC_F_SNAT: u16 = 1 << 2;
+
+/// Key of `LB_SERVICES_V2` (and of the retired `LB_SERVICES_V1`): one frontend, a
+/// VIP:port/proto, in one lookup scope.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceKey {
+    pub addr: [u8; 4],
+    pub port_be: u16,
+    pub proto: u8,
+    /// `SCOPE_*`: [`SCOPE_DEFAULT`] for every entry today. (This byte was padding, always 0.)
+    pub scope: u8,
+}
+const _: () = assert!(core::mem::size_of::<ServiceKey>() == 8);
+
+/// Value of `LB_SERVICES_V2`.
+///
+/// `svc_id` names the frontend in `LB_SLOTS_V1` and in flow entries. `count` is how many
+/// slots `0..count` hold a backend for new flows; 0 means the service has no usable endpoint.
+/// `affinity_timeout_s` is `sessionAffinity: ClientIP`'s timeout, 0 for no affinity.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceValue {
+    pub svc_id: u32,
+    pub count: u32,
+    pub affinity_timeout_s: u32,
+    /// `SVC_F_*` bits, 0 today. (These four bytes were one reserved `u32`, always 0.)
+    pub flags: u16,
+    /// `SVC_KIND_*`, 0 ([`SVC_KIND_CLUSTER_IP`]) today.
+    pub kind: u8,
+    pub _pad: u8,
+}
+const _: () = assert!(core::mem::size_of::<ServiceValue>() == 16);
+
+/// Value of the retired `LB_SERVICES_V1`, read once to migrate.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceValueV1 {
+    pub svc_id: u32,
+    pub count: u32,
+}
+const _: () = assert!(core::mem::size_of::<ServiceValueV1>() == 8);
+
+pub const SPEC: MapSpec = MapSpec::of::<ServiceKey, ServiceValue>(
+    "LB_SERVICES_V2",
+    "services",
+    MapKind::Hash,
+    MAX_SERVICES,
+);
+
+/// The layout before session affinity. A controller migrates a pinned V1 into V2 at start
+/// (ids kept, so flows survive the upgrade) and removes it; nothing declares it any more.
+pub const SPEC_V1: MapSpec = MapSpec::of::<ServiceKey, ServiceValueV1>(
+    "LB_SERVICES_V1",
+    "services",
+    MapKind::Hash,
+    MAX_SERVICES,
+);

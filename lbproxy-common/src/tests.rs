@@ -1,0 +1,162 @@
+//! The spec table against itself and against the types it describes.
+
+use core::mem::size_of;
+use std::collections::BTreeSet;
+
+use super::*;
+
+fn all_specs() -> impl Iterator<Item = &'static MapSpec> {
+    MAPS.iter().chain(MIGRATED)
+}
+
+#[test]
+fn names_are_unique_and_fit_the_kernel() {
+    let mut seen = BTreeSet::new();
+    for name in all_specs().map(|s| s.name).chain(RETIRED.iter().copied()) {
+        assert!(seen.insert(name), "map name {name} appears twice");
+        // BPF_OBJ_NAME_LEN is 16 with the NUL: longer names are cut.
+        assert!(name.len() <= 15, "map name {name} is {} bytes", name.len());
+        assert!(
+            name.bytes()
+                .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_'),
+            "map name {name} is not LB_UPPER_CASE"
+        );
+        assert!(
+            name.starts_with("LB_"),
+            "map name {name} lacks the LB_ prefix"
+        );
+    }
+}
+
+#[test]
+fn labels_are_unique_and_unversioned() {
+    let mut seen = BTreeSet::new();
+    for s in MAPS {
+        let l = s.label;
+        assert!(seen.insert(l), "label {l} appears twice in MAPS");
+        assert!(!l.is_empty() && l.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'));
+        assert!(!l.contains("_v"), "label {l} carries a version");
+        assert!(!l.starts_with("lb_"), "label {l} carries the name prefix");
+    }
+    // A migrated layout keeps its successor's label.
+    for old in MIGRATED {
+        assert!(
+            MAPS.iter().any(|s| s.label == old.label),
+            "migrated {} has no successor labelled {}",
+            old.name,
+            old.label
+        );
+    }
+}
+
+fn sizes<K, V>() -> (u32, u32) {
+    (size_of::<K>() as u32, size_of::<V>() as u32)
+}
+
+#[test]
+fn spec_sizes_are_their_types() {
+    let cases: [(MapSpec, (u32, u32)); 12] = [
+        (services::SPEC, sizes::<ServiceKey, ServiceValue>()),
+        (services::SPEC_V1, sizes::<ServiceKey, ServiceValueV1>()),
+        (slots::SPEC, sizes::<SlotKey, u32>()),
+        (backends::SPEC, sizes::<u32, Backend>()),
+        (members::SPEC, sizes::<MemberKey, u32>()),
+        (flows::SPEC, sizes::<FlowKey, FlowValue>()),
+        (drops::SPEC, sizes::<u32, u64>()),
+        (labels::SPEC, sizes::<u32, ServiceLabel>()),
+        (affinity::SPEC, sizes::<AffinityKey, AffinityValue>()),
+        (config::SPEC, sizes::<u32, DatapathConfig>()),
+        (pod_ifs::SPEC, sizes::<u32, PodIf>()),
+        (delivery::SPEC, sizes::<u32, u64>()),
+    ];
+    for (spec, (k, v)) in cases {
+        assert_eq!((spec.key_size, spec.value_size), (k, v), "{}", spec.name);
+    }
+    // Every spec in the table is one of the cases above.
+    for s in all_specs() {
+        assert!(
+            cases.iter().any(|(c, _)| c == s),
+            "{} has no size case",
+            s.name
+        );
+    }
+}
+
+/// The layouts maps are pinned with. A change here breaks every pinned map of a running node:
+/// it needs a new map version (and a migration or retirement), not an edit of this table.
+#[test]
+fn layouts_are_unchanged() {
+    use MapKind::*;
+    let expected: [(&str, &str, MapKind, u32, u32, u32); 11] = [
+        ("LB_BACKENDS_V1", "backends", Hash, 4, 8, 262_144),
+        ("LB_SLOTS_V1", "slots", Hash, 8, 4, 262_144),
+        ("LB_SERVICES_V2", "services", Hash, 8, 16, 65_536),
+        ("LB_FLOWS_V1", "flows", LruHash, 16, 32, 262_144),
+        ("LB_DROPS_V2", "drops", PerCpuArray, 4, 8, 32),
+        ("LB_LABELS_V1", "labels", Hash, 4, 128, 65_536),
+        ("LB_AFFINITY_V1", "affinity", LruHash, 8, 16, 262_144),
+        ("LB_MEMBERS_V1", "members", Hash, 8, 4, 262_144),
+        ("LB_CONFIG_V1", "config", Array, 4, 16, 1),
+        ("LB_PODIFS_V1", "pod_ifs", Hash, 4, 4, 4_096),
+        ("LB_DELIVERY_V1", "delivery", PerCpuArray, 4, 8, 16),
+    ];
+    let got: Vec<_> = MAPS
+        .iter()
+        .map(|s| {
+            (
+                s.name,
+                s.label,
+                s.kind,
+                s.key_size,
+                s.value_size,
+                s.max_entries,
+            )
+        })
+        .collect();
+    assert_eq!(got, expected);
+    let v1 = services::SPEC_V1;
+    assert_eq!(
+        (v1.name, v1.kind, v1.key_size, v1.value_size),
+        ("LB_SERVICES_V1", Hash, 8, 8)
+    );
+}
+
+#[test]
+fn map_names_come_from_the_table() {
+    assert_eq!(map_names::PINNED.len(), MAPS.len());
+    for (name, spec) in map_names::PINNED.iter().zip(MAPS) {
+        assert_eq!(*name, spec.name);
+    }
+    assert_eq!(map_names::RETIRED, ["LB_DROPS_V1"]);
+    assert_eq!(map_names::SERVICES_V1, "LB_SERVICES_V1");
+    assert_eq!(spec_by_name("LB_SERVICES_V1"), Some(&services::SPEC_V1));
+    assert_eq!(spec_by_name("LB_FLOWS_V1"), Some(&flows::SPEC));
+    assert_eq!(spec_by_name("LB_DROPS_V1"), None);
+}
+
+#[test]
+fn counter_maps_have_room_for_every_value() {
+    assert_eq!(drops::SPEC.max_entries, DropReason::SLOTS);
+    assert_eq!(delivery::SPEC.max_entries, Delivery::SLOTS);
+}
+
+/// An entry written before scopes, kinds and flags were named (zeroed padding) means what it
+/// meant then: the default scope, a ClusterIP, no flags.
+#[test]
+fn zero_is_todays_behaviour() {
+    assert_eq!(SCOPE_DEFAULT, 0);
+    assert_eq!(SVC_KIND_CLUSTER_IP, 0);
+    let flags = [SVC_F_SPLIT_SCOPE, SVC_F_LOCAL_ONLY, SVC_F_SNAT];
+    let mut all = 0u16;
+    for f in flags {
+        assert_eq!(f.count_ones(), 1, "flag {f:#x} is not one bit");
+        assert_eq!(all & f, 0, "flag {f:#x} overlaps another");
+        all |= f;
+    }
+    assert_ne!(SCOPE_INTERNAL, SCOPE_DEFAULT);
+    // The new fields sit exactly where the padding was.
+    assert_eq!(core::mem::offset_of!(ServiceKey, scope), 7);
+    assert_eq!(core::mem::offset_of!(ServiceValue, flags), 12);
+    assert_eq!(core::mem::offset_of!(ServiceValue, kind), 14);
+    assert_eq!(core::mem::offset_of!(ServiceValue, _pad), 15);
+}

@@ -1,0 +1,130 @@
+//! Every map of the datapath, declared once, from `lbproxy_common`'s specs (Katran's
+//! `balancer_maps.h`, with the layouts checked at compile time).
+//!
+//! Each declaration takes its capacity from its spec, and asserts at compile time that its
+//! identifier (which `#[btf_map]` makes the kernel map name) is the spec's name and that its
+//! map type, key and value sizes are the spec's. A declaration that disagrees with
+//! `lbproxy_common::MAPS` does not build, so userspace and the object always agree.
+
+use aya_ebpf::btf_maps::{Array, HashMap, LruHashMap, PerCpuArray};
+use lbproxy_common::{
+    AffinityKey, AffinityValue, Backend, DatapathConfig, FlowKey, FlowValue, MemberKey, PodIf,
+    ServiceKey, ServiceLabel, ServiceValue, SlotKey, affinity, backends, config, delivery, drops,
+    flows, labels, members, pod_ifs, services, slots,
+    spec::{MapKind, MapSpec, size_u32, str_eq},
+};
+
+/// The kernel map type, key and value sizes and capacity of an aya BTF map type.
+trait Layout {
+    const KIND: MapKind;
+    const KEY_SIZE: u32;
+    const VALUE_SIZE: u32;
+    const MAX_ENTRIES: usize;
+}
+
+macro_rules! layout {
+    ($map:ident<K, V>, $kind:ident) => {
+        impl<K, V, const M: usize, const F: usize> Layout for $map<K, V, M, F> {
+            const KIND: MapKind = MapKind::$kind;
+            const KEY_SIZE: u32 = size_u32::<K>();
+            const VALUE_SIZE: u32 = size_u32::<V>();
+            const MAX_ENTRIES: usize = M;
+        }
+    };
+    ($map:ident<T>, $kind:ident) => {
+        impl<T, const M: usize, const F: usize> Layout for $map<T, M, F> {
+            const KIND: MapKind = MapKind::$kind;
+            /// Arrays are indexed by a `u32`.
+            const KEY_SIZE: u32 = size_u32::<u32>();
+            const VALUE_SIZE: u32 = size_u32::<T>();
+            const MAX_ENTRIES: usize = M;
+        }
+    };
+}
+layout!(HashMap<K, V>, Hash);
+layout!(LruHashMap<K, V>, LruHash);
+layout!(Array<T>, Array);
+layout!(PerCpuArray<T>, PerCpuArray);
+
+/// Whether a map declared as `L` and named `name` is `spec`.
+const fn matches<L: Layout>(name: &str, spec: &MapSpec) -> bool {
+    str_eq(name, spec.name)
+        && L::KIND as u8 == spec.kind as u8
+        && L::KEY_SIZE == spec.key_size
+        && L::VALUE_SIZE == spec.value_size
+        && L::MAX_ENTRIES == spec.max_entries as usize
+}
+
+/// `map! { NAME: Type<Args> = spec; ... }` declares each `#[btf_map]` `NAME` with its spec's
+/// capacity, and fails to build unless it is exactly `spec` and the list is exactly
+/// `lbproxy_common::MAPS`.
+macro_rules! map {
+    ($($(#[$doc:meta])* $name:ident: $map:ident<$($arg:ty),+> = $spec:path;)+) => {
+        $(
+            $(#[$doc])*
+            #[aya_ebpf::macros::btf_map]
+            pub static $name: $map<$($arg),+, { $spec.max_entries as usize }> = $map::new();
+            const _: () = assert!(
+                matches::<$map<$($arg),+, { $spec.max_entries as usize }>>(
+                    stringify!($name),
+                    &$spec,
+                ),
+                concat!(stringify!($name), " does not match ", stringify!($spec)),
+            );
+        )+
+        const _: () = assert!(
+            declares_every_spec(&[$(stringify!($name)),+]),
+            "the maps declared are not lbproxy_common::MAPS",
+        );
+    };
+}
+
+/// Whether `declared` names each map of `lbproxy_common::MAPS` once, and nothing else.
+const fn declares_every_spec(declared: &[&str]) -> bool {
+    let maps = lbproxy_common::MAPS;
+    if declared.len() != maps.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < maps.len() {
+        let mut found = 0;
+        let mut j = 0;
+        while j < declared.len() {
+            if str_eq(declared[j], maps[i].name) {
+                found += 1;
+            }
+            j += 1;
+        }
+        if found != 1 {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+map! {
+    /// Frontends: VIP:port/proto (and scope) to service. Read by `lb::service`.
+    LB_SERVICES_V2: HashMap<ServiceKey, ServiceValue> = services::SPEC;
+    /// Each service's backend ids by slot. Read by `lb::select`.
+    LB_SLOTS_V1: HashMap<SlotKey, u32> = slots::SPEC;
+    /// Backend addresses by id. Read by `lb::select` and `flow` (is a flow's backend live).
+    LB_BACKENDS_V1: HashMap<u32, Backend> = backends::SPEC;
+    /// Which backends are in a service's slots. Read by `lb::affinity`.
+    LB_MEMBERS_V1: HashMap<MemberKey, u32> = members::SPEC;
+    /// Session affinity: a client's last backend per service. Written by `lb::affinity`.
+    LB_AFFINITY_V1: LruHashMap<AffinityKey, AffinityValue> = affinity::SPEC;
+    /// The flow table, both directions. Owned by `flow`; userspace sizes it at load.
+    LB_FLOWS_V1: LruHashMap<FlowKey, FlowValue> = flows::SPEC;
+    /// Service names for `lbproxy inspect`. Declared so the object carries it (and its
+    /// BTF); the datapath never reads it.
+    LB_LABELS_V1: HashMap<u32, ServiceLabel> = labels::SPEC;
+    /// Per-CPU drop (and reject) counters by `DropReason`. Written by `reason`.
+    LB_DROPS_V2: PerCpuArray<u64> = drops::SPEC;
+    /// Datapath settings, one entry. Read by `deliver`.
+    LB_CONFIG_V1: Array<DatapathConfig> = config::SPEC;
+    /// Pod interfaces a packet may be redirected into. Read by `deliver`.
+    LB_PODIFS_V1: HashMap<u32, PodIf> = pod_ifs::SPEC;
+    /// Per-CPU delivery counters by `Delivery`. Written by `deliver`.
+    LB_DELIVERY_V1: PerCpuArray<u64> = delivery::SPEC;
+}
