@@ -79,6 +79,7 @@ pub mod pod_ifs;
 pub mod select;
 pub mod services;
 pub mod slots;
+pub mod unserved;
 
 pub use affinity::{AffinityKey, AffinityValue, MAX_AFFINITY};
 pub use backends::{Backend, MAX_BACKENDS};
@@ -99,6 +100,7 @@ pub use services::{
 };
 pub use slots::{MAX_SLOTS, SlotKey};
 pub use spec::{MapKind, MapSpec};
+pub use unserved::{FAMILY_IPV4, FAMILY_IPV6, UnservedKey, UnservedValue};
 
 pod!(
     ServiceKey,
@@ -110,6 +112,8 @@ pod!(
     FlowKey,
     FlowValue,
     ServiceLabel,
+    UnservedKey,
+    UnservedValue,
     AffinityKey,
     AffinityValue,
     DatapathConfig,
@@ -129,6 +133,7 @@ pub const MAPS: &[MapSpec] = &[
     config::SPEC,
     pod_ifs::SPEC,
     delivery::SPEC,
+    unserved::SPEC,
 ];
 
 /// Earlier layouts a controller reads once at start, copies into their successor, then
@@ -168,6 +173,9 @@ pub mod map_names {
     };
     /// Service names by `svc_id`, for `lbproxy inspect`; the datapath never reads it.
     pub const LABELS: &str = crate::labels::SPEC.name;
+    /// Frontends asked for but not served yet, for `lbproxy inspect`; the datapath never
+    /// reads it.
+    pub const UNSERVED: &str = crate::unserved::SPEC.name;
     /// Session affinity: the backend a client IP last got, per service.
     pub const AFFINITY: &str = crate::affinity::SPEC.name;
     /// Which backends are in a service's slots, keyed by (svc_id, backend_id).

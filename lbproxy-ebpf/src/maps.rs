@@ -9,9 +9,10 @@
 use aya_ebpf::btf_maps::{Array, HashMap, LruHashMap, PerCpuArray};
 use lbproxy_common::{
     AffinityKey, AffinityValue, Backend, DatapathConfig, FlowKey, FlowValue, MemberKey, PodIf,
-    ServiceKey, ServiceLabel, ServiceValue, SlotKey, affinity, backends, config, delivery, drops,
-    flows, labels, members, pod_ifs, services, slots,
+    ServiceKey, ServiceLabel, ServiceValue, SlotKey, UnservedKey, UnservedValue, affinity,
+    backends, config, delivery, drops, flows, labels, members, pod_ifs, services, slots,
     spec::{MapKind, MapSpec, size_u32, str_eq},
+    unserved,
 };
 
 /// The kernel map type, key and value sizes and capacity of an aya BTF map type.
@@ -127,4 +128,7 @@ map! {
     LB_PODIFS_V1: HashMap<u32, PodIf> = pod_ifs::SPEC;
     /// Per-CPU delivery counters by `Delivery`. Written by `deliver`.
     LB_DELIVERY_V1: PerCpuArray<u64> = delivery::SPEC;
+    /// Frontends asked for but not served yet, for `lbproxy inspect`. Declared so the
+    /// object carries it (and its BTF); the datapath never reads it.
+    LB_UNSERVED_V1: HashMap<UnservedKey, UnservedValue> = unserved::SPEC;
 }

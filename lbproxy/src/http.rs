@@ -42,6 +42,11 @@ impl MapLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: String,
 }
@@ -72,6 +77,7 @@ pub struct Metrics {
     pub datapath_delivered: Family<PathLabel, Counter>,
     pub attached_interfaces: Gauge,
     pub flow_gc_deleted: Counter,
+    pub frontends_not_served: Family<KindLabel, Gauge>,
 }
 
 impl Metrics {
@@ -167,8 +173,15 @@ impl Metrics {
             "Flow entries the collector deleted after their idle timeout",
             flow_gc_deleted.clone(),
         );
+        let frontends_not_served = Family::<KindLabel, Gauge>::default();
+        r.register(
+            "lbproxy_frontends_not_served",
+            "Frontends that Services ask for and lbproxy does not serve yet, by kind (see `lbproxy inspect services`)",
+            frontends_not_served.clone(),
+        );
         Self {
             flow_gc_deleted,
+            frontends_not_served,
             registry: r,
             sync_duration,
             last_sync_timestamp,

@@ -8,6 +8,7 @@ use std::path::Path;
 use lbproxy_common::{FLOW_DIR_FORWARD, SlotKey};
 use serde::Serialize;
 
+use crate::bpf::pinned::label_bytes;
 use crate::bpf::{PinnedMaps, label_str};
 use crate::desired::{BackendAddr, Frontend};
 use crate::model::Protocol;
@@ -32,6 +33,13 @@ pub struct ServiceRow {
     /// `sessionAffinity: ClientIP` timeout in seconds; 0 without affinity.
     pub affinity_timeout_s: u32,
     pub backends: Vec<BackendRow>,
+    /// `ClusterIP`, `NodePort`, `ExternalIP` or `LoadBalancerIP`.
+    pub kind: String,
+    /// Whether the datapath serves this frontend. A frontend the Service asks for but
+    /// lbproxy does not serve yet (a NodePort, an IPv6 cluster IP, ...) has `served: false`,
+    /// `svc_id` 0, no backends, and the reason in `not_served`.
+    pub served: bool,
+    pub not_served: String,
 }
 
 #[derive(Serialize)]
@@ -104,10 +112,57 @@ pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
             svc_id: v.svc_id,
             affinity_timeout_s: v.affinity_timeout_s,
             backends: bes,
+            kind: kind_name(v.kind).to_string(),
+            served: true,
+            not_served: String::new(),
         });
     }
-    rows.sort_by(|a, b| (&a.service, &a.frontend).cmp(&(&b.service, &b.frontend)));
+    for (k, v) in maps.unserved.iter().flatten() {
+        let (service, port_name) = split_label(&label_bytes(&v.label));
+        let proto = Protocol::from_number(k.proto).map_or("?", Protocol::as_str);
+        let port = u16::from_be(k.port_be);
+        let vip = if k.addr == [0; 16] {
+            "*".to_string()
+        } else if k.family == lbproxy_common::FAMILY_IPV4 {
+            Ipv4Addr::new(k.addr[0], k.addr[1], k.addr[2], k.addr[3]).to_string()
+        } else {
+            std::net::Ipv6Addr::from(k.addr).to_string()
+        };
+        let frontend = if vip.contains(':') {
+            format!("[{vip}]:{port}/{proto}")
+        } else {
+            format!("{vip}:{port}/{proto}")
+        };
+        rows.push(ServiceRow {
+            frontend,
+            vip,
+            port,
+            protocol: proto.to_string(),
+            service,
+            port_name,
+            svc_id: 0,
+            affinity_timeout_s: 0,
+            backends: Vec::new(),
+            kind: kind_name(k.kind).to_string(),
+            served: false,
+            not_served: label_bytes(&v.reason),
+        });
+    }
+    rows.sort_by(|a, b| {
+        (&a.service, !a.served, &a.frontend).cmp(&(&b.service, !b.served, &b.frontend))
+    });
     rows
+}
+
+/// The name of a `SVC_KIND_*`.
+fn kind_name(kind: u8) -> &'static str {
+    match kind {
+        lbproxy_common::SVC_KIND_CLUSTER_IP => "ClusterIP",
+        lbproxy_common::SVC_KIND_NODE_PORT => "NodePort",
+        lbproxy_common::SVC_KIND_EXTERNAL_IP => "ExternalIP",
+        lbproxy_common::SVC_KIND_LOAD_BALANCER => "LoadBalancerIP",
+        _ => "?",
+    }
 }
 
 pub fn backends(maps: &PinnedMaps) -> Vec<BackendRow> {
@@ -274,9 +329,16 @@ pub fn run(dir: &Path, what: What, json: bool, filter: &Filter) -> anyhow::Resul
                         vec![
                             r.service.clone(),
                             r.port_name.clone(),
+                            r.kind.clone(),
                             r.frontend.clone(),
-                            r.backends.len().to_string(),
-                            if r.backends.is_empty() {
+                            if r.served {
+                                r.backends.len().to_string()
+                            } else {
+                                "-".to_string()
+                            },
+                            if !r.served {
+                                format!("not served yet: {}", r.not_served)
+                            } else if r.backends.is_empty() {
                                 "(none)".to_string()
                             } else {
                                 r.backends
@@ -288,7 +350,10 @@ pub fn run(dir: &Path, what: What, json: bool, filter: &Filter) -> anyhow::Resul
                         ]
                     })
                     .collect();
-                table(&["SERVICE", "PORT", "FRONTEND", "#", "BACKENDS"], &cells)
+                table(
+                    &["SERVICE", "PORT", "KIND", "FRONTEND", "#", "BACKENDS"],
+                    &cells,
+                )
             }
         }
         What::Backends => {

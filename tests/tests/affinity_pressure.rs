@@ -237,8 +237,8 @@ fn tiny_flow_table(shape: Shape) {
         std::thread::sleep(Duration::from_millis(500));
     }
     let text = metrics(lab);
-    let cap = metric(&text, "lbproxy_map_capacity{map=\"LB_FLOWS_V1\"}");
-    let entries = metric(&text, "lbproxy_map_entries{map=\"LB_FLOWS_V1\"}");
+    let cap = metric(&text, "lbproxy_map_capacity{map=\"flows\"}");
+    let entries = metric(&text, "lbproxy_map_entries{map=\"flows\"}");
     assert_eq!(cap, Some(1024.0), "[{shape}] capacity metric: {cap:?}");
     assert!(
         entries.is_some_and(|e| e <= 1024.0),

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use lbproxy_tests::lab::{Conditions, Endpoint, Shape};
+use lbproxy_tests::lab::{Conditions, Endpoint, Lab, Shape};
 
 both_shapes!(terminating_keeps_established);
 
@@ -62,4 +62,38 @@ fn bad_manifest_not_relogged_while_unchanged() {
          change; first lines:\n{}",
         log.lines().take(3).collect::<Vec<_>>().join("\n")
     );
+}
+
+/// A manifest that is invalid from the very start is rejected once, not re-read and
+/// re-logged while it stays the same; lbproxy stays unhealthy (nothing is programmed), and
+/// serves as soon as the file is fixed.
+#[test]
+fn bad_manifest_from_the_start_logged_once_then_fixed() {
+    let lab = Lab::new(Shape::Routed);
+    let client = lab.add_pod("client");
+    let (backends, _servers) = serving_pods(&lab, &["b1"]);
+    lab.write_manifest_text("spec: [unclosed\n");
+    let mut lb = lab.start_lbproxy();
+    std::thread::sleep(Duration::from_secs(3));
+    let log = lb.stderr_since(0);
+    let path = lab.manifest_path().display().to_string();
+    let n = log
+        .lines()
+        .filter(|l| l.contains("manifests rejected") && l.contains(&path))
+        .count();
+    assert_eq!(
+        n,
+        1,
+        "an unchanged bad manifest from the start was rejected {n} times in 3 s; log:\n{}",
+        log.lines().take(20).collect::<Vec<_>>().join("\n")
+    );
+    assert_ne!(
+        lb.healthz(),
+        Ok(200),
+        "healthy with nothing programmed from a bad manifest"
+    );
+    let b: Vec<&lbproxy_tests::lab::Pod> = backends.iter().collect();
+    lab.write_manifest(&web_objects("web", WEB_VIP, ready(&b)));
+    lb.expect_healthy(HEALTHY_WITHIN);
+    web_traffic_ok("fixed manifest", &client, WEB_VIP, 5);
 }

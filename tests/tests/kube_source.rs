@@ -553,9 +553,11 @@ fn slow_apiserver() {
 }
 
 /// kube-proxy's skips: a service labelled `service.kubernetes.io/service-proxy-name` (any
-/// value, also empty), a headless service and an ExternalName service are not programmed,
-/// whether listed at start or added by a watch event; labelling a programmed service later
-/// removes it, and removing the label brings it back.
+/// value, also empty), a headless service (`clusterIP: None`, or labelled
+/// `service.kubernetes.io/headless` whatever its clusterIP, as the e2e test "should
+/// implement service.kubernetes.io/headless" checks) and an ExternalName service are not
+/// programmed, whether listed at start or added by a watch event; labelling a programmed
+/// service later removes it, and removing the label brings it back.
 #[test]
 fn skipped_services() {
     let mut k = Kube::new(Shape::Routed, &[]);
@@ -575,8 +577,11 @@ fn skipped_services() {
                  "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 80}]},
         "status": {"loadBalancer": {}},
     });
+    let (hll, hlls) = web_json("hl-label", vip(13), ready_ips(&[ip(5)]));
+    let mut hll = hll;
+    hll["metadata"]["labels"] = json!({"service.kubernetes.io/headless": ""});
     k.api
-        .apply_all([web.clone(), webs, other, others, hl, hls, ext]);
+        .apply_all([web.clone(), webs, other, others, hl, hls, ext, hll, hlls]);
     k.start_healthy();
     let web_only = web_fes("web", WEB_VIP, &[ip(3)]);
     assert_eq!(
@@ -625,6 +630,18 @@ fn skipped_services() {
     );
     k.api.apply(web.clone());
     k.wait_fes("label removed again", APPLY, &with_marker);
+
+    // The same with the headless label, on a service that keeps its clusterIP.
+    let mut wh = web.clone();
+    wh["metadata"]["labels"] = json!({"service.kubernetes.io/headless": ""});
+    k.api.apply(wh);
+    k.wait_fes(
+        "web labelled service.kubernetes.io/headless",
+        APPLY,
+        &web_fes("marker", vip(40), &[ip(8)]),
+    );
+    k.api.apply(web.clone());
+    k.wait_fes("headless label removed again", APPLY, &with_marker);
 
     // web turns ExternalName (MODIFIED): removed; back to ClusterIP: programmed again.
     let mut wx = web.clone();
@@ -910,7 +927,7 @@ fn node_event_on_programming_failure() {
     .unwrap();
     let sc = Scrape::parse(&m.body).unwrap();
     assert_eq!(
-        sc.value("lbproxy_map_capacity", &[("map", "LB_SERVICES_V2")]),
+        sc.value("lbproxy_map_capacity", &[("map", "services")]),
         2.0
     );
     assert!(

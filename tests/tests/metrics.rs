@@ -174,11 +174,11 @@ fn metrics_follow_changes() {
     );
     check_maps(&k, "initial");
     assert_eq!(
-        s1.value("lbproxy_map_capacity", &[("map", "LB_SERVICES_V2")]),
+        s1.value("lbproxy_map_capacity", &[("map", "services")]),
         65536.0
     );
     assert_eq!(
-        s1.value("lbproxy_map_capacity", &[("map", "LB_FLOWS_V1")]),
+        s1.value("lbproxy_map_capacity", &[("map", "flows")]),
         262144.0
     );
     let drop_reasons: BTreeSet<&str> = s1
@@ -269,13 +269,13 @@ fn check_maps(k: &Kube, ctx: &str) -> Duration {
     let f = k.frontends();
     let inspect_backends = k.lab.inspect_json("backends");
     let want = [
-        ("LB_SERVICES_V2", f.len() as f64),
+        ("services", f.len() as f64),
         (
-            "LB_BACKENDS_V1",
+            "backends",
             inspect_backends.as_array().map_or(0, Vec::len) as f64,
         ),
         (
-            "LB_SLOTS_V1",
+            "slots",
             f.values().map(|fe| fe.backends.len()).sum::<usize>() as f64,
         ),
     ];

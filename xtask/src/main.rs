@@ -44,12 +44,15 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// Set up, build lbproxy, then run every crate's tests (unit and namespace-lab
-    /// integration tests) with LBPROXY_BIN set.
+    /// Set up, build lbproxy, then run the tests in tiers, with LBPROXY_BIN set: unit
+    /// (no privileges), bpf (packets through the loaded programs with BPF_PROG_TEST_RUN),
+    /// lab (real sockets in network namespaces). Without a tier flag, all three.
     ///
     /// ARGS go to `cargo test`; ARGS after a second `--` go to the test harness
-    /// (e.g. `cargo xtask test -- lab -- --nocapture`). `--test-threads=2` is the default.
+    /// (e.g. `cargo xtask test --lab -- -- --nocapture`). `--test-threads=2` is the default.
     Test {
+        #[command(flatten)]
+        tier: test::TierArgs,
         #[arg(last = true)]
         args: Vec<String>,
     },
@@ -108,7 +111,7 @@ fn real_main() -> Result<()> {
             let err = cmd.exec();
             Err(err).with_context(|| format!("cannot exec {}", bin.display()))
         }
-        Task::Test { args } => test::test(&args),
+        Task::Test { tier, args } => test::test(tier.tier(), &args),
         Task::Lint {
             skip_ebpf_build,
             no_ebpf,

@@ -62,6 +62,23 @@ pub fn setup() -> Result<()> {
     setup_with(false)
 }
 
+/// What building lbproxy needs, for commands that may run without root (`test --unit`):
+/// as root, the whole setup; otherwise only a check that the build tools are there.
+pub fn for_build() -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return setup();
+    }
+    if let Some(problem) = bpf_linker_problem() {
+        bail!(
+            "bpf-linker {BPF_LINKER_VERSION} is needed to build the datapath ({problem}); \
+             run `cargo xtask setup` as root once"
+        );
+    }
+    say("not root: only checked that the build tools are installed");
+    Ok(())
+}
+
 static DRY_RUN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Runs an installing command (or prints it, in a dry run), with a heartbeat line every `every`.

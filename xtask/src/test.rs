@@ -68,46 +68,153 @@ fn split_args(extra: &[String]) -> (Vec<String>, Vec<String>) {
     (cargo_args, harness)
 }
 
-pub fn test(extra: &[String]) -> Result<()> {
-    crate::setup::setup()?;
+/// `--unit | --bpf | --lab`: one tier; none of them: every tier.
+#[derive(clap::Args, Clone, Copy, Debug, Default)]
+#[group(multiple = false)]
+pub struct TierArgs {
+    /// Only the tests that need no privileges: no namespaces, no BPF (controller in
+    /// process, model, desired state, programmer, config, manifests).
+    #[arg(long)]
+    unit: bool,
+    /// Only the packet tests: crafted frames through the loaded programs
+    /// (BPF_PROG_TEST_RUN), bytes and counters compared.
+    #[arg(long)]
+    bpf: bool,
+    /// Only the namespace lab: real programs on veths, real TCP and UDP.
+    #[arg(long)]
+    lab: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tier {
+    Unit,
+    Bpf,
+    Lab,
+}
+
+impl TierArgs {
+    pub fn tier(self) -> Vec<Tier> {
+        match (self.unit, self.bpf, self.lab) {
+            (true, _, _) => vec![Tier::Unit],
+            (_, true, _) => vec![Tier::Bpf],
+            (_, _, true) => vec![Tier::Lab],
+            _ => vec![Tier::Unit, Tier::Bpf, Tier::Lab],
+        }
+    }
+}
+
+/// The integration tests (in `tests/tests/`) that need no privileges.
+const UNIT_INTEGRATION: [&str; 2] = ["apiserver_selftest", "deploy_manifests"];
+/// The integration tests that are packet tests.
+const BPF_INTEGRATION: [&str; 1] = ["packet"];
+
+/// The `cargo test` selections of a tier. The lab tier is every other integration test in
+/// `tests/tests/`, so a new file there is a lab test unless listed above.
+fn selections(tier: Tier) -> Result<Vec<Vec<String>>> {
+    let own = |v: &[&str]| v.iter().map(|s| (*s).to_string()).collect::<Vec<_>>();
+    let tests_of = |names: &[String]| {
+        let mut v = own(&["-p", "lbproxy-tests"]);
+        for n in names {
+            v.push("--test".into());
+            v.push(n.clone());
+        }
+        v
+    };
+    Ok(match tier {
+        Tier::Unit => {
+            let mut lab_lib = own(&["-p", "lbproxy-tests", "--lib"]);
+            for n in UNIT_INTEGRATION {
+                lab_lib.extend(own(&["--test", n]));
+            }
+            vec![
+                own(&["-p", "lbproxy", "-p", "lbproxy-common", "-p", "xtask"]),
+                lab_lib,
+            ]
+        }
+        Tier::Bpf => vec![tests_of(&own(&BPF_INTEGRATION))],
+        Tier::Lab => {
+            let dir = util::repo_root().join("tests").join("tests");
+            let mut names = Vec::new();
+            for e in
+                std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))?
+            {
+                let e = e?;
+                let name = e.file_name().to_string_lossy().to_string();
+                if let Some(stem) = name.strip_suffix(".rs")
+                    && !UNIT_INTEGRATION.contains(&stem)
+                    && !BPF_INTEGRATION.contains(&stem)
+                {
+                    names.push(stem.to_string());
+                }
+            }
+            names.sort();
+            vec![tests_of(&names)]
+        }
+    })
+}
+
+pub fn test(tiers: Vec<Tier>, extra: &[String]) -> Result<()> {
+    if tiers == [Tier::Unit] {
+        crate::setup::for_build()?;
+    } else {
+        crate::setup::setup()?;
+    }
     let bin = util::build_lbproxy("test")?;
     let (cargo_args, harness) = split_args(extra);
-
-    let mut cmd = cargo();
-    cmd.arg("test");
-    // `--workspace` would override a `-p` given by the caller.
-    let picks_package = cargo_args
+    // A caller's own package or target selection replaces the tiers'.
+    let picks = cargo_args
         .iter()
-        .any(|a| a.starts_with("-p") || a.starts_with("--package"));
-    if !picks_package {
-        cmd.args(["--workspace", "--exclude", EBPF_CRATE]);
-    }
-    cmd.arg("--no-fail-fast")
-        .args(&cargo_args)
-        .arg("--")
-        .args(&harness)
-        .env("LBPROXY_BIN", &bin)
-        .env_remove("AYA_BUILD_SKIP")
-        .stdout(Stdio::piped());
-    eprintln!(
-        "[test] running the workspace's tests with LBPROXY_BIN={}",
-        bin.display()
-    );
-    eprintln!("  $ {}", util::display(&cmd));
+        .any(|a| a.starts_with("-p") || a.starts_with("--package") || a == "--test");
+    let runs: Vec<(String, Vec<String>)> = if picks {
+        vec![("selected".to_string(), Vec::new())]
+    } else {
+        let mut runs = Vec::new();
+        for t in &tiers {
+            for sel in selections(*t)? {
+                runs.push((format!("{t:?}").to_lowercase(), sel));
+            }
+        }
+        runs
+    };
     let started = std::time::Instant::now();
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("cannot start `{}`", util::display(&cmd)))?;
-    let stdout = child.stdout.take().expect("stdout is piped");
     let mut tally = Tally::default();
-    let mut out = std::io::stdout();
-    for line in BufReader::new(stdout).lines() {
-        let line = line.context("reading cargo test output")?;
-        tally.line(&line);
-        let _ = writeln!(out, "{line}");
-        let _ = out.flush();
+    let mut ok = true;
+    for (tier, sel) in &runs {
+        let mut cmd = cargo();
+        cmd.arg("test")
+            .args(sel)
+            .arg("--no-fail-fast")
+            .args(&cargo_args)
+            .arg("--")
+            .args(&harness)
+            .env("LBPROXY_BIN", &bin)
+            .env_remove("AYA_BUILD_SKIP")
+            .stdout(Stdio::piped());
+        eprintln!("[test] tier {tier}: LBPROXY_BIN={}", bin.display());
+        eprintln!("  $ {}", util::display(&cmd));
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start `{}`", util::display(&cmd)))?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut out = std::io::stdout();
+        let failed_before = tally.failed;
+        for line in BufReader::new(stdout).lines() {
+            let line = line.context("reading cargo test output")?;
+            tally.line(&line);
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        }
+        let status = child.wait().context("waiting for cargo test")?;
+        if !status.success() {
+            ok = false;
+            if tally.failed == failed_before {
+                println!(
+                    "[test] tier {tier}: cargo test failed without a failing test: a build \
+                     error, or a test binary that crashed (see above)"
+                );
+            }
+        }
     }
-    let status = child.wait().context("waiting for cargo test")?;
 
     println!();
     if !tally.failed_tests.is_empty() {
@@ -116,30 +223,23 @@ pub fn test(extra: &[String]) -> Result<()> {
             println!("[test]   {t}");
         }
     }
-    let verdict = if status.success() { "ok" } else { "FAILED" };
+    let verdict = if ok { "ok" } else { "FAILED" };
     println!(
-        "[test] {verdict}: {} test suites ({} failed) in {}s, cargo test {}",
+        "[test] {verdict}: {} test suites ({} failed) in {}s, tiers: {}",
         tally.binaries,
         tally.failed_binaries,
         started.elapsed().as_secs(),
-        if status.success() {
-            "exited 0".to_string()
-        } else {
-            format!("failed ({status})")
-        }
+        runs.iter()
+            .map(|(t, _)| t.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     );
-    if !status.success() && tally.failed == 0 {
-        println!(
-            "[test] cargo test failed without a failing test: a build error, or a test binary \
-             that crashed (see above)"
-        );
-    }
     // The plain closing line (last, alone on its line).
     println!(
         "summary: {} passed, {} failed, {} skipped",
         tally.passed, tally.failed, tally.ignored
     );
-    if !status.success() {
+    if !ok {
         // Exit here so the summary stays the last line printed.
         std::process::exit(1);
     }

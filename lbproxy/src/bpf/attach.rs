@@ -173,19 +173,27 @@ impl Attacher {
 fn attach_interface(dp: &mut Datapath, iface: &Interface) -> Result<bool, BpfError> {
     let mut adopted = false;
     for (direction, prog_name, attach_type) in DIRECTIONS {
-        let err = |reason: String| BpfError::Attach {
-            ifname: iface.name.clone(),
-            ifindex: iface.index,
-            direction,
-            reason,
+        let err = |step: String, source: Box<dyn std::error::Error + Send + Sync>| {
+            BpfError::Attach {
+                ifname: iface.name.clone(),
+                ifindex: iface.index,
+                direction,
+                step,
+                source,
+            }
         };
         let pin = link_pin(&dp.dir, iface, direction);
         let prog: &mut SchedClassifier = dp
             .ebpf
             .program_mut(prog_name)
-            .ok_or_else(|| err(format!("program {prog_name} missing from the object")))?
+            .ok_or_else(|| {
+                err(
+                    format!("program {prog_name}"),
+                    "missing from the object".into(),
+                )
+            })?
             .try_into()
-            .map_err(|e| err(error_chain(&e)))?;
+            .map_err(|e| err(format!("program {prog_name}"), Box::new(e)))?;
         if pin.exists() {
             let replaced = PinnedLink::from_pin(&pin)
                 .map_err(|e| error_chain(&e))
@@ -212,20 +220,18 @@ fn attach_interface(dp: &mut Datapath, iface: &Interface) -> Result<bool, BpfErr
                 attach_type,
                 TcAttachOptions::TcxOrder(LinkOrder::default()),
             )
-            .map_err(|e| err(format!("tcx attach: {}", error_chain(&e))))?;
+            .map_err(|e| err("tcx attach".into(), Box::new(e)))?;
         let link = prog
             .take_link(id)
-            .map_err(|e| err(format!("taking the link: {}", error_chain(&e))))?;
+            .map_err(|e| err("taking the link".into(), Box::new(e)))?;
         let fd: FdLink = link
             .try_into()
-            .map_err(|e| err(format!("not a tcx link: {}", error_chain(&e))))?;
+            .map_err(|e| err("not a tcx link".into(), Box::new(e)))?;
         fd.pin(&pin)
-            .map_err(|e| err(format!("pinning {}: {}", pin.display(), error_chain(&e))))?;
+            .map_err(|e| err(format!("pinning {}", pin.display()), Box::new(e)))?;
     }
     Ok(adopted)
 }
-
-/// An error with its sources, since aya's syscall errors keep the errno in `source()`.
 
 #[cfg(test)]
 mod tests {

@@ -64,12 +64,15 @@ pub enum BpfError {
         name: &'static str,
         source: aya::programs::ProgramError,
     },
-    #[error("interface {ifname} ({ifindex}), {direction}: {reason}")]
+    #[error("interface {ifname} ({ifindex}), {direction}: {step}")]
     Attach {
         ifname: String,
         ifindex: u32,
         direction: &'static str,
-        reason: String,
+        /// The step that failed: "tcx attach", "pinning the link", ...
+        step: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 }
 

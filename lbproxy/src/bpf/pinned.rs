@@ -6,7 +6,7 @@ use std::path::Path;
 use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray};
 use lbproxy_common::{
     Backend, CONFIG_F_STACK_BYPASS, DatapathConfig, Delivery, DropReason, FlowKey, FlowValue,
-    PodIf, ServiceKey, ServiceLabel, ServiceValue, SlotKey, map_names,
+    PodIf, ServiceKey, ServiceLabel, ServiceValue, SlotKey, UnservedKey, UnservedValue, map_names,
 };
 
 use super::{BpfError, check_pinned_layouts, open_pinned};
@@ -25,6 +25,7 @@ pub struct PinnedMaps {
     pub delivery: PerCpuArray<MapData, u64>,
     pub config: Array<MapData, DatapathConfig>,
     pub pod_ifs: BpfHashMap<MapData, u32, PodIf>,
+    pub unserved: BpfHashMap<MapData, UnservedKey, UnservedValue>,
 }
 
 impl PinnedMaps {
@@ -41,6 +42,7 @@ impl PinnedMaps {
             delivery: open_pinned(dir, map_names::DELIVERY, Map::PerCpuArray)?,
             config: open_pinned(dir, map_names::CONFIG, Map::Array)?,
             pod_ifs: open_pinned(dir, map_names::POD_IFS, Map::HashMap)?,
+            unserved: open_pinned(dir, map_names::UNSERVED, Map::HashMap)?,
         })
     }
 
@@ -74,19 +76,30 @@ fn cpu_sum(map: &PerCpuArray<MapData, u64>, index: u32) -> u64 {
 }
 
 pub fn label_str(l: &ServiceLabel) -> String {
-    let end = l.name.iter().position(|b| *b == 0).unwrap_or(l.name.len());
-    String::from_utf8_lossy(&l.name[..end]).into_owned()
+    label_bytes(&l.name)
+}
+
+/// A NUL-padded string field.
+pub fn label_bytes(b: &[u8]) -> String {
+    let end = b.iter().position(|c| *c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
 }
 
 fn label_value(s: &str) -> ServiceLabel {
-    let mut name = [0u8; 128];
-    // Keep room for the NUL; cut on a char boundary.
-    let mut end = s.len().min(127);
+    ServiceLabel {
+        name: nul_padded(s),
+    }
+}
+
+/// `s` in a NUL-padded field of `N` bytes, cut on a char boundary so one NUL always fits.
+pub fn nul_padded<const N: usize>(s: &str) -> [u8; N] {
+    let mut out = [0u8; N];
+    let mut end = s.len().min(N - 1);
     while !s.is_char_boundary(end) {
         end -= 1;
     }
-    name[..end].copy_from_slice(&s.as_bytes()[..end]);
-    ServiceLabel { name }
+    out[..end].copy_from_slice(&s.as_bytes()[..end]);
+    out
 }
 
 fn werr(map: &'static str, op: &'static str, entry: String, e: MapError) -> MapWriteError {
@@ -202,6 +215,28 @@ impl Maps for PinnedMaps {
     fn del_label(&mut self, svc_id: u32) -> Result<(), MapWriteError> {
         del_ok(self.labels.remove(&svc_id))
             .map_err(|e| werr(map_names::LABELS, "delete", format!("svc {svc_id}"), e))
+    }
+    fn read_unserved(&self) -> std::collections::BTreeMap<UnservedKey, UnservedValue> {
+        self.unserved.iter().flatten().collect()
+    }
+    fn put_unserved(
+        &mut self,
+        key: UnservedKey,
+        value: &UnservedValue,
+    ) -> Result<(), MapWriteError> {
+        self.unserved
+            .insert(key, *value, 0)
+            .map_err(|e| werr(map_names::UNSERVED, "update", label_bytes(&value.label), e))
+    }
+    fn del_unserved(&mut self, key: UnservedKey) -> Result<(), MapWriteError> {
+        del_ok(self.unserved.remove(&key)).map_err(|e| {
+            werr(
+                map_names::UNSERVED,
+                "delete",
+                format!("port {}", u16::from_be(key.port_be)),
+                e,
+            )
+        })
     }
 }
 

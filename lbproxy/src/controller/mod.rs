@@ -14,8 +14,12 @@
 mod ingest;
 mod report;
 mod sync;
+#[cfg(test)]
+mod tests;
 
 use std::time::{Duration, Instant};
+
+use tokio::time::Instant as Deadline;
 
 use tokio::sync::mpsc;
 
@@ -48,7 +52,7 @@ pub struct Controller<M: Maps> {
     report: Report,
     /// The first full sync has run (successfully or not).
     first_sync_done: bool,
-    last_sync: Option<Instant>,
+    last_sync: Option<Deadline>,
 }
 
 impl<M: Maps> Controller<M> {
@@ -153,23 +157,24 @@ impl<M: Maps> Controller<M> {
             }
         };
         self.report.programmed(self.sync.programmed());
+        self.report.unserved(&self.sync.unserved_by_kind());
         ok
     }
 
     /// After events were ingested: the first full sync once everything is listed, or else
     /// when the next sync of pending changes is due (`None`: nothing to do).
-    fn after_events(&mut self, min_sync_period: Duration) -> Option<Instant> {
+    fn after_events(&mut self, min_sync_period: Duration) -> Option<Deadline> {
         if !self.ready() {
             return None;
         }
         if !self.first_sync_done {
             self.first_sync_done = true;
             self.sync_all("initial list");
-            self.last_sync = Some(Instant::now());
+            self.last_sync = Some(Deadline::now());
         }
         self.has_pending().then(|| {
             self.last_sync
-                .map_or_else(Instant::now, |l| l + min_sync_period)
+                .map_or_else(Deadline::now, |l| l + min_sync_period)
         })
     }
 
@@ -204,26 +209,26 @@ impl<M: Maps> Controller<M> {
                         self.on_event(ev);
                     }
                     if let Some(at) = self.after_events(timing.min_sync_period) && !armed {
-                        sync_timer.as_mut().reset(at.into());
+                        sync_timer.as_mut().reset(at);
                         armed = true;
                     }
                 }
                 () = &mut sync_timer, if armed => {
                     armed = false;
                     self.sync_dirty();
-                    self.last_sync = Some(Instant::now());
+                    self.last_sync = Some(Deadline::now());
                     if self.has_pending() {
                         // A failed write: retry soon.
-                        sync_timer.as_mut().reset((Instant::now() + RETRY_AFTER).into());
+                        sync_timer.as_mut().reset(Deadline::now() + RETRY_AFTER);
                         armed = true;
                     }
                 }
                 _ = reconcile.tick() => {
                     if self.first_sync_done {
                         self.reconcile();
-                        self.last_sync = Some(Instant::now());
+                        self.last_sync = Some(Deadline::now());
                         if self.has_pending() && !armed {
-                            sync_timer.as_mut().reset((Instant::now() + RETRY_AFTER).into());
+                            sync_timer.as_mut().reset(Deadline::now() + RETRY_AFTER);
                             armed = true;
                         }
                     }

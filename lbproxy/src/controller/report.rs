@@ -26,6 +26,9 @@ pub struct Report {
     pub capacities: Vec<(&'static str, i64)>,
     /// A failure streak already reported with a Node Event.
     failing: bool,
+    /// Syncs recorded, for tests.
+    #[cfg(test)]
+    pub syncs: u64,
 }
 
 /// The outcome of one sync, as the reporter needs it.
@@ -45,6 +48,8 @@ impl Report {
             events: None,
             capacities: Vec::new(),
             failing: false,
+            #[cfg(test)]
+            syncs: 0,
         }
     }
 
@@ -80,6 +85,10 @@ impl Report {
 
     /// Records a sync that wrote everything (`triggers`: the trigger times it covered).
     pub fn sync_ok(&mut self, s: &Synced<'_>, stats: ApplyStats, triggers: &[f64]) {
+        #[cfg(test)]
+        {
+            self.syncs += 1;
+        }
         let m = &self.health.metrics;
         m.sync_duration.observe(s.started.elapsed().as_secs_f64());
         let now = http::unix_now();
@@ -109,6 +118,10 @@ impl Report {
 
     /// Records a sync whose writes failed in part; the caller retries.
     pub fn sync_failed(&mut self, s: &Synced<'_>, errors: &[MapWriteError]) {
+        #[cfg(test)]
+        {
+            self.syncs += 1;
+        }
         let m = &self.health.metrics;
         m.sync_duration.observe(s.started.elapsed().as_secs_f64());
         m.sync_failures.inc();
@@ -159,6 +172,23 @@ impl Report {
                 tracing::warn!("could not post the Node event: {e}");
             }
         });
+    }
+
+    /// The frontends not served yet, by kind (`SVC_KIND_*`).
+    pub fn unserved(&self, by_kind: &std::collections::BTreeMap<u8, usize>) {
+        for kind in crate::desired::FrontendKind::ALL {
+            let n = by_kind
+                .get(&super::sync::kind_number(kind))
+                .copied()
+                .unwrap_or(0);
+            self.health
+                .metrics
+                .frontends_not_served
+                .get_or_create(&http::KindLabel {
+                    kind: kind.label().to_string(),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
     }
 
     /// Map fill as the controller wrote it: no syscalls, so it runs after every sync. The

@@ -6,9 +6,11 @@
 //! and adopts what it finds when it differs from what was written (an entry deleted by
 //! hand with bpftool, say), so the full sync that follows repairs it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::desired::{self, Frontend, FrontendSpec};
+use lbproxy_common::{FAMILY_IPV4, FAMILY_IPV6, UnservedKey, UnservedValue};
+
+use crate::desired::{self, Family, Frontend, FrontendKind, FrontendSpec, Unserved};
 use crate::model::{Model, NamespacedName};
 use crate::program::{ApplyStats, MapWriteError, Maps, Programmer};
 
@@ -19,6 +21,52 @@ pub struct Sync<M: Maps> {
     programmer: Programmer,
     /// The frontends each service currently owns.
     frontends_of: HashMap<NamespacedName, Vec<Frontend>>,
+    /// The frontends not served yet, as written for `lbproxy inspect`, and by service.
+    unserved: BTreeMap<UnservedKey, UnservedValue>,
+    unserved_of: HashMap<NamespacedName, Vec<UnservedKey>>,
+}
+
+/// The entry of a frontend not served yet in `LB_UNSERVED_V1`.
+fn unserved_entry(u: &Unserved) -> (UnservedKey, UnservedValue) {
+    let mut addr = [0u8; 16];
+    match u.addr {
+        Some(std::net::IpAddr::V4(a)) => addr[..4].copy_from_slice(&a.octets()),
+        Some(std::net::IpAddr::V6(a)) => addr = a.octets(),
+        None => {}
+    }
+    let key = UnservedKey {
+        addr,
+        port_be: u.port.to_be(),
+        proto: u.proto.number(),
+        kind: kind_number(u.kind),
+        family: match u.family {
+            Family::V4 => FAMILY_IPV4,
+            Family::V6 => FAMILY_IPV6,
+        },
+        _pad: [0; 3],
+        svc_hash: fnv1a(u.label.as_bytes()),
+    };
+    let value = UnservedValue {
+        label: crate::bpf::pinned::nul_padded(&u.label),
+        reason: crate::bpf::pinned::nul_padded(u.reason),
+    };
+    (key, value)
+}
+
+/// `SVC_KIND_*` of a frontend kind.
+pub fn kind_number(k: FrontendKind) -> u8 {
+    match k {
+        FrontendKind::ClusterIp => lbproxy_common::SVC_KIND_CLUSTER_IP,
+        FrontendKind::NodePort => lbproxy_common::SVC_KIND_NODE_PORT,
+        FrontendKind::ExternalIp => lbproxy_common::SVC_KIND_EXTERNAL_IP,
+        FrontendKind::LoadBalancerIp => lbproxy_common::SVC_KIND_LOAD_BALANCER,
+    }
+}
+
+fn fnv1a(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325, |h, c| {
+        (h ^ u64::from(*c)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 impl<M: Maps> Sync<M> {
@@ -35,8 +83,10 @@ impl<M: Maps> Sync<M> {
         }
         Self {
             programmer: Programmer::adopt(adopted),
+            unserved: maps.read_unserved(),
             maps,
             frontends_of: HashMap::new(),
+            unserved_of: HashMap::new(),
         }
     }
 
@@ -54,17 +104,70 @@ impl<M: Maps> Sync<M> {
         self.programmer.programmed()
     }
 
+    /// The frontends not served yet, by kind, for the metric.
+    pub fn unserved_by_kind(&self) -> BTreeMap<u8, usize> {
+        let mut out = BTreeMap::new();
+        for k in self.unserved.keys() {
+            *out.entry(k.kind).or_default() += 1;
+        }
+        out
+    }
+
     /// Programs the whole model.
     pub fn all(&mut self, model: &Model, node: &str) -> ApplyResult {
         let mut desired = desired::Desired::new();
+        let mut unserved = BTreeMap::new();
         self.frontends_of.clear();
+        self.unserved_of.clear();
         for svc in model.services.values() {
-            let fes = desired::desired_for(model, svc, node);
+            let fes = desired::frontends_for(model, svc, node);
             self.frontends_of
-                .insert(svc.id.clone(), fes.iter().map(|(f, _)| *f).collect());
-            desired.extend(fes);
+                .insert(svc.id.clone(), fes.served.iter().map(|(f, _)| *f).collect());
+            let entries: Vec<(UnservedKey, UnservedValue)> =
+                fes.unserved.iter().map(unserved_entry).collect();
+            self.unserved_of
+                .insert(svc.id.clone(), entries.iter().map(|(k, _)| *k).collect());
+            unserved.extend(entries);
+            desired.extend(fes.served);
         }
-        self.programmer.apply(&mut self.maps, &desired)
+        let result = self.programmer.apply(&mut self.maps, &desired);
+        let gone: Vec<UnservedKey> = self
+            .unserved
+            .keys()
+            .filter(|k| !unserved.contains_key(k))
+            .copied()
+            .collect();
+        let errors = self.write_unserved(&gone, unserved.iter());
+        merge(result, errors)
+    }
+
+    /// Removes `gone` and writes `entries` (those that differ) to the unserved map.
+    fn write_unserved<'a>(
+        &mut self,
+        gone: &[UnservedKey],
+        entries: impl Iterator<Item = (&'a UnservedKey, &'a UnservedValue)>,
+    ) -> Vec<MapWriteError> {
+        let mut errors = Vec::new();
+        for k in gone {
+            match self.maps.del_unserved(*k) {
+                Ok(()) => {
+                    self.unserved.remove(k);
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        for (k, v) in entries {
+            if self.unserved.get(k) == Some(v) {
+                continue;
+            }
+            match self.maps.put_unserved(*k, v) {
+                Ok(()) => {
+                    self.unserved.insert(*k, *v);
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        errors
     }
 
     /// Programs only `dirty` services.
@@ -76,12 +179,26 @@ impl<M: Maps> Sync<M> {
     ) -> ApplyResult {
         let mut upserts: Vec<(Frontend, FrontendSpec)> = Vec::new();
         let mut removed: Vec<Frontend> = Vec::new();
+        let mut unserved_gone: Vec<UnservedKey> = Vec::new();
+        let mut unserved_new: BTreeMap<UnservedKey, UnservedValue> = BTreeMap::new();
         for name in dirty {
-            let new: Vec<(Frontend, FrontendSpec)> = model
+            let fes = model
                 .services
                 .get(name)
-                .map(|svc| desired::desired_for(model, svc, node))
-                .unwrap_or_default();
+                .map(|svc| desired::frontends_for(model, svc, node));
+            let (new, unserved) = fes.map_or_else(Default::default, |f| (f.served, f.unserved));
+            let entries: BTreeMap<UnservedKey, UnservedValue> =
+                unserved.iter().map(unserved_entry).collect();
+            for old in self.unserved_of.remove(name).unwrap_or_default() {
+                if !entries.contains_key(&old) {
+                    unserved_gone.push(old);
+                }
+            }
+            if !entries.is_empty() {
+                self.unserved_of
+                    .insert(name.clone(), entries.keys().copied().collect());
+            }
+            unserved_new.extend(entries);
             let new_fes: Vec<Frontend> = new.iter().map(|(f, _)| *f).collect();
             for old in self.frontends_of.get(name).into_iter().flatten() {
                 if !new_fes.contains(old) {
@@ -95,11 +212,13 @@ impl<M: Maps> Sync<M> {
             }
             upserts.extend(new);
         }
-        self.programmer.apply_changes(
+        let result = self.programmer.apply_changes(
             &mut self.maps,
             upserts.iter().map(|(f, s)| (*f, s)),
             &removed,
-        )
+        );
+        let errors = self.write_unserved(&unserved_gone, unserved_new.iter());
+        merge(result, errors)
     }
 
     /// Reads the maps back and, when they drifted from what was written, adopts what they
@@ -115,5 +234,17 @@ impl<M: Maps> Sync<M> {
             self.programmer = Programmer::adopt(observed);
         }
         self.all(model, node)
+    }
+}
+
+/// An apply's result with more write errors added.
+fn merge(result: ApplyResult, more: Vec<MapWriteError>) -> ApplyResult {
+    match result {
+        Ok(stats) if more.is_empty() => Ok(stats),
+        Ok(stats) => Err((stats, more)),
+        Err((stats, mut errors)) => {
+            errors.extend(more);
+            Err((stats, errors))
+        }
     }
 }

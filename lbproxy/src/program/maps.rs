@@ -3,7 +3,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use lbproxy_common::{Backend, MemberKey, ServiceKey, ServiceValue, SlotKey};
+use lbproxy_common::{
+    Backend, MemberKey, ServiceKey, ServiceValue, SlotKey, UnservedKey, UnservedValue,
+};
 
 use super::{Programmed, ProgrammedFrontend};
 use crate::desired::{BackendAddr, Frontend};
@@ -83,6 +85,11 @@ pub trait Maps {
     fn del_service(&mut self, key: ServiceKey) -> Result<(), MapWriteError>;
     fn put_label(&mut self, svc_id: u32, label: &str) -> Result<(), MapWriteError>;
     fn del_label(&mut self, svc_id: u32) -> Result<(), MapWriteError>;
+    /// The frontends not served yet, as listed for `lbproxy inspect`.
+    fn read_unserved(&self) -> BTreeMap<UnservedKey, UnservedValue>;
+    fn put_unserved(&mut self, key: UnservedKey, value: &UnservedValue)
+    -> Result<(), MapWriteError>;
+    fn del_unserved(&mut self, key: UnservedKey) -> Result<(), MapWriteError>;
 }
 
 /// Puts together what the maps hold, entry by entry, as a [`Programmed`] state. Entries that
@@ -146,13 +153,14 @@ pub mod mem {
 
     /// The maps in memory. After every write it checks the invariant the datapath relies
     /// on: every service's slots `0..count` exist and point at existing backends.
-    #[derive(Default, Debug)]
+    #[derive(Clone, Default, Debug)]
     pub struct MemMaps {
         pub services: BTreeMap<ServiceKey, ServiceValue>,
         pub slots: BTreeMap<SlotKey, u32>,
         pub backends: BTreeMap<u32, Backend>,
         pub labels: BTreeMap<u32, String>,
         pub members: std::collections::BTreeSet<(u32, u32)>,
+        pub unserved: BTreeMap<UnservedKey, UnservedValue>,
         pub ops: usize,
         /// Fail the n-th write from now (for failure tests).
         pub fail_at: Option<usize>,
@@ -266,6 +274,23 @@ pub mod mem {
         fn del_label(&mut self, svc_id: u32) -> Result<(), MapWriteError> {
             self.step("labels")?;
             self.labels.remove(&svc_id);
+            Ok(())
+        }
+        fn read_unserved(&self) -> BTreeMap<UnservedKey, UnservedValue> {
+            self.unserved.clone()
+        }
+        fn put_unserved(
+            &mut self,
+            key: UnservedKey,
+            value: &UnservedValue,
+        ) -> Result<(), MapWriteError> {
+            self.step("unserved")?;
+            self.unserved.insert(key, *value);
+            Ok(())
+        }
+        fn del_unserved(&mut self, key: UnservedKey) -> Result<(), MapWriteError> {
+            self.step("unserved")?;
+            self.unserved.remove(&key);
             Ok(())
         }
     }

@@ -144,11 +144,11 @@ pub fn spawn(path: PathBuf, tx: mpsc::Sender<SourceEvent>) -> anyhow::Result<()>
     Ok(())
 }
 
-type Fingerprint = Vec<(PathBuf, u64, Option<std::time::SystemTime>)>;
+pub(crate) type Fingerprint = Vec<(PathBuf, u64, Option<std::time::SystemTime>)>;
 
 /// The loader, and what it last reported.
 #[derive(Default)]
-struct Reader {
+pub(crate) struct Reader {
     loader: Loader,
     /// A good load has been sent: later ones are changes, not a full list.
     listed: bool,
@@ -161,7 +161,7 @@ struct Reader {
 impl Reader {
     /// Loads the set; returns the event to send, if any. A rejection is reported once per
     /// change of the files (a file event that changes nothing reads them again, quietly).
-    fn load(&mut self, path: &Path, print: Fingerprint) -> Option<SourceEvent> {
+    pub(crate) fn load(&mut self, path: &Path, print: Fingerprint) -> Option<SourceEvent> {
         let started = std::time::Instant::now();
         let change = match self.loader.load(path) {
             Ok(change) => {
@@ -286,5 +286,57 @@ mod tests {
         let t = Instant::now();
         settle(FileEvent::Writing, &mut rx).await;
         assert!(t.elapsed() >= WRITE_SETTLE);
+    }
+}
+
+#[cfg(test)]
+mod reader_tests {
+    use super::*;
+
+    /// A rejected set is reported once per change of its files: reading the same files
+    /// again (a file event that changed nothing, the 2 s check) is quiet, and a change is
+    /// reported again.
+    #[test]
+    fn a_rejection_is_reported_once_per_change() {
+        let dir = std::env::temp_dir().join(format!("lbproxy-reader-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("m.yaml");
+        let mut r = Reader::default();
+        std::fs::write(&file, "spec: [unclosed\n").unwrap();
+        let print = fingerprint(&file);
+        let first = r.load(&file, print.clone());
+        assert!(
+            matches!(first, Some(SourceEvent::Failed { .. })),
+            "{first:?}"
+        );
+        for _ in 0..3 {
+            let again = r.load(&file, print.clone());
+            assert!(again.is_none(), "rejection reported again: {again:?}");
+        }
+        std::fs::write(&file, "spec: [still, unclosed\n").unwrap();
+        let changed = r.load(&file, fingerprint(&file));
+        assert!(
+            matches!(changed, Some(SourceEvent::Failed { .. })),
+            "{changed:?}"
+        );
+        // Fixed: the first good load is a full list.
+        std::fs::write(
+            &file,
+            "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\nspec: {clusterIP: 198.19.0.10}\n",
+        )
+        .unwrap();
+        let good = r.load(&file, fingerprint(&file));
+        std::fs::remove_dir_all(&dir).unwrap();
+        let Some(SourceEvent::Batch(events)) = good else {
+            panic!("{good:?}");
+        };
+        assert!(
+            matches!(events.first(), Some(SourceEvent::Listing(Kind::Services))),
+            "{events:?}"
+        );
+        assert!(
+            matches!(events.last(), Some(SourceEvent::Listed(Kind::Node))),
+            "{events:?}"
+        );
     }
 }
