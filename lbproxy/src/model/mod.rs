@@ -20,6 +20,9 @@ pub const DEFAULT_AFFINITY_TIMEOUT_S: i32 = 10_800;
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 /// A service with this label belongs to another proxy and is skipped.
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+/// A service with this label (any value) is headless for proxies and is skipped, as
+/// kube-proxy's informer selects `!service.kubernetes.io/headless`.
+pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NamespacedName {

@@ -7,8 +7,8 @@ use k8s_openapi::api::core::v1::Service as K8sService;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{
-    DEFAULT_AFFINITY_TIMEOUT_S, InvalidObject, LABEL_SERVICE_PROXY_NAME, NamespacedName,
-    Normalized, Protocol, identify, parse_ip, port_u16,
+    DEFAULT_AFFINITY_TIMEOUT_S, InvalidObject, LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME,
+    NamespacedName, Normalized, Protocol, identify, parse_ip, port_u16,
 };
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,13 +42,12 @@ pub struct Service {
 pub fn service_from_k8s(svc: &K8sService) -> Result<Normalized<Service>, InvalidObject> {
     let (namespace, name, invalid) = identify("Service", &svc.metadata)?;
     let invalid = &invalid;
-    if svc
-        .metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.contains_key(LABEL_SERVICE_PROXY_NAME))
-    {
+    let labels = svc.metadata.labels.as_ref();
+    if labels.is_some_and(|l| l.contains_key(LABEL_SERVICE_PROXY_NAME)) {
         return Ok(Normalized::Skipped("labelled for another proxy"));
+    }
+    if labels.is_some_and(|l| l.contains_key(LABEL_HEADLESS)) {
+        return Ok(Normalized::Skipped("labelled headless"));
     }
     let Some(spec) = svc.spec.as_ref() else {
         return Err(invalid("spec is missing".into()));
@@ -146,4 +145,26 @@ pub fn service_from_k8s(svc: &K8sService) -> Result<Normalized<Service>, Invalid
         internal_local,
         affinity_timeout_s,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(yaml: &str) -> Result<Normalized<Service>, InvalidObject> {
+        service_from_k8s(&serde_yaml::from_str(yaml).unwrap())
+    }
+
+    #[test]
+    fn headless_label_with_any_value_is_skipped() {
+        for value in ["''", "'true'", "anything"] {
+            let y = format!(
+                "metadata: {{name: a, labels: {{service.kubernetes.io/headless: {value}}}}}\nspec: {{clusterIP: 198.19.0.1}}"
+            );
+            match parse(&y).unwrap() {
+                Normalized::Skipped(why) => assert_eq!(why, "labelled headless"),
+                Normalized::Proxied(s) => panic!("proxied {s:?}"),
+            }
+        }
+    }
 }
