@@ -1,15 +1,110 @@
 //! Desired state, part one: the frontends a service asks for, and what each should do.
 //!
-//! A frontend is VIP:port/proto. Its spec names the backends for new flows and the ones kept
-//! only for flows already using them (see [`super::endpoints`]).
+//! A service asks for frontends of four kinds ([`FrontendKind`]), in the families of its
+//! clusterIPs ([`Family`]), one per service port and address:
+//! - ClusterIP: each clusterIP x port;
+//! - NodePort: each port with a nodePort, on every node address (`addr: None`), once per
+//!   family;
+//! - ExternalIP: each externalIP x port;
+//! - LoadBalancerIP: each `status.loadBalancer.ingress[].ip` with ipMode VIP x port. An
+//!   ingress with ipMode Proxy asks for nothing (KEP-1860: the load balancer sends to the
+//!   node's addresses, which the NodePorts serve).
+//!
+//! As kube-proxy, a service is served only in the families of its clusterIPs: an
+//! externalIP or load-balancer IP of another family asks for nothing.
+//!
+//! The datapath serves some of them ([`ServiceFrontends::served`], each a VIP:port/proto
+//! with its spec: the backends for new flows and the ones kept only for flows already using
+//! them, see [`super::endpoints`]); the rest are listed with the reason they are not served
+//! yet ([`Unserved`]).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 
 use lbproxy_common::{Backend, ServiceKey};
 
-use super::endpoints::endpoint_set;
-use crate::model::{EndpointAddr, Model, Protocol, Service};
+use super::endpoints::{EndpointSet, Scope, endpoint_set, local_only};
+pub use crate::model::Family;
+use crate::model::{EndpointAddr, IpMode, Model, Protocol, Service, ServicePort};
+
+/// The kinds of frontend a service asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FrontendKind {
+    ClusterIp,
+    NodePort,
+    ExternalIp,
+    LoadBalancerIp,
+}
+
+#[allow(
+    dead_code,
+    reason = "the controller, its metrics and inspect are being wired to this; remove when they are"
+)]
+impl FrontendKind {
+    pub const ALL: [FrontendKind; 4] = [
+        FrontendKind::ClusterIp,
+        FrontendKind::NodePort,
+        FrontendKind::ExternalIp,
+        FrontendKind::LoadBalancerIp,
+    ];
+
+    /// The metric label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            FrontendKind::ClusterIp => "cluster_ip",
+            FrontendKind::NodePort => "node_port",
+            FrontendKind::ExternalIp => "external_ip",
+            FrontendKind::LoadBalancerIp => "load_balancer_ip",
+        }
+    }
+
+    /// The name shown to people (`inspect`).
+    pub fn display(self) -> &'static str {
+        match self {
+            FrontendKind::ClusterIp => "ClusterIP",
+            FrontendKind::NodePort => "NodePort",
+            FrontendKind::ExternalIp => "ExternalIP",
+            FrontendKind::LoadBalancerIp => "LoadBalancerIP",
+        }
+    }
+
+    /// Where this kind's traffic comes from, which picks its traffic policy.
+    pub fn scope(self) -> Scope {
+        match self {
+            FrontendKind::ClusterIp => Scope::Internal,
+            FrontendKind::NodePort | FrontendKind::ExternalIp | FrontendKind::LoadBalancerIp => {
+                Scope::External
+            }
+        }
+    }
+}
+
+/// A frontend the model asks for that the datapath does not serve yet.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Unserved {
+    pub kind: FrontendKind,
+    pub family: Family,
+    /// None for a NodePort (every node address).
+    pub addr: Option<IpAddr>,
+    /// The frontend's port: the service port, or the nodePort for a NodePort.
+    pub port: u16,
+    pub proto: Protocol,
+    /// `namespace/name:port-name` as [`FrontendSpec::label`].
+    pub label: String,
+    /// Why, e.g. "NodePort is not served yet", "IPv6 is not served yet", "SCTP is not
+    /// served yet".
+    pub reason: &'static str,
+}
+
+/// Every frontend one service asks for: the ones the datapath serves, and the others.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceFrontends {
+    /// In service-port order, then clusterIP order (what [`desired_for`] returned before
+    /// there were other kinds).
+    pub served: Vec<(Frontend, FrontendSpec)>,
+    /// Sorted (kind, family, address, port, protocol), without duplicates.
+    pub unserved: Vec<Unserved>,
+}
 
 /// A frontend the datapath serves: VIP:port/proto.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -104,53 +199,151 @@ pub fn desired(model: &Model, node: &str) -> Desired {
     out
 }
 
-/// The frontends of one service. Served today: IPv4 ClusterIPs, TCP and UDP. IPv6 and SCTP
-/// stay in the model but are not programmed yet. `node` is this node's name, for
-/// `internalTrafficPolicy: Local`.
+/// The frontends of one service that the datapath serves: [`frontends_for`]'s `served`.
 pub fn desired_for(model: &Model, svc: &Service, node: &str) -> Vec<(Frontend, FrontendSpec)> {
-    let mut out = Vec::new();
-    for port in &svc.ports {
-        if port.protocol == Protocol::Sctp {
-            continue;
+    frontends_for(model, svc, node).served
+}
+
+/// The address the datapath serves a frontend on, or why it does not serve it yet. When
+/// several reasons apply, the first in this order is given: kind, then family, then
+/// protocol. Served today: IPv4 ClusterIPs, TCP and UDP.
+fn servable(
+    kind: FrontendKind,
+    family: Family,
+    addr: Option<IpAddr>,
+    proto: Protocol,
+) -> Result<Ipv4Addr, &'static str> {
+    match kind {
+        FrontendKind::ClusterIp => {}
+        FrontendKind::NodePort => return Err("NodePort is not served yet"),
+        FrontendKind::ExternalIp => return Err("ExternalIP is not served yet"),
+        FrontendKind::LoadBalancerIp => return Err("LoadBalancerIP is not served yet"),
+    }
+    if family == Family::V6 {
+        return Err("IPv6 is not served yet");
+    }
+    if proto == Protocol::Sctp {
+        return Err("SCTP is not served yet");
+    }
+    match addr {
+        Some(IpAddr::V4(addr)) => Ok(addr),
+        // Not reached: a ClusterIP has an address, and an IPv4 one is of family V4.
+        _ => Err("IPv6 is not served yet"),
+    }
+}
+
+/// Every frontend one service asks for (see the module documentation), split into the ones
+/// the datapath serves, with their backends, and the ones it does not serve yet. `node` is
+/// this node's name, for the `Local` traffic policies (see [`local_only`]).
+pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFrontends {
+    let mut families: Vec<Family> = Vec::new();
+    for ip in &svc.cluster_ips {
+        if !families.contains(&Family::of(ip)) {
+            families.push(Family::of(ip));
         }
-        let v4 = |eps: Vec<EndpointAddr>| -> Vec<BackendAddr> {
-            eps.into_iter()
-                .filter_map(|ep| match ep.ip {
-                    IpAddr::V4(addr) => Some(BackendAddr {
-                        addr,
-                        port: ep.port,
-                        proto: port.protocol,
-                    }),
-                    IpAddr::V6(_) => None,
-                })
-                .collect()
-        };
-        let set = endpoint_set(model, svc, port, node, svc.internal_local);
-        let backends = v4(set.serving);
-        let draining = v4(set.draining);
+    }
+    let in_families = |ip: &&IpAddr| families.contains(&Family::of(ip));
+    let mut out = ServiceFrontends::default();
+    for port in &svc.ports {
         let label = if port.name.is_empty() {
             svc.id.to_string()
         } else {
             format!("{}:{}", svc.id, port.name)
         };
+        // (kind, family, address, frontend port) of each frontend this port asks for.
+        let mut asked: Vec<(FrontendKind, Family, Option<IpAddr>, u16)> = Vec::new();
         for ip in &svc.cluster_ips {
-            let IpAddr::V4(addr) = ip else { continue };
-            out.push((
-                Frontend {
-                    addr: *addr,
-                    port: port.port,
-                    proto: port.protocol,
-                },
-                FrontendSpec {
-                    label: label.clone(),
-                    backends: backends.clone(),
-                    draining: draining.clone(),
-                    affinity_timeout_s: svc.affinity_timeout_s,
-                },
+            asked.push((
+                FrontendKind::ClusterIp,
+                Family::of(ip),
+                Some(*ip),
+                port.port,
             ));
         }
+        if let Some(node_port) = port.node_port {
+            for family in &families {
+                asked.push((FrontendKind::NodePort, *family, None, node_port));
+            }
+        }
+        for ip in svc.external_ips.iter().filter(in_families) {
+            asked.push((
+                FrontendKind::ExternalIp,
+                Family::of(ip),
+                Some(*ip),
+                port.port,
+            ));
+        }
+        let lb_vips = svc
+            .load_balancer_ingress
+            .iter()
+            .filter(|ing| ing.ip_mode == IpMode::Vip)
+            .map(|ing| &ing.ip);
+        for ip in lb_vips.filter(in_families) {
+            asked.push((
+                FrontendKind::LoadBalancerIp,
+                Family::of(ip),
+                Some(*ip),
+                port.port,
+            ));
+        }
+        let mut specs: BTreeMap<Scope, FrontendSpec> = BTreeMap::new();
+        for (kind, family, addr, frontend_port) in asked {
+            match servable(kind, family, addr, port.protocol) {
+                Ok(addr) => {
+                    let spec = specs
+                        .entry(kind.scope())
+                        .or_insert_with(|| {
+                            let set =
+                                endpoint_set(model, svc, port, node, local_only(svc, kind.scope()));
+                            spec_of(svc, port, &label, set)
+                        })
+                        .clone();
+                    out.served.push((
+                        Frontend {
+                            addr,
+                            port: frontend_port,
+                            proto: port.protocol,
+                        },
+                        spec,
+                    ));
+                }
+                Err(reason) => out.unserved.push(Unserved {
+                    kind,
+                    family,
+                    addr,
+                    port: frontend_port,
+                    proto: port.protocol,
+                    label: label.clone(),
+                    reason,
+                }),
+            }
+        }
     }
+    out.unserved.sort();
+    out.unserved.dedup();
     out
+}
+
+/// The spec of a frontend of `port` that uses `set`: its IPv4 endpoints.
+fn spec_of(svc: &Service, port: &ServicePort, label: &str, set: EndpointSet) -> FrontendSpec {
+    let v4 = |eps: Vec<EndpointAddr>| -> Vec<BackendAddr> {
+        eps.into_iter()
+            .filter_map(|ep| match ep.ip {
+                IpAddr::V4(addr) => Some(BackendAddr {
+                    addr,
+                    port: ep.port,
+                    proto: port.protocol,
+                }),
+                IpAddr::V6(_) => None,
+            })
+            .collect()
+    };
+    FrontendSpec {
+        label: label.to_string(),
+        backends: v4(set.serving),
+        draining: v4(set.draining),
+        affinity_timeout_s: svc.affinity_timeout_s,
+    }
 }
 
 #[cfg(test)]
@@ -257,5 +450,284 @@ endpoints: [{addresses: [198.18.0.2]}]
         assert_eq!(keys, vec!["198.19.0.10:53/UDP", "198.19.0.10:80/TCP"]);
         assert_eq!(d.values().next().unwrap().backends[0].port, 5353);
         assert_eq!(d.values().next().unwrap().label, "shop/web:dns");
+    }
+
+    /// One line per unserved frontend: kind, family, address:port/proto, label, reason.
+    fn rows(f: &ServiceFrontends) -> Vec<String> {
+        f.unserved
+            .iter()
+            .map(|u| {
+                let at = match u.addr {
+                    Some(ip) => std::net::SocketAddr::new(ip, u.port).to_string(),
+                    None => format!("*:{}", u.port),
+                };
+                format!(
+                    "{} {} {at}/{} {}: {}",
+                    u.kind.display(),
+                    u.family.label(),
+                    u.proto.as_str(),
+                    u.label,
+                    u.reason
+                )
+            })
+            .collect()
+    }
+
+    fn served(f: &ServiceFrontends) -> Vec<String> {
+        f.served.iter().map(|(fe, _)| fe.to_string()).collect()
+    }
+
+    fn frontends_of(text: &str) -> ServiceFrontends {
+        let m = model_of(text);
+        let svc = m.services.values().next().unwrap();
+        let f = frontends_for(&m, svc, "node-a");
+        assert_eq!(f.served, desired_for(&m, svc, "node-a"));
+        f
+    }
+
+    #[test]
+    fn cluster_ip_service_serves_ipv4_tcp_udp_and_lists_the_rest() {
+        let f = frontends_of(
+            r"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec:
+  clusterIPs: [198.19.0.10, 'fd00::10']
+  ports:
+  - {name: http, port: 80}
+  - {name: dns, port: 53, protocol: UDP}
+  - {name: sig, port: 99, protocol: SCTP}
+  externalIPs: [203.0.113.7]
+  externalTrafficPolicy: Local
+",
+        );
+        assert_eq!(served(&f), vec!["198.19.0.10:80/TCP", "198.19.0.10:53/UDP"]);
+        assert_eq!(
+            rows(&f),
+            vec![
+                "ClusterIP ipv4 198.19.0.10:99/SCTP shop/web:sig: SCTP is not served yet",
+                "ClusterIP ipv6 [fd00::10]:53/UDP shop/web:dns: IPv6 is not served yet",
+                "ClusterIP ipv6 [fd00::10]:80/TCP shop/web:http: IPv6 is not served yet",
+                "ClusterIP ipv6 [fd00::10]:99/SCTP shop/web:sig: IPv6 is not served yet",
+                "ExternalIP ipv4 203.0.113.7:53/UDP shop/web:dns: ExternalIP is not served yet",
+                "ExternalIP ipv4 203.0.113.7:80/TCP shop/web:http: ExternalIP is not served yet",
+                "ExternalIP ipv4 203.0.113.7:99/SCTP shop/web:sig: ExternalIP is not served yet",
+            ]
+        );
+    }
+
+    #[test]
+    fn node_port_service_asks_for_one_node_port_per_port_with_a_node_port() {
+        let f = frontends_of(
+            r"
+apiVersion: v1
+kind: Service
+metadata: {name: np, namespace: shop}
+spec:
+  type: NodePort
+  clusterIP: 198.19.0.11
+  ports:
+  - {name: http, port: 80, nodePort: 30080}
+  - {name: dns, port: 53, protocol: UDP, nodePort: 30053}
+  - {name: metrics, port: 9100}
+",
+        );
+        assert_eq!(
+            served(&f),
+            vec![
+                "198.19.0.11:80/TCP",
+                "198.19.0.11:53/UDP",
+                "198.19.0.11:9100/TCP"
+            ]
+        );
+        assert_eq!(
+            rows(&f),
+            vec![
+                "NodePort ipv4 *:30053/UDP shop/np:dns: NodePort is not served yet",
+                "NodePort ipv4 *:30080/TCP shop/np:http: NodePort is not served yet",
+            ]
+        );
+    }
+
+    const LB: &str = r"
+apiVersion: v1
+kind: Service
+metadata: {name: lb, namespace: shop}
+spec:
+  type: LoadBalancer
+  clusterIPs: [198.19.0.12, 'fd00::12']
+  ipFamilies: [IPv4, IPv6]
+  ipFamilyPolicy: PreferDualStack
+  ports:
+  - {name: http, port: 80, nodePort: 30080}
+  - {name: sig, port: 99, protocol: SCTP, nodePort: 30099}
+  externalIPs: [203.0.113.7, '2001:db8::7']
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32000
+status:
+  loadBalancer:
+    ingress:
+    - {ip: 192.0.2.1}
+    - {ip: 192.0.2.3, ipMode: Proxy}
+    - {hostname: lb.example}
+    - {ip: '2001:db8::1', ipMode: VIP}
+";
+
+    #[test]
+    fn dual_stack_load_balancer_asks_for_every_kind_in_both_families() {
+        let f = frontends_of(LB);
+        assert_eq!(served(&f), vec!["198.19.0.12:80/TCP"]);
+        let np = "NodePort is not served yet";
+        let ext = "ExternalIP is not served yet";
+        let lb = "LoadBalancerIP is not served yet";
+        let v6 = "IPv6 is not served yet";
+        assert_eq!(
+            rows(&f),
+            vec![
+                "ClusterIP ipv4 198.19.0.12:99/SCTP shop/lb:sig: SCTP is not served yet".into(),
+                format!("ClusterIP ipv6 [fd00::12]:80/TCP shop/lb:http: {v6}"),
+                format!("ClusterIP ipv6 [fd00::12]:99/SCTP shop/lb:sig: {v6}"),
+                format!("NodePort ipv4 *:30080/TCP shop/lb:http: {np}"),
+                format!("NodePort ipv4 *:30099/SCTP shop/lb:sig: {np}"),
+                format!("NodePort ipv6 *:30080/TCP shop/lb:http: {np}"),
+                format!("NodePort ipv6 *:30099/SCTP shop/lb:sig: {np}"),
+                format!("ExternalIP ipv4 203.0.113.7:80/TCP shop/lb:http: {ext}"),
+                format!("ExternalIP ipv4 203.0.113.7:99/SCTP shop/lb:sig: {ext}"),
+                format!("ExternalIP ipv6 [2001:db8::7]:80/TCP shop/lb:http: {ext}"),
+                format!("ExternalIP ipv6 [2001:db8::7]:99/SCTP shop/lb:sig: {ext}"),
+                // 192.0.2.3 (ipMode Proxy) and the hostname-only ingress ask for nothing.
+                format!("LoadBalancerIP ipv4 192.0.2.1:80/TCP shop/lb:http: {lb}"),
+                format!("LoadBalancerIP ipv4 192.0.2.1:99/SCTP shop/lb:sig: {lb}"),
+                format!("LoadBalancerIP ipv6 [2001:db8::1]:80/TCP shop/lb:http: {lb}"),
+                format!("LoadBalancerIP ipv6 [2001:db8::1]:99/SCTP shop/lb:sig: {lb}"),
+            ]
+        );
+    }
+
+    #[test]
+    fn ip_mode_proxy_ingress_asks_for_nothing() {
+        let f = frontends_of(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: lb, namespace: shop}\nspec: {type: LoadBalancer, clusterIP: 198.19.0.12, ports: [{port: 80, nodePort: 30080}]}\nstatus: {loadBalancer: {ingress: [{ip: 192.0.2.3, ipMode: Proxy}, {hostname: lb.example}]}}\n",
+        );
+        assert_eq!(
+            rows(&f),
+            vec!["NodePort ipv4 *:30080/TCP shop/lb: NodePort is not served yet"]
+        );
+    }
+
+    #[test]
+    fn single_stack_service_asks_for_nothing_in_the_other_family() {
+        // As kube-proxy: an IPv4-only service's IPv6 externalIPs and load-balancer IPs are
+        // not programmed, and it has no IPv6 NodePort.
+        let f = frontends_of(
+            &LB.replace("[198.19.0.12, 'fd00::12']", "[198.19.0.12]")
+                .replace("ipFamilies: [IPv4, IPv6]", "ipFamilies: [IPv4]"),
+        );
+        assert!(
+            f.unserved.iter().all(|u| u.family == Family::V4),
+            "{:#?}",
+            rows(&f)
+        );
+        assert_eq!(f.unserved.len(), 7, "{:#?}", rows(&f));
+    }
+
+    #[test]
+    fn served_frontends_ignore_every_other_kind_and_the_external_policy() {
+        let slice = "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: lb-a, namespace: shop, labels: {kubernetes.io/service-name: lb}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints: [{addresses: [198.18.0.2], nodeName: node-a}, {addresses: [198.18.0.3], nodeName: node-b}]\n";
+        let plain = "apiVersion: v1\nkind: Service\nmetadata: {name: lb, namespace: shop}\nspec: {clusterIPs: [198.19.0.12, 'fd00::12'], ports: [{name: http, port: 80}, {name: sig, port: 99, protocol: SCTP}]}\n";
+        let base = frontends_of(&format!("{plain}{slice}"));
+        let full = frontends_of(&format!("{LB}{slice}"));
+        assert_eq!(full.served, base.served);
+        // externalTrafficPolicy: Local does not narrow the ClusterIP's backends.
+        assert_eq!(
+            addrs(&full.served[0].1.backends),
+            vec!["198.18.0.2", "198.18.0.3"]
+        );
+        // internalTrafficPolicy: Local does.
+        let local = frontends_of(&format!(
+            "{}{slice}",
+            LB.replace(
+                "externalTrafficPolicy: Local",
+                "internalTrafficPolicy: Local"
+            )
+        ));
+        assert_eq!(addrs(&local.served[0].1.backends), vec!["198.18.0.2"]);
+    }
+
+    #[test]
+    fn the_first_reason_that_applies_is_given_kind_then_family_then_protocol() {
+        let v4 = Some(IpAddr::from([198, 19, 0, 1]));
+        let v6 = Some("fd00::1".parse().unwrap());
+        use FrontendKind::*;
+        use Protocol::*;
+        for (kind, family, addr, proto, want) in [
+            (
+                NodePort,
+                Family::V6,
+                None,
+                Sctp,
+                Err("NodePort is not served yet"),
+            ),
+            (
+                ExternalIp,
+                Family::V6,
+                v6,
+                Sctp,
+                Err("ExternalIP is not served yet"),
+            ),
+            (
+                LoadBalancerIp,
+                Family::V4,
+                v4,
+                Tcp,
+                Err("LoadBalancerIP is not served yet"),
+            ),
+            (
+                ClusterIp,
+                Family::V6,
+                v6,
+                Sctp,
+                Err("IPv6 is not served yet"),
+            ),
+            (
+                ClusterIp,
+                Family::V4,
+                v4,
+                Sctp,
+                Err("SCTP is not served yet"),
+            ),
+            (
+                ClusterIp,
+                Family::V4,
+                v4,
+                Udp,
+                Ok(Ipv4Addr::new(198, 19, 0, 1)),
+            ),
+        ] {
+            assert_eq!(
+                servable(kind, family, addr, proto),
+                want,
+                "{kind:?} {family:?} {proto:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn kinds_and_families_have_stable_labels() {
+        let got: Vec<_> = FrontendKind::ALL
+            .iter()
+            .map(|k| (k.label(), k.display(), k.scope()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("cluster_ip", "ClusterIP", Scope::Internal),
+                ("node_port", "NodePort", Scope::External),
+                ("external_ip", "ExternalIP", Scope::External),
+                ("load_balancer_ip", "LoadBalancerIP", Scope::External),
+            ]
+        );
+        assert_eq!((Family::V4.label(), Family::V6.label()), ("ipv4", "ipv6"));
     }
 }

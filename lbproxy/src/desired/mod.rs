@@ -4,4 +4,16 @@
 mod endpoints;
 mod frontends;
 
-pub use frontends::{BackendAddr, Desired, Frontend, FrontendSpec, desired_for};
+#[allow(
+    unused_imports,
+    reason = "the controller, its metrics and inspect are being wired to this; remove when they are"
+)]
+pub use endpoints::{Scope, local_only};
+#[allow(
+    unused_imports,
+    reason = "the controller, its metrics and inspect are being wired to this; remove when they are"
+)]
+pub use frontends::{
+    BackendAddr, Desired, Family, Frontend, FrontendKind, FrontendSpec, ServiceFrontends, Unserved,
+    desired_for, frontends_for,
+};

@@ -11,7 +11,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 
-pub use service::{Service, ServicePort, TargetPort, service_from_k8s};
+#[allow(
+    unused_imports,
+    reason = "the controller, its metrics and inspect are being wired to this; remove when they are"
+)]
+pub use service::{
+    IpFamilyPolicy, IpMode, LoadBalancerIngress, Service, ServicePort, ServiceType, TargetPort,
+    service_from_k8s,
+};
 pub use slice::{Endpoint, EndpointAddr, EndpointSlice, resolve_slice_port, slice_from_k8s};
 /// `sessionAffinityConfig.clientIP.timeoutSeconds` when absent (3 hours, as Kubernetes).
 pub const DEFAULT_AFFINITY_TIMEOUT_S: i32 = 10_800;
@@ -20,6 +27,9 @@ pub const DEFAULT_AFFINITY_TIMEOUT_S: i32 = 10_800;
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 /// A service with this label belongs to another proxy and is skipped.
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+/// A service with this label (any value) is headless for proxies and is skipped, as
+/// kube-proxy's informer selects `!service.kubernetes.io/headless`.
+pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NamespacedName {
@@ -87,6 +97,50 @@ impl Protocol {
             17 => Some(Protocol::Udp),
             132 => Some(Protocol::Sctp),
             _ => None,
+        }
+    }
+}
+
+/// An IP family (`spec.ipFamilies`, a slice's `addressType`, or an address's own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    pub fn of(ip: &IpAddr) -> Self {
+        match ip {
+            IpAddr::V4(_) => Family::V4,
+            IpAddr::V6(_) => Family::V6,
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "IPv4" => Ok(Family::V4),
+            "IPv6" => Ok(Family::V6),
+            other => Err(format!("{other:?} is not one of IPv4, IPv6")),
+        }
+    }
+
+    /// The Kubernetes spelling, `IPv4` or `IPv6`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        }
+    }
+
+    /// The metric label value, `ipv4` or `ipv6`.
+    #[allow(
+        dead_code,
+        reason = "the controller, its metrics and inspect are being wired to this; remove when they are"
+    )]
+    pub fn label(self) -> &'static str {
+        match self {
+            Family::V4 => "ipv4",
+            Family::V6 => "ipv6",
         }
     }
 }
