@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::bpf::pinned::label_bytes;
 use crate::bpf::{PinnedMaps, label_str};
-use crate::desired::{BackendAddr, Frontend};
+use crate::desired::{BackendAddr, Frontend, FrontendKind};
 use crate::model::Protocol;
 
 #[derive(Serialize)]
@@ -156,13 +156,7 @@ pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
 
 /// The name of a `SVC_KIND_*`.
 fn kind_name(kind: u8) -> &'static str {
-    match kind {
-        lbproxy_common::SVC_KIND_CLUSTER_IP => "ClusterIP",
-        lbproxy_common::SVC_KIND_NODE_PORT => "NodePort",
-        lbproxy_common::SVC_KIND_EXTERNAL_IP => "ExternalIP",
-        lbproxy_common::SVC_KIND_LOAD_BALANCER => "LoadBalancerIP",
-        _ => "?",
-    }
+    FrontendKind::from_number(kind).map_or("?", FrontendKind::display)
 }
 
 pub fn backends(maps: &PinnedMaps) -> Vec<BackendRow> {

@@ -173,15 +173,14 @@ impl Attacher {
 fn attach_interface(dp: &mut Datapath, iface: &Interface) -> Result<bool, BpfError> {
     let mut adopted = false;
     for (direction, prog_name, attach_type) in DIRECTIONS {
-        let err = |step: String, source: Box<dyn std::error::Error + Send + Sync>| {
-            BpfError::Attach {
+        let err =
+            |step: String, source: Box<dyn std::error::Error + Send + Sync>| BpfError::Attach {
                 ifname: iface.name.clone(),
                 ifindex: iface.index,
                 direction,
                 step,
                 source,
-            }
-        };
+            };
         let pin = link_pin(&dp.dir, iface, direction);
         let prog: &mut SchedClassifier = dp
             .ebpf

@@ -177,10 +177,7 @@ impl Report {
     /// The frontends not served yet, by kind (`SVC_KIND_*`).
     pub fn unserved(&self, by_kind: &std::collections::BTreeMap<u8, usize>) {
         for kind in crate::desired::FrontendKind::ALL {
-            let n = by_kind
-                .get(&super::sync::kind_number(kind))
-                .copied()
-                .unwrap_or(0);
+            let n = by_kind.get(&kind.number()).copied().unwrap_or(0);
             self.health
                 .metrics
                 .frontends_not_served

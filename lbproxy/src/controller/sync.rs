@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use lbproxy_common::{FAMILY_IPV4, FAMILY_IPV6, UnservedKey, UnservedValue};
 
-use crate::desired::{self, Family, Frontend, FrontendKind, FrontendSpec, Unserved};
+use crate::desired::{self, Family, Frontend, FrontendSpec, Unserved};
 use crate::model::{Model, NamespacedName};
 use crate::program::{ApplyStats, MapWriteError, Maps, Programmer};
 
@@ -38,7 +38,7 @@ fn unserved_entry(u: &Unserved) -> (UnservedKey, UnservedValue) {
         addr,
         port_be: u.port.to_be(),
         proto: u.proto.number(),
-        kind: kind_number(u.kind),
+        kind: u.kind.number(),
         family: match u.family {
             Family::V4 => FAMILY_IPV4,
             Family::V6 => FAMILY_IPV6,
@@ -51,16 +51,6 @@ fn unserved_entry(u: &Unserved) -> (UnservedKey, UnservedValue) {
         reason: crate::bpf::pinned::nul_padded(u.reason),
     };
     (key, value)
-}
-
-/// `SVC_KIND_*` of a frontend kind.
-pub fn kind_number(k: FrontendKind) -> u8 {
-    match k {
-        FrontendKind::ClusterIp => lbproxy_common::SVC_KIND_CLUSTER_IP,
-        FrontendKind::NodePort => lbproxy_common::SVC_KIND_NODE_PORT,
-        FrontendKind::ExternalIp => lbproxy_common::SVC_KIND_EXTERNAL_IP,
-        FrontendKind::LoadBalancerIp => lbproxy_common::SVC_KIND_LOAD_BALANCER,
-    }
 }
 
 fn fnv1a(b: &[u8]) -> u64 {

@@ -375,3 +375,133 @@ async fn a_manifest_load_programs_like_a_watch() {
         want(&[("198.19.0.10:80", &["198.18.0.2:8080"])])
     );
 }
+
+/// A Service event from YAML `spec` (and `labels`) for `shop/name`.
+fn service_yaml(name: &str, labels: &str, spec: &str) -> SourceEvent {
+    let yaml =
+        format!("metadata: {{name: {name}, namespace: shop, labels: {{{labels}}}}}\nspec: {spec}");
+    let k8s = serde_yaml::from_str(&yaml).unwrap();
+    let service = match model::service_from_k8s(&k8s) {
+        Ok(Normalized::Proxied(s)) => Some(s),
+        Ok(Normalized::Skipped(_)) => None,
+        Err(e) => panic!("{yaml}: {e}"),
+    };
+    SourceEvent::Service {
+        id: id(name),
+        service,
+    }
+}
+
+/// Frontends asked for but not served yet: (kind, port, label, reason), from the maps.
+fn unserved(m: &MemMaps) -> Vec<(u8, u16, String, String)> {
+    m.unserved
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.kind,
+                u16::from_be(k.port_be),
+                crate::bpf::pinned::label_bytes(&v.label),
+                crate::bpf::pinned::label_bytes(&v.reason),
+            )
+        })
+        .collect()
+}
+
+/// Kinds that are not served yet are written to the unserved map (what `inspect` and the
+/// metric show), follow their service's changes, and leave with it; the served ClusterIP
+/// frontend is programmed as always.
+#[tokio::test(start_paused = true)]
+async fn unserved_frontends_are_listed_and_follow_their_service() {
+    use lbproxy_common::{SVC_KIND_EXTERNAL_IP, SVC_KIND_NODE_PORT};
+    let mut ctl = controller(MemMaps::default());
+    let spec = "{type: NodePort, clusterIP: 198.19.0.10, externalIPs: [203.0.113.7], ports: [{name: http, port: 80, nodePort: 30080}]}";
+    drive(
+        &mut ctl,
+        full_list(vec![
+            service_yaml("web", "", spec),
+            slice("web", &["198.18.0.2"]),
+        ]),
+    )
+    .await;
+    assert_eq!(
+        served(ctl.maps()),
+        want(&[("198.19.0.10:80", &["198.18.0.2:8080"])])
+    );
+    let mut got = unserved(ctl.maps());
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            (
+                SVC_KIND_NODE_PORT,
+                30080,
+                "shop/web:http".to_string(),
+                "NodePort is not served yet".to_string()
+            ),
+            (
+                SVC_KIND_EXTERNAL_IP,
+                80,
+                "shop/web:http".to_string(),
+                "ExternalIP is not served yet".to_string()
+            ),
+        ]
+        .into_iter()
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect::<Vec<_>>()
+    );
+
+    // The external IP goes: only the NodePort stays listed.
+    let spec = "{type: NodePort, clusterIP: 198.19.0.10, ports: [{name: http, port: 80, nodePort: 30080}]}";
+    drive(&mut ctl, vec![service_yaml("web", "", spec)]).await;
+    let kinds: Vec<u8> = unserved(ctl.maps()).iter().map(|u| u.0).collect();
+    assert_eq!(kinds, vec![SVC_KIND_NODE_PORT]);
+
+    // The service goes: nothing is left.
+    drive(
+        &mut ctl,
+        vec![SourceEvent::Service {
+            id: id("web"),
+            service: None,
+        }],
+    )
+    .await;
+    assert!(ctl.maps().unserved.is_empty(), "{:?}", unserved(ctl.maps()));
+    assert!(ctl.maps().services.is_empty());
+}
+
+/// kube-proxy does not proxy a Service labelled `service.kubernetes.io/headless`, whatever
+/// its clusterIP; adding or removing the label takes effect at once.
+#[tokio::test(start_paused = true)]
+async fn the_headless_label_takes_effect_live() {
+    let mut ctl = controller(MemMaps::default());
+    let spec = "{clusterIP: 198.19.0.10, ports: [{name: http, port: 80}]}";
+    drive(
+        &mut ctl,
+        full_list(vec![
+            service_yaml("web", "", spec),
+            slice("web", &["198.18.0.2"]),
+        ]),
+    )
+    .await;
+    assert_eq!(served(ctl.maps()).len(), 1);
+    drive(
+        &mut ctl,
+        vec![service_yaml(
+            "web",
+            "service.kubernetes.io/headless: ''",
+            spec,
+        )],
+    )
+    .await;
+    assert!(
+        served(ctl.maps()).is_empty(),
+        "labelled headless and still served: {:?}",
+        served(ctl.maps())
+    );
+    drive(&mut ctl, vec![service_yaml("web", "", spec)]).await;
+    assert_eq!(
+        served(ctl.maps()),
+        want(&[("198.19.0.10:80", &["198.18.0.2:8080"])])
+    );
+}

@@ -36,10 +36,6 @@ pub enum FrontendKind {
     LoadBalancerIp,
 }
 
-#[allow(
-    dead_code,
-    reason = "the controller, its metrics and inspect are being wired to this; remove when they are"
-)]
 impl FrontendKind {
     pub const ALL: [FrontendKind; 4] = [
         FrontendKind::ClusterIp,
@@ -66,6 +62,21 @@ impl FrontendKind {
             FrontendKind::ExternalIp => "ExternalIP",
             FrontendKind::LoadBalancerIp => "LoadBalancerIP",
         }
+    }
+
+    /// Its `SVC_KIND_*` number in the maps.
+    pub fn number(self) -> u8 {
+        match self {
+            FrontendKind::ClusterIp => lbproxy_common::SVC_KIND_CLUSTER_IP,
+            FrontendKind::NodePort => lbproxy_common::SVC_KIND_NODE_PORT,
+            FrontendKind::ExternalIp => lbproxy_common::SVC_KIND_EXTERNAL_IP,
+            FrontendKind::LoadBalancerIp => lbproxy_common::SVC_KIND_LOAD_BALANCER,
+        }
+    }
+
+    /// The kind a `SVC_KIND_*` number stands for.
+    pub fn from_number(n: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.number() == n)
     }
 
     /// Where this kind's traffic comes from, which picks its traffic policy.
@@ -200,6 +211,7 @@ pub fn desired(model: &Model, node: &str) -> Desired {
 }
 
 /// The frontends of one service that the datapath serves: [`frontends_for`]'s `served`.
+#[cfg(test)]
 pub fn desired_for(model: &Model, svc: &Service, node: &str) -> Vec<(Frontend, FrontendSpec)> {
     frontends_for(model, svc, node).served
 }

@@ -4,16 +4,6 @@
 mod endpoints;
 mod frontends;
 
-#[allow(
-    unused_imports,
-    reason = "the controller, its metrics and inspect are being wired to this; remove when they are"
-)]
-pub use endpoints::{Scope, local_only};
-#[allow(
-    unused_imports,
-    reason = "the controller, its metrics and inspect are being wired to this; remove when they are"
-)]
 pub use frontends::{
-    BackendAddr, Desired, Family, Frontend, FrontendKind, FrontendSpec, ServiceFrontends, Unserved,
-    desired_for, frontends_for,
+    BackendAddr, Desired, Family, Frontend, FrontendKind, FrontendSpec, Unserved, frontends_for,
 };

@@ -11,14 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 
-#[allow(
-    unused_imports,
-    reason = "the controller, its metrics and inspect are being wired to this; remove when they are"
-)]
-pub use service::{
-    IpFamilyPolicy, IpMode, LoadBalancerIngress, Service, ServicePort, ServiceType, TargetPort,
-    service_from_k8s,
-};
+pub use service::{IpMode, Service, ServicePort, ServiceType, TargetPort, service_from_k8s};
 pub use slice::{Endpoint, EndpointAddr, EndpointSlice, resolve_slice_port, slice_from_k8s};
 /// `sessionAffinityConfig.clientIP.timeoutSeconds` when absent (3 hours, as Kubernetes).
 pub const DEFAULT_AFFINITY_TIMEOUT_S: i32 = 10_800;
@@ -133,10 +126,7 @@ impl Family {
     }
 
     /// The metric label value, `ipv4` or `ipv6`.
-    #[allow(
-        dead_code,
-        reason = "the controller, its metrics and inspect are being wired to this; remove when they are"
-    )]
+    #[cfg(test)]
     pub fn label(self) -> &'static str {
         match self {
             Family::V4 => "ipv4",

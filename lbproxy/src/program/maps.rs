@@ -87,8 +87,11 @@ pub trait Maps {
     fn del_label(&mut self, svc_id: u32) -> Result<(), MapWriteError>;
     /// The frontends not served yet, as listed for `lbproxy inspect`.
     fn read_unserved(&self) -> BTreeMap<UnservedKey, UnservedValue>;
-    fn put_unserved(&mut self, key: UnservedKey, value: &UnservedValue)
-    -> Result<(), MapWriteError>;
+    fn put_unserved(
+        &mut self,
+        key: UnservedKey,
+        value: &UnservedValue,
+    ) -> Result<(), MapWriteError>;
     fn del_unserved(&mut self, key: UnservedKey) -> Result<(), MapWriteError>;
 }
 
