@@ -1441,6 +1441,30 @@ fn edge_not_ipv4() {
                 .expect_untouched(TC_ACT_UNSPEC, &[]);
         }
     }
+
+    // On the real veth the stack takes the tag out of the frame (into skb->vlan_tci) before
+    // tcx ingress, so lb_from_pod does see the inner SYN there: it creates a flow.
+    let port = 40113;
+    let mut tagged = eth(GW_MAC, POD_MAC, ETH_P_8021Q);
+    tagged.extend_from_slice(&[0x00, 0x64]);
+    tagged.extend_from_slice(&Frame::tcp(c, WEB_VIP, Tcp::linux_syn(port, WEB_TCP)).bytes()[12..]);
+    run_in_ns(&rig.client.netns, || send_raw("eth0", &tagged))
+        .unwrap_or_else(|e| panic!("AF_PACKET send of the tagged SYN from the pod: {e}"));
+    let flows = wait_for(Duration::from_secs(2), Duration::from_millis(20), || {
+        let f = rig.flows_from(port);
+        (!f.is_empty()).then_some(f)
+    });
+    let backend = format!("{BACKEND}:{BACKEND_TCP}");
+    assert!(
+        matches!(&flows, Ok((f, _)) if f.len() == 1 && f[0]["backend"] == backend.as_str()),
+        "802.1Q-tagged SYN from the pod through the veth: want one flow to {backend}, got \
+         {flows:?}"
+    );
+    let drops = rig.take_deltas();
+    assert!(
+        drops.is_empty(),
+        "802.1Q-tagged SYN through the veth: drop counters moved {drops:?}"
+    );
 }
 
 /// IPv4 that is neither TCP nor UDP (ICMP, SCTP) passes untouched, uncounted. An IPv4
