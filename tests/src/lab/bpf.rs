@@ -5,11 +5,18 @@
 //! asks the kernel directly: `BPF_PROG_QUERY` for `BPF_TCX_INGRESS`/`BPF_TCX_EGRESS` on each
 //! interface, from a thread inside the namespace (the ifindex is resolved in the caller's
 //! namespace), and reads each program's name with `BPF_OBJ_GET_INFO_BY_FD`.
+//!
+//! [`prog_test_run`] runs one of those attached programs on a hand-built frame
+//! (`BPF_PROG_TEST_RUN`). aya 0.14 has `TestRun` for `SchedClassifier`, but only for a program
+//! it loaded or that is pinned as a program; lbproxy pins links, so a raw call on an fd
+//! from the program's id is the shorter way to the real, attached program.
 
 use std::io;
+use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 
 use super::ns::{ns_run, run_in_ns};
 
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_PROG_QUERY: libc::c_long = 16;
@@ -57,23 +64,26 @@ fn query(ifindex: u32, attach_type: u32) -> io::Result<Vec<(u32, u32)>> {
         .collect())
 }
 
-/// The name of program `id` ("?" if it cannot be read).
-pub fn prog_name(id: u32) -> String {
+/// A file descriptor for program `id` (`BPF_PROG_GET_FD_BY_ID`), closed on drop.
+pub fn prog_fd(id: u32) -> io::Result<OwnedFd> {
     let mut attr = [0u8; 16];
     attr[0..4].copy_from_slice(&id.to_ne_bytes());
-    let fd = match bpf(BPF_PROG_GET_FD_BY_ID, &mut attr) {
-        Ok(fd) => fd as i32,
-        Err(_) => return "?".into(),
+    let fd = bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)?;
+    // SAFETY: the kernel just returned this fd to us and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// The name of program `id` ("?" if it cannot be read).
+pub fn prog_name(id: u32) -> String {
+    let Ok(fd) = prog_fd(id) else {
+        return "?".into();
     };
     let mut info = [0u8; 256];
     let mut attr = [0u8; 16];
-    attr[0..4].copy_from_slice(&(fd as u32).to_ne_bytes());
+    attr[0..4].copy_from_slice(&(fd.as_raw_fd() as u32).to_ne_bytes());
     attr[4..8].copy_from_slice(&(info.len() as u32).to_ne_bytes());
     attr[8..16].copy_from_slice(&(info.as_mut_ptr() as u64).to_ne_bytes());
-    let r = bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr);
-    // SAFETY: closing the fd we just got.
-    unsafe { libc::close(fd) };
-    if r.is_err() {
+    if bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr).is_err() {
         return "?".into();
     }
     // struct bpf_prog_info: char name[16] at offset 64.
@@ -117,6 +127,58 @@ pub fn tcx_attachments(ns: &str) -> Vec<TcxAttachment> {
             }
         }
         v
+    })
+}
+
+/// What one `BPF_PROG_TEST_RUN` of a TC program gave back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TestRun {
+    /// The program's return value, a TC action (-1 `TC_ACT_UNSPEC`, 0 `TC_ACT_OK`,
+    /// 2 `TC_ACT_SHOT`, 7 `TC_ACT_REDIRECT`).
+    pub retval: i32,
+    /// The frame as the program left it (the kernel copies out the whole skb).
+    pub data: Vec<u8>,
+}
+
+/// `sizeof(struct __sk_buff)` in the uapi of Linux 6.x.
+const SK_BUFF_LEN: usize = 192;
+/// `offsetof(struct __sk_buff, ifindex)`.
+const SK_BUFF_IFINDEX_OFF: usize = 40;
+/// Room for the output frame: a reject can make a packet longer (ICMP quotes it).
+const TEST_RUN_OUT_LEN: usize = 4096;
+
+/// Runs program `prog_id` (a sched_cls program) once on `frame` with `BPF_PROG_TEST_RUN`,
+/// with `__sk_buff.ifindex` = `ifindex`, an interface of namespace `ns`: helpers that use
+/// the skb's device (`bpf_redirect` to `ctx.ifindex`, FIB lookups) see that interface. The
+/// kernel resolves the ifindex in the caller's namespace, so this runs on a thread inside
+/// `ns`. Nothing is sent: a redirect only shows as the return value. Maps are the
+/// program's own, so a run reads and updates the same flow table and counters as real
+/// traffic.
+///
+/// The kernel refuses (EINVAL) a frame shorter than an Ethernet header, or one whose EtherType
+/// is IPv4 or IPv6 but that is cut before the end of that IP header: send those through a
+/// real interface instead.
+pub fn prog_test_run(ns: &str, prog_id: u32, ifindex: u32, frame: &[u8]) -> io::Result<TestRun> {
+    run_in_ns(ns, || {
+        let fd = prog_fd(prog_id)?;
+        let mut ctx = [0u8; SK_BUFF_LEN];
+        ctx[SK_BUFF_IFINDEX_OFF..SK_BUFF_IFINDEX_OFF + 4].copy_from_slice(&ifindex.to_ne_bytes());
+        let mut out = vec![0u8; TEST_RUN_OUT_LEN];
+        // The `test` member of union bpf_attr.
+        let mut attr = [0u8; 80];
+        attr[0..4].copy_from_slice(&(fd.as_raw_fd() as u32).to_ne_bytes());
+        attr[8..12].copy_from_slice(&(frame.len() as u32).to_ne_bytes());
+        attr[12..16].copy_from_slice(&(out.len() as u32).to_ne_bytes());
+        attr[16..24].copy_from_slice(&(frame.as_ptr() as u64).to_ne_bytes());
+        attr[24..32].copy_from_slice(&(out.as_mut_ptr() as u64).to_ne_bytes());
+        attr[32..36].copy_from_slice(&1u32.to_ne_bytes()); // repeat
+        attr[40..44].copy_from_slice(&(ctx.len() as u32).to_ne_bytes());
+        attr[48..56].copy_from_slice(&(ctx.as_ptr() as u64).to_ne_bytes());
+        bpf(BPF_PROG_TEST_RUN, &mut attr)?;
+        let retval = i32::from_ne_bytes(attr[4..8].try_into().unwrap());
+        let len = u32::from_ne_bytes(attr[12..16].try_into().unwrap()) as usize;
+        out.truncate(len);
+        Ok(TestRun { retval, data: out })
     })
 }
 
