@@ -107,10 +107,15 @@ impl TierArgs {
 const UNIT_INTEGRATION: [&str; 2] = ["apiserver_selftest", "deploy_manifests"];
 /// The integration tests that are packet tests.
 const BPF_INTEGRATION: [&str; 1] = ["packet"];
+/// xtask's own test that runs the datapath benchmark's harness in a namespace lab.
+const XTASK_LAB_TEST: &str = "datapath_harness_smoke";
+
+/// A `cargo test` run: its cargo arguments and extra test-harness arguments.
+type Selection = (Vec<String>, Vec<String>);
 
 /// The `cargo test` selections of a tier. The lab tier is every other integration test in
 /// `tests/tests/`, so a new file there is a lab test unless listed above.
-fn selections(tier: Tier) -> Result<Vec<Vec<String>>> {
+fn selections(tier: Tier) -> Result<Vec<Selection>> {
     let own = |v: &[&str]| v.iter().map(|s| (*s).to_string()).collect::<Vec<_>>();
     let tests_of = |names: &[String]| {
         let mut v = own(&["-p", "lbproxy-tests"]);
@@ -127,11 +132,14 @@ fn selections(tier: Tier) -> Result<Vec<Vec<String>>> {
                 lab_lib.extend(own(&["--test", n]));
             }
             vec![
-                own(&["-p", "lbproxy", "-p", "lbproxy-common", "-p", "xtask"]),
-                lab_lib,
+                (
+                    own(&["-p", "lbproxy", "-p", "lbproxy-common", "-p", "xtask"]),
+                    own(&["--skip", XTASK_LAB_TEST]),
+                ),
+                (lab_lib, Vec::new()),
             ]
         }
-        Tier::Bpf => vec![tests_of(&own(&BPF_INTEGRATION))],
+        Tier::Bpf => vec![(tests_of(&own(&BPF_INTEGRATION)), Vec::new())],
         Tier::Lab => {
             let dir = util::repo_root().join("tests").join("tests");
             let mut names = Vec::new();
@@ -148,7 +156,10 @@ fn selections(tier: Tier) -> Result<Vec<Vec<String>>> {
                 }
             }
             names.sort();
-            vec![tests_of(&names)]
+            vec![
+                (tests_of(&names), Vec::new()),
+                (own(&["-p", "xtask"]), own(&[XTASK_LAB_TEST])),
+            ]
         }
     })
 }
@@ -165,8 +176,8 @@ pub fn test(tiers: Vec<Tier>, extra: &[String]) -> Result<()> {
     let picks = cargo_args
         .iter()
         .any(|a| a.starts_with("-p") || a.starts_with("--package") || a == "--test");
-    let runs: Vec<(String, Vec<String>)> = if picks {
-        vec![("selected".to_string(), Vec::new())]
+    let runs: Vec<(String, Selection)> = if picks {
+        vec![("selected".to_string(), (Vec::new(), Vec::new()))]
     } else {
         let mut runs = Vec::new();
         for t in &tiers {
@@ -179,13 +190,14 @@ pub fn test(tiers: Vec<Tier>, extra: &[String]) -> Result<()> {
     let started = std::time::Instant::now();
     let mut tally = Tally::default();
     let mut ok = true;
-    for (tier, sel) in &runs {
+    for (tier, (sel, sel_harness)) in &runs {
         let mut cmd = cargo();
         cmd.arg("test")
             .args(sel)
             .arg("--no-fail-fast")
             .args(&cargo_args)
             .arg("--")
+            .args(sel_harness)
             .args(&harness)
             .env("LBPROXY_BIN", &bin)
             .env_remove("AYA_BUILD_SKIP")

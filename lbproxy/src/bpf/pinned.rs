@@ -107,7 +107,7 @@ fn werr(map: &'static str, op: &'static str, entry: String, e: MapError) -> MapW
         map,
         op,
         entry,
-        cause: WriteCause::Kernel(e),
+        cause: WriteCause::Kernel(Box::new(e)),
     }
 }
 

@@ -26,8 +26,12 @@ impl MapWriteError {
     /// The errno the kernel answered, if the kernel refused the write.
     pub fn errno(&self) -> Option<i32> {
         match &self.cause {
-            WriteCause::Kernel(aya::maps::MapError::SyscallError(e)) => e.io_error.raw_os_error(),
-            _ => None,
+            WriteCause::Kernel(e) => match &**e {
+                aya::maps::MapError::SyscallError(s) => s.io_error.raw_os_error(),
+                _ => None,
+            },
+            #[cfg(test)]
+            WriteCause::Injected => None,
         }
     }
 }
@@ -37,7 +41,7 @@ impl MapWriteError {
 pub enum WriteCause {
     /// The kernel refused it; the message says what the errno means for a map.
     #[error("{}", meaning(.0))]
-    Kernel(#[source] aya::maps::MapError),
+    Kernel(#[source] Box<aya::maps::MapError>),
     /// A failure injected by a test.
     #[cfg(test)]
     #[error("injected failure")]
@@ -309,10 +313,12 @@ mod tests {
             map: "LB_SERVICES_V2",
             op: "update",
             entry: "198.19.0.10:80/TCP".into(),
-            cause: WriteCause::Kernel(aya::maps::MapError::SyscallError(aya::sys::SyscallError {
-                call: "bpf_map_update_elem",
-                io_error: std::io::Error::from_raw_os_error(libc::E2BIG),
-            })),
+            cause: WriteCause::Kernel(Box::new(aya::maps::MapError::SyscallError(
+                aya::sys::SyscallError {
+                    call: "bpf_map_update_elem",
+                    io_error: std::io::Error::from_raw_os_error(libc::E2BIG),
+                },
+            ))),
         };
         assert_eq!(e.errno(), Some(libc::E2BIG));
         let chain = crate::bpf::error_chain(&e);
