@@ -3,10 +3,11 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::*;
-use lbproxy_tests::lab::{Conditions, Endpoint, Lab, Shape};
+use lbproxy_tests::lab::{Conditions, Endpoint, Lab, Shape, ns};
 
 both_shapes!(terminating_keeps_established);
 
@@ -96,4 +97,128 @@ fn bad_manifest_from_the_start_logged_once_then_fixed() {
     lab.write_manifest(&web_objects("web", WEB_VIP, ready(&b)));
     lb.expect_healthy(HEALTHY_WITHIN);
     web_traffic_ok("fixed manifest", &client, WEB_VIP, 5);
+}
+
+/// Frontends a Service asks for that lbproxy does not serve yet (here a NodePort, an
+/// external IP and an SCTP port) are not programmed, are listed by `inspect services` as
+/// not served with their kind and reason, and counted by kind in
+/// `lbproxy_frontends_not_served`; the ClusterIP frontend is served as always.
+#[test]
+fn unserved_frontends_are_shown_and_counted() {
+    let lab = Lab::new(Shape::Routed);
+    let client = lab.add_pod("client");
+    let (backends, _servers) = serving_pods(&lab, &["b1"]);
+    let b1 = backends[0].ip;
+    lab.write_manifest_text(&format!(
+        "apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: default}}
+spec:
+  type: NodePort
+  clusterIP: {WEB_VIP}
+  externalIPs: [203.0.113.7]
+  ports:
+  - {{name: http, port: 80, targetPort: {BACKEND_TCP}, nodePort: 30080}}
+  - {{name: dns, port: 53, protocol: UDP, targetPort: {BACKEND_UDP}, nodePort: 30053}}
+  - {{name: sig, port: 99, protocol: SCTP, nodePort: 30099}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: web-1, namespace: default, labels: {{kubernetes.io/service-name: web}}}}
+addressType: IPv4
+ports: [{{name: http, port: {BACKEND_TCP}}}, {{name: dns, port: {BACKEND_UDP}, protocol: UDP}}]
+endpoints: [{{addresses: ['{b1}']}}]
+"
+    ));
+    let mut lb = lab.start_lbproxy();
+    lb.expect_healthy(HEALTHY_WITHIN);
+    web_traffic_ok("the ClusterIP of a NodePort service", &client, WEB_VIP, 5);
+
+    let rows = lab.inspect_json("services");
+    let rows = rows.as_array().expect("an array of rows");
+    let mut got: Vec<(String, String, bool, String)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["kind"].as_str().unwrap_or("?").to_owned(),
+                r["frontend"].as_str().unwrap_or("?").to_owned(),
+                r["served"].as_bool().unwrap_or(true),
+                r["not_served"].as_str().unwrap_or("?").to_owned(),
+            )
+        })
+        .collect();
+    got.sort();
+    let vip = WEB_VIP;
+    let row = |kind: &str, fe: String, served: bool, why: &str| {
+        (kind.to_owned(), fe, served, why.to_owned())
+    };
+    let mut want = vec![
+        row("ClusterIP", format!("{vip}:53/UDP"), true, ""),
+        row("ClusterIP", format!("{vip}:80/TCP"), true, ""),
+        row(
+            "ClusterIP",
+            format!("{vip}:99/SCTP"),
+            false,
+            "SCTP is not served yet",
+        ),
+        row(
+            "ExternalIP",
+            "203.0.113.7:53/UDP".into(),
+            false,
+            "ExternalIP is not served yet",
+        ),
+        row(
+            "ExternalIP",
+            "203.0.113.7:80/TCP".into(),
+            false,
+            "ExternalIP is not served yet",
+        ),
+        row(
+            "ExternalIP",
+            "203.0.113.7:99/SCTP".into(),
+            false,
+            "ExternalIP is not served yet",
+        ),
+        row(
+            "NodePort",
+            "*:30053/UDP".into(),
+            false,
+            "NodePort is not served yet",
+        ),
+        row(
+            "NodePort",
+            "*:30080/TCP".into(),
+            false,
+            "NodePort is not served yet",
+        ),
+        row(
+            "NodePort",
+            "*:30099/SCTP".into(),
+            false,
+            "NodePort is not served yet",
+        ),
+    ];
+    want.sort();
+    assert_eq!(got, want, "inspect services --json");
+
+    let addr: SocketAddr = lbproxy_tests::lab::METRICS_ADDR.parse().unwrap();
+    let text = ns::http_get_full(lab.node_ns(), addr, "/metrics", Duration::from_secs(2))
+        .map(|r| r.body)
+        .unwrap_or_else(|e| panic!("GET /metrics: {e}"));
+    for (kind, n) in [
+        ("cluster_ip", 1),
+        ("node_port", 3),
+        ("external_ip", 3),
+        ("load_balancer_ip", 0),
+    ] {
+        let line = format!("lbproxy_frontends_not_served{{kind=\"{kind}\"}} {n}");
+        assert!(
+            text.lines().any(|l| l == line),
+            "no line {line:?} in /metrics:\n{}",
+            text.lines()
+                .filter(|l| l.contains("not_served"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
 }
