@@ -886,7 +886,8 @@ fn healthz_waits_for_first_sync() {
 
 /// When the dataplane cannot be programmed (here: LB_SERVICES_V2 pinned beforehand with
 /// room for 2 frontends, and the API server asks for 4), lbproxy posts a Warning Event about
-/// its Node and counts the failure.
+/// its Node, saying which map refused which entry and why (the errno and its meaning), logs
+/// each failed write with the same, and counts the failure.
 #[test]
 fn node_event_on_programming_failure() {
     let mut k = Kube::new(Shape::Routed, &[]);
@@ -918,7 +919,19 @@ fn node_event_on_programming_failure() {
     assert_eq!(ev.regarding()["kind"], "Node", "{}", ev.body);
     assert_eq!(ev.regarding()["name"], NODE, "{}", ev.body);
     assert_eq!(ev.body["type"], "Warning", "{}", ev.body);
-    assert!(ev.note().is_some_and(|n| !n.is_empty()), "{}", ev.body);
+    let note = ev.note().unwrap_or_default();
+    assert!(
+        note.contains("LB_SERVICES_V2: update ") && note.contains("map full (errno 7, E2BIG)"),
+        "the Event does not say which map refused the write and why: {note:?}"
+    );
+    let log = k.lb().log();
+    assert!(
+        log.lines().any(|l| l.contains("map write failed")
+            && l.contains("map=\"LB_SERVICES_V2\"")
+            && l.contains("errno=7")
+            && l.contains("map full")),
+        "no log line with the failed write's map and errno\n{log}"
+    );
     let m = http_get(
         k.lab.node_ns(),
         lbproxy_tests::lab::METRICS_ADDR,

@@ -21,7 +21,7 @@ fn entry_deleted_with_bpftool_is_restored_by_the_next_full_sync() {
         .tcp_request(WEB_VIP, WEB_TCP, T)
         .expect("service answers before the deletion");
 
-    // ServiceKey {addr, port_be, proto, _pad} of 198.19.0.10:80/TCP.
+    // ServiceKey {addr, port_be, proto, scope} of 198.19.0.10:80/TCP.
     let o = WEB_VIP.octets();
     let key: Vec<String> = [o[0], o[1], o[2], o[3], 0, 80, 6, 0]
         .iter()

@@ -102,10 +102,7 @@ impl<M: Maps> Controller<M> {
         let started = Instant::now();
         self.ingest.dirty.clear();
         let result = self.sync.all(&self.ingest.model, &self.node);
-        if result.is_err() {
-            let all = self.ingest.model.services.keys().cloned();
-            self.ingest.dirty.extend(all);
-        }
+        self.retry_all_if_failed(&result);
         let ok = self.record(what, started, result);
         release_freed_memory();
         ok
@@ -131,11 +128,17 @@ impl<M: Maps> Controller<M> {
         let started = Instant::now();
         self.ingest.dirty.clear();
         let result = self.sync.reconcile(&self.ingest.model, &self.node);
+        self.retry_all_if_failed(&result);
+        self.record("reconcile", started, result)
+    }
+
+    /// After a full sync that failed in part, every service is pending again: the next
+    /// dirty sync retries them all (writing only what still differs).
+    fn retry_all_if_failed(&mut self, result: &ApplyResult) {
         if result.is_err() {
             let all = self.ingest.model.services.keys().cloned();
             self.ingest.dirty.extend(all);
         }
-        self.record("reconcile", started, result)
     }
 
     fn record(&mut self, what: &str, started: Instant, result: ApplyResult) -> bool {

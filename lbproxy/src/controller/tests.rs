@@ -392,6 +392,20 @@ fn service_yaml(name: &str, labels: &str, spec: &str) -> SourceEvent {
     }
 }
 
+/// A controller that has listed `shop/web` with this spec and one endpoint, 198.18.0.2.
+async fn web_from(spec: &str) -> Controller<MemMaps> {
+    let mut ctl = controller(MemMaps::default());
+    drive(
+        &mut ctl,
+        full_list(vec![
+            service_yaml("web", "", spec),
+            slice("web", &["198.18.0.2"]),
+        ]),
+    )
+    .await;
+    ctl
+}
+
 /// Frontends asked for but not served yet: (kind, port, label, reason), from the maps.
 fn unserved(m: &MemMaps) -> Vec<(u8, u16, String, String)> {
     m.unserved
@@ -413,16 +427,8 @@ fn unserved(m: &MemMaps) -> Vec<(u8, u16, String, String)> {
 #[tokio::test(start_paused = true)]
 async fn unserved_frontends_are_listed_and_follow_their_service() {
     use lbproxy_common::{SVC_KIND_EXTERNAL_IP, SVC_KIND_NODE_PORT};
-    let mut ctl = controller(MemMaps::default());
     let spec = "{type: NodePort, clusterIP: 198.19.0.10, externalIPs: [203.0.113.7], ports: [{name: http, port: 80, nodePort: 30080}]}";
-    drive(
-        &mut ctl,
-        full_list(vec![
-            service_yaml("web", "", spec),
-            slice("web", &["198.18.0.2"]),
-        ]),
-    )
-    .await;
+    let mut ctl = web_from(spec).await;
     assert_eq!(
         served(ctl.maps()),
         want(&[("198.19.0.10:80", &["198.18.0.2:8080"])])
@@ -474,16 +480,8 @@ async fn unserved_frontends_are_listed_and_follow_their_service() {
 /// its clusterIP; adding or removing the label takes effect at once.
 #[tokio::test(start_paused = true)]
 async fn the_headless_label_takes_effect_live() {
-    let mut ctl = controller(MemMaps::default());
     let spec = "{clusterIP: 198.19.0.10, ports: [{name: http, port: 80}]}";
-    drive(
-        &mut ctl,
-        full_list(vec![
-            service_yaml("web", "", spec),
-            slice("web", &["198.18.0.2"]),
-        ]),
-    )
-    .await;
+    let mut ctl = web_from(spec).await;
     assert_eq!(served(ctl.maps()).len(), 1);
     drive(
         &mut ctl,
