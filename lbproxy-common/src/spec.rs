@@ -47,7 +47,13 @@ pub struct MapSpec {
     pub value_size: u32,
     /// The default capacity. The flow map's is overridden at load time (`--flow-map-size`).
     pub max_entries: u32,
+    /// `map_flags` at creation: 0, or [`BPF_F_NO_PREALLOC`] for a hash map that should only
+    /// take memory for the entries it holds.
+    pub flags: u32,
 }
+
+/// The kernel's `BPF_F_NO_PREALLOC`.
+pub const BPF_F_NO_PREALLOC: u32 = 1;
 
 impl MapSpec {
     /// A spec whose key and value sizes are those of `K` and `V`.
@@ -64,7 +70,16 @@ impl MapSpec {
             key_size: size_u32::<K>(),
             value_size: size_u32::<V>(),
             max_entries,
+            flags: 0,
         }
+    }
+
+    /// The same spec, created with `BPF_F_NO_PREALLOC` (hash maps only): memory for the
+    /// entries held, not for the capacity.
+    pub const fn no_prealloc(mut self) -> Self {
+        assert!(matches!(self.kind, MapKind::Hash));
+        self.flags |= BPF_F_NO_PREALLOC;
+        self
     }
 }
 

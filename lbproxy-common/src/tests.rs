@@ -100,7 +100,7 @@ fn layouts_are_unchanged() {
         ("LB_CONFIG_V1", "config", Array, 4, 16, 1),
         ("LB_PODIFS_V1", "pod_ifs", Hash, 4, 4, 4_096),
         ("LB_DELIVERY_V1", "delivery", PerCpuArray, 4, 8, 16),
-        ("LB_UNSERVED_V1", "unserved", Hash, 32, 192, 65_536),
+        ("LB_UNSERVED_V1", "unserved", Hash, 32, 192, 262_144),
     ];
     let got: Vec<_> = MAPS
         .iter()
@@ -161,4 +161,18 @@ fn zero_is_todays_behaviour() {
     assert_eq!(core::mem::offset_of!(ServiceValue, flags), 12);
     assert_eq!(core::mem::offset_of!(ServiceValue, kind), 14);
     assert_eq!(core::mem::offset_of!(ServiceValue, _pad), 15);
+}
+
+/// Every map is preallocated, but the informational unserved list, whose memory follows
+/// what it holds.
+#[test]
+fn only_the_unserved_list_is_not_preallocated() {
+    for s in MAPS {
+        let want = if s.name == unserved::SPEC.name {
+            spec::BPF_F_NO_PREALLOC
+        } else {
+            0
+        };
+        assert_eq!(s.flags, want, "{}", s.name);
+    }
 }

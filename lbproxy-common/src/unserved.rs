@@ -2,7 +2,6 @@
 //! (a NodePort, an IPv6 cluster IP, an SCTP port, ...), for `lbproxy inspect services`. The
 //! datapath never reads it; it declares it so the object carries it (and its BTF).
 
-use crate::services::MAX_SERVICES;
 use crate::spec::{MapKind, MapSpec};
 
 /// `UnservedKey::family`.
@@ -37,9 +36,14 @@ pub struct UnservedValue {
 }
 const _: () = assert!(core::mem::size_of::<UnservedValue>() == 192);
 
+/// Room for 262,144 frontends, allocated as they are written (`BPF_F_NO_PREALLOC`): a node
+/// with none pays nothing for this informational map.
 pub const SPEC: MapSpec = MapSpec::of::<UnservedKey, UnservedValue>(
     "LB_UNSERVED_V1",
     "unserved",
     MapKind::Hash,
-    MAX_SERVICES,
-);
+    MAX_UNSERVED,
+)
+.no_prealloc();
+
+pub const MAX_UNSERVED: u32 = 262_144;

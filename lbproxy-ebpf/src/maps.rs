@@ -21,6 +21,7 @@ trait Layout {
     const KEY_SIZE: u32;
     const VALUE_SIZE: u32;
     const MAX_ENTRIES: usize;
+    const FLAGS: usize;
 }
 
 macro_rules! layout {
@@ -30,6 +31,7 @@ macro_rules! layout {
             const KEY_SIZE: u32 = size_u32::<K>();
             const VALUE_SIZE: u32 = size_u32::<V>();
             const MAX_ENTRIES: usize = M;
+            const FLAGS: usize = F;
         }
     };
     ($map:ident<T>, $kind:ident) => {
@@ -39,6 +41,7 @@ macro_rules! layout {
             const KEY_SIZE: u32 = size_u32::<u32>();
             const VALUE_SIZE: u32 = size_u32::<T>();
             const MAX_ENTRIES: usize = M;
+            const FLAGS: usize = F;
         }
     };
 }
@@ -54,6 +57,7 @@ const fn matches<L: Layout>(name: &str, spec: &MapSpec) -> bool {
         && L::KEY_SIZE == spec.key_size
         && L::VALUE_SIZE == spec.value_size
         && L::MAX_ENTRIES == spec.max_entries as usize
+        && L::FLAGS == spec.flags as usize
 }
 
 /// `map! { NAME: Type<Args> = spec; ... }` declares each `#[btf_map]` `NAME` with its spec's
@@ -64,9 +68,10 @@ macro_rules! map {
         $(
             $(#[$doc])*
             #[aya_ebpf::macros::btf_map]
-            pub static $name: $map<$($arg),+, { $spec.max_entries as usize }> = $map::new();
+            pub static $name: $map<$($arg),+, { $spec.max_entries as usize }, { $spec.flags as usize }> =
+                $map::new();
             const _: () = assert!(
-                matches::<$map<$($arg),+, { $spec.max_entries as usize }>>(
+                matches::<$map<$($arg),+, { $spec.max_entries as usize }, { $spec.flags as usize }>>(
                     stringify!($name),
                     &$spec,
                 ),

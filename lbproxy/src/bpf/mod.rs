@@ -132,17 +132,23 @@ pub fn check_pinned_layouts(dir: &Path) -> Result<(), BpfError> {
         let ty = spec.kind.map_type();
         let (k, v) = (spec.key_size, spec.value_size);
         let found_ty = info.map_type().ok();
-        if found_ty != Some(ty) || info.key_size() != k || info.value_size() != v {
+        let flags = spec.flags;
+        if found_ty != Some(ty)
+            || info.key_size() != k
+            || info.value_size() != v
+            || info.map_flags() != flags
+        {
             return Err(BpfError::Layout {
                 path,
                 dir: dir.to_path_buf(),
                 found: format!(
-                    "{:?} key {} value {}",
+                    "{:?} key {} value {} flags {:#x}",
                     found_ty,
                     info.key_size(),
-                    info.value_size()
+                    info.value_size(),
+                    info.map_flags()
                 ),
-                expected: format!("{ty:?} key {k} value {v}"),
+                expected: format!("{ty:?} key {k} value {v} flags {flags:#x}"),
             });
         }
     }

@@ -127,16 +127,18 @@ impl<M: Maps> Sync<M> {
             .filter(|k| !unserved.contains_key(k))
             .copied()
             .collect();
-        let errors = self.write_unserved(&gone, unserved.iter());
-        merge(result, errors)
+        self.write_unserved(&gone, unserved.iter());
+        result
     }
 
-    /// Removes `gone` and writes `entries` (those that differ) to the unserved map.
+    /// Removes `gone` and writes `entries` (those that differ) to the unserved map. The list
+    /// is informational: a failed write is logged, never fails the sync (nor `/healthz`),
+    /// and is retried by the next full sync.
     fn write_unserved<'a>(
         &mut self,
         gone: &[UnservedKey],
         entries: impl Iterator<Item = (&'a UnservedKey, &'a UnservedValue)>,
-    ) -> Vec<MapWriteError> {
+    ) {
         let mut errors = Vec::new();
         for k in gone {
             match self.maps.del_unserved(*k) {
@@ -157,7 +159,14 @@ impl<M: Maps> Sync<M> {
                 Err(e) => errors.push(e),
             }
         }
-        errors
+        if let Some(first) = errors.first() {
+            tracing::warn!(
+                failed = errors.len(),
+                "the list of frontends not served yet is incomplete (inspect and the metric \
+                 undercount): {}",
+                crate::bpf::error_chain(first)
+            );
+        }
     }
 
     /// Programs only `dirty` services.
@@ -207,8 +216,8 @@ impl<M: Maps> Sync<M> {
             upserts.iter().map(|(f, s)| (*f, s)),
             &removed,
         );
-        let errors = self.write_unserved(&unserved_gone, unserved_new.iter());
-        merge(result, errors)
+        self.write_unserved(&unserved_gone, unserved_new.iter());
+        result
     }
 
     /// Reads the maps back and, when they drifted from what was written, adopts what they
@@ -224,17 +233,5 @@ impl<M: Maps> Sync<M> {
             self.programmer = Programmer::adopt(observed);
         }
         self.all(model, node)
-    }
-}
-
-/// An apply's result with more write errors added.
-fn merge(result: ApplyResult, more: Vec<MapWriteError>) -> ApplyResult {
-    match result {
-        Ok(stats) if more.is_empty() => Ok(stats),
-        Ok(stats) => Err((stats, more)),
-        Err((stats, mut errors)) => {
-            errors.extend(more);
-            Err((stats, errors))
-        }
     }
 }
