@@ -100,7 +100,7 @@ fn layouts_are_unchanged() {
         ("LB_CONFIG_V1", "config", Array, 4, 16, 1),
         ("LB_PODIFS_V1", "pod_ifs", Hash, 4, 4, 4_096),
         ("LB_DELIVERY_V1", "delivery", PerCpuArray, 4, 8, 16),
-        ("LB_UNSERVED_V1", "unserved", Hash, 32, 192, 262_144),
+        ("LB_UNSERVED_V1", "unserved", Hash, 32, 192, 131_072),
     ];
     let got: Vec<_> = MAPS
         .iter()

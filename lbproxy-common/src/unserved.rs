@@ -36,8 +36,9 @@ pub struct UnservedValue {
 }
 const _: () = assert!(core::mem::size_of::<UnservedValue>() == 192);
 
-/// Room for 262,144 frontends, allocated as they are written (`BPF_F_NO_PREALLOC`): a node
-/// with none pays nothing for this informational map.
+/// Room for 131,072 frontends, allocated as they are written (`BPF_F_NO_PREALLOC`): an empty
+/// list costs only its hash buckets (2 MiB of locked memory), not 24 MiB of preallocated
+/// entries. Past that, the list undercounts (logged), and nothing else is affected.
 pub const SPEC: MapSpec = MapSpec::of::<UnservedKey, UnservedValue>(
     "LB_UNSERVED_V1",
     "unserved",
@@ -46,4 +47,4 @@ pub const SPEC: MapSpec = MapSpec::of::<UnservedKey, UnservedValue>(
 )
 .no_prealloc();
 
-pub const MAX_UNSERVED: u32 = 262_144;
+pub const MAX_UNSERVED: u32 = 131_072;
