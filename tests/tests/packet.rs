@@ -1154,22 +1154,17 @@ fn reject_tcp_segment_kinds() {
     }
 }
 
-/// A UDP datagram to a service with no endpoints becomes an ICMP port unreachable from the
-/// VIP, quoting the datagram's IP header and first 8 bytes (RFC 792, RFC 1122 3.2.2).
-#[test]
-fn reject_udp_with_icmp_port_unreachable() {
-    let rig = Rig::new();
-    let c = rig.client_ip();
-    let f = Frame::udp(c, empty_vip(), Udp::new(40071, WEB_UDP));
-    let input = f.bytes();
-    let quote = &input[14..14 + 20 + 8];
+/// The ICMP port unreachable the datapath should answer `input` (a UDP datagram from
+/// `client` to the endpoint-less VIP) with: from the VIP, quoting the IP header and the first
+/// 8 bytes as sent, every checksum computed in full.
+fn port_unreachable_for(input: &[u8], client: Ipv4Addr) -> Vec<u8> {
     let mut icmp = vec![3, 3, 0, 0, 0, 0, 0, 0];
-    icmp.extend_from_slice(quote);
+    icmp.extend_from_slice(&input[14..14 + 20 + 8]);
     let csum = inet_csum(&icmp);
     icmp[2..4].copy_from_slice(&csum.to_be_bytes());
-    let mut ip = Ip::new(empty_vip(), c);
+    let mut ip = Ip::new(empty_vip(), client);
     ip.id = 0;
-    let want = Frame {
+    Frame {
         dst_mac: POD_MAC,
         src_mac: GW_MAC,
         ip,
@@ -1178,7 +1173,18 @@ fn reject_udp_with_icmp_port_unreachable() {
             bytes: icmp,
         },
     }
-    .bytes();
+    .bytes()
+}
+
+/// A UDP datagram to a service with no endpoints becomes an ICMP port unreachable from the
+/// VIP, quoting the datagram's IP header and first 8 bytes (RFC 792, RFC 1122 3.2.2).
+#[test]
+fn reject_udp_with_icmp_port_unreachable() {
+    let rig = Rig::new();
+    let c = rig.client_ip();
+    let f = Frame::udp(c, empty_vip(), Udp::new(40071, WEB_UDP));
+    let input = f.bytes();
+    let want = port_unreachable_for(&input, c);
     assert_eq!(want.len(), 14 + 20 + 8 + 28);
     rig.run("UDP to a service without endpoints", Prog::FromPod, &input)
         .expect(
@@ -1192,22 +1198,7 @@ fn reject_udp_with_icmp_port_unreachable() {
     u.no_csum = true;
     let f = Frame::udp(c, empty_vip(), u);
     let input = f.bytes();
-    let mut icmp = vec![3, 3, 0, 0, 0, 0, 0, 0];
-    icmp.extend_from_slice(&input[14..42]);
-    let csum = inet_csum(&icmp);
-    icmp[2..4].copy_from_slice(&csum.to_be_bytes());
-    let mut ip = Ip::new(empty_vip(), c);
-    ip.id = 0;
-    let want = Frame {
-        dst_mac: POD_MAC,
-        src_mac: GW_MAC,
-        ip,
-        l4: L4::Raw {
-            proto: IPPROTO_ICMP,
-            bytes: icmp,
-        },
-    }
-    .bytes();
+    let want = port_unreachable_for(&input, c);
     rig.run(
         "UDP with checksum 0 to a service without endpoints",
         Prog::FromPod,
