@@ -73,6 +73,9 @@ pub fn pinned_interfaces(dir: &Path) -> BTreeMap<Interface, Vec<PathBuf>> {
 pub struct Attacher {
     globs: GlobSet,
     attached: BTreeSet<Interface>,
+    /// Pinned interfaces the last listing did not show; forgotten if the next one does not
+    /// either.
+    absent: BTreeSet<Interface>,
     pod_ifs: BpfHashMap<MapData, u32, PodIf>,
     stack_bypass: bool,
 }
@@ -82,6 +85,7 @@ impl Attacher {
         Ok(Self {
             globs,
             attached: BTreeSet::new(),
+            absent: BTreeSet::new(),
             pod_ifs: open_pinned(dir, map_names::POD_IFS, Map::HashMap)?,
             stack_bypass,
         })
@@ -102,18 +106,23 @@ impl Attacher {
             .filter(|i| self.globs.is_match(&i.name))
             .cloned()
             .collect();
-        // Pins for interfaces that vanished (or were renamed, or left the globs).
-        for (iface, paths) in pinned_interfaces(&dp.dir) {
-            if !want.contains(&iface) {
-                for p in paths {
-                    let _ = std::fs::remove_file(&p);
-                }
-                if self.attached.remove(&iface) {
-                    tracing::info!(interface = %iface.name, ifindex = iface.index, "interface gone; forgotten");
-                }
+        // Pins for interfaces that vanished (or were renamed, or left the globs): only once
+        // two listings in a row miss them, so one incomplete netlink dump never detaches a
+        // live pod's programs. (A deleted interface's links are detached by the kernel at
+        // once; what waits is only the pins' removal.)
+        let pinned = pinned_interfaces(&dp.dir);
+        let (gone, absent) = vanished(pinned.keys(), &want, &self.absent);
+        self.absent = absent;
+        for iface in &gone {
+            for p in &pinned[iface] {
+                let _ = std::fs::remove_file(p);
+            }
+            if self.attached.remove(iface) {
+                tracing::info!(interface = %iface.name, ifindex = iface.index, "interface gone; forgotten");
             }
         }
-        self.attached.retain(|i| want.contains(i));
+        self.attached
+            .retain(|i| want.contains(i) || self.absent.contains(i));
         for iface in want {
             if self.attached.contains(&iface) {
                 continue;
@@ -232,6 +241,25 @@ fn attach_interface(dp: &mut Datapath, iface: &Interface) -> Result<bool, BpfErr
     Ok(adopted)
 }
 
+/// Of the `pinned` interfaces not in `want`: those already missing from the previous listing
+/// (`absent`), to forget now, and the ones missing for the first time, to remember.
+fn vanished<'a>(
+    pinned: impl Iterator<Item = &'a Interface>,
+    want: &BTreeSet<Interface>,
+    absent: &BTreeSet<Interface>,
+) -> (Vec<Interface>, BTreeSet<Interface>) {
+    let mut gone = Vec::new();
+    let mut missing = BTreeSet::new();
+    for iface in pinned.filter(|i| !want.contains(i)) {
+        if absent.contains(iface) {
+            gone.push(iface.clone());
+        } else {
+            missing.insert(iface.clone());
+        }
+    }
+    (gone, missing)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,5 +273,35 @@ mod tests {
         let p = link_pin(Path::new("/x"), &i, "ingress");
         let file = p.file_name().unwrap().to_string_lossy().to_string();
         assert_eq!(parse_link_pin(&file), Some((i, "ingress".to_string())));
+    }
+
+    /// An interface missing from one listing keeps its pins (and so its programs); missing
+    /// from two in a row, it is forgotten; seen again in between, it starts over.
+    #[test]
+    fn an_interface_is_forgotten_only_after_two_listings_miss_it() {
+        let a = Interface {
+            index: 5,
+            name: "veth-a".into(),
+        };
+        let b = Interface {
+            index: 6,
+            name: "veth-b".into(),
+        };
+        let pinned = [a.clone(), b.clone()];
+        let both: BTreeSet<Interface> = pinned.iter().cloned().collect();
+        let only_b: BTreeSet<Interface> = [b.clone()].into_iter().collect();
+
+        let (gone, absent) = vanished(pinned.iter(), &only_b, &BTreeSet::new());
+        assert!(gone.is_empty(), "forgotten after one listing: {gone:?}");
+        assert_eq!(absent, [a.clone()].into_iter().collect());
+
+        // Seen again: nothing is remembered.
+        let (gone, absent2) = vanished(pinned.iter(), &both, &absent);
+        assert!(gone.is_empty() && absent2.is_empty());
+
+        // Missing twice in a row: forgotten.
+        let (gone, absent3) = vanished(pinned.iter(), &only_b, &absent);
+        assert_eq!(gone, vec![a]);
+        assert!(absent3.is_empty());
     }
 }
