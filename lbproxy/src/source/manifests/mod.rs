@@ -53,9 +53,14 @@ impl fmt::Display for ManifestError {
 
 impl std::error::Error for ManifestError {}
 
+/// The largest manifest file read, 64 MiB: ten times a 10,000-service set. A larger file is
+/// refused with its size, before it is read.
+pub const MAX_FILE_BYTES: u64 = 64 << 20;
+
 /// The files a manifest path stands for: the file itself, or every `.yaml`, `.yml` and
 /// `.json` file under the directory (recursively, in name order, skipping hidden entries
-/// such as a ConfigMap volume's `..data`).
+/// such as a ConfigMap volume's `..data`). A directory reached twice through symbolic links
+/// (a loop) is an error naming it.
 pub fn manifest_files(path: &Path) -> Result<Vec<PathBuf>, ManifestError> {
     let err = |reason: String| ManifestError {
         file: path.to_path_buf(),
@@ -69,7 +74,26 @@ pub fn manifest_files(path: &Path) -> Result<Vec<PathBuf>, ManifestError> {
     }
     let mut out = Vec::new();
     let mut dirs = vec![path.to_path_buf()];
+    let mut seen = HashSet::new();
     while let Some(dir) = dirs.pop() {
+        let real = std::fs::canonicalize(&dir).map_err(|e| ManifestError {
+            file: dir.clone(),
+            document: None,
+            object: None,
+            reason: format!("cannot resolve: {e}"),
+        })?;
+        if !seen.insert(real.clone()) {
+            return Err(ManifestError {
+                file: dir,
+                document: None,
+                object: None,
+                reason: format!(
+                    "symbolic link loop: {} is reached twice under {}",
+                    real.display(),
+                    path.display()
+                ),
+            });
+        }
         let entries = std::fs::read_dir(&dir).map_err(|e| ManifestError {
             file: dir.clone(),
             document: None,
@@ -276,12 +300,21 @@ impl Loader {
     pub fn load(&mut self, path: &Path) -> Result<Change, ManifestError> {
         let files = manifest_files(path)?;
         self.load_with(&files, |file| {
-            std::fs::read_to_string(file).map_err(|e| ManifestError {
+            let err = |reason: String| ManifestError {
                 file: file.to_path_buf(),
                 document: None,
                 object: None,
-                reason: format!("cannot read: {e}"),
-            })
+                reason,
+            };
+            let size = std::fs::metadata(file)
+                .map_err(|e| err(format!("cannot read: {e}")))?
+                .len();
+            if size > MAX_FILE_BYTES {
+                return Err(err(format!(
+                    "{size} bytes is more than the {MAX_FILE_BYTES} bytes a manifest file may have"
+                )));
+            }
+            std::fs::read_to_string(file).map_err(|e| err(format!("cannot read: {e}")))
         })
     }
 
@@ -1414,5 +1447,50 @@ endpoints: [{addresses: [198.18.0.2]}]
             took[RUNS - 1].as_secs_f64() * 1e3,
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A directory that links back to itself is refused with the loop named, not walked
+    /// forever.
+    #[test]
+    fn a_symlink_loop_is_a_clear_error() {
+        let dir = std::env::temp_dir().join(format!("lbproxy-loop-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("a")).unwrap();
+        std::os::unix::fs::symlink(&dir, dir.join("a").join("back")).unwrap();
+        std::fs::write(dir.join("a").join("x.yaml"), "").unwrap();
+        let e = manifest_files(&dir).unwrap_err();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(e.reason.contains("symbolic link loop"), "{e}");
+    }
+
+    /// A file over the size cap is refused before it is read, with its size.
+    #[test]
+    fn a_file_over_the_cap_is_refused() {
+        let dir = std::env::temp_dir().join(format!("lbproxy-big-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("big.yaml");
+        let file = std::fs::File::create(&f).unwrap();
+        file.set_len(MAX_FILE_BYTES + 1).unwrap();
+        let e = Loader::default().load(&f).err();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let e = e.expect("an oversized file was accepted");
+        assert!(e.reason.contains("more than the"), "{e}");
+    }
+
+    /// A YAML alias bomb (each level doubles the nodes an expansion would make) is refused,
+    /// not expanded.
+    #[test]
+    fn a_yaml_alias_bomb_is_refused() {
+        let mut y = String::from("a0: &a0 [x, x]\n");
+        for i in 1..40 {
+            y.push_str(&format!("a{i}: &a{i} [*a{p}, *a{p}]\n", p = i - 1));
+        }
+        y.push_str("kind: Service\napiVersion: v1\nmetadata: {name: bomb}\nspec: {ports: *a39}\n");
+        let e = parse("bomb.yaml", &y)
+            .err()
+            .expect("an alias bomb was accepted");
+        assert!(
+            e.to_string().contains("bomb.yaml") && e.reason.contains("repetition limit"),
+            "{e}"
+        );
     }
 }
