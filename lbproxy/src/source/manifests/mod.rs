@@ -1485,9 +1485,7 @@ endpoints: [{addresses: [198.18.0.2]}]
             y.push_str(&format!("a{i}: &a{i} [*a{p}, *a{p}]\n", p = i - 1));
         }
         y.push_str("kind: Service\napiVersion: v1\nmetadata: {name: bomb}\nspec: {ports: *a39}\n");
-        let e = parse("bomb.yaml", &y)
-            .err()
-            .expect("an alias bomb was accepted");
+        let e = parse("bomb.yaml", &y).expect_err("an alias bomb was accepted");
         assert!(
             e.to_string().contains("bomb.yaml") && e.reason.contains("repetition limit"),
             "{e}"
