@@ -15,6 +15,9 @@ use lbproxy_tests::lab::{
 
 both_shapes!(sigterm, cleanup, iface_later, bad_input, two_instances);
 
+/// How soon `run` must notice that `lbproxy cleanup` removed its pins.
+const NOTICE_CLEANUP_WITHIN: Duration = Duration::from_secs(5);
+
 /// lbproxy programs (`lb_from_pod`/`lb_to_pod`) visible in the lab's node namespace: tcx
 /// attachments (kernel query) and any line of `bpftool net show` naming them (which would
 /// catch a legacy tc attachment; this bpftool does not list tcx).
@@ -528,4 +531,37 @@ fn two_instances(shape: Shape) {
         r.is_err(),
         "[{shape}] lab 1 VIP still answers after cleanup: {r:?}"
     );
+}
+
+/// `lbproxy cleanup` while `run` is active: `run` notices that its pins are gone and exits
+/// non-zero (so a DaemonSet restarts it), instead of writing to orphaned maps while the node
+/// serves nothing and `/healthz` says 200. A new `run` then serves again.
+#[test]
+fn cleanup_while_running_makes_run_exit() {
+    let mut s = Setup::new(Shape::Routed, &["b1"]);
+    web_traffic_ok("before cleanup", &s.client, WEB_VIP, 5);
+    let out = s.lab.lbproxy_cleanup();
+    assert!(
+        out.status.success(),
+        "cleanup failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t = Instant::now();
+    let st = s.lb.wait_exit(NOTICE_CLEANUP_WITHIN);
+    let log = s.lb.log();
+    let Some(st) = st else {
+        panic!(
+            "run still running {:?} after cleanup removed its pins\n{log}",
+            t.elapsed()
+        );
+    };
+    assert_ne!(st.code(), Some(0), "run exited 0 after cleanup\n{log}");
+    assert!(
+        log.contains("pinned maps are gone"),
+        "no log line saying why run exited\n{log}"
+    );
+    eprintln!("run exited ({st}) {:?} after cleanup", t.elapsed());
+    let mut lb = s.lab.start_lbproxy();
+    lb.expect_healthy(HEALTHY_WITHIN);
+    web_traffic_ok("after the restart", &s.client, WEB_VIP, 5);
 }

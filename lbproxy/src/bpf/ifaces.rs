@@ -114,6 +114,16 @@ pub async fn spawn_attach(
                 }
                 _ = tick.tick() => {}
             }
+            if let Some(missing) = super::missing_pins(&dp.dir) {
+                // `lbproxy cleanup` (or a hand) removed what this run pinned: the programs
+                // it would go on writing to are no longer what the node's interfaces use.
+                // Exit so that the DaemonSet restarts lbproxy, which pins and attaches anew.
+                tracing::error!(
+                    missing = %missing.display(),
+                    "pinned maps are gone (lbproxy cleanup while running?); exiting so that a restart pins and attaches again"
+                );
+                std::process::exit(3);
+            }
             sync(&mut dp, &mut attacher).await;
         }
     });

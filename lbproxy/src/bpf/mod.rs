@@ -352,3 +352,11 @@ fn advance(counter: &prometheus_client::metrics::counter::Counter, seen: &mut u6
     }
     *seen = now;
 }
+
+/// The first pinned map of this run that is no longer pinned under `dir`, if any.
+pub fn missing_pins(dir: &Path) -> Option<PathBuf> {
+    lbproxy_common::MAPS
+        .iter()
+        .map(|spec| dir.join(spec.name))
+        .find(|p| !p.exists())
+}
