@@ -1,9 +1,14 @@
 //! Health and metrics endpoints, with kube-proxy's names and semantics.
 //!
-//! - `--healthz-bind-address`: `GET /healthz` and `/livez`. 503 until the first full sync is
-//!   in the maps. After that, 503 when a queued change has waited longer than twice the sync
-//!   period without being written (kube-proxy's rule), 200 otherwise. The JSON body says when
-//!   the maps were last updated, so staleness is visible even while healthy.
+//! - `--healthz-bind-address`: `GET /healthz` and `/livez`. Both are 503 until the first full
+//!   sync is in the maps.
+//!   - `/healthz` (readiness, and what load balancers probe) then follows kube-proxy's rule:
+//!     503 when a queued change has waited longer than twice the sync period without being
+//!     written, 200 otherwise. The JSON body says when the maps were last updated, so
+//!     staleness is visible even while healthy.
+//!   - `/livez` (liveness) only asks whether the controller's loop is still turning: a change
+//!     that cannot be written (a full map, say) makes `/healthz` 503 but must not make the
+//!     kubelet restart lbproxy on every node.
 //! - `--metrics-bind-address`: `GET /metrics` (OpenMetrics) and `/proxyMode` (`ebpf`).
 
 use std::net::SocketAddr;
@@ -212,6 +217,8 @@ struct HealthState {
     /// The first full sync is in the maps.
     synced: bool,
     last_updated: Option<(Instant, f64)>,
+    /// The controller's loop last went round.
+    heartbeat: Option<Instant>,
     /// Oldest change queued and not yet written.
     queued_since: Option<Instant>,
 }
@@ -259,6 +266,36 @@ impl Health {
         self.metrics.last_sync_timestamp.set(now);
     }
 
+    /// The controller's loop went round (it does at least once per sync period).
+    pub fn beat(&self) {
+        let mut s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        s.heartbeat = Some(Instant::now());
+    }
+
+    /// `/livez`: (alive, JSON body). Alive once the first sync is in the maps, as long as the
+    /// controller's loop went round within twice the sync period; queued changes that cannot
+    /// be written do not matter here.
+    fn report_live(&self) -> (bool, String) {
+        let s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let beat = s.heartbeat.map(|b| b.elapsed());
+        let stuck = beat.is_none_or(|b| b > self.timeout);
+        let alive = s.synced && !stuck;
+        let body = serde_json::json!({
+            "lastUpdated": s.last_updated.map(|(_, t)| t),
+            "currentTime": unix_now(),
+            "secondsSinceLoop": beat.map(|b| b.as_secs_f64()),
+            "alive": alive,
+            "reason": if !s.synced { "the first sync is not in the maps yet" } else if stuck { "the controller loop has not run within 2x the sync period" } else { "ok" },
+        });
+        (alive, format!("{body}\n"))
+    }
+
     /// (healthy, JSON body).
     fn report(&self) -> (bool, String) {
         let s = self
@@ -280,7 +317,14 @@ impl Health {
 }
 
 async fn healthz(State(h): State<Health>) -> impl IntoResponse {
-    let (ok, body) = h.report();
+    answer(h.report())
+}
+
+async fn livez(State(h): State<Health>) -> impl IntoResponse {
+    answer(h.report_live())
+}
+
+fn answer((ok, body): (bool, String)) -> impl IntoResponse {
     let code = if ok {
         StatusCode::OK
     } else {
@@ -316,7 +360,7 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let h = Router::new()
         .route("/healthz", get(healthz))
-        .route("/livez", get(healthz))
+        .route("/livez", get(livez))
         .with_state(health.clone());
     let m = Router::new()
         .route("/metrics", get(metrics))
@@ -361,6 +405,26 @@ mod tests {
         );
         h.updated();
         assert!(h.report().0);
+    }
+
+    #[test]
+    fn liveness_ignores_changes_that_cannot_be_written() {
+        // Twice the sync period: 20 ms.
+        let h = Health::new(Duration::from_millis(10));
+        h.beat();
+        assert!(!h.report_live().0, "alive before the first sync");
+        h.updated();
+        assert!(h.report_live().0);
+        h.queued();
+        std::thread::sleep(Duration::from_millis(30));
+        h.beat();
+        assert!(!h.report().0, "/healthz with a stale queued change");
+        assert!(h.report_live().0, "/livez failed for a stale queued change");
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            !h.report_live().0,
+            "/livez alive with a loop that stopped turning"
+        );
     }
 
     #[test]

@@ -1080,6 +1080,15 @@ fn healthz_503_while_changes_cannot_be_programmed() {
         "/healthz 503 {:?} after the unprogrammable change",
         t.elapsed()
     );
+    // Liveness is not readiness: a change that cannot be written must not get lbproxy
+    // restarted.
+    let l = http_get(k.lab.node_ns(), lbproxy_tests::lab::HEALTHZ_ADDR, "/livez").map(|r| r.status);
+    assert_eq!(
+        l,
+        Ok(200),
+        "/livez while a change cannot be programmed\n{}",
+        k.diag()
+    );
     assert!(
         k.api
             .events_posted()

@@ -197,6 +197,7 @@ impl<M: Maps> Controller<M> {
         tokio::pin!(sync_timer);
         let mut armed = false;
         loop {
+            self.report.health.beat();
             tokio::select! {
                 () = &mut shutdown => return,
                 ev = events.recv() => {
