@@ -230,7 +230,7 @@ impl<M: Maps> Sync<M> {
         }
         if observed != ours {
             tracing::warn!("the maps drifted from the model (edited by hand?); repairing");
-            self.programmer = Programmer::adopt(observed);
+            self.programmer.readopt(observed);
         }
         self.all(model, node)
     }
