@@ -83,6 +83,7 @@ pub struct Metrics {
     pub attached_interfaces: Gauge,
     pub flow_gc_deleted: Counter,
     pub frontends_not_served: Family<KindLabel, Gauge>,
+    pub frontend_conflicts: Gauge,
 }
 
 impl Metrics {
@@ -184,9 +185,16 @@ impl Metrics {
             "Frontends that Services ask for and lbproxy does not serve yet, by kind (see `lbproxy inspect services`)",
             frontends_not_served.clone(),
         );
+        let frontend_conflicts = Gauge::default();
+        r.register(
+            "lbproxy_frontend_conflicts",
+            "Frontends (VIP:port/proto) that more than one Service claims; only the oldest is served",
+            frontend_conflicts.clone(),
+        );
         Self {
             flow_gc_deleted,
             frontends_not_served,
+            frontend_conflicts,
             registry: r,
             sync_duration,
             last_sync_timestamp,

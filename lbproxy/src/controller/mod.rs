@@ -161,6 +161,7 @@ impl<M: Maps> Controller<M> {
         };
         self.report.programmed(self.sync.programmed());
         self.report.unserved(&self.sync.unserved_by_kind());
+        self.report.conflicts(self.sync.conflicts());
         ok
     }
 

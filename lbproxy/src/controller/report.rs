@@ -174,6 +174,14 @@ impl Report {
         });
     }
 
+    /// How many frontends more than one service claims.
+    pub fn conflicts(&self, n: usize) {
+        self.health
+            .metrics
+            .frontend_conflicts
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
     /// The frontends not served yet, by kind (`SVC_KIND_*`).
     pub fn unserved(&self, by_kind: &std::collections::BTreeMap<u8, usize>) {
         for kind in crate::desired::FrontendKind::ALL {

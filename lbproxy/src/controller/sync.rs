@@ -5,22 +5,54 @@
 //! way the programmer writes only the difference. A reconcile reads the maps back first
 //! and adopts what it finds when it differs from what was written (an entry deleted by
 //! hand with bpftool, say), so the full sync that follows repairs it.
+//!
+//! Two services can claim the same frontend (VIP:port/proto), an externalIP both list, say.
+//! One gets it, whatever the order of events: the older by `metadata.creationTimestamp`
+//! (a service without one after every service with one), then the first by namespace/name.
+//! Only its spec is programmed; the others are reported (a warning once per change, and
+//! `lbproxy_frontend_conflicts`). The claims index keeps every claimant of every frontend,
+//! so a dirty sync finds the next one at once when the holder leaves: deleting a loser does
+//! not touch the frontend, deleting the holder hands it over in the same sync.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use lbproxy_common::{FAMILY_IPV4, FAMILY_IPV6, UnservedKey, UnservedValue};
 
 use crate::desired::{self, Family, Frontend, FrontendSpec, Unserved};
-use crate::model::{Model, NamespacedName};
+use crate::model::{Model, NamespacedName, Service};
 use crate::program::{ApplyStats, MapWriteError, Maps, Programmer};
 
 pub type ApplyResult = Result<ApplyStats, (ApplyStats, Vec<MapWriteError>)>;
 
+/// A service claiming a frontend, ordered so that the first claimant gets it: the older
+/// service (by `creationTimestamp`; one without it after every one with it), then the
+/// smaller namespace/name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Claimant {
+    age_unknown: bool,
+    created: Option<jiff::Timestamp>,
+    id: NamespacedName,
+}
+
+impl Claimant {
+    fn of(svc: &Service) -> Self {
+        Self {
+            age_unknown: svc.created.is_none(),
+            created: svc.created,
+            id: svc.id.clone(),
+        }
+    }
+}
+
 pub struct Sync<M: Maps> {
     maps: M,
     programmer: Programmer,
-    /// The frontends each service currently owns.
-    frontends_of: HashMap<NamespacedName, Vec<Frontend>>,
+    /// The frontends each service claims, with the rank it claims them with.
+    frontends_of: HashMap<NamespacedName, (Claimant, Vec<Frontend>)>,
+    /// Every claimant of every frontend, first the one that gets it.
+    claims: HashMap<Frontend, BTreeSet<Claimant>>,
+    /// Frontends claimed by more than one service, as last reported: the holder first.
+    conflicts: BTreeMap<Frontend, Vec<NamespacedName>>,
     /// The frontends not served yet, as written for `lbproxy inspect`, and by service.
     unserved: BTreeMap<UnservedKey, UnservedValue>,
     unserved_of: HashMap<NamespacedName, Vec<UnservedKey>>,
@@ -76,7 +108,66 @@ impl<M: Maps> Sync<M> {
             unserved: maps.read_unserved(),
             maps,
             frontends_of: HashMap::new(),
+            claims: HashMap::new(),
+            conflicts: BTreeMap::new(),
             unserved_of: HashMap::new(),
+        }
+    }
+
+    /// How many frontends more than one service claims.
+    pub fn conflicts(&self) -> usize {
+        self.conflicts.len()
+    }
+
+    /// Records `svc`'s claims on the frontends it serves; returns its rank as claimant.
+    fn claim(&mut self, svc: &Service, served: &[(Frontend, FrontendSpec)]) -> Claimant {
+        let c = Claimant::of(svc);
+        let mine: Vec<Frontend> = served.iter().map(|(f, _)| *f).collect();
+        for f in &mine {
+            self.claims.entry(*f).or_default().insert(c.clone());
+        }
+        if !mine.is_empty() {
+            self.frontends_of.insert(svc.id.clone(), (c.clone(), mine));
+        }
+        c
+    }
+
+    /// The service that gets `f`, if any claims it.
+    fn holder(&self, f: &Frontend) -> Option<&Claimant> {
+        self.claims.get(f).and_then(BTreeSet::first)
+    }
+
+    /// Reports the frontends among `frontends` whose conflict changed: a warning naming the
+    /// holder and the others when one starts or changes, a line when it ends.
+    fn note_conflicts(&mut self, frontends: impl IntoIterator<Item = Frontend>) {
+        for f in frontends {
+            let now: Option<Vec<NamespacedName>> = self
+                .claims
+                .get(&f)
+                .filter(|c| c.len() > 1)
+                .map(|c| c.iter().map(|c| c.id.clone()).collect());
+            if now.as_ref() == self.conflicts.get(&f) {
+                continue;
+            }
+            match now {
+                Some(names) => {
+                    let others: Vec<String> = names[1..].iter().map(ToString::to_string).collect();
+                    tracing::warn!(
+                        frontend = %f,
+                        holder = %names[0],
+                        others = %others.join(", "),
+                        "services claim the same frontend: {} gets it (the oldest, then by \
+                         namespace/name); {} not served on it",
+                        names[0],
+                        others.join(", "),
+                    );
+                    self.conflicts.insert(f, names);
+                }
+                None => {
+                    tracing::info!(frontend = %f, "the frontend is claimed by one service again");
+                    self.conflicts.remove(&f);
+                }
+            }
         }
     }
 
@@ -108,18 +199,35 @@ impl<M: Maps> Sync<M> {
         let mut desired = desired::Desired::new();
         let mut unserved = BTreeMap::new();
         self.frontends_of.clear();
+        self.claims.clear();
         self.unserved_of.clear();
         for svc in model.services.values() {
             let fes = desired::frontends_for(model, svc, node);
-            self.frontends_of
-                .insert(svc.id.clone(), fes.served.iter().map(|(f, _)| *f).collect());
+            let c = self.claim(svc, &fes.served);
+            // Whatever the order, the frontend ends with its first claimant's spec.
+            for (f, spec) in fes.served {
+                if self.holder(&f) == Some(&c) {
+                    desired.insert(f, spec);
+                }
+            }
             let entries: Vec<(UnservedKey, UnservedValue)> =
                 fes.unserved.iter().map(unserved_entry).collect();
             self.unserved_of
                 .insert(svc.id.clone(), entries.iter().map(|(k, _)| *k).collect());
             unserved.extend(entries);
-            desired.extend(fes.served);
         }
+        let contested: BTreeSet<Frontend> = self
+            .conflicts
+            .keys()
+            .copied()
+            .chain(
+                self.claims
+                    .iter()
+                    .filter(|(_, c)| c.len() > 1)
+                    .map(|(f, _)| *f),
+            )
+            .collect();
+        self.note_conflicts(contested);
         let result = self.programmer.apply(&mut self.maps, &desired);
         let gone: Vec<UnservedKey> = self
             .unserved
@@ -180,11 +288,12 @@ impl<M: Maps> Sync<M> {
         let mut removed: Vec<Frontend> = Vec::new();
         let mut unserved_gone: Vec<UnservedKey> = Vec::new();
         let mut unserved_new: BTreeMap<UnservedKey, UnservedValue> = BTreeMap::new();
+        // The frontends whose claims changed, and the served specs computed so far by service.
+        let mut touched: BTreeSet<Frontend> = BTreeSet::new();
+        let mut specs: HashMap<NamespacedName, HashMap<Frontend, FrontendSpec>> = HashMap::new();
         for name in dirty {
-            let fes = model
-                .services
-                .get(name)
-                .map(|svc| desired::frontends_for(model, svc, node));
+            let svc = model.services.get(name);
+            let fes = svc.map(|svc| desired::frontends_for(model, svc, node));
             let (new, unserved) = fes.map_or_else(Default::default, |f| (f.served, f.unserved));
             let entries: BTreeMap<UnservedKey, UnservedValue> =
                 unserved.iter().map(unserved_entry).collect();
@@ -198,19 +307,43 @@ impl<M: Maps> Sync<M> {
                     .insert(name.clone(), entries.keys().copied().collect());
             }
             unserved_new.extend(entries);
-            let new_fes: Vec<Frontend> = new.iter().map(|(f, _)| *f).collect();
-            for old in self.frontends_of.get(name).into_iter().flatten() {
-                if !new_fes.contains(old) {
-                    removed.push(*old);
+            if let Some((c, old)) = self.frontends_of.remove(name) {
+                for f in old {
+                    if let Some(claims) = self.claims.get_mut(&f) {
+                        claims.remove(&c);
+                    }
+                    touched.insert(f);
                 }
             }
-            if new_fes.is_empty() {
-                self.frontends_of.remove(name);
-            } else {
-                self.frontends_of.insert(name.clone(), new_fes);
+            if let Some(svc) = svc {
+                self.claim(svc, &new);
+                touched.extend(new.iter().map(|(f, _)| *f));
+                specs.insert(name.clone(), new.into_iter().collect());
             }
-            upserts.extend(new);
         }
+        // Each touched frontend gets its holder's spec (computed here for a holder that did
+        // not change: O(its frontends)), or goes when no one claims it. Writing an unchanged
+        // spec costs no map write, and a failed write is retried with the dirty services.
+        for f in &touched {
+            let Some(holder) = self.holder(f).map(|c| c.id.clone()) else {
+                self.claims.remove(f);
+                removed.push(*f);
+                continue;
+            };
+            let served = specs.entry(holder.clone()).or_insert_with(|| {
+                model
+                    .services
+                    .get(&holder)
+                    .map(|svc| desired::frontends_for(model, svc, node).served)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .collect()
+            });
+            if let Some(spec) = served.remove(f) {
+                upserts.push((*f, spec));
+            }
+        }
+        self.note_conflicts(touched);
         let result = self.programmer.apply_changes(
             &mut self.maps,
             upserts.iter().map(|(f, s)| (*f, s)),
@@ -230,7 +363,7 @@ impl<M: Maps> Sync<M> {
         }
         if observed != ours {
             tracing::warn!("the maps drifted from the model (edited by hand?); repairing");
-            self.programmer = Programmer::adopt(observed);
+            self.programmer.readopt(observed);
         }
         self.all(model, node)
     }

@@ -503,3 +503,178 @@ async fn the_headless_label_takes_effect_live() {
         want(&[("198.19.0.10:80", &["198.18.0.2:8080"])])
     );
 }
+
+/// A Service event for `shop/name` with one TCP port 80 on `vip`, created at `created`
+/// (RFC 3339, or none).
+fn service_created(name: &str, created: Option<&str>, vip: &str) -> SourceEvent {
+    let created = created.map_or(String::new(), |t| format!(", creationTimestamp: '{t}'"));
+    let yaml = format!(
+        "metadata: {{name: {name}, namespace: shop{created}}}\nspec: {{clusterIP: {vip}, ports: [{{name: http, port: 80}}]}}"
+    );
+    let k8s = serde_yaml::from_str(&yaml).unwrap();
+    let Ok(Normalized::Proxied(s)) = model::service_from_k8s(&k8s) else {
+        panic!("{yaml} did not normalize");
+    };
+    SourceEvent::Service {
+        id: id(name),
+        service: Some(s),
+    }
+}
+
+fn deleted(name: &str) -> SourceEvent {
+    SourceEvent::Service {
+        id: id(name),
+        service: None,
+    }
+}
+
+/// Two services on one VIP: `zold` (2020, backend .2) and `ayoung` (2024, backend .3). The
+/// older wins although its name sorts last.
+const OLD: &str = "2020-01-01T00:00:00Z";
+const YOUNG: &str = "2024-01-01T00:00:00Z";
+const VIP: &str = "198.19.0.10";
+
+fn contested() -> Vec<SourceEvent> {
+    vec![
+        service_created("zold", Some(OLD), VIP),
+        slice("zold", &["198.18.0.2"]),
+        service_created("ayoung", Some(YOUNG), VIP),
+        slice("ayoung", &["198.18.0.3"]),
+    ]
+}
+
+/// The labels in the maps (which service each frontend was programmed from).
+fn labels(m: &MemMaps) -> Vec<String> {
+    m.labels.values().cloned().collect()
+}
+
+/// The older service gets a frontend two services claim, whatever the order the events
+/// come in (in a list, or one by one after it), and a full relist agrees.
+#[tokio::test(start_paused = true)]
+async fn the_older_service_gets_a_contested_frontend_whatever_the_order() {
+    let want_old = want(&[("198.19.0.10:80", &["198.18.0.2:8080"])]);
+    let mut backward = contested();
+    backward.reverse();
+    for (what, events) in [("in order", contested()), ("reversed", backward)] {
+        let mut ctl = controller(MemMaps::default());
+        drive(&mut ctl, full_list(events)).await;
+        assert_eq!(served(ctl.maps()), want_old, "{what}");
+        assert_eq!(labels(ctl.maps()), vec!["shop/zold:http"], "{what}");
+        assert_eq!(ctl.sync.conflicts(), 1, "{what}");
+        ctl.maps().check();
+    }
+
+    // The younger listed first, the older arriving by event: it takes the frontend over.
+    let mut forward = contested();
+    let older = forward.drain(..2).collect::<Vec<_>>();
+    let mut ctl = controller(MemMaps::default());
+    drive(&mut ctl, full_list(forward)).await;
+    assert_eq!(
+        served(ctl.maps()),
+        want(&[("198.19.0.10:80", &["198.18.0.3:8080"])])
+    );
+    assert_eq!(ctl.sync.conflicts(), 0);
+    drive(&mut ctl, older).await;
+    assert_eq!(served(ctl.maps()), want_old);
+    assert_eq!(labels(ctl.maps()), vec!["shop/zold:http"]);
+    assert_eq!(ctl.sync.conflicts(), 1);
+    ctl.maps().check();
+
+    // The older listed first, the younger arriving by event: nothing changes hands.
+    let mut first = contested();
+    let younger = first.split_off(2);
+    let mut other = controller(MemMaps::default());
+    drive(&mut other, full_list(first)).await;
+    let ops = other.maps().ops;
+    drive(&mut other, younger).await;
+    assert_eq!(served(other.maps()), want_old);
+    assert_eq!(other.maps().ops, ops, "the younger claimant wrote");
+    assert_eq!(other.sync.conflicts(), 1);
+
+    // A full relist (and a reconcile) leaves it as the events did, writing nothing.
+    let ops = ctl.maps().ops;
+    drive(&mut ctl, full_list(contested())).await;
+    assert!(ctl.reconcile());
+    assert_eq!(served(ctl.maps()), want_old);
+    assert_eq!(ctl.maps().ops, ops, "a relist of the same state wrote");
+    assert_eq!(ctl.sync.conflicts(), 1);
+}
+
+/// A service with a creation time is older than one without (a manifest); between two
+/// without, the first by namespace/name gets the frontend.
+#[tokio::test(start_paused = true)]
+async fn without_creation_times_the_first_name_gets_a_contested_frontend() {
+    for (events, holder) in [
+        (
+            vec![
+                service_created("a", None, VIP),
+                service_created("b", None, VIP),
+            ],
+            "shop/a:http",
+        ),
+        (
+            vec![
+                service_created("a", None, VIP),
+                service_created("b", Some(YOUNG), VIP),
+            ],
+            "shop/b:http",
+        ),
+    ] {
+        let mut ctl = controller(MemMaps::default());
+        drive(&mut ctl, full_list(events)).await;
+        assert_eq!(labels(ctl.maps()), vec![holder]);
+    }
+}
+
+/// Deleting the service that lost a frontend writes nothing: the holder's entry, slots and
+/// backends stay as they are.
+#[tokio::test(start_paused = true)]
+async fn deleting_the_loser_leaves_the_holders_frontend_untouched() {
+    let mut ctl = controller(MemMaps::default());
+    drive(&mut ctl, full_list(contested())).await;
+    let before = ctl.maps().clone();
+    drive(
+        &mut ctl,
+        vec![
+            deleted("ayoung"),
+            SourceEvent::Slice {
+                id: id("ayoung-a"),
+                slice: None,
+                trigger: None,
+            },
+        ],
+    )
+    .await;
+    assert_eq!(
+        served(ctl.maps()),
+        want(&[("198.19.0.10:80", &["198.18.0.2:8080"])])
+    );
+    assert_eq!(ctl.maps().ops, before.ops, "the loser's deletion wrote");
+    assert_eq!(ctl.maps().services, before.services);
+    assert_eq!(ctl.maps().backends, before.backends);
+    assert_eq!(ctl.sync.conflicts(), 0);
+}
+
+/// Deleting the holder hands the frontend to the other claimant in the same sync, and a
+/// full relist of what is left agrees.
+#[tokio::test(start_paused = true)]
+async fn deleting_the_holder_hands_the_frontend_over_in_the_same_sync() {
+    let mut ctl = controller(MemMaps::default());
+    drive(&mut ctl, full_list(contested())).await;
+    let syncs = ctl.report.syncs;
+    drive(&mut ctl, vec![deleted("zold")]).await;
+    assert_eq!(ctl.report.syncs - syncs, 1);
+    let want_young = want(&[("198.19.0.10:80", &["198.18.0.3:8080"])]);
+    assert_eq!(served(ctl.maps()), want_young);
+    assert_eq!(labels(ctl.maps()), vec!["shop/ayoung:http"]);
+    assert_eq!(ctl.maps().backends.len(), 1, "{:?}", ctl.maps().backends);
+    assert_eq!(ctl.sync.conflicts(), 0);
+    ctl.maps().check();
+
+    let mut fresh = controller(MemMaps::default());
+    let mut left = contested();
+    left.remove(0);
+    drive(&mut fresh, full_list(left)).await;
+    assert_eq!(served(fresh.maps()), want_young);
+    assert_eq!(labels(fresh.maps()), labels(ctl.maps()));
+}

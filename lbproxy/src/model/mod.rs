@@ -12,6 +12,8 @@ use std::fmt;
 use std::net::IpAddr;
 
 pub use service::{IpMode, Service, ServicePort, ServiceType, TargetPort, service_from_k8s};
+#[cfg(test)]
+pub use slice::SlicePort;
 pub use slice::{Endpoint, EndpointAddr, EndpointSlice, resolve_slice_port, slice_from_k8s};
 /// `sessionAffinityConfig.clientIP.timeoutSeconds` when absent (3 hours, as Kubernetes).
 pub const DEFAULT_AFFINITY_TIMEOUT_S: i32 = 10_800;

@@ -77,6 +77,9 @@ pub struct LoadBalancerIngress {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Service {
     pub id: NamespacedName,
+    /// `metadata.creationTimestamp`, absent in most manifests. When two services claim the
+    /// same frontend, the older one gets it (see `controller::sync`).
+    pub created: Option<jiff::Timestamp>,
     /// `spec.type` (ClusterIP when absent).
     pub service_type: ServiceType,
     /// ClusterIPs, IPv4 and IPv6 (dual-stack). Empty for headless services. The families
@@ -300,6 +303,7 @@ pub fn service_from_k8s(svc: &K8sService) -> Result<Normalized<Service>, Invalid
     };
     Ok(Normalized::Proxied(Service {
         id: NamespacedName { namespace, name },
+        created: svc.metadata.creation_timestamp.as_ref().map(|t| t.0),
         service_type,
         cluster_ips,
         ip_families,
@@ -343,7 +347,7 @@ mod tests {
     }
 
     const LB: &str = r"
-metadata: {name: lb, namespace: shop}
+metadata: {name: lb, namespace: shop, creationTimestamp: '2024-01-02T03:04:05Z'}
 spec:
   type: LoadBalancer
   clusterIPs: [198.19.0.10, 'fd00::10']
@@ -376,6 +380,7 @@ status:
                 namespace: "shop".into(),
                 name: "lb".into(),
             },
+            created: Some("2024-01-02T03:04:05Z".parse().unwrap()),
             service_type: ServiceType::LoadBalancer,
             cluster_ips: vec![ip("198.19.0.10"), ip("fd00::10")],
             ip_families: vec![Family::V4, Family::V6],

@@ -23,6 +23,16 @@ pub struct MapWriteError {
 }
 
 impl MapWriteError {
+    /// No id is free for a new entry of `map` (every id from 1 to `u32::MAX` in use).
+    pub fn no_free_id(map: &'static str, entry: &str) -> Self {
+        Self {
+            map,
+            op: "allocate an id for",
+            entry: entry.to_string(),
+            cause: WriteCause::NoFreeId,
+        }
+    }
+
     /// The errno the kernel answered, if the kernel refused the write.
     pub fn errno(&self) -> Option<i32> {
         match &self.cause {
@@ -30,6 +40,7 @@ impl MapWriteError {
                 aya::maps::MapError::SyscallError(s) => s.io_error.raw_os_error(),
                 _ => None,
             },
+            WriteCause::NoFreeId => None,
             #[cfg(test)]
             WriteCause::Injected => None,
         }
@@ -42,6 +53,9 @@ pub enum WriteCause {
     /// The kernel refused it; the message says what the errno means for a map.
     #[error("{}", meaning(.0))]
     Kernel(#[source] Box<aya::maps::MapError>),
+    /// Every id is in use; nothing was written.
+    #[error("no free id")]
+    NoFreeId,
     /// A failure injected by a test.
     #[cfg(test)]
     #[error("injected failure")]

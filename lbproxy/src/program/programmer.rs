@@ -56,24 +56,50 @@ pub struct Programmer {
     refs: HashMap<u32, usize>,
     /// Backends whose count dropped to zero since the last sweep.
     maybe_unused: std::collections::HashSet<u32>,
+    /// The next ids to try; see [`next_free_id`].
     next_backend_id: u32,
     next_svc_id: u32,
+    /// Service ids of the programmed frontends, so allocation skips them in O(1).
+    svc_ids: std::collections::HashSet<u32>,
+}
+
+/// The id to hand out from `*next` on: the first that is not 0 and not `in_use`, in
+/// increasing order, wrapping at `u32::MAX`. `*next` moves past it, so an id just freed is
+/// not handed out again until every other id has been (flows may still refer to it).
+/// `None` when every id is in use (more than any map holds).
+fn next_free_id(next: &mut u32, in_use_count: usize, in_use: impl Fn(u32) -> bool) -> Option<u32> {
+    if in_use_count >= u32::MAX as usize {
+        return None;
+    }
+    let mut id = *next;
+    loop {
+        if id != 0 && !in_use(id) {
+            *next = id.wrapping_add(1);
+            return Some(id);
+        }
+        id = id.wrapping_add(1);
+    }
 }
 
 impl Programmer {
     /// Starts from what the maps already hold, keeping every id, so flows recorded by an
-    /// earlier run stay valid.
+    /// earlier run stay valid. New ids continue after the highest one in use (wrapping).
+    ///
+    /// Ids freed by the earlier run above that one are not known here and may be handed out
+    /// again; the datapath tolerates it (a flow is live only while its `svc_id` is its
+    /// frontend's and its backend id still holds the same address).
     pub fn adopt(state: Programmed) -> Self {
         let mut p = Programmer {
-            next_backend_id: state.backends.keys().max().map_or(1, |m| m + 1),
+            next_backend_id: state.backends.keys().max().map_or(1, |m| m.wrapping_add(1)),
             next_svc_id: state
                 .frontends
                 .values()
                 .map(|f| f.svc_id)
                 .max()
-                .map_or(1, |m| m + 1),
+                .map_or(1, |m| m.wrapping_add(1)),
             ..Default::default()
         };
+        p.svc_ids = state.frontends.values().map(|f| f.svc_id).collect();
         for (id, addr) in &state.backends {
             p.by_addr.insert(*addr, *id);
             p.refs.insert(*id, 0);
@@ -93,6 +119,23 @@ impl Programmer {
         p
     }
 
+    /// Adopts `state` (read back after drift) in place of what was programmed, keeping the
+    /// id counters: ids freed before the drift are not handed out again any sooner.
+    pub fn readopt(&mut self, state: Programmed) {
+        let (backend, svc) = (self.next_backend_id, self.next_svc_id);
+        *self = Self::adopt(state);
+        self.next_backend_id = backend;
+        self.next_svc_id = svc;
+    }
+
+    /// Sets the next ids to hand out, to test what happens near a wrap.
+    #[cfg(test)]
+    pub fn with_next_ids(mut self, backend: u32, svc: u32) -> Self {
+        self.next_backend_id = backend;
+        self.next_svc_id = svc;
+        self
+    }
+
     pub fn programmed(&self) -> &Programmed {
         &self.state
     }
@@ -106,10 +149,15 @@ impl Programmer {
         if let Some(id) = self.by_addr.get(&addr) {
             return Ok(*id);
         }
-        let id = self.next_backend_id;
+        let mut next = self.next_backend_id;
+        let (backends, refs) = (&self.state.backends, &self.refs);
+        let id = next_free_id(&mut next, backends.len(), |id| {
+            backends.contains_key(&id) || refs.contains_key(&id)
+        })
+        .ok_or_else(|| MapWriteError::no_free_id("backends", &addr.to_string()))?;
         maps.put_backend(id, &addr.value())?;
         stats.writes += 1;
-        self.next_backend_id += 1;
+        self.next_backend_id = next;
         self.by_addr.insert(addr, id);
         self.refs.insert(id, 0);
         // Freed again at the end of this apply if no slot ends up using it.
@@ -224,6 +272,7 @@ impl Programmer {
             self.release(id);
         }
         self.state.frontends.remove(&fe);
+        self.svc_ids.remove(&cur.svc_id);
         Ok(())
     }
 
@@ -267,9 +316,15 @@ impl Programmer {
         }
 
         let existing = self.state.frontends.get(&fe).cloned();
+        let mut next_svc_id = self.next_svc_id;
         let (svc_id, old_slots, is_new) = match &existing {
             Some(cur) => (cur.svc_id, cur.slots.clone(), false),
-            None => (self.next_svc_id, Vec::new(), true),
+            None => {
+                let ids = &self.svc_ids;
+                let id = next_free_id(&mut next_svc_id, ids.len(), |id| ids.contains(&id))
+                    .ok_or_else(|| MapWriteError::no_free_id("services", &fe.to_string()))?;
+                (id, Vec::new(), true)
+            }
         };
 
         // 2. The new slot arrangement: keep backends where they are, fill holes left by
@@ -311,8 +366,9 @@ impl Programmer {
         }
         stats.frontends_changed += 1;
         if is_new {
-            self.next_svc_id += 1;
+            self.next_svc_id = next_svc_id;
             maps.put_label(svc_id, &spec.label)?;
+            self.svc_ids.insert(svc_id);
             stats.writes += 1;
             self.state.frontends.insert(
                 fe,
@@ -612,5 +668,107 @@ mod tests {
                 .collect();
             assert_eq!(m.members, from_slots, "fail at {fail}");
         }
+    }
+
+    /// The (backend id, address) pairs in the maps and the service ids of the frontends.
+    fn ids(m: &MemMaps) -> (BTreeMap<u32, BackendAddr>, Vec<u32>) {
+        let backends = m
+            .backends
+            .iter()
+            .map(|(id, b)| (*id, BackendAddr::from_value(b).unwrap()))
+            .collect();
+        (backends, m.services.values().map(|v| v.svc_id).collect())
+    }
+
+    /// Backend ids wrap at u32::MAX, skip 0 and skip every id still in use: the backends
+    /// programmed before the wrap keep their ids and addresses.
+    #[test]
+    fn backend_ids_wrap_past_zero_and_ids_in_use() {
+        let mut m = MemMaps::default();
+        let mut p = Programmer::default();
+        let mut d = Desired::new();
+        d.insert(fe(10, 80), spec(&[2, 3, 4]));
+        p.apply(&mut m, &d).unwrap();
+        let (before, _) = ids(&m);
+        assert_eq!(before.keys().copied().collect::<Vec<_>>(), vec![1, 2, 3]);
+
+        let mut p = Programmer::adopt(p.programmed().clone()).with_next_ids(u32::MAX - 1, 1);
+        d.insert(fe(11, 80), spec(&[5, 6, 7, 8]));
+        p.apply(&mut m, &d).unwrap();
+        m.check();
+        let (after, _) = ids(&m);
+        for (id, addr) in &before {
+            assert_eq!(
+                after.get(id),
+                Some(addr),
+                "id {id} changed hands: {after:?}"
+            );
+        }
+        let new: Vec<u32> = after
+            .keys()
+            .copied()
+            .filter(|id| !before.contains_key(id))
+            .collect();
+        assert_eq!(new, vec![4, 5, u32::MAX - 1, u32::MAX], "{after:?}");
+        assert_eq!(served(&m, fe(10, 80)), vec![be(2), be(3), be(4)]);
+        assert_eq!(served(&m, fe(11, 80)), vec![be(5), be(6), be(7), be(8)]);
+
+        // Freed ids are not handed out again before the counter comes round to them.
+        d.insert(fe(11, 80), spec(&[9]));
+        p.apply(&mut m, &d).unwrap();
+        let (after, _) = ids(&m);
+        assert_eq!(
+            after.keys().copied().collect::<Vec<_>>(),
+            vec![1, 2, 3, 6],
+            "{after:?}"
+        );
+    }
+
+    /// Service ids wrap the same way; adopting maps that hold u32::MAX does not overflow.
+    #[test]
+    fn service_ids_wrap_past_zero_and_ids_in_use_and_adoption_at_the_top() {
+        let mut m = MemMaps::default();
+        let mut p = Programmer::default();
+        let mut d = Desired::new();
+        d.insert(fe(10, 80), spec(&[2]));
+        d.insert(fe(11, 80), spec(&[2]));
+        p.apply(&mut m, &d).unwrap();
+        assert_eq!(ids(&m).1, vec![1, 2]);
+
+        let mut p = Programmer::adopt(p.programmed().clone()).with_next_ids(1, u32::MAX);
+        d.insert(fe(12, 80), spec(&[3]));
+        p.apply(&mut m, &d).unwrap();
+        d.insert(fe(13, 80), spec(&[3]));
+        p.apply(&mut m, &d).unwrap();
+        m.check();
+        let svc_of = |m: &MemMaps, last| m.services[&fe(last, 80).key()].svc_id;
+        assert_eq!(
+            [10, 11, 12, 13].map(|l| svc_of(&m, l)),
+            [1, 2, u32::MAX, 3],
+            "{:?}",
+            m.services
+        );
+        assert_eq!(m.labels.len(), 4);
+
+        // A restart adopts ids up to u32::MAX and goes on past 0 and the ids in use.
+        let mut p = Programmer::adopt(p.programmed().clone());
+        d.insert(fe(14, 80), spec(&[3]));
+        p.apply(&mut m, &d).unwrap();
+        assert_eq!(svc_of(&m, 14), 4, "{:?}", m.services);
+        let all = ids(&m).1;
+        let distinct: std::collections::BTreeSet<u32> = all.iter().copied().collect();
+        assert_eq!(distinct.len(), all.len(), "{all:?}");
+        assert!(!distinct.contains(&0));
+    }
+
+    #[test]
+    fn next_free_id_skips_zero_and_ids_in_use_and_reports_exhaustion() {
+        let in_use = [u32::MAX, 1, 2];
+        let mut next = u32::MAX;
+        assert_eq!(next_free_id(&mut next, 3, |i| in_use.contains(&i)), Some(3));
+        assert_eq!(next, 4);
+        let mut next = 0;
+        assert_eq!(next_free_id(&mut next, 0, |_| false), Some(1));
+        assert_eq!(next_free_id(&mut next, u32::MAX as usize, |_| true), None);
     }
 }
