@@ -12,9 +12,34 @@ pub const CONFIG_F_STACK_BYPASS: u32 = 1;
 pub struct DatapathConfig {
     /// `CONFIG_F_*` bits.
     pub flags: u32,
-    pub _reserved: [u32; 3],
+    /// The node's secret seed of the flow hash that picks backends
+    /// ([`crate::select::flow_hash`]), low and high halves: without it a client could choose
+    /// its backend by choosing its source port. Created once per node, never 0, and kept
+    /// across restarts so that a restart moves no flow; `lbproxy cleanup` removes it with the
+    /// map. 0 (as written by versions before the seed) means "none yet".
+    pub hash_seed_lo: u32,
+    pub hash_seed_hi: u32,
+    pub _reserved: [u32; 1],
 }
 const _: () = assert!(core::mem::size_of::<DatapathConfig>() == 16);
+
+impl DatapathConfig {
+    /// The flow-hash seed (0 when none was written yet).
+    #[inline(always)]
+    pub const fn hash_seed(&self) -> u64 {
+        (self.hash_seed_hi as u64) << 32 | self.hash_seed_lo as u64
+    }
+
+    /// This config with `seed` as the flow-hash seed.
+    #[must_use]
+    pub const fn with_hash_seed(self, seed: u64) -> DatapathConfig {
+        DatapathConfig {
+            hash_seed_lo: seed as u32,
+            hash_seed_hi: (seed >> 32) as u32,
+            ..self
+        }
+    }
+}
 
 /// An array of one entry, key 0.
 pub const SPEC: MapSpec =

@@ -1,5 +1,5 @@
 //! Backend selection: jump consistent hashing (Lamping and Veach, 2014) over a service's
-//! slots, keyed by the flow's 5-tuple.
+//! slots, keyed by the flow's 5-tuple and the node's secret seed.
 //!
 //! Chosen instead of a Maglev table because it gives the same guarantees with no table:
 //! - uniform spread over the `n` slots;
@@ -32,12 +32,30 @@ pub fn jump(mut key: u64, n: u32) -> u32 {
     if b < 0 { 0 } else { b as u32 }
 }
 
-/// A 64-bit hash of a flow's 5-tuple (addresses and ports as raw network-order bytes).
+/// A 64-bit hash of a flow's 5-tuple (addresses and ports as raw network-order bytes), keyed
+/// by the node's `seed` (`DatapathConfig::hash_seed`).
+///
+/// Unseeded, the hash is public, so a client could compute offline which source port lands
+/// on which backend and pick its backend. The seed is mixed into the addresses before the
+/// first finalizer: for a given client and frontend, `fmix64(a ^ seed)` is a secret 64-bit
+/// value that every source port's hash then depends on. This costs one XOR per new flow. It
+/// is not a cryptographic MAC: a client can still learn its own port-to-backend mapping by
+/// trying ports, as with any deterministic choice, but cannot predict it, nor carry what it
+/// learnt to another node (another seed) or another client address.
+///
+/// Seed 0 gives the hash lbproxy used before seeds existed.
 #[inline(always)]
-pub fn flow_hash(src: [u8; 4], dst: [u8; 4], sport_be: u16, dport_be: u16, proto: u8) -> u64 {
+pub fn flow_hash(
+    seed: u64,
+    src: [u8; 4],
+    dst: [u8; 4],
+    sport_be: u16,
+    dport_be: u16,
+    proto: u8,
+) -> u64 {
     let a = u64::from(u32::from_ne_bytes(src)) << 32 | u64::from(u32::from_ne_bytes(dst));
     let b = u64::from(sport_be) << 32 | u64::from(dport_be) << 16 | u64::from(proto);
-    fmix64(fmix64(a) ^ b.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+    fmix64(fmix64(a ^ seed) ^ b.wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
 /// MurmurHash3's 64-bit finalizer.

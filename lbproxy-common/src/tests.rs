@@ -176,3 +176,28 @@ fn only_the_unserved_list_is_not_preallocated() {
         assert_eq!(s.flags, want, "{}", s.name);
     }
 }
+
+/// The hash seed sits in what was `_reserved` in `LB_CONFIG_V1`: the value keeps its size and
+/// the flags their place, and a config written before the seed (zeros there) reads as "no
+/// seed yet" (0, the unseeded hash).
+#[test]
+fn hash_seed_takes_reserved_space() {
+    assert_eq!(core::mem::offset_of!(DatapathConfig, flags), 0);
+    assert_eq!(core::mem::offset_of!(DatapathConfig, hash_seed_lo), 4);
+    assert_eq!(core::mem::offset_of!(DatapathConfig, hash_seed_hi), 8);
+    assert_eq!(core::mem::offset_of!(DatapathConfig, _reserved), 12);
+    assert_eq!(DatapathConfig::default().hash_seed(), 0);
+    for seed in [1, u64::MAX, 0x0123_4567_89ab_cdef, 1 << 32] {
+        let c = DatapathConfig {
+            flags: CONFIG_F_STACK_BYPASS,
+            ..DatapathConfig::default()
+        }
+        .with_hash_seed(seed);
+        assert_eq!(c.hash_seed(), seed);
+        assert_eq!(c.flags, CONFIG_F_STACK_BYPASS);
+        assert_eq!(
+            (c.hash_seed_lo, c.hash_seed_hi),
+            (seed as u32, (seed >> 32) as u32)
+        );
+    }
+}

@@ -16,10 +16,10 @@ use aya_ebpf::{
     helpers::generated::{bpf_fib_lookup, bpf_redirect_peer},
     programs::TcContext,
 };
-use lbproxy_common::{CONFIG_F_STACK_BYPASS, Delivery, DropReason};
+use lbproxy_common::{CONFIG_F_STACK_BYPASS, DatapathConfig, Delivery, DropReason};
 
 use crate::{
-    maps::{LB_CONFIG_V1, LB_DELIVERY_V1, LB_PODIFS_V1},
+    maps::{LB_DELIVERY_V1, LB_PODIFS_V1},
     nat::csum,
     parse::{IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, IP_TTL_OFF, L2_L3_LEN, Packet, ptr_at},
     reason::Verdict,
@@ -54,12 +54,11 @@ fn count(d: Delivery) {
     }
 }
 
-/// Whether the controller turned the bypass on.
+/// Whether the controller turned the bypass on (`config` is this packet's
+/// `maps::config()`).
 #[inline(always)]
-pub fn enabled() -> bool {
-    LB_CONFIG_V1
-        .get(0)
-        .is_some_and(|c| c.flags & CONFIG_F_STACK_BYPASS != 0)
+pub fn enabled(config: &DatapathConfig) -> bool {
+    config.flags & CONFIG_F_STACK_BYPASS != 0
 }
 
 /// The pod interface `pkt`, once addressed to `dst`, can be redirected into, or `None` (and

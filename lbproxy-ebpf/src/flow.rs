@@ -79,8 +79,11 @@ fn reply_key(backend_addr: [u8; 4], backend_port_be: u16, pkt: &Packet) -> FlowK
 /// A TCP flow still in SYN_SENT (the backend never answered) that sees another SYN, a
 /// retransmission from the same source port, is also treated as new: it is never pinned to a
 /// backend that did not answer. So is a SYN on a closed flow (the source port reused).
+///
+/// `seed` is the node's flow-hash seed (`DatapathConfig::hash_seed`), used only when a
+/// backend is selected.
 #[inline(always)]
-pub fn forward(pkt: &Packet, svc: &ServiceValue) -> Result<NatTarget, Verdict> {
+pub fn forward(pkt: &Packet, svc: &ServiceValue, seed: u64) -> Result<NatTarget, Verdict> {
     let key = key_of(pkt, FLOW_DIR_FORWARD);
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     // An entry of this tuple's previous flow, rewritten in place below instead of being
@@ -121,9 +124,9 @@ pub fn forward(pkt: &Packet, svc: &ServiceValue) -> Result<NatTarget, Verdict> {
     }
 
     let (backend_id, backend) = if svc.affinity_timeout_s != 0 {
-        affinity::select(pkt, svc, now)?
+        affinity::select(pkt, svc, now, seed)?
     } else {
-        select::select(svc, pkt)?
+        select::select(svc, pkt, seed)?
     };
     let state = if pkt.proto != IPPROTO_TCP {
         FLOW_STATE_NONE

@@ -35,7 +35,7 @@ mod reject;
 use aya_ebpf::{macros::classifier, programs::TcContext};
 use aya_log_ebpf::debug;
 
-use lbproxy_common::{DropReason, IPPROTO_TCP};
+use lbproxy_common::{DatapathConfig, DropReason, IPPROTO_TCP};
 
 use crate::reason::{TC_ACT_UNSPEC, Verdict, count, count_and_drop};
 
@@ -56,10 +56,12 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
         Ok(None) => return Ok(TC_ACT_UNSPEC),
         Err(v) => return Err(v.reason()),
     };
+    // One lookup of the settings per packet: the bypass flag and the flow-hash seed.
+    let config = maps::config();
     let Some(svc) = lb::service::lookup(&pkt) else {
-        return reply_from_pod(ctx, &pkt);
+        return reply_from_pod(ctx, &pkt, &config);
     };
-    let to = match flow::forward(&pkt, &svc) {
+    let to = match flow::forward(&pkt, &svc, config.hash_seed()) {
         Ok(to) => to,
         Err(Verdict::Drop(reason)) => return Err(reason),
         Err(Verdict::Reject(reason)) => {
@@ -72,7 +74,7 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
             return answer.map_err(|v| v.reason());
         }
     };
-    let peer = if deliver::enabled() {
+    let peer = if deliver::enabled(&config) {
         deliver::route(ctx, &pkt, to.addr, to.port_be)
     } else {
         None
@@ -95,8 +97,12 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
 /// or a reply that cannot be redirected, goes to the stack untouched (`lb_to_pod` translates
 /// such a reply on its way into the client's pod).
 #[inline(always)]
-fn reply_from_pod(ctx: &TcContext, pkt: &parse::Packet) -> Result<i32, DropReason> {
-    if !deliver::enabled() {
+fn reply_from_pod(
+    ctx: &TcContext,
+    pkt: &parse::Packet,
+    config: &DatapathConfig,
+) -> Result<i32, DropReason> {
+    if !deliver::enabled(config) {
         return Ok(TC_ACT_UNSPEC);
     }
     let Some(to) = flow::reply(pkt) else {

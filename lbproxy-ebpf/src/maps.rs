@@ -127,7 +127,7 @@ map! {
     LB_LABELS_V1: HashMap<u32, ServiceLabel> = labels::SPEC;
     /// Per-CPU drop (and reject) counters by `DropReason`. Written by `reason`.
     LB_DROPS_V2: PerCpuArray<u64> = drops::SPEC;
-    /// Datapath settings, one entry. Read by `deliver`.
+    /// Datapath settings, one entry. Read once per packet with [`config`].
     LB_CONFIG_V1: Array<DatapathConfig> = config::SPEC;
     /// Pod interfaces a packet may be redirected into. Read by `deliver`.
     LB_PODIFS_V1: HashMap<u32, PodIf> = pod_ifs::SPEC;
@@ -136,4 +136,13 @@ map! {
     /// Frontends asked for but not served yet, for `lbproxy inspect`. Declared so the
     /// object carries it (and its BTF); the datapath never reads it.
     LB_UNSERVED_V1: HashMap<UnservedKey, UnservedValue> = unserved::SPEC;
+}
+
+/// The controller's settings (`LB_CONFIG_V1`, entry 0): the stack bypass flag (for
+/// `deliver`) and the flow-hash seed (for `lb::select`). Read once per packet and passed to
+/// the stages that use it. Entry 0 of an array always exists; were it missing, the defaults
+/// (all zeros: no bypass, seed 0) apply.
+#[inline(always)]
+pub fn config() -> DatapathConfig {
+    LB_CONFIG_V1.get(0).copied().unwrap_or_default()
 }

@@ -10,9 +10,15 @@ use lbproxy_common::{AffinityKey, AffinityValue, Backend, ServiceValue};
 use super::select;
 use crate::{maps::LB_AFFINITY_V1, parse::Packet, reason::Verdict};
 
-/// Selects a backend for a new flow of a service with affinity.
+/// Selects a backend for a new flow of a service with affinity (`seed`: see
+/// [`select::select`]).
 #[inline(always)]
-pub fn select(pkt: &Packet, svc: &ServiceValue, now: u64) -> Result<(u32, Backend), Verdict> {
+pub fn select(
+    pkt: &Packet,
+    svc: &ServiceValue,
+    now: u64,
+    seed: u64,
+) -> Result<(u32, Backend), Verdict> {
     let key = AffinityKey {
         svc_id: svc.svc_id,
         client_addr: pkt.src_addr,
@@ -28,7 +34,7 @@ pub fn select(pkt: &Packet, svc: &ServiceValue, now: u64) -> Result<(u32, Backen
             return Ok((backend_id, b));
         }
     }
-    let (backend_id, backend) = select::select(svc, pkt)?;
+    let (backend_id, backend) = select::select(svc, pkt, seed)?;
     let value = AffinityValue {
         backend_id,
         _pad: 0,

@@ -9,13 +9,14 @@ use crate::{
     reason::Verdict,
 };
 
-/// Picks one of the service's `count` slots by jump consistent hashing of the 5-tuple and
-/// returns the backend id and the backend in it. Errors: a reject when the service has no
-/// usable endpoint,
+/// Picks one of the service's `count` slots by jump consistent hashing of the 5-tuple, keyed
+/// by the node's `seed` (`DatapathConfig::hash_seed`, so a client cannot pick its backend by
+/// picking its source port), and returns the backend id and the backend in it. Errors: a
+/// reject when the service has no usable endpoint,
 /// `SlotMissing`/`BackendMissing` when the maps are inconsistent (never expected: the
 /// controller writes backends before slots before the count).
 #[inline(always)]
-pub fn select(svc: &ServiceValue, pkt: &Packet) -> Result<(u32, Backend), Verdict> {
+pub fn select(svc: &ServiceValue, pkt: &Packet, seed: u64) -> Result<(u32, Backend), Verdict> {
     let proto = pkt.proto;
     if svc.count == 0 {
         // No usable endpoint: answer at once rather than leave the client to time out.
@@ -26,8 +27,10 @@ pub fn select(svc: &ServiceValue, pkt: &Packet) -> Result<(u32, Backend), Verdic
         }));
     }
     // Consistent in the 5-tuple: the same flow maps to the same slot while the service's
-    // slots stay, and a backend added or removed moves few flows (lbproxy_common::select).
+    // slots and the seed stay, and a backend added or removed moves few flows
+    // (lbproxy_common::select).
     let hash = flow_hash(
+        seed,
         pkt.src_addr,
         pkt.dst_addr,
         pkt.src_port_be,

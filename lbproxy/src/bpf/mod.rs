@@ -57,6 +57,8 @@ pub enum BpfError {
         path: PathBuf,
         source: MapError,
     },
+    #[error("reading the kernel's randomness for the flow hash seed: {0}")]
+    Random(#[source] std::io::Error),
     #[error("loading the datapath object: {0}")]
     Load(#[from] aya::EbpfError),
     #[error("program {name}: {source}")]
@@ -261,21 +263,63 @@ fn migrate_services_v1(dir: &Path) -> Result<(), BpfError> {
 
 /// Writes the datapath settings (`LB_CONFIG_V1`). The programs read them on every packet, so
 /// a change applies at once, also to programs a previous run left attached.
+///
+/// The flow-hash seed (`DatapathConfig::hash_seed`) already pinned there is kept, so that a
+/// restart or an upgrade moves no flow: new flows get the backends they would have got
+/// before it. A config without one (a fresh bpffs dir, after `lbproxy cleanup`, or written
+/// by a version before seeds) gets a new seed from the kernel's randomness, never 0.
 pub fn write_config(dir: &Path, stack_bypass: bool) -> Result<(), BpfError> {
+    let path = dir.join(map_names::CONFIG);
+    let map_error = |source| BpfError::Map {
+        name: map_names::CONFIG,
+        path: path.clone(),
+        source,
+    };
     let mut map: Array<MapData, DatapathConfig> = open_pinned(dir, map_names::CONFIG, Map::Array)?;
+    let pinned = map.get(&0, 0).map_err(map_error)?.hash_seed();
+    let seed = if pinned != 0 {
+        tracing::info!("flow hash seed kept from the pinned LB_CONFIG_V1");
+        pinned
+    } else {
+        let seed = new_hash_seed().map_err(BpfError::Random)?;
+        tracing::info!("flow hash seed created (none pinned yet)");
+        seed
+    };
     let config = DatapathConfig {
         flags: if stack_bypass {
             CONFIG_F_STACK_BYPASS
         } else {
             0
         },
-        _reserved: [0; 3],
-    };
-    map.set(0, config, 0).map_err(|source| BpfError::Map {
-        name: map_names::CONFIG,
-        path: dir.join(map_names::CONFIG),
-        source,
-    })
+        ..DatapathConfig::default()
+    }
+    .with_hash_seed(seed);
+    map.set(0, config, 0).map_err(map_error)
+}
+
+/// A new flow-hash seed: 8 bytes from the kernel's randomness (`getrandom(2)`, which blocks
+/// only until the pool is first initialized, early in boot), never 0 (0 means "no seed").
+fn new_hash_seed() -> std::io::Result<u64> {
+    loop {
+        let mut buf = [0u8; 8];
+        let mut got = 0;
+        while got < buf.len() {
+            // SAFETY: the pointer and length describe the unfilled tail of `buf`.
+            let n = unsafe { libc::getrandom(buf[got..].as_mut_ptr().cast(), buf.len() - got, 0) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            got += n as usize;
+        }
+        let seed = u64::from_ne_bytes(buf);
+        if seed != 0 {
+            return Ok(seed);
+        }
+    }
 }
 
 /// An error with its sources, since aya's syscall errors keep the errno in `source()`.
@@ -359,4 +403,18 @@ pub fn missing_pins(dir: &Path) -> Option<PathBuf> {
         .iter()
         .map(|spec| dir.join(spec.name))
         .find(|p| !p.exists())
+}
+
+#[cfg(test)]
+mod tests {
+    /// Seeds come from the kernel, are never 0 and differ between calls (two equal 64-bit
+    /// draws among 1000 would mean the randomness is not read).
+    #[test]
+    fn new_hash_seeds_are_random_and_never_zero() {
+        let seeds: std::collections::BTreeSet<u64> = (0..1000)
+            .map(|_| super::new_hash_seed().expect("getrandom"))
+            .collect();
+        assert_eq!(seeds.len(), 1000);
+        assert!(!seeds.contains(&0));
+    }
 }
