@@ -100,6 +100,7 @@ pub async fn spawn_attach(
         };
     sync(&mut dp, &mut attacher).await;
     tokio::spawn(async move {
+        let mut missing_before = false;
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -114,15 +115,25 @@ pub async fn spawn_attach(
                 }
                 _ = tick.tick() => {}
             }
-            if let Some(missing) = super::missing_pins(&dp.dir) {
+            match super::missing_pins(&dp.dir) {
                 // `lbproxy cleanup` (or a hand) removed what this run pinned: the programs
                 // it would go on writing to are no longer what the node's interfaces use.
                 // Exit so that the DaemonSet restarts lbproxy, which pins and attaches anew.
-                tracing::error!(
-                    missing = %missing.display(),
-                    "pinned maps are gone (lbproxy cleanup while running?); exiting so that a restart pins and attaches again"
-                );
-                std::process::exit(3);
+                // Two checks in a row (at least 2 s apart) must agree, so one failed look-up
+                // never restarts a working proxy.
+                Some((missing, why)) if missing_before => {
+                    tracing::error!(
+                        missing = %missing.display(),
+                        %why,
+                        "pinned maps are gone (lbproxy cleanup while running?); exiting so that a restart pins and attaches again"
+                    );
+                    std::process::exit(3);
+                }
+                Some((missing, why)) => {
+                    tracing::warn!(missing = %missing.display(), %why, "a pinned map is missing; exiting if it still is at the next check");
+                    missing_before = true;
+                }
+                None => missing_before = false,
             }
             sync(&mut dp, &mut attacher).await;
         }

@@ -397,12 +397,13 @@ fn advance(counter: &prometheus_client::metrics::counter::Counter, seen: &mut u6
     *seen = now;
 }
 
-/// The first pinned map of this run that is no longer pinned under `dir`, if any.
-pub fn missing_pins(dir: &Path) -> Option<PathBuf> {
-    lbproxy_common::MAPS
-        .iter()
-        .map(|spec| dir.join(spec.name))
-        .find(|p| !p.exists())
+/// The first pinned map of this run that is no longer pinned under `dir`, if any, with the
+/// look-up's error.
+pub fn missing_pins(dir: &Path) -> Option<(PathBuf, std::io::Error)> {
+    lbproxy_common::MAPS.iter().find_map(|spec| {
+        let p = dir.join(spec.name);
+        std::fs::symlink_metadata(&p).err().map(|e| (p, e))
+    })
 }
 
 #[cfg(test)]
