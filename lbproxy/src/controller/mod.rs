@@ -172,6 +172,9 @@ impl<M: Maps> Controller<M> {
         self.report.conflicts(self.sync.conflicts());
         self.report.map_full(&self.sync.map_full());
         self.report.over_limit(self.sync.too_large().len());
+        for (svc, msg) in self.sync.take_too_large_news() {
+            self.report.too_large(&svc, msg);
+        }
         ok
     }
 

@@ -7,7 +7,8 @@
 //!   streak, and a log line with the cause of each of the first [`LOGGED_ERRORS`] failed
 //!   writes of a sync (then a count of the rest);
 //! - a Warning Event (`FrontendNotProgrammed`) on each Service a full map keeps from being
-//!   programmed, once per failure streak of that Service.
+//!   programmed, once per failure streak of that Service, and one (`ServiceOverSlotLimit`)
+//!   on each Service over the per-service slot limit, once per change of its numbers.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
@@ -214,7 +215,7 @@ impl Report {
             tracing::warn!(service = %svc, frontend = %fe, "{note}");
             #[cfg(test)]
             self.service_events.push((svc.clone(), note.clone()));
-            self.post_service_event(svc, note);
+            self.post_service_event(svc, "FrontendNotProgrammed", note);
         }
         self.map_full = failing.keys().cloned().collect();
         let as_i64 = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
@@ -232,7 +233,14 @@ impl Report {
             .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
-    fn post_service_event(&self, svc: &NamespacedName, note: String) {
+    /// A Service went over the per-service slot limit (`note` says by how much).
+    pub fn too_large(&mut self, svc: &NamespacedName, note: String) {
+        #[cfg(test)]
+        self.service_events.push((svc.clone(), note.clone()));
+        self.post_service_event(svc, "ServiceOverSlotLimit", note);
+    }
+
+    fn post_service_event(&self, svc: &NamespacedName, reason: &'static str, note: String) {
         let Some(recorder) = self.events.clone() else {
             return;
         };
@@ -246,7 +254,7 @@ impl Report {
         tokio::spawn(async move {
             let ev = kube::runtime::events::Event {
                 type_: kube::runtime::events::EventType::Warning,
-                reason: "FrontendNotProgrammed".into(),
+                reason: reason.into(),
                 note: Some(note),
                 action: "Sync".into(),
                 secondary: None,

@@ -59,9 +59,10 @@ fn over_limit(svc: &NamespacedName, served: &[(Frontend, FrontendSpec)]) -> Opti
         .unwrap_or(0);
     let same = served.iter().all(|(_, s)| s.backends.len() == most);
     Some(format!(
-        "Service {svc}: {} frontends × {}{} endpoints = {} backend slots, over the per-service \
-         limit of {}; not programmed",
+        "Service {svc}: {} frontend{} × {}{} endpoints = {} backend slots, over the \
+         per-service limit of {}; not programmed",
         thousands(served.len()),
+        if served.len() == 1 { "" } else { "s" },
         if same { "" } else { "up to " },
         thousands(most),
         thousands(slots),
@@ -105,6 +106,8 @@ pub struct Sync<M: Maps> {
     unserved_of: HashMap<NamespacedName, Vec<UnservedKey>>,
     /// Services over [`MAX_SLOTS_PER_SERVICE`], with the message last logged.
     too_large: HashMap<NamespacedName, String>,
+    /// Messages of services that went over the limit (or changed numbers) since taken.
+    too_large_news: Vec<(NamespacedName, String)>,
 }
 
 /// The entry of a frontend not served yet in `LB_UNSERVED_V1`.
@@ -161,6 +164,7 @@ impl<M: Maps> Sync<M> {
             conflicts: BTreeMap::new(),
             unserved_of: HashMap::new(),
             too_large: HashMap::new(),
+            too_large_news: Vec::new(),
         }
     }
 
@@ -172,6 +176,7 @@ impl<M: Maps> Sync<M> {
             Some(msg) => {
                 if self.too_large.get(&svc.id) != Some(&msg) {
                     tracing::warn!(service = %svc.id, "{msg}");
+                    self.too_large_news.push((svc.id.clone(), msg.clone()));
                     self.too_large.insert(svc.id.clone(), msg);
                 }
                 fes.served.clear();
@@ -192,6 +197,12 @@ impl<M: Maps> Sync<M> {
     /// The services over the per-service limit, with why.
     pub fn too_large(&self) -> &HashMap<NamespacedName, String> {
         &self.too_large
+    }
+
+    /// The services that went over the limit, or over it with other numbers, since the
+    /// last call: each once per change.
+    pub fn take_too_large_news(&mut self) -> Vec<(NamespacedName, String)> {
+        std::mem::take(&mut self.too_large_news)
     }
 
     /// The services with a frontend the last apply could not write because a map is full

@@ -722,11 +722,15 @@ async fn a_service_over_the_slot_limit_is_not_programmed_and_the_others_are() {
     assert_eq!(
         ctl.sync.too_large().get(&id("web")).map(String::as_str),
         Some(
-            "Service shop/web: 1 frontends × 10,001 endpoints = 10,001 backend slots, over \
+            "Service shop/web: 1 frontend × 10,001 endpoints = 10,001 backend slots, over \
              the per-service limit of 10,000; not programmed"
         )
     );
     assert_eq!(ctl.report.health.metrics.services_over_limit.get(), 1);
+    // Told once (an Event on the Service when a recorder is configured), not every sync.
+    drive(&mut ctl, vec![slice("web", &ips)]).await;
+    let events: Vec<&NamespacedName> = ctl.report.service_events.iter().map(|e| &e.0).collect();
+    assert_eq!(events, [&id("web")], "{:?}", ctl.report.service_events);
 
     drive(&mut ctl, vec![slice("web", &["198.18.0.2", "198.18.0.3"])]).await;
     assert_eq!(
@@ -842,4 +846,49 @@ async fn failed_syncs_back_off_and_a_success_resets_the_wait() {
     .await;
     // Attempts at 0, 1 and 3 s.
     assert_eq!(ctl.report.syncs - before, 3);
+}
+
+/// A buffer the log lines of one test go to.
+#[derive(Clone, Default)]
+struct LogBuf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A sync with many failed writes logs the first few with their cause and a count of the
+/// rest, not one line per write.
+#[test]
+fn a_failed_sync_logs_its_first_errors_and_counts_the_rest() {
+    let buf = LogBuf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let mut report = Report::new(Health::new(Duration::from_secs(30)), NODE.into());
+    let errors: Vec<_> = (0..12)
+        .map(|_| crate::program::mem::map_full("slots"))
+        .collect();
+    let s = super::report::Synced {
+        what: "changes",
+        started: std::time::Instant::now(),
+        services: 1,
+        slices: 1,
+    };
+    tracing::subscriber::with_default(subscriber, || report.sync_failed(&s, &errors));
+    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    let per_write = out.matches("map write failed (will retry)").count();
+    assert_eq!(per_write, super::report::LOGGED_ERRORS, "{out}");
+    assert!(out.contains("map full (errno 7, E2BIG)"), "{out}");
+    assert!(
+        out.contains("7 more map write(s) failed in this sync"),
+        "{out}"
+    );
 }
