@@ -84,6 +84,8 @@ pub struct Metrics {
     pub flow_gc_deleted: Counter,
     pub frontends_not_served: Family<KindLabel, Gauge>,
     pub frontend_conflicts: Gauge,
+    pub services_over_limit: Gauge,
+    pub services_map_full: Gauge,
 }
 
 impl Metrics {
@@ -191,7 +193,21 @@ impl Metrics {
             "Frontends (VIP:port/proto) that more than one Service claims; only the oldest is served",
             frontend_conflicts.clone(),
         );
+        let services_over_limit = Gauge::default();
+        r.register(
+            "lbproxy_services_over_slot_limit",
+            "Services not programmed because their frontends x endpoints exceed the per-service slot limit",
+            services_over_limit.clone(),
+        );
+        let services_map_full = Gauge::default();
+        r.register(
+            "lbproxy_services_map_full",
+            "Services with a frontend the last sync could not write because a map is full",
+            services_map_full.clone(),
+        );
         Self {
+            services_over_limit,
+            services_map_full,
             flow_gc_deleted,
             frontends_not_served,
             frontend_conflicts,

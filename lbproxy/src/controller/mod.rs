@@ -7,8 +7,10 @@
 //! - [`report`]: metrics, `/healthz` state, logs and Node Events about the syncs.
 //!
 //! [`Controller::drive`] is the loop: events that arrive while a sync runs are coalesced
-//! into the next one, `minSyncPeriod` spaces syncs out, a failed write is retried a second
-//! later, and every `syncPeriod` a full reconcile reads the maps back and repairs any drift.
+//! into the next one, `minSyncPeriod` spaces syncs out, a failed write is retried with
+//! exponential backoff (1 s doubling to 30 s, back to 1 s after a sync that wrote
+//! everything: a full map stays full until something changes, and retrying it every second
+//! only fills the log), and every `syncPeriod` a full reconcile reads the maps back and repairs any drift.
 //! The manifests and the Kubernetes sources feed it the same [`SourceEvent`]s.
 
 mod ingest;
@@ -41,8 +43,10 @@ pub struct Timing {
     pub min_sync_period: Duration,
 }
 
-/// A failed write is retried after this long.
+/// A failed write is first retried after this long; each further failure doubles it.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// The longest wait between two retries.
+const RETRY_MAX: Duration = Duration::from_secs(30);
 
 pub struct Controller<M: Maps> {
     /// This node's name, for node-local endpoints.
@@ -53,6 +57,8 @@ pub struct Controller<M: Maps> {
     /// The first full sync has run (successfully or not).
     first_sync_done: bool,
     last_sync: Option<Deadline>,
+    /// The wait before the next retry of a failed sync.
+    retry_after: Duration,
 }
 
 impl<M: Maps> Controller<M> {
@@ -66,6 +72,7 @@ impl<M: Maps> Controller<M> {
             report,
             first_sync_done: false,
             last_sync: None,
+            retry_after: RETRY_AFTER,
         };
         ctl.report.programmed(ctl.sync.programmed());
         ctl
@@ -152,6 +159,7 @@ impl<M: Maps> Controller<M> {
             Ok(stats) => {
                 let triggers = self.ingest.written();
                 self.report.sync_ok(&s, stats, &triggers);
+                self.retry_after = RETRY_AFTER;
                 true
             }
             Err((_, errors)) => {
@@ -162,7 +170,19 @@ impl<M: Maps> Controller<M> {
         self.report.programmed(self.sync.programmed());
         self.report.unserved(&self.sync.unserved_by_kind());
         self.report.conflicts(self.sync.conflicts());
+        self.report.map_full(&self.sync.map_full());
+        self.report.over_limit(self.sync.too_large().len());
+        for (svc, msg) in self.sync.take_too_large_news() {
+            self.report.too_large(&svc, msg);
+        }
         ok
+    }
+
+    /// The wait before retrying a failed sync, doubling it for the next failure.
+    fn next_retry(&mut self) -> Duration {
+        let wait = self.retry_after;
+        self.retry_after = (wait * 2).min(RETRY_MAX);
+        wait
     }
 
     /// After events were ingested: the first full sync once everything is listed, or else
@@ -223,8 +243,9 @@ impl<M: Maps> Controller<M> {
                     self.sync_dirty();
                     self.last_sync = Some(Deadline::now());
                     if self.has_pending() {
-                        // A failed write: retry soon.
-                        sync_timer.as_mut().reset(Deadline::now() + RETRY_AFTER);
+                        // A failed write: retry, later each time it fails again.
+                        let wait = self.next_retry();
+                        sync_timer.as_mut().reset(Deadline::now() + wait);
                         armed = true;
                     }
                 }
@@ -233,7 +254,8 @@ impl<M: Maps> Controller<M> {
                         self.reconcile();
                         self.last_sync = Some(Deadline::now());
                         if self.has_pending() && !armed {
-                            sync_timer.as_mut().reset(Deadline::now() + RETRY_AFTER);
+                            let wait = self.next_retry();
+                            sync_timer.as_mut().reset(Deadline::now() + wait);
                             armed = true;
                         }
                     }

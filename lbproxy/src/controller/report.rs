@@ -4,15 +4,25 @@
 //!   lbproxy's own (map fill, failures);
 //! - `/healthz`'s state ([`Health`]);
 //! - a Warning Event on this Node when the dataplane cannot be programmed, once per failure
-//!   streak, and a log line with every failed write's cause.
+//!   streak, and a log line with the cause of each of the first [`LOGGED_ERRORS`] failed
+//!   writes of a sync (then a count of the rest);
+//! - a Warning Event (`FrontendNotProgrammed`) on each Service a full map keeps from being
+//!   programmed, once per failure streak of that Service, and one (`ServiceOverSlotLimit`)
+//!   on each Service over the per-service slot limit, once per change of its numbers.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use lbproxy_common::{DropReason, map_names};
 
+use crate::desired::Frontend;
 use crate::http::{self, Health};
+use crate::model::NamespacedName;
 use crate::program::{ApplyStats, MapWriteError, Programmed};
+
+/// A failed sync logs the cause of this many writes, then how many more failed.
+pub const LOGGED_ERRORS: usize = 5;
 
 /// Where and how the controller reports.
 pub struct Report {
@@ -26,6 +36,11 @@ pub struct Report {
     pub capacities: Vec<(&'static str, i64)>,
     /// A failure streak already reported with a Node Event.
     failing: bool,
+    /// Services a full map keeps from being programmed, already told with an Event.
+    map_full: BTreeSet<NamespacedName>,
+    /// The Service Events' notes, recorded with or without a recorder, for tests.
+    #[cfg(test)]
+    pub service_events: Vec<(NamespacedName, String)>,
     /// Syncs recorded, for tests.
     #[cfg(test)]
     pub syncs: u64,
@@ -48,6 +63,9 @@ impl Report {
             events: None,
             capacities: Vec::new(),
             failing: false,
+            map_full: BTreeSet::new(),
+            #[cfg(test)]
+            service_events: Vec::new(),
             #[cfg(test)]
             syncs: 0,
         }
@@ -125,7 +143,7 @@ impl Report {
         let m = &self.health.metrics;
         m.sync_duration.observe(s.started.elapsed().as_secs_f64());
         m.sync_failures.inc();
-        for e in errors {
+        for e in errors.iter().take(LOGGED_ERRORS) {
             tracing::error!(
                 map = e.map,
                 op = e.op,
@@ -134,6 +152,13 @@ impl Report {
                 cause = %e.cause,
                 "map write failed (will retry): {}",
                 crate::bpf::error_chain(e)
+            );
+        }
+        if errors.len() > LOGGED_ERRORS {
+            tracing::error!(
+                more = errors.len() - LOGGED_ERRORS,
+                "{} more map write(s) failed in this sync (not logged one by one)",
+                errors.len() - LOGGED_ERRORS
             );
         }
         if !self.failing {
@@ -170,6 +195,72 @@ impl Report {
             };
             if let Err(e) = recorder.publish(&ev, &reference).await {
                 tracing::warn!("could not post the Node event: {e}");
+            }
+        });
+    }
+
+    /// The services a full map kept from being programmed in the last sync, each with the
+    /// first frontend that failed: a Warning Event on each that was not failing before. A
+    /// service leaves the streak when a sync no longer fails it.
+    pub fn map_full(&mut self, failing: &BTreeMap<NamespacedName, Frontend>) {
+        for (svc, fe) in failing {
+            if self.map_full.contains(svc) {
+                continue;
+            }
+            let note = format!(
+                "lbproxy could not program frontend {fe} of Service {svc} on node {}: map full \
+                 (the node's maps are shared by every service); it retries",
+                self.node
+            );
+            tracing::warn!(service = %svc, frontend = %fe, "{note}");
+            #[cfg(test)]
+            self.service_events.push((svc.clone(), note.clone()));
+            self.post_service_event(svc, "FrontendNotProgrammed", note);
+        }
+        self.map_full = failing.keys().cloned().collect();
+        let as_i64 = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.health
+            .metrics
+            .services_map_full
+            .set(as_i64(failing.len()));
+    }
+
+    /// How many services are over the per-service slot limit.
+    pub fn over_limit(&self, n: usize) {
+        self.health
+            .metrics
+            .services_over_limit
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// A Service went over the per-service slot limit (`note` says by how much).
+    pub fn too_large(&mut self, svc: &NamespacedName, note: String) {
+        #[cfg(test)]
+        self.service_events.push((svc.clone(), note.clone()));
+        self.post_service_event(svc, "ServiceOverSlotLimit", note);
+    }
+
+    fn post_service_event(&self, svc: &NamespacedName, reason: &'static str, note: String) {
+        let Some(recorder) = self.events.clone() else {
+            return;
+        };
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Service".into()),
+            namespace: Some(svc.namespace.clone()),
+            name: Some(svc.name.clone()),
+            ..Default::default()
+        };
+        tokio::spawn(async move {
+            let ev = kube::runtime::events::Event {
+                type_: kube::runtime::events::EventType::Warning,
+                reason: reason.into(),
+                note: Some(note),
+                action: "Sync".into(),
+                secondary: None,
+            };
+            if let Err(e) = recorder.publish(&ev, &reference).await {
+                tracing::warn!("could not post the Service event: {e}");
             }
         });
     }

@@ -13,6 +13,14 @@
 //! `lbproxy_frontend_conflicts`). The claims index keeps every claimant of every frontend,
 //! so a dirty sync finds the next one at once when the holder leaves: deleting a loser does
 //! not touch the frontend, deleting the holder hands it over in the same sync.
+//!
+//! The maps are per node and shared by every service, so one service may take at most
+//! [`MAX_SLOTS_PER_SERVICE`] backend slots (the sum over its frontends of their endpoints).
+//! A service over it is not programmed at all, not even in part (its frontends already
+//! programmed are removed: a service served on some ports only would be harder to
+//! diagnose than one refused with a message), and a warning names it and the numbers, once
+//! per change. kube-proxy has no such limit; it is what keeps one service from filling the
+//! slot map and black-holing every new one.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -21,6 +29,46 @@ use lbproxy_common::{FAMILY_IPV4, FAMILY_IPV6, UnservedKey, UnservedValue};
 use crate::desired::{self, Family, Frontend, FrontendSpec, Unserved};
 use crate::model::{Model, NamespacedName, Service};
 use crate::program::{ApplyStats, MapWriteError, Maps, Programmer};
+
+/// The most backend slots (frontends × endpoints) one service may take.
+pub const MAX_SLOTS_PER_SERVICE: usize = 10_000;
+
+/// `n` with a comma every three digits, as people write it.
+fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Why `svc`'s frontends are over the per-service limit, if they are.
+fn over_limit(svc: &NamespacedName, served: &[(Frontend, FrontendSpec)]) -> Option<String> {
+    let slots: usize = served.iter().map(|(_, s)| s.backends.len()).sum();
+    if slots <= MAX_SLOTS_PER_SERVICE {
+        return None;
+    }
+    let most = served
+        .iter()
+        .map(|(_, s)| s.backends.len())
+        .max()
+        .unwrap_or(0);
+    let same = served.iter().all(|(_, s)| s.backends.len() == most);
+    Some(format!(
+        "Service {svc}: {} frontend{} × {}{} endpoints = {} backend slots, over the \
+         per-service limit of {}; not programmed",
+        thousands(served.len()),
+        if served.len() == 1 { "" } else { "s" },
+        if same { "" } else { "up to " },
+        thousands(most),
+        thousands(slots),
+        thousands(MAX_SLOTS_PER_SERVICE),
+    ))
+}
 
 pub type ApplyResult = Result<ApplyStats, (ApplyStats, Vec<MapWriteError>)>;
 
@@ -56,6 +104,10 @@ pub struct Sync<M: Maps> {
     /// The frontends not served yet, as written for `lbproxy inspect`, and by service.
     unserved: BTreeMap<UnservedKey, UnservedValue>,
     unserved_of: HashMap<NamespacedName, Vec<UnservedKey>>,
+    /// Services over [`MAX_SLOTS_PER_SERVICE`], with the message last logged.
+    too_large: HashMap<NamespacedName, String>,
+    /// Messages of services that went over the limit (or changed numbers) since taken.
+    too_large_news: Vec<(NamespacedName, String)>,
 }
 
 /// The entry of a frontend not served yet in `LB_UNSERVED_V1`.
@@ -111,7 +163,61 @@ impl<M: Maps> Sync<M> {
             claims: HashMap::new(),
             conflicts: BTreeMap::new(),
             unserved_of: HashMap::new(),
+            too_large: HashMap::new(),
+            too_large_news: Vec::new(),
         }
+    }
+
+    /// `svc`'s frontends, none served when it is over the per-service limit (logged when
+    /// that starts, changes or ends).
+    fn frontends(&mut self, model: &Model, svc: &Service, node: &str) -> desired::ServiceFrontends {
+        let mut fes = desired::frontends_for(model, svc, node);
+        match over_limit(&svc.id, &fes.served) {
+            Some(msg) => {
+                if self.too_large.get(&svc.id) != Some(&msg) {
+                    tracing::warn!(service = %svc.id, "{msg}");
+                    self.too_large_news.push((svc.id.clone(), msg.clone()));
+                    self.too_large.insert(svc.id.clone(), msg);
+                }
+                fes.served.clear();
+            }
+            None => {
+                if self.too_large.remove(&svc.id).is_some() {
+                    tracing::info!(
+                        service = %svc.id,
+                        "Service {}: within the per-service limit again; programmed",
+                        svc.id
+                    );
+                }
+            }
+        }
+        fes
+    }
+
+    /// The services over the per-service limit, with why.
+    pub fn too_large(&self) -> &HashMap<NamespacedName, String> {
+        &self.too_large
+    }
+
+    /// The services that went over the limit, or over it with other numbers, since the
+    /// last call: each once per change.
+    pub fn take_too_large_news(&mut self) -> Vec<(NamespacedName, String)> {
+        std::mem::take(&mut self.too_large_news)
+    }
+
+    /// The services with a frontend the last apply could not write because a map is full
+    /// (E2BIG), each with the first such frontend.
+    pub fn map_full(&self) -> BTreeMap<NamespacedName, Frontend> {
+        let mut out = BTreeMap::new();
+        for (f, errno) in self.programmer.failed() {
+            if *errno != Some(libc::E2BIG) {
+                continue;
+            }
+            if let Some(c) = self.holder(f) {
+                out.entry(c.id.clone()).or_insert(*f);
+            }
+        }
+        out
     }
 
     /// How many frontends more than one service claims.
@@ -201,8 +307,10 @@ impl<M: Maps> Sync<M> {
         self.frontends_of.clear();
         self.claims.clear();
         self.unserved_of.clear();
+        self.too_large
+            .retain(|id, _| model.services.contains_key(id));
         for svc in model.services.values() {
-            let fes = desired::frontends_for(model, svc, node);
+            let fes = self.frontends(model, svc, node);
             let c = self.claim(svc, &fes.served);
             // Whatever the order, the frontend ends with its first claimant's spec.
             for (f, spec) in fes.served {
@@ -293,7 +401,10 @@ impl<M: Maps> Sync<M> {
         let mut specs: HashMap<NamespacedName, HashMap<Frontend, FrontendSpec>> = HashMap::new();
         for name in dirty {
             let svc = model.services.get(name);
-            let fes = svc.map(|svc| desired::frontends_for(model, svc, node));
+            if svc.is_none() {
+                self.too_large.remove(name);
+            }
+            let fes = svc.map(|svc| self.frontends(model, svc, node));
             let (new, unserved) = fes.map_or_else(Default::default, |f| (f.served, f.unserved));
             let entries: BTreeMap<UnservedKey, UnservedValue> =
                 unserved.iter().map(unserved_entry).collect();
@@ -330,16 +441,14 @@ impl<M: Maps> Sync<M> {
                 removed.push(*f);
                 continue;
             };
-            let served = specs.entry(holder.clone()).or_insert_with(|| {
-                model
-                    .services
-                    .get(&holder)
-                    .map(|svc| desired::frontends_for(model, svc, node).served)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .collect()
-            });
-            if let Some(spec) = served.remove(f) {
+            if !specs.contains_key(&holder) {
+                let served = match model.services.get(&holder) {
+                    Some(svc) => self.frontends(model, svc, node).served,
+                    None => Vec::new(),
+                };
+                specs.insert(holder.clone(), served.into_iter().collect());
+            }
+            if let Some(spec) = specs.get_mut(&holder).and_then(|s| s.remove(f)) {
                 upserts.push((*f, spec));
             }
         }

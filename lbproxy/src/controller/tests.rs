@@ -678,3 +678,217 @@ async fn deleting_the_holder_hands_the_frontend_over_in_the_same_sync() {
     assert_eq!(served(fresh.maps()), want_young);
     assert_eq!(labels(fresh.maps()), labels(ctl.maps()));
 }
+
+/// Runs the loop on `events` for `secs` seconds of (paused) time, the channel kept open so
+/// that the loop's own retries run.
+async fn drive_for(ctl: &mut Controller<MemMaps>, events: Vec<SourceEvent>, secs: u64) {
+    let (tx, mut rx) = mpsc::channel(1024);
+    for ev in events {
+        tx.send(ev).await.unwrap();
+    }
+    ctl.drive(&mut rx, timing(), async {
+        tokio::time::sleep(Duration::from_secs(secs)).await;
+    })
+    .await;
+    drop(tx);
+}
+
+/// `n` endpoint addresses, all different.
+fn many_ips(n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| format!("198.18.{}.{}", 100 + i / 250, 1 + i % 250))
+        .collect()
+}
+
+/// A service whose frontends × endpoints exceed the per-service limit is not programmed at
+/// all (its programmed frontend is removed), with a message naming it and the numbers; the
+/// other service keeps being served, and the service comes back when it fits again.
+#[tokio::test(start_paused = true)]
+async fn a_service_over_the_slot_limit_is_not_programmed_and_the_others_are() {
+    let mut ctl = controller(MemMaps::default());
+    drive(&mut ctl, two_services()).await;
+    let ips = many_ips(super::sync::MAX_SLOTS_PER_SERVICE + 1);
+    let ips: Vec<&str> = ips.iter().map(String::as_str).collect();
+    drive(&mut ctl, vec![slice("web", &ips)]).await;
+    assert_eq!(
+        served(ctl.maps()),
+        want(&[("198.19.0.11:80", &["198.18.0.4:8080"])])
+    );
+    ctl.maps().check();
+    assert!(
+        !ctl.has_pending(),
+        "an over-limit service is not a failed write"
+    );
+    assert_eq!(
+        ctl.sync.too_large().get(&id("web")).map(String::as_str),
+        Some(
+            "Service shop/web: 1 frontend × 10,001 endpoints = 10,001 backend slots, over \
+             the per-service limit of 10,000; not programmed"
+        )
+    );
+    assert_eq!(ctl.report.health.metrics.services_over_limit.get(), 1);
+    // Told once (an Event on the Service when a recorder is configured), not every sync.
+    drive(&mut ctl, vec![slice("web", &ips)]).await;
+    let events: Vec<&NamespacedName> = ctl.report.service_events.iter().map(|e| &e.0).collect();
+    assert_eq!(events, [&id("web")], "{:?}", ctl.report.service_events);
+
+    drive(&mut ctl, vec![slice("web", &["198.18.0.2", "198.18.0.3"])]).await;
+    assert_eq!(
+        served(ctl.maps()),
+        want(&[
+            ("198.19.0.10:80", &["198.18.0.2:8080", "198.18.0.3:8080"]),
+            ("198.19.0.11:80", &["198.18.0.4:8080"]),
+        ])
+    );
+    assert!(ctl.sync.too_large().is_empty());
+    assert_eq!(ctl.report.health.metrics.services_over_limit.get(), 0);
+    // Not left behind in the backends map either.
+    assert_eq!(ctl.maps().backends.len(), 3, "{:?}", ctl.maps().backends);
+}
+
+/// A map refusing a new key (E2BIG) fails the frontend that needed it, not the others
+/// written in the same sync; its Service gets one Warning Event per failure streak, and
+/// the write goes through once there is room.
+#[tokio::test(start_paused = true)]
+async fn a_full_map_fails_only_the_frontend_that_does_not_fit_and_tells_its_service() {
+    let mut ctl = controller(MemMaps::default());
+    drive(&mut ctl, two_services()).await;
+    // Three backends, three slots, two services in the maps: room for one more of each.
+    ctl.maps_mut().capacity = Some(4);
+    // api (198.19.0.12, written first) needs two new backends; cart (198.19.0.13) reuses
+    // web's backend address, so it needs no new backend.
+    let more = vec![
+        service("api", "198.19.0.12"),
+        slice("api", &["198.18.0.9", "198.18.0.10"]),
+        service("cart", "198.19.0.13"),
+        slice("cart", &["198.18.0.2"]),
+    ];
+    drive(&mut ctl, more).await;
+    assert_eq!(
+        served(ctl.maps()),
+        want(&[
+            ("198.19.0.10:80", &["198.18.0.2:8080", "198.18.0.3:8080"]),
+            ("198.19.0.11:80", &["198.18.0.4:8080"]),
+            ("198.19.0.13:80", &["198.18.0.2:8080"]),
+        ])
+    );
+    ctl.maps().check();
+    assert!(ctl.has_pending());
+    let events = ctl.report.service_events.clone();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].0, id("api"));
+    assert!(
+        events[0]
+            .1
+            .contains("frontend 198.19.0.12:80/TCP of Service shop/api")
+            && events[0].1.contains("map full"),
+        "{}",
+        events[0].1
+    );
+    assert_eq!(ctl.report.health.metrics.services_map_full.get(), 1);
+
+    // Still full: the retry fails again, and the streak is not told twice.
+    drive(&mut ctl, vec![slice("api", &["198.18.0.9", "198.18.0.10"])]).await;
+    assert!(ctl.has_pending());
+    assert_eq!(ctl.report.service_events.len(), 1);
+
+    ctl.maps_mut().capacity = None;
+    drive(&mut ctl, vec![slice("api", &["198.18.0.9", "198.18.0.10"])]).await;
+    assert!(!ctl.has_pending());
+    assert_eq!(
+        served(ctl.maps()).get("198.19.0.12:80"),
+        Some(&vec![
+            "198.18.0.10:8080".to_string(),
+            "198.18.0.9:8080".to_string()
+        ])
+    );
+    assert_eq!(ctl.report.health.metrics.services_map_full.get(), 0);
+}
+
+/// A sync that keeps failing is retried after 1, 2, 4, 8, 16 then 30 s (not every second),
+/// and a sync that writes everything resets the wait to 1 s.
+#[tokio::test(start_paused = true)]
+async fn failed_syncs_back_off_and_a_success_resets_the_wait() {
+    let mut ctl = controller(MemMaps::default());
+    drive(&mut ctl, two_services()).await;
+    // No room for a new backend.
+    ctl.maps_mut().capacity = Some(3);
+    let before = ctl.report.syncs;
+    drive_for(
+        &mut ctl,
+        vec![service("api", "198.19.0.12"), slice("api", &["198.18.0.9"])],
+        62,
+    )
+    .await;
+    // Attempts at 0, 1, 3, 7, 15, 31 and 61 s.
+    assert_eq!(ctl.report.syncs - before, 7);
+    assert!(ctl.has_pending());
+
+    // Room again: the next attempt (here on the next change) writes it.
+    ctl.maps_mut().capacity = None;
+    let before = ctl.report.syncs;
+    drive_for(&mut ctl, vec![slice("api", &["198.18.0.9"])], 30).await;
+    assert_eq!(ctl.report.syncs - before, 1);
+    assert!(!ctl.has_pending());
+    assert!(served(ctl.maps()).contains_key("198.19.0.12:80"));
+
+    // Full again: retried after 1 s again, not 30.
+    ctl.maps_mut().capacity = Some(4);
+    let before = ctl.report.syncs;
+    drive_for(
+        &mut ctl,
+        vec![
+            service("cart", "198.19.0.13"),
+            slice("cart", &["198.18.0.20"]),
+        ],
+        4,
+    )
+    .await;
+    // Attempts at 0, 1 and 3 s.
+    assert_eq!(ctl.report.syncs - before, 3);
+}
+
+/// A buffer the log lines of one test go to.
+#[derive(Clone, Default)]
+struct LogBuf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A sync with many failed writes logs the first few with their cause and a count of the
+/// rest, not one line per write.
+#[test]
+fn a_failed_sync_logs_its_first_errors_and_counts_the_rest() {
+    let buf = LogBuf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let mut report = Report::new(Health::new(Duration::from_secs(30)), NODE.into());
+    let errors: Vec<_> = (0..12)
+        .map(|_| crate::program::mem::map_full("slots"))
+        .collect();
+    let s = super::report::Synced {
+        what: "changes",
+        started: std::time::Instant::now(),
+        services: 1,
+        slices: 1,
+    };
+    tracing::subscriber::with_default(subscriber, || report.sync_failed(&s, &errors));
+    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    let per_write = out.matches("map write failed (will retry)").count();
+    assert_eq!(per_write, super::report::LOGGED_ERRORS, "{out}");
+    assert!(out.contains("map full (errno 7, E2BIG)"), "{out}");
+    assert!(
+        out.contains("7 more map write(s) failed in this sync"),
+        "{out}"
+    );
+}

@@ -5,5 +5,6 @@ mod endpoints;
 mod frontends;
 
 pub use frontends::{
-    BackendAddr, Desired, Family, Frontend, FrontendKind, FrontendSpec, Unserved, frontends_for,
+    BackendAddr, Desired, Family, Frontend, FrontendKind, FrontendSpec, ServiceFrontends, Unserved,
+    frontends_for,
 };

@@ -185,9 +185,35 @@ pub mod mem {
         pub ops: usize,
         /// Fail the n-th write from now (for failure tests).
         pub fail_at: Option<usize>,
+        /// The most entries each of the services, slots and backends maps holds: a write
+        /// of a new key past it is refused with E2BIG, as the kernel does.
+        pub capacity: Option<usize>,
+    }
+
+    /// The kernel's answer to a new key in a full map.
+    pub fn map_full(map: &'static str) -> MapWriteError {
+        MapWriteError {
+            map,
+            op: "update",
+            entry: String::new(),
+            cause: WriteCause::Kernel(Box::new(aya::maps::MapError::SyscallError(
+                aya::sys::SyscallError {
+                    call: "bpf_map_update_elem",
+                    io_error: std::io::Error::from_raw_os_error(libc::E2BIG),
+                },
+            ))),
+        }
     }
 
     impl MemMaps {
+        /// Refuses a new key in a map holding `capacity` entries already.
+        fn room(&self, map: &'static str, len: usize, exists: bool) -> Result<(), MapWriteError> {
+            match self.capacity {
+                Some(cap) if !exists && len >= cap => Err(map_full(map)),
+                _ => Ok(()),
+            }
+        }
+
         fn step(&mut self, map: &'static str) -> Result<(), MapWriteError> {
             self.ops += 1;
             if let Some(n) = self.fail_at.as_mut() {
@@ -239,6 +265,11 @@ pub mod mem {
         }
         fn put_backend(&mut self, id: u32, b: &Backend) -> Result<(), MapWriteError> {
             self.step("backends")?;
+            self.room(
+                "backends",
+                self.backends.len(),
+                self.backends.contains_key(&id),
+            )?;
             self.backends.insert(id, *b);
             self.check();
             Ok(())
@@ -251,6 +282,7 @@ pub mod mem {
         }
         fn put_slot(&mut self, key: SlotKey, backend_id: u32) -> Result<(), MapWriteError> {
             self.step("slots")?;
+            self.room("slots", self.slots.len(), self.slots.contains_key(&key))?;
             self.slots.insert(key, backend_id);
             self.check();
             Ok(())
@@ -267,6 +299,11 @@ pub mod mem {
             value: ServiceValue,
         ) -> Result<(), MapWriteError> {
             self.step("services")?;
+            self.room(
+                "services",
+                self.services.len(),
+                self.services.contains_key(&key),
+            )?;
             self.services.insert(key, value);
             self.check();
             Ok(())

@@ -61,6 +61,9 @@ pub struct Programmer {
     next_svc_id: u32,
     /// Service ids of the programmed frontends, so allocation skips them in O(1).
     svc_ids: std::collections::HashSet<u32>,
+    /// The frontends whose write failed in the last apply, with the errno of the failure
+    /// (`None`: not a kernel refusal), so the caller can name their services.
+    failed: Vec<(Frontend, Option<i32>)>,
 }
 
 /// The id to hand out from `*next` on: the first that is not 0 and not `in_use`, in
@@ -140,6 +143,11 @@ impl Programmer {
         &self.state
     }
 
+    /// The frontends whose write failed in the last apply, with the errno.
+    pub fn failed(&self) -> &[(Frontend, Option<i32>)] {
+        &self.failed
+    }
+
     fn backend_id<M: Maps>(
         &mut self,
         maps: &mut M,
@@ -195,14 +203,18 @@ impl Programmer {
     ) -> Result<ApplyStats, (ApplyStats, Vec<MapWriteError>)> {
         let mut stats = ApplyStats::default();
         let mut errors = Vec::new();
+        self.failed.clear();
         // Removed frontends first: frees slots and ids before new ones are written.
         for fe in removed {
             if let Err(e) = self.remove_frontend(maps, *fe, &mut stats) {
                 errors.push(e);
             }
         }
+        // One frontend's failure (a full map, say) stops that frontend only: the others are
+        // still written.
         for (fe, spec) in upserts {
             if let Err(e) = self.apply_frontend(maps, fe, spec, &mut stats) {
+                self.failed.push((fe, e.errno()));
                 errors.push(e);
             }
         }
