@@ -30,8 +30,10 @@ use crate::desired::{self, Family, Frontend, FrontendSpec, Unserved};
 use crate::model::{Model, NamespacedName, Service};
 use crate::program::{ApplyStats, MapWriteError, Maps, Programmer};
 
-/// The most backend slots (frontends × endpoints) one service may take.
-pub const MAX_SLOTS_PER_SERVICE: usize = 10_000;
+/// The most backend slots (frontends × endpoints) one service may take: an eighth of the
+/// slot map (`MAX_SLOTS`, 262,144), so no single service can fill it, while a service of
+/// 8,000 pods on 4 ports still fits.
+pub const MAX_SLOTS_PER_SERVICE: usize = 32_768;
 
 /// `n` with a comma every three digits, as people write it.
 fn thousands(n: usize) -> String {

@@ -722,8 +722,8 @@ async fn a_service_over_the_slot_limit_is_not_programmed_and_the_others_are() {
     assert_eq!(
         ctl.sync.too_large().get(&id("web")).map(String::as_str),
         Some(
-            "Service shop/web: 1 frontend × 10,001 endpoints = 10,001 backend slots, over \
-             the per-service limit of 10,000; not programmed"
+            "Service shop/web: 1 frontend × 32,769 endpoints = 32,769 backend slots, over \
+             the per-service limit of 32,768; not programmed"
         )
     );
     assert_eq!(ctl.report.health.metrics.services_over_limit.get(), 1);
