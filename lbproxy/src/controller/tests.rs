@@ -39,17 +39,7 @@ fn id(name: &str) -> NamespacedName {
 
 /// A Service event for `name` with one TCP port 80 on `vip`.
 fn service(name: &str, vip: &str) -> SourceEvent {
-    let yaml = format!(
-        "metadata: {{name: {name}, namespace: shop}}\nspec: {{clusterIP: {vip}, ports: [{{name: http, port: 80}}]}}"
-    );
-    let k8s = serde_yaml::from_str(&yaml).unwrap();
-    let Ok(Normalized::Proxied(s)) = model::service_from_k8s(&k8s) else {
-        panic!("{yaml} did not normalize");
-    };
-    SourceEvent::Service {
-        id: id(name),
-        service: Some(s),
-    }
+    service_created(name, None, vip)
 }
 
 /// A slice event for service `name` with ready endpoints `ips` on port 8080.
