@@ -11,88 +11,42 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io;
-use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
-use std::path::Path;
+use std::os::fd::OwnedFd;
 
 use common::*;
-use lbproxy_tests::lab::{Lab, Shape};
+use lbproxy_tests::lab::{Lab, Shape, bpf};
 
 /// Fixed client source ports (below the ephemeral range, so nothing else takes them).
 const SRC_PORTS: std::ops::RangeInclusive<u16> = 21_001..=21_016;
 
-const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
-const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
-const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
-const BPF_OBJ_GET: libc::c_long = 7;
 /// `LB_FLOWS_V1`'s key size (`FlowKey`).
 const FLOW_KEY_SIZE: usize = 16;
 
-fn bpf(cmd: libc::c_long, attr: &mut [u64; 4]) -> io::Result<i64> {
-    // SAFETY: `attr` is a writable 32-byte union bpf_attr prefix, as bpf(2) requires for
-    // these commands; the pointers in it outlive the call.
-    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), 32u32) };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc)
-    }
-}
-
-/// A map pinned at `path`.
-fn open_pinned(path: &Path) -> OwnedFd {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    let mut attr = [c.as_ptr() as u64, 0, 0, 0];
-    let fd = bpf(BPF_OBJ_GET, &mut attr)
-        .unwrap_or_else(|e| panic!("BPF_OBJ_GET {}: {e}", path.display()));
-    // SAFETY: a new fd the kernel just returned, owned from here on.
-    unsafe { OwnedFd::from_raw_fd(fd as i32) }
+/// The map `name` pinned in the lab's bpffs dir.
+fn pinned(lab: &Lab, name: &str) -> OwnedFd {
+    let path = lab.bpffs_dir().join(name);
+    bpf::pinned_map(&path).unwrap_or_else(|e| panic!("BPF_OBJ_GET {}: {e}", path.display()))
 }
 
 /// The flow-hash seed in the pinned `LB_CONFIG_V1` (key 0; value `flags`, `hash_seed_lo`,
 /// `hash_seed_hi`, `_reserved`, as `u32`s).
 fn pinned_seed(lab: &Lab) -> u64 {
-    let map = open_pinned(&lab.bpffs_dir().join("LB_CONFIG_V1"));
-    let key = 0u32;
-    let mut value = [0u32; 4];
-    let mut attr = [
-        map.as_raw_fd() as u64,
-        &raw const key as u64,
-        value.as_mut_ptr() as u64,
-        0,
-    ];
-    bpf(BPF_MAP_LOOKUP_ELEM, &mut attr).unwrap_or_else(|e| panic!("LB_CONFIG_V1 lookup: {e}"));
-    u64::from(value[2]) << 32 | u64::from(value[1])
+    let mut value = [0u8; 16];
+    bpf::map_lookup(
+        &pinned(lab, "LB_CONFIG_V1"),
+        &0u32.to_ne_bytes(),
+        &mut value,
+    )
+    .unwrap_or_else(|e| panic!("LB_CONFIG_V1 lookup: {e}"));
+    let word = |i: usize| u64::from(u32::from_ne_bytes(value[i..i + 4].try_into().unwrap()));
+    word(8) << 32 | word(4)
 }
 
 /// Deletes every entry of the pinned `LB_FLOWS_V1`, so the next packet of each flow is
 /// selected anew. Returns how many were deleted.
 fn clear_flows(lab: &Lab) -> usize {
-    let map = open_pinned(&lab.bpffs_dir().join("LB_FLOWS_V1"));
-    let mut keys: Vec<[u8; FLOW_KEY_SIZE]> = Vec::new();
-    let mut seen = BTreeSet::new();
-    loop {
-        let mut next = [0u8; FLOW_KEY_SIZE];
-        let prev = keys.last().map_or(0, |k| k.as_ptr() as u64);
-        let mut attr = [map.as_raw_fd() as u64, prev, next.as_mut_ptr() as u64, 0];
-        match bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) {
-            Ok(_) if seen.insert(next) => keys.push(next),
-            // A key seen again: the walk restarted (the flow collector deleted the key it
-            // stood on); every key is listed.
-            Ok(_) => break,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => break,
-            Err(e) => panic!("LB_FLOWS_V1 get_next_key: {e}"),
-        }
-    }
-    for k in &keys {
-        let mut attr = [map.as_raw_fd() as u64, k.as_ptr() as u64, 0, 0];
-        match bpf(BPF_MAP_DELETE_ELEM, &mut attr) {
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-            Err(e) => panic!("LB_FLOWS_V1 delete: {e}"),
-        }
-    }
-    keys.len()
+    bpf::map_clear(&pinned(lab, "LB_FLOWS_V1"), FLOW_KEY_SIZE)
+        .unwrap_or_else(|e| panic!("clearing LB_FLOWS_V1: {e}"))
 }
 
 /// The backend each fixed source port's UDP request reaches.

@@ -16,6 +16,10 @@ use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 
 use super::ns::{ns_run, run_in_ns};
 
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
 const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
@@ -71,6 +75,67 @@ pub fn prog_fd(id: u32) -> io::Result<OwnedFd> {
     let fd = bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)?;
     // SAFETY: the kernel just returned this fd to us and nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// The map pinned at `path` (`BPF_OBJ_GET`), closed on drop.
+pub fn pinned_map(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
+    let mut attr = [0u8; 16];
+    attr[0..8].copy_from_slice(&(c.as_ptr() as u64).to_ne_bytes());
+    let fd = bpf(BPF_OBJ_GET, &mut attr)?;
+    // SAFETY: the kernel just returned this fd to us and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// `union bpf_attr` for the map element commands: map fd, key, value (or next key), flags.
+fn elem_attr(map: &OwnedFd, key: *const u8, value: *mut u8) -> [u8; 32] {
+    let mut attr = [0u8; 32];
+    attr[0..4].copy_from_slice(&(map.as_raw_fd() as u32).to_ne_bytes());
+    attr[8..16].copy_from_slice(&(key as u64).to_ne_bytes());
+    attr[16..24].copy_from_slice(&(value as u64).to_ne_bytes());
+    attr
+}
+
+/// Reads the value of `key` into `value` (whose length must be the map's value size).
+pub fn map_lookup(map: &OwnedFd, key: &[u8], value: &mut [u8]) -> io::Result<()> {
+    bpf(
+        BPF_MAP_LOOKUP_ELEM,
+        &mut elem_attr(map, key.as_ptr(), value.as_mut_ptr()),
+    )
+    .map(drop)
+}
+
+/// Deletes every entry of a hash map whose keys are `key_size` bytes; returns how many keys
+/// it listed. Entries the datapath or the collector delete meanwhile are not an error.
+pub fn map_clear(map: &OwnedFd, key_size: usize) -> io::Result<usize> {
+    let mut keys: Vec<Vec<u8>> = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    loop {
+        let mut next = vec![0u8; key_size];
+        let prev = keys.last().map_or(std::ptr::null(), |k| k.as_ptr());
+        match bpf(
+            BPF_MAP_GET_NEXT_KEY,
+            &mut elem_attr(map, prev, next.as_mut_ptr()),
+        ) {
+            Ok(_) if seen.insert(next.clone()) => keys.push(next),
+            // A key seen again: the walk restarted (the key it stood on was deleted);
+            // every key is listed.
+            Ok(_) => break,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => break,
+            Err(e) => return Err(e),
+        }
+    }
+    for k in &keys {
+        match bpf(
+            BPF_MAP_DELETE_ELEM,
+            &mut elem_attr(map, k.as_ptr(), std::ptr::null_mut()),
+        ) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(keys.len())
 }
 
 /// The name of program `id` ("?" if it cannot be read).
