@@ -74,6 +74,7 @@ impl Ingest {
                 }
             }
             SourceEvent::Failed { source, error } => report.source_failed(source, &error),
+            SourceEvent::Rejected { source, error } => report.source_rejected(source, &error),
         }
     }
 

@@ -87,18 +87,19 @@ impl Report {
 
     /// A source could not read what it watches.
     pub fn source_failed(&self, source: &str, error: &str) {
-        if source == "manifests" {
-            self.health.metrics.sync_failures.inc();
-            tracing::error!(
-                source,
-                "manifests rejected, keeping the last good state: {error}"
-            );
-        } else {
-            tracing::warn!(
-                source,
-                "watching {source}: {error} (retrying with backoff; the last state keeps serving)"
-            );
-        }
+        tracing::warn!(
+            source,
+            "watching {source}: {error} (retrying with backoff; the last state keeps serving)"
+        );
+    }
+
+    /// A source refused its input.
+    pub fn source_rejected(&self, source: &str, error: &str) {
+        self.health.metrics.sync_failures.inc();
+        tracing::error!(
+            source,
+            "{source} rejected, keeping the last good state: {error}"
+        );
     }
 
     /// Records a sync that wrote everything (`triggers`: the trigger times it covered).

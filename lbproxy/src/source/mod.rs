@@ -48,6 +48,10 @@ pub enum SourceEvent {
     /// Events that belong together (one manifest reload): all of them reach the model
     /// before the next sync.
     Batch(Vec<SourceEvent>),
-    /// The source could not read what it watches; the last good state keeps serving.
+    /// The source could not read what it watches (a broken watch); it retries by itself, and
+    /// the last good state keeps serving.
     Failed { source: &'static str, error: String },
+    /// The source read its input and refused it (an invalid manifest set), once per change
+    /// of the input; the last good state keeps serving. Counted as a failed sync.
+    Rejected { source: &'static str, error: String },
 }

@@ -172,7 +172,7 @@ impl Reader {
                 let again = self.rejected.as_ref() == Some(&print);
                 self.rejected = Some(print.clone());
                 self.print = print;
-                return (!again).then(|| SourceEvent::Failed {
+                return (!again).then(|| SourceEvent::Rejected {
                     source: "manifests",
                     error: e.to_string(),
                 });
@@ -306,7 +306,7 @@ mod reader_tests {
         let print = fingerprint(&file);
         let first = r.load(&file, print.clone());
         assert!(
-            matches!(first, Some(SourceEvent::Failed { .. })),
+            matches!(first, Some(SourceEvent::Rejected { .. })),
             "{first:?}"
         );
         for _ in 0..3 {
@@ -316,7 +316,7 @@ mod reader_tests {
         std::fs::write(&file, "spec: [still, unclosed\n").unwrap();
         let changed = r.load(&file, fingerprint(&file));
         assert!(
-            matches!(changed, Some(SourceEvent::Failed { .. })),
+            matches!(changed, Some(SourceEvent::Rejected { .. })),
             "{changed:?}"
         );
         // Fixed: the first good load is a full list.
