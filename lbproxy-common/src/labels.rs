@@ -16,3 +16,15 @@ const _: () = assert!(core::mem::size_of::<ServiceLabel>() == 128);
 /// One label per `svc_id`.
 pub const SPEC: MapSpec =
     MapSpec::of::<u32, ServiceLabel>("LB_LABELS_V1", "labels", MapKind::Hash, MAX_SERVICES);
+
+/// `s` in a NUL-padded field of `N` bytes (`ServiceLabel::name`, the unserved list's
+/// strings), cut on a char boundary so one NUL always fits.
+pub fn nul_padded<const N: usize>(s: &str) -> [u8; N] {
+    let mut out = [0u8; N];
+    let mut end = s.len().min(N - 1);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    out[..end].copy_from_slice(&s.as_bytes()[..end]);
+    out
+}

@@ -90,7 +90,7 @@ pub use flows::{
     DEFAULT_FLOW_MAP_SIZE, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_STATE_CLOSING,
     FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE, FLOW_STATE_SYN_SENT, FlowKey, FlowValue,
 };
-pub use labels::ServiceLabel;
+pub use labels::{ServiceLabel, nul_padded};
 pub use members::MemberKey;
 pub use pod_ifs::{MAX_POD_IFS, POD_IF_NETKIT, POD_IF_VETH, PodIf};
 pub use services::{

@@ -87,19 +87,8 @@ pub fn label_bytes(b: &[u8]) -> String {
 
 fn label_value(s: &str) -> ServiceLabel {
     ServiceLabel {
-        name: nul_padded(s),
+        name: lbproxy_common::nul_padded(s),
     }
-}
-
-/// `s` in a NUL-padded field of `N` bytes, cut on a char boundary so one NUL always fits.
-pub fn nul_padded<const N: usize>(s: &str) -> [u8; N] {
-    let mut out = [0u8; N];
-    let mut end = s.len().min(N - 1);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    out[..end].copy_from_slice(&s.as_bytes()[..end]);
-    out
 }
 
 fn werr(map: &'static str, op: &'static str, entry: String, e: MapError) -> MapWriteError {

@@ -24,9 +24,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use lbproxy_common::{FAMILY_IPV4, FAMILY_IPV6, UnservedKey, UnservedValue};
+use lbproxy_common::{UnservedKey, UnservedValue};
 
-use crate::desired::{self, Family, Frontend, FrontendSpec, Unserved};
+use crate::desired::{self, Frontend, FrontendSpec, Unserved};
 use crate::model::{Model, NamespacedName, Service};
 use crate::program::{ApplyStats, MapWriteError, Maps, Programmer};
 
@@ -110,39 +110,6 @@ pub struct Sync<M: Maps> {
     too_large: HashMap<NamespacedName, String>,
     /// Messages of services that went over the limit (or changed numbers) since taken.
     too_large_news: Vec<(NamespacedName, String)>,
-}
-
-/// The entry of a frontend not served yet in `LB_UNSERVED_V1`.
-fn unserved_entry(u: &Unserved) -> (UnservedKey, UnservedValue) {
-    let mut addr = [0u8; 16];
-    match u.addr {
-        Some(std::net::IpAddr::V4(a)) => addr[..4].copy_from_slice(&a.octets()),
-        Some(std::net::IpAddr::V6(a)) => addr = a.octets(),
-        None => {}
-    }
-    let key = UnservedKey {
-        addr,
-        port_be: u.port.to_be(),
-        proto: u.proto.number(),
-        kind: u.kind.number(),
-        family: match u.family {
-            Family::V4 => FAMILY_IPV4,
-            Family::V6 => FAMILY_IPV6,
-        },
-        _pad: [0; 3],
-        svc_hash: fnv1a(u.label.as_bytes()),
-    };
-    let value = UnservedValue {
-        label: crate::bpf::pinned::nul_padded(&u.label),
-        reason: crate::bpf::pinned::nul_padded(u.reason),
-    };
-    (key, value)
-}
-
-fn fnv1a(b: &[u8]) -> u64 {
-    b.iter().fold(0xcbf2_9ce4_8422_2325, |h, c| {
-        (h ^ u64::from(*c)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 impl<M: Maps> Sync<M> {
@@ -321,7 +288,7 @@ impl<M: Maps> Sync<M> {
                 }
             }
             let entries: Vec<(UnservedKey, UnservedValue)> =
-                fes.unserved.iter().map(unserved_entry).collect();
+                fes.unserved.iter().map(Unserved::entry).collect();
             self.unserved_of
                 .insert(svc.id.clone(), entries.iter().map(|(k, _)| *k).collect());
             unserved.extend(entries);
@@ -409,7 +376,7 @@ impl<M: Maps> Sync<M> {
             let fes = svc.map(|svc| self.frontends(model, svc, node));
             let (new, unserved) = fes.map_or_else(Default::default, |f| (f.served, f.unserved));
             let entries: BTreeMap<UnservedKey, UnservedValue> =
-                unserved.iter().map(unserved_entry).collect();
+                unserved.iter().map(Unserved::entry).collect();
             for old in self.unserved_of.remove(name).unwrap_or_default() {
                 if !entries.contains_key(&old) {
                     unserved_gone.push(old);

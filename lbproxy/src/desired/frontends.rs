@@ -21,7 +21,9 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 
-use lbproxy_common::{Backend, ServiceKey};
+use lbproxy_common::{
+    Backend, FAMILY_IPV4, FAMILY_IPV6, ServiceKey, UnservedKey, UnservedValue, nul_padded,
+};
 
 use super::endpoints::{EndpointSet, Scope, endpoint_set, local_only};
 pub use crate::model::Family;
@@ -105,6 +107,43 @@ pub struct Unserved {
     /// Why, e.g. "NodePort is not served yet", "IPv6 is not served yet", "SCTP is not
     /// served yet".
     pub reason: &'static str,
+}
+
+impl Unserved {
+    /// Its entry in `LB_UNSERVED_V1`, the list `lbproxy inspect` reads (as [`Frontend::key`]
+    /// is a served frontend's entry in the services map).
+    pub fn entry(&self) -> (UnservedKey, UnservedValue) {
+        let mut addr = [0u8; 16];
+        match self.addr {
+            Some(IpAddr::V4(a)) => addr[..4].copy_from_slice(&a.octets()),
+            Some(IpAddr::V6(a)) => addr = a.octets(),
+            None => {}
+        }
+        let key = UnservedKey {
+            addr,
+            port_be: self.port.to_be(),
+            proto: self.proto.number(),
+            kind: self.kind.number(),
+            family: match self.family {
+                Family::V4 => FAMILY_IPV4,
+                Family::V6 => FAMILY_IPV6,
+            },
+            _pad: [0; 3],
+            svc_hash: fnv1a(self.label.as_bytes()),
+        };
+        let value = UnservedValue {
+            label: nul_padded(&self.label),
+            reason: nul_padded(self.reason),
+        };
+        (key, value)
+    }
+}
+
+/// FNV-1a, 64 bits: tells apart two services asking for the same frontend.
+fn fnv1a(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325, |h, c| {
+        (h ^ u64::from(*c)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// Every frontend one service asks for: the ones the datapath serves, and the others.

@@ -5,6 +5,6 @@ mod endpoints;
 mod frontends;
 
 pub use frontends::{
-    BackendAddr, Desired, Family, Frontend, FrontendKind, FrontendSpec, ServiceFrontends, Unserved,
+    BackendAddr, Desired, Frontend, FrontendKind, FrontendSpec, ServiceFrontends, Unserved,
     frontends_for,
 };
