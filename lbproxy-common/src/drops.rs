@@ -32,6 +32,17 @@ counter_enum! {
         /// which is what a live flow evicted from a full flow table looks like. It is sent to
         /// a newly selected backend.
         MidstreamWithoutFlow = 10 => "tcp_midstream_without_flow",
+        /// Not a drop: one half of a flow was missing (evicted alone by the LRU) and was
+        /// recreated from the other, or a flow whose reply tuple was taken started over.
+        FlowHalfRecreated = 11 => "flow_half_recreated",
+        /// Not a drop: a new flow's tuple towards its backend was held by a live flow through
+        /// another VIP (same client port), so it got another source port.
+        TupleClashPortRewritten = 12 => "tuple_clash_port_rewritten",
+        /// A clashing tuple found no free source port in its attempts: dropped.
+        TupleClashNoPort = 13 => "tuple_clash_no_port",
+        /// Not a drop: the reply half of a finished VIP flow was removed, because a direct
+        /// connection (or a new flow) now uses its tuple.
+        StaleReplyRemoved = 14 => "stale_reply_removed",
     }
 }
 

@@ -11,7 +11,7 @@
 //! Addresses and ports are kept in network byte order: addresses as `[u8; 4]`, ports in
 //! fields ending in `_be`. Userspace converts once; the datapath never converts.
 //!
-//! Map layouts are versioned in their names (`LB_SERVICES_V2`, `LB_FLOWS_V1`, ...). A layout
+//! Map layouts are versioned in their names (`LB_SERVICES_V2`, `LB_FLOWS_V2`, ...). A layout
 //! change adds a map of the next version beside the old one, so a restarted controller never
 //! reads a pinned map of the wrong shape; the old one is then migrated ([`MIGRATED`]) or
 //! removed ([`RETIRED`]).
@@ -87,8 +87,9 @@ pub use config::{CONFIG_F_STACK_BYPASS, DatapathConfig};
 pub use delivery::Delivery;
 pub use drops::DropReason;
 pub use flows::{
-    DEFAULT_FLOW_MAP_SIZE, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_STATE_CLOSING,
-    FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE, FLOW_STATE_SYN_SENT, FlowKey, FlowValue,
+    DEFAULT_FLOW_MAP_SIZE, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_F_FIN, FLOW_F_RST,
+    FLOW_STATE_CLOSING_V1, FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE, FLOW_STATE_SYN_SENT, FlowKey,
+    FlowValue, FlowValueV1,
 };
 pub use labels::{ServiceLabel, nul_padded};
 pub use members::MemberKey;
@@ -111,6 +112,7 @@ pod!(
     Backend,
     FlowKey,
     FlowValue,
+    FlowValueV1,
     ServiceLabel,
     UnservedKey,
     UnservedValue,
@@ -137,8 +139,8 @@ pub const MAPS: &[MapSpec] = &[
 ];
 
 /// Earlier layouts a controller reads once at start, copies into their successor, then
-/// unpins: `LB_SERVICES_V1` into `LB_SERVICES_V2`.
-pub const MIGRATED: &[MapSpec] = &[services::SPEC_V1];
+/// unpins: `LB_SERVICES_V1` into `LB_SERVICES_V2`, `LB_FLOWS_V1` into `LB_FLOWS_V2`.
+pub const MIGRATED: &[MapSpec] = &[services::SPEC_V1, flows::SPEC_V1];
 
 /// Earlier layouts a controller unpins at start without reading them: `LB_DROPS_V1` had room
 /// for 6 reasons only, and counters are statistics, so nothing is migrated.
@@ -160,6 +162,9 @@ pub mod map_names {
     pub const SLOTS: &str = crate::slots::SPEC.name;
     pub const BACKENDS: &str = crate::backends::SPEC.name;
     pub const FLOWS: &str = crate::flows::SPEC.name;
+    /// The flow layout before tuple-clash ports; migrated into V2 at start (every live flow
+    /// keeps its backend).
+    pub const FLOWS_V1: &str = crate::flows::SPEC_V1.name;
     pub const DROPS: &str = crate::drops::SPEC.name;
     /// Earlier layouts a controller removes at start ([`crate::RETIRED`]).
     pub const RETIRED: [&str; crate::RETIRED.len()] = {

@@ -67,3 +67,21 @@ fn fmix64(mut k: u64) -> u64 {
     k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
     k ^ (k >> 33)
 }
+
+/// Attempts at another source port when a new flow's tuple towards its backend is already
+/// taken (a tuple clash), before the packet is dropped.
+pub const CLASH_PORT_ATTEMPTS: u32 = 8;
+
+/// The source port (network order) to try for attempt `attempt` when a client's flow
+/// `src:sport -> backend` clashes with a live flow through another VIP. Spread over
+/// 1024..=65535 by the seeded hash, as netfilter picks a free port in that range for the
+/// same clash; deterministic, so the attempts of one flow are the same on every retry.
+#[inline(always)]
+pub fn clash_port(seed: u64, src: [u8; 4], backend: [u8; 4], sport_be: u16, attempt: u32) -> u16 {
+    let h = fmix64(
+        flow_hash(seed, src, backend, sport_be, 0, 0)
+            ^ u64::from(attempt + 1).wrapping_mul(0x9e37_79b9),
+    );
+    let port = 1024 + (h % (65536 - 1024)) as u16;
+    port.to_be()
+}

@@ -55,13 +55,14 @@ fn sizes<K, V>() -> (u32, u32) {
 
 #[test]
 fn spec_sizes_are_their_types() {
-    let cases: [(MapSpec, (u32, u32)); 13] = [
+    let cases: [(MapSpec, (u32, u32)); 14] = [
         (services::SPEC, sizes::<ServiceKey, ServiceValue>()),
         (services::SPEC_V1, sizes::<ServiceKey, ServiceValueV1>()),
         (slots::SPEC, sizes::<SlotKey, u32>()),
         (backends::SPEC, sizes::<u32, Backend>()),
         (members::SPEC, sizes::<MemberKey, u32>()),
         (flows::SPEC, sizes::<FlowKey, FlowValue>()),
+        (flows::SPEC_V1, sizes::<FlowKey, FlowValueV1>()),
         (drops::SPEC, sizes::<u32, u64>()),
         (labels::SPEC, sizes::<u32, ServiceLabel>()),
         (affinity::SPEC, sizes::<AffinityKey, AffinityValue>()),
@@ -92,7 +93,7 @@ fn layouts_are_unchanged() {
         ("LB_BACKENDS_V1", "backends", Hash, 4, 8, 262_144),
         ("LB_SLOTS_V1", "slots", Hash, 8, 4, 262_144),
         ("LB_SERVICES_V2", "services", Hash, 8, 16, 65_536),
-        ("LB_FLOWS_V1", "flows", LruHash, 16, 32, 262_144),
+        ("LB_FLOWS_V2", "flows", LruHash, 16, 40, 262_144),
         ("LB_DROPS_V2", "drops", PerCpuArray, 4, 8, 32),
         ("LB_LABELS_V1", "labels", Hash, 4, 128, 65_536),
         ("LB_AFFINITY_V1", "affinity", LruHash, 8, 16, 262_144),
@@ -121,6 +122,11 @@ fn layouts_are_unchanged() {
         (v1.name, v1.kind, v1.key_size, v1.value_size),
         ("LB_SERVICES_V1", Hash, 8, 8)
     );
+    let v1 = flows::SPEC_V1;
+    assert_eq!(
+        (v1.name, v1.kind, v1.key_size, v1.value_size),
+        ("LB_FLOWS_V1", LruHash, 16, 32)
+    );
 }
 
 #[test]
@@ -132,7 +138,8 @@ fn map_names_come_from_the_table() {
     assert_eq!(map_names::RETIRED, ["LB_DROPS_V1"]);
     assert_eq!(map_names::SERVICES_V1, "LB_SERVICES_V1");
     assert_eq!(spec_by_name("LB_SERVICES_V1"), Some(&services::SPEC_V1));
-    assert_eq!(spec_by_name("LB_FLOWS_V1"), Some(&flows::SPEC));
+    assert_eq!(spec_by_name("LB_FLOWS_V2"), Some(&flows::SPEC));
+    assert_eq!(spec_by_name("LB_FLOWS_V1"), Some(&flows::SPEC_V1));
     assert_eq!(spec_by_name("LB_DROPS_V1"), None);
 }
 

@@ -1,22 +1,43 @@
 //! Stage 3: the flow table. lbproxy's own state, not the kernel's conntrack.
 //!
-//! Every new flow gets two entries in `LB_FLOWS_V1`: a forward entry keyed by the client's
+//! A flow is two entries in `LB_FLOWS_V2`, its halves: a forward entry keyed by the client's
 //! packet (client -> VIP) that names the backend, and a reply entry keyed by the backend's
-//! packet (backend -> client) that names the VIP to restore. A forward entry whose backend is
-//! no longer live (removed from `LB_BACKENDS_V1`, or its id reused for another address), or
-//! whose service was replaced, is treated as a new flow on its next packet.
+//! packet (backend -> client) that names the VIP to restore. Each half names its partner
+//! (`lbproxy_common::flows`), and the halves live and die together:
+//! - every packet that hits one half looks up the other; a missing partner (evicted by the
+//!   LRU alone) is recreated from this half and counted (`flow_half_recreated`);
+//! - the collector in userspace expires both halves at once, by the state of both.
+//!
+//! A forward entry whose backend is no longer live (removed from `LB_BACKENDS_V1`, or its id
+//! reused for another address), or whose service was replaced, is treated as a new flow on
+//! its next packet.
+//!
+//! **Tuple clash.** Two VIPs can share a backend, and a client may use one source port
+//! towards both at once (a source port need only be unique per destination). After DNAT both
+//! flows would be the same tuple, client:port -> backend. As netfilter does, the second flow
+//! gets another source port (`peer_port_be`), which its reply half restores, and the clash
+//! is counted (`tuple_clash_port_rewritten`).
+//!
+//! Entries are never written whole in place: a new flow on a known tuple replaces its entries
+//! with a map update, which another CPU sees entirely or not at all. Live entries only get
+//! single-field writes (`state`, `flags`, `last_seen_ns`).
 
-use aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns;
+use aya_ebpf::{
+    bindings::{BPF_ANY, BPF_NOEXIST},
+    helpers::generated::bpf_ktime_get_coarse_ns,
+};
 use lbproxy_common::{
-    DropReason, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_STATE_CLOSING, FLOW_STATE_ESTABLISHED,
-    FLOW_STATE_NONE, FLOW_STATE_SYN_SENT, FlowKey, FlowValue, IPPROTO_TCP, ServiceValue,
+    DropReason, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_F_FIN, FLOW_F_RST, FLOW_STATE_ESTABLISHED,
+    FLOW_STATE_NONE, FLOW_STATE_SYN_SENT, FlowKey, FlowValue, IPPROTO_TCP, IPPROTO_UDP,
+    ServiceValue,
+    select::{CLASH_PORT_ATTEMPTS, clash_port},
 };
 
 use crate::{
     lb::{affinity, select},
-    maps::LB_FLOWS_V1,
+    maps::LB_FLOWS_V2,
     parse::{Packet, TCP_FLAG_FIN, TCP_FLAG_RST},
-    reason::Verdict,
+    reason::{Verdict, count},
 };
 
 /// `last_seen_ns` is refreshed at most this often, to keep writes off the hot path.
@@ -25,8 +46,13 @@ const TOUCH_INTERVAL_NS: u64 = 1_000_000_000;
 /// Where a packet is translated to.
 #[derive(Clone, Copy)]
 pub struct NatTarget {
+    /// Forward: the backend. Reply: the VIP.
     pub addr: [u8; 4],
     pub port_be: u16,
+    /// The client's port on the far side of the translation. Forward: the source port the
+    /// backend sees (the client's own, unless the tuple clashed). Reply: the client's own
+    /// port, restored as the destination port.
+    pub peer_port_be: u16,
 }
 
 #[inline(always)]
@@ -36,6 +62,29 @@ fn touch(entry: *mut FlowValue, now: u64) {
     unsafe {
         if now.wrapping_sub((*entry).last_seen_ns) > TOUCH_INTERVAL_NS {
             (*entry).last_seen_ns = now;
+        }
+    }
+}
+
+/// Records this packet's FIN or RST in its own half's `flags` (a single-byte write, and only
+/// when it changes).
+#[inline(always)]
+fn note_close(entry: *mut FlowValue, pkt: &Packet) {
+    if pkt.proto != IPPROTO_TCP {
+        return;
+    }
+    let mut seen = 0;
+    if pkt.tcp_flags & TCP_FLAG_FIN != 0 {
+        seen |= FLOW_F_FIN;
+    }
+    if pkt.tcp_flags & TCP_FLAG_RST != 0 {
+        seen |= FLOW_F_RST;
+    }
+    // SAFETY: `entry` came from a successful lookup; only this direction writes `flags`.
+    unsafe {
+        let flags = (*entry).flags;
+        if seen & !flags != 0 {
+            (*entry).flags = flags | seen;
         }
     }
 }
@@ -54,21 +103,46 @@ fn key_of(pkt: &Packet, dir: u8) -> FlowKey {
     }
 }
 
+/// The reply key of a flow from `client` (at port `client_port_be` as the backend sees it)
+/// to `backend`.
 #[inline(always)]
-fn reply_key(backend_addr: [u8; 4], backend_port_be: u16, pkt: &Packet) -> FlowKey {
+fn reply_key(
+    backend: [u8; 4],
+    backend_port_be: u16,
+    client: [u8; 4],
+    client_port_be: u16,
+    proto: u8,
+) -> FlowKey {
     FlowKey {
-        src_addr: backend_addr,
-        dst_addr: pkt.src_addr,
+        src_addr: backend,
+        dst_addr: client,
         src_port_be: backend_port_be,
-        dst_port_be: pkt.src_port_be,
-        proto: pkt.proto,
+        dst_port_be: client_port_be,
+        proto,
         dir: FLOW_DIR_REPLY,
         _pad: [0; 2],
     }
 }
 
+/// Whether the reply entry `r` is the partner of the forward entry `f` keyed `fkey`.
+#[inline(always)]
+fn pairs(fkey: &FlowKey, f: &FlowValue, r: &FlowValue) -> bool {
+    r.nat_addr == fkey.dst_addr
+        && r.nat_port_be == fkey.dst_port_be
+        && r.peer_port_be == fkey.src_port_be
+        && r.svc_id == f.svc_id
+        && r.backend_id == f.backend_id
+}
+
+#[inline(always)]
+fn insert(key: &FlowKey, value: &FlowValue, flags: u32) -> Result<(), Verdict> {
+    LB_FLOWS_V2
+        .insert(*key, *value, u64::from(flags))
+        .map_err(|_| Verdict::Drop(DropReason::FlowInsertFailed))
+}
+
 /// Forward direction: the backend this client packet goes to. Reuses the flow's backend while
-/// it is live; otherwise selects one and records both directions.
+/// it is live; otherwise selects one and records both halves.
 ///
 /// A flow whose backend left (gone from `LB_BACKENDS_V1`, its id reused, or its service
 /// replaced) is noticed here, on its next packet:
@@ -78,49 +152,76 @@ fn reply_key(backend_addr: [u8; 4], backend_port_be: u16, pkt: &Packet) -> FlowK
 ///
 /// A TCP flow still in SYN_SENT (the backend never answered) that sees another SYN, a
 /// retransmission from the same source port, is also treated as new: it is never pinned to a
-/// backend that did not answer. So is a SYN on a closed flow (the source port reused).
+/// backend that did not answer. So is a SYN on a flow that saw a FIN or RST (the source
+/// port reused).
 ///
 /// `seed` is the node's flow-hash seed (`DatapathConfig::hash_seed`), used only when a
-/// backend is selected.
+/// backend (or a port for a clashing tuple) is chosen.
 #[inline(always)]
 pub fn forward(pkt: &Packet, svc: &ServiceValue, seed: u64) -> Result<NatTarget, Verdict> {
     let key = key_of(pkt, FLOW_DIR_FORWARD);
     let now = unsafe { bpf_ktime_get_coarse_ns() };
-    // An entry of this tuple's previous flow, rewritten in place below instead of being
-    // deleted and inserted again: a client reusing source ports quickly (one connection
-    // after another) then costs no LRU churn. `old_reply` is that flow's reply key.
-    let mut reuse: Option<(*mut FlowValue, FlowKey)> = None;
-    if let Some(entry) = LB_FLOWS_V1.get_ptr_mut(key) {
-        let (svc_id, backend_id, addr, port_be, state) = unsafe {
-            (
-                (*entry).svc_id,
-                (*entry).backend_id,
-                (*entry).nat_addr,
-                (*entry).nat_port_be,
-                (*entry).state,
-            )
+    // The reply key of this tuple's previous flow, when it is that flow's own partner: it is
+    // removed or replaced below, never left behind.
+    let mut old_reply: Option<FlowKey> = None;
+    if let Some(entry) = LB_FLOWS_V2.get_ptr_mut(key) {
+        // SAFETY: a successful lookup. Fields are only written one at a time elsewhere, so
+        // each one read here is whole.
+        let f = unsafe { *entry };
+        let live = f.svc_id == svc.svc_id
+            && matches!(select::backend(f.backend_id), Some(b) if b.addr == f.nat_addr && b.port_be == f.nat_port_be);
+        let rkey = key.partner(&f);
+        let partner = LB_FLOWS_V2.get_ptr_mut(rkey);
+        // SAFETY: as above.
+        let (ours, partner_flags) = match partner {
+            Some(r) => unsafe { (pairs(&key, &f, &*r), (*r).flags) },
+            None => (false, 0),
         };
-        let live = svc_id == svc.svc_id
-            && matches!(select::backend(backend_id), Some(b) if b.addr == addr && b.port_be == port_be);
-        // A SYN on a flow that never got an answer, or that already closed (source port
-        // reused), starts over.
+        // A SYN on a flow that never got an answer, or that saw a FIN or RST either way
+        // (source port reused), starts over.
         let syn_retry =
-            pkt.is_syn() && (state == FLOW_STATE_SYN_SENT || state == FLOW_STATE_CLOSING);
-        if live && !syn_retry {
+            pkt.is_syn() && (f.state == FLOW_STATE_SYN_SENT || (f.flags | partner_flags) != 0);
+        let target = NatTarget {
+            addr: f.nat_addr,
+            port_be: f.nat_port_be,
+            peer_port_be: f.peer_port_be,
+        };
+        if live && !syn_retry && (ours || partner.is_none()) {
             touch(entry, now);
-            if pkt.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST) != 0 && state != FLOW_STATE_CLOSING {
-                unsafe { (*entry).state = FLOW_STATE_CLOSING };
+            note_close(entry, pkt);
+            if partner.is_none() {
+                // The reply half was evicted alone: recreate it from this one, or the
+                // backend's answers would leave untranslated.
+                let reply = FlowValue {
+                    nat_addr: pkt.dst_addr,
+                    nat_port_be: pkt.dst_port_be,
+                    peer_port_be: pkt.src_port_be,
+                    flags: 0,
+                    last_seen_ns: now,
+                    ..f
+                };
+                if insert(&rkey, &reply, BPF_NOEXIST).is_ok() {
+                    count(DropReason::FlowHalfRecreated);
+                }
             }
-            return Ok(NatTarget { addr, port_be });
+            return Ok(target);
         }
-        let old_reply = reply_key(addr, port_be, pkt);
+        if ours {
+            old_reply = Some(rkey);
+        }
         if !live && pkt.proto == IPPROTO_TCP && !pkt.is_syn() {
-            // Forget both directions of the old flow.
-            let _ = LB_FLOWS_V1.remove(old_reply);
-            let _ = LB_FLOWS_V1.remove(key);
+            // Forget both halves of the old flow.
+            if ours {
+                let _ = LB_FLOWS_V2.remove(rkey);
+            }
+            let _ = LB_FLOWS_V2.remove(key);
             return Err(Verdict::Reject(DropReason::BackendGoneReset));
         }
-        reuse = Some((entry, old_reply));
+        if live && !syn_retry {
+            // Live, but its reply tuple now belongs to another flow: this flow lost its
+            // reply half and starts over.
+            count(DropReason::FlowHalfRecreated);
+        }
     }
 
     let (backend_id, backend) = if svc.affinity_timeout_s != 0 {
@@ -135,98 +236,199 @@ pub fn forward(pkt: &Packet, svc: &ServiceValue, seed: u64) -> Result<NatTarget,
     } else {
         // Mid-stream without an entry (evicted from a full table, or older than lbproxy):
         // counted, and the new backend will answer or reset it.
-        crate::reason::count(DropReason::MidstreamWithoutFlow);
+        count(DropReason::MidstreamWithoutFlow);
         FLOW_STATE_ESTABLISHED
-    };
-    let forward = FlowValue {
-        nat_addr: backend.addr,
-        nat_port_be: backend.port_be,
-        state,
-        _pad: 0,
-        svc_id: svc.svc_id,
-        backend_id,
-        created_ns: now,
-        last_seen_ns: now,
     };
     let reply = FlowValue {
         nat_addr: pkt.dst_addr,
         nat_port_be: pkt.dst_port_be,
-        ..forward
+        peer_port_be: pkt.src_port_be,
+        state,
+        flags: 0,
+        _pad: [0; 2],
+        svc_id: svc.svc_id,
+        backend_id,
+        _pad2: 0,
+        created_ns: now,
+        last_seen_ns: now,
     };
-    let new_reply = reply_key(backend.addr, backend.port_be, pkt);
-    // Reply entry first, so the backend's first answer always finds it.
-    match reuse {
-        Some((entry, old_reply)) => {
-            if old_reply != new_reply {
-                let _ = LB_FLOWS_V1.remove(old_reply);
-            }
-            put(new_reply, reply)?;
-            // SAFETY: `entry` came from a successful lookup of `key`. The previous flow on
-            // this tuple is over (closed or never answered), so no packet of it races this
-            // write.
-            unsafe { *entry = forward };
-        }
-        None => {
-            insert(new_reply, reply)?;
-            insert(key, forward)?;
-        }
+    let mut rkey = reply_key(
+        backend.addr,
+        backend.port_be,
+        pkt.src_addr,
+        pkt.src_port_be,
+        pkt.proto,
+    );
+    if let Some(old) = old_reply
+        && old != rkey
+    {
+        let _ = LB_FLOWS_V2.remove(old);
     }
+    // Reply half first, so the backend's first answer always finds it. The client's own port
+    // is used unless another live flow holds that tuple towards this backend.
+    let claimed = if old_reply == Some(rkey) {
+        insert(&rkey, &reply, BPF_ANY).is_ok()
+    } else {
+        insert(&rkey, &reply, BPF_NOEXIST).is_ok() || replace_if_stale(&rkey, &reply)
+    };
+    if !claimed {
+        let mut found = false;
+        let mut attempt = 0;
+        while attempt < CLASH_PORT_ATTEMPTS {
+            rkey.dst_port_be =
+                clash_port(seed, pkt.src_addr, backend.addr, pkt.src_port_be, attempt);
+            if insert(&rkey, &reply, BPF_NOEXIST).is_ok() {
+                found = true;
+                break;
+            }
+            attempt += 1;
+        }
+        if !found {
+            return Err(Verdict::Drop(DropReason::TupleClashNoPort));
+        }
+        count(DropReason::TupleClashPortRewritten);
+    }
+    let forward = FlowValue {
+        nat_addr: backend.addr,
+        nat_port_be: backend.port_be,
+        peer_port_be: rkey.dst_port_be,
+        ..reply
+    };
+    // A map update: a CPU reading this key meanwhile sees the old entry or the new one.
+    insert(&key, &forward, BPF_ANY)?;
     Ok(NatTarget {
         addr: backend.addr,
         port_be: backend.port_be,
+        peer_port_be: rkey.dst_port_be,
     })
 }
 
-/// Writes `value` under `key`: in place when the entry exists, else as a new entry.
+/// The reply tuple `rkey` is taken. Takes it over (and forgets the flow holding it) when
+/// that flow is over: it saw a RST, or a FIN both ways, or its forward half is gone for
+/// good. Returns whether `reply` is now in place.
 #[inline(always)]
-fn put(key: FlowKey, value: FlowValue) -> Result<(), Verdict> {
-    if let Some(e) = LB_FLOWS_V1.get_ptr_mut(key) {
-        // SAFETY: `e` came from a successful lookup; see `forward` on racing readers.
-        unsafe { *e = value };
-        return Ok(());
+fn replace_if_stale(rkey: &FlowKey, reply: &FlowValue) -> bool {
+    let Some(r) = LB_FLOWS_V2.get_ptr_mut(*rkey) else {
+        // Removed meanwhile.
+        return insert(rkey, reply, BPF_NOEXIST).is_ok();
+    };
+    // SAFETY: a successful lookup.
+    let r = unsafe { *r };
+    let fkey = rkey.partner(&r);
+    let closed = match LB_FLOWS_V2.get_ptr_mut(fkey) {
+        // SAFETY: as above.
+        Some(f) => unsafe { r.closed_with((*f).flags) },
+        None => r.closed_with(0),
+    };
+    if !closed {
+        return false;
     }
-    insert(key, value)
+    let _ = LB_FLOWS_V2.remove(fkey);
+    insert(rkey, reply, BPF_ANY).is_ok()
 }
 
-#[inline(always)]
-fn insert(key: FlowKey, value: FlowValue) -> Result<(), Verdict> {
-    LB_FLOWS_V1
-        .insert(key, value, 0)
-        .map_err(|_| Verdict::Drop(DropReason::FlowInsertFailed))
-}
-
-/// Reply direction: the VIP:port a backend's packet to a client must appear to come from,
-/// or `None` when the packet is not a reply of a load-balanced flow. The first TCP answer
-/// from the backend moves the flow from SYN_SENT to ESTABLISHED.
+/// Reply direction: the VIP:port a backend's packet to a client must appear to come from
+/// (and the client's own port), or `None` when the packet is not a reply of a load-balanced
+/// flow. The first TCP answer from the backend moves the flow from SYN_SENT to ESTABLISHED.
 #[inline(always)]
 pub fn reply(pkt: &Packet) -> Option<NatTarget> {
     let key = key_of(pkt, FLOW_DIR_REPLY);
-    let entry = LB_FLOWS_V1.get_ptr_mut(key)?;
-    touch(entry, unsafe { bpf_ktime_get_coarse_ns() });
-    let (addr, port_be, state) =
-        unsafe { ((*entry).nat_addr, (*entry).nat_port_be, (*entry).state) };
-    let closing = pkt.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST) != 0;
-    let new_state = if closing {
-        FLOW_STATE_CLOSING
-    } else if state == FLOW_STATE_SYN_SENT {
-        FLOW_STATE_ESTABLISHED
-    } else {
-        state
-    };
-    if pkt.proto == IPPROTO_TCP && new_state != state && state != FLOW_STATE_CLOSING {
-        unsafe { (*entry).state = new_state };
-        let fwd = FlowKey {
-            src_addr: pkt.dst_addr,
-            dst_addr: addr,
-            src_port_be: pkt.dst_port_be,
-            dst_port_be: port_be,
-            proto: pkt.proto,
-            dir: FLOW_DIR_FORWARD,
-            _pad: [0; 2],
-        };
-        if let Some(f) = LB_FLOWS_V1.get_ptr_mut(fwd) {
-            unsafe { (*f).state = new_state };
+    let entry = LB_FLOWS_V2.get_ptr_mut(key)?;
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    // SAFETY: a successful lookup; see `forward`.
+    let r = unsafe { *entry };
+    let fkey = key.partner(&r);
+    let established = pkt.proto == IPPROTO_TCP && r.state == FLOW_STATE_SYN_SENT;
+    match LB_FLOWS_V2.get_ptr_mut(fkey) {
+        Some(f) => {
+            // SAFETY: as above.
+            let fv = unsafe { *f };
+            if fv.nat_addr != pkt.src_addr
+                || fv.nat_port_be != pkt.src_port_be
+                || fv.peer_port_be != pkt.dst_port_be
+            {
+                // The client's tuple now belongs to another flow (a new connection from the
+                // same port went to another backend): this half is left over from the old
+                // one. Forget it; the packet passes as it is.
+                let _ = LB_FLOWS_V2.remove(key);
+                count(DropReason::StaleReplyRemoved);
+                return None;
+            }
+            if established {
+                // SAFETY: single-byte writes to entries from successful lookups.
+                unsafe {
+                    (*f).state = FLOW_STATE_ESTABLISHED;
+                    (*entry).state = FLOW_STATE_ESTABLISHED;
+                }
+            }
+        }
+        None => {
+            // The forward half was evicted alone: recreate it, so the client's next packet
+            // keeps this backend.
+            let fwd = FlowValue {
+                nat_addr: pkt.src_addr,
+                nat_port_be: pkt.src_port_be,
+                peer_port_be: pkt.dst_port_be,
+                state: if established {
+                    FLOW_STATE_ESTABLISHED
+                } else {
+                    r.state
+                },
+                flags: 0,
+                last_seen_ns: now,
+                ..r
+            };
+            if insert(&fkey, &fwd, BPF_NOEXIST).is_ok() {
+                count(DropReason::FlowHalfRecreated);
+            }
+            if established {
+                // SAFETY: as above.
+                unsafe { (*entry).state = FLOW_STATE_ESTABLISHED };
+            }
         }
     }
-    Some(NatTarget { addr, port_be })
+    touch(entry, now);
+    note_close(entry, pkt);
+    Some(NatTarget {
+        addr: r.nat_addr,
+        port_be: r.nat_port_be,
+        peer_port_be: r.peer_port_be,
+    })
+}
+
+/// A packet from a pod that is not addressed to a frontend: a direct connection. When its
+/// tuple is exactly the backend side of a recent VIP flow, that flow's reply half would
+/// rewrite the direct connection's replies to the VIP. The old flow is forgotten when it is
+/// over (TCP: this is a SYN and the VIP flow saw a RST, FINs both ways, or lost its forward
+/// half) or, for UDP, always: the client now talks to the backend directly from that port.
+/// Counted as `stale_reply_removed`. Only a TCP SYN or a UDP packet costs a lookup.
+#[inline(always)]
+pub fn direct(pkt: &Packet) {
+    if !(pkt.is_syn() || pkt.proto == IPPROTO_UDP) {
+        return;
+    }
+    let rkey = reply_key(
+        pkt.dst_addr,
+        pkt.dst_port_be,
+        pkt.src_addr,
+        pkt.src_port_be,
+        pkt.proto,
+    );
+    let Some(r) = LB_FLOWS_V2.get_ptr_mut(rkey) else {
+        return;
+    };
+    // SAFETY: a successful lookup.
+    let r = unsafe { *r };
+    let fkey = rkey.partner(&r);
+    let over = pkt.proto == IPPROTO_UDP
+        || match LB_FLOWS_V2.get_ptr_mut(fkey) {
+            // SAFETY: as above.
+            Some(f) => unsafe { r.closed_with((*f).flags) },
+            None => true,
+        };
+    if over {
+        let _ = LB_FLOWS_V2.remove(rkey);
+        let _ = LB_FLOWS_V2.remove(fkey);
+        count(DropReason::StaleReplyRemoved);
+    }
 }

@@ -59,6 +59,7 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
     // One lookup of the settings per packet: the bypass flag and the flow-hash seed.
     let config = maps::config();
     let Some(svc) = lb::service::lookup(&pkt) else {
+        flow::direct(&pkt);
         return reply_from_pod(ctx, &pkt, &config);
     };
     let to = match flow::forward(&pkt, &svc, config.hash_seed()) {

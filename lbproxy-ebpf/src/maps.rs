@@ -121,7 +121,7 @@ map! {
     /// Session affinity: a client's last backend per service. Written by `lb::affinity`.
     LB_AFFINITY_V1: LruHashMap<AffinityKey, AffinityValue> = affinity::SPEC;
     /// The flow table, both directions. Owned by `flow`; userspace sizes it at load.
-    LB_FLOWS_V1: LruHashMap<FlowKey, FlowValue> = flows::SPEC;
+    LB_FLOWS_V2: LruHashMap<FlowKey, FlowValue> = flows::SPEC;
     /// Service names for `lbproxy inspect`. Declared so the object carries it (and its
     /// BTF); the datapath never reads it.
     LB_LABELS_V1: HashMap<u32, ServiceLabel> = labels::SPEC;

@@ -19,7 +19,7 @@
 //! manifests: ""
 //! conntrack:                    # kube-proxy's block; sets lbproxy's flow table timeouts
 //!   tcpEstablishedTimeout: 24h
-//!   tcpCloseWaitTimeout: 10s     # flows after a FIN or RST
+//!   tcpCloseWaitTimeout: 1h      # half-closed flows: one FIN seen, the other side may still send
 //!   udpTimeout: 30s
 //!   tcpSynSentTimeout: 30s       # lbproxy's own: an unanswered SYN
 //! ```
@@ -356,12 +356,13 @@ pub fn resolve(file: Option<(&Path, FileConfig)>, flags: Flags) -> Result<Settin
             "conntrack.tcpEstablishedTimeout",
             defaults.tcp_established,
         )?,
-        tcp_closing: timeout(
+        tcp_half_closed: timeout(
             flags.tcp_close_wait_timeout,
             ct.and_then(|c| c.tcp_close_wait_timeout.as_ref()),
             "conntrack.tcpCloseWaitTimeout",
-            defaults.tcp_closing,
+            defaults.tcp_half_closed,
         )?,
+        tcp_closing: defaults.tcp_closing,
         udp: timeout(
             flags.udp_timeout,
             ct.and_then(|c| c.udp_timeout.as_ref()),

@@ -50,9 +50,18 @@ pub struct FlowRow {
     pub protocol: String,
     pub service: String,
     pub backend_id: u32,
-    /// `syn_sent`, `established`, or `-` (UDP).
+    /// `syn_sent`, `established`, `half_closed` (one FIN), `closed` (FINs both ways or a
+    /// RST), or `-` (UDP).
     pub state: String,
+    /// The source port the backend sees, when it is not the client's own: the flow's tuple
+    /// clashed with another flow through another VIP and got another port.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_port_at_backend: Option<u16>,
+    /// Whether the reply half of the flow is in the table (the datapath recreates a missing
+    /// one on the flow's next packet).
+    pub reply_half: bool,
     pub age_seconds: f64,
+    /// Since the later of the two halves was last used.
     pub idle_seconds: f64,
 }
 
@@ -192,7 +201,22 @@ pub fn flows(maps: &PinnedMaps) -> Vec<FlowRow> {
         .flatten()
         .filter(|(k, _)| k.dir == FLOW_DIR_FORWARD)
         .map(|(k, v)| {
+            let pk = k.partner(&v);
+            let partner = maps.flows.get(&pk, 0).ok().filter(|p| pk.partner(p) == k);
             let proto = Protocol::from_number(k.proto).map_or("?", Protocol::as_str);
+            let partner_flags = partner.map_or(0, |p| p.flags);
+            let state = if k.proto != lbproxy_common::IPPROTO_TCP {
+                "-"
+            } else if v.closed_with(partner_flags) {
+                "closed"
+            } else if (v.flags | partner_flags) & lbproxy_common::FLOW_F_FIN != 0 {
+                "half_closed"
+            } else if v.state == lbproxy_common::FLOW_STATE_SYN_SENT {
+                "syn_sent"
+            } else {
+                "established"
+            };
+            let last_seen = partner.map_or(v.last_seen_ns, |p| p.last_seen_ns.max(v.last_seen_ns));
             FlowRow {
                 client: format!(
                     "{}:{}",
@@ -212,14 +236,12 @@ pub fn flows(maps: &PinnedMaps) -> Vec<FlowRow> {
                 protocol: proto.to_string(),
                 service: labels.get(&v.svc_id).cloned().unwrap_or_default(),
                 backend_id: v.backend_id,
-                state: match v.state {
-                    lbproxy_common::FLOW_STATE_SYN_SENT => "syn_sent",
-                    lbproxy_common::FLOW_STATE_ESTABLISHED => "established",
-                    _ => "-",
-                }
-                .to_string(),
+                state: state.to_string(),
+                client_port_at_backend: (v.peer_port_be != k.src_port_be)
+                    .then(|| u16::from_be(v.peer_port_be)),
+                reply_half: partner.is_some(),
                 age_seconds: secs(v.created_ns),
-                idle_seconds: secs(v.last_seen_ns),
+                idle_seconds: secs(last_seen),
             }
         })
         .collect();
@@ -383,10 +405,18 @@ pub fn run(dir: &Path, what: What, json: bool, filter: &Filter) -> anyhow::Resul
                     .map(|r| {
                         vec![
                             r.service.clone(),
-                            r.client.clone(),
+                            match r.client_port_at_backend {
+                                // The port the backend sees, after a tuple clash.
+                                Some(p) => format!("{} (as :{p})", r.client),
+                                None => r.client.clone(),
+                            },
                             r.frontend.clone(),
                             r.backend.clone(),
-                            r.state.clone(),
+                            if r.reply_half {
+                                r.state.clone()
+                            } else {
+                                format!("{} (reply half missing)", r.state)
+                            },
                             format!("{:.0}s", r.age_seconds),
                             format!("{:.0}s", r.idle_seconds),
                         ]

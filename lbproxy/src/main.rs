@@ -115,7 +115,8 @@ struct RunArgs {
     /// Idle timeout of an established TCP flow [default: 24h]
     #[arg(long)]
     conntrack_tcp_timeout_established: Option<String>,
-    /// Idle timeout of a TCP flow after a FIN or RST [default: 10s]
+    /// Idle timeout of a half-closed TCP flow (one FIN seen; the other side may still send)
+    /// [default: 1h]. A flow closed both ways, or reset, goes after 10 s
     #[arg(long)]
     conntrack_tcp_timeout_close_wait: Option<String>,
     /// Idle timeout of a UDP flow [default: 30s]

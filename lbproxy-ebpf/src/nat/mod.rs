@@ -32,47 +32,53 @@ pub fn snat(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdict>
     rewrite_l3(ctx, IP_SRC_OFF, pkt.src_addr, to.addr)
 }
 
-/// The L4 half of [`dnat`]: the destination port and the L4 checksum. The caller writes the
-/// IP header itself (the stack bypass rewrites it together with the hop's TTL and MACs).
+/// The L4 half of [`dnat`]: the destination port, the source port when the flow's tuple
+/// clashed (`to.peer_port_be`), and the L4 checksum. The caller writes the IP header itself
+/// (the stack bypass rewrites it together with the hop's TTL and MACs).
 #[inline(always)]
 pub fn dnat_l4(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdict> {
     rewrite_l4(
         ctx,
         pkt,
         pkt.dst_addr,
-        pkt.l4_off + L4_DPORT_OFF,
-        pkt.dst_port_be,
-        to,
+        to.addr,
+        [
+            (pkt.l4_off + L4_DPORT_OFF, pkt.dst_port_be, to.port_be),
+            (pkt.l4_off + L4_SPORT_OFF, pkt.src_port_be, to.peer_port_be),
+        ],
     )
 }
 
-/// The L4 half of [`snat`].
+/// The L4 half of [`snat`]: the source port, the destination port back to the client's own
+/// (`to.peer_port_be`), and the L4 checksum.
 #[inline(always)]
 pub fn snat_l4(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdict> {
     rewrite_l4(
         ctx,
         pkt,
         pkt.src_addr,
-        pkt.l4_off + L4_SPORT_OFF,
-        pkt.src_port_be,
-        to,
+        to.addr,
+        [
+            (pkt.l4_off + L4_SPORT_OFF, pkt.src_port_be, to.port_be),
+            (pkt.l4_off + L4_DPORT_OFF, pkt.dst_port_be, to.peer_port_be),
+        ],
     )
 }
 
 const FAIL: Verdict = Verdict::Drop(DropReason::NatFailed);
 
-/// The port, and the L4 checksum for the port and the address (part of the pseudo-header).
+/// The ports (offset, old, new; unchanged ones are skipped), and the L4 checksum for them and
+/// for the address (part of the pseudo-header).
 #[inline(always)]
 fn rewrite_l4(
     ctx: &TcContext,
     pkt: &Packet,
     old_addr: [u8; 4],
-    port_off: usize,
-    old_port_be: u16,
-    to: NatTarget,
+    new_addr: [u8; 4],
+    ports: [(usize, u16, u16); 2],
 ) -> Result<(), Verdict> {
     let old_a = u64::from(u32::from_ne_bytes(old_addr));
-    let new_a = u64::from(u32::from_ne_bytes(to.addr));
+    let new_a = u64::from(u32::from_ne_bytes(new_addr));
     let l4_flags = if pkt.proto == IPPROTO_UDP {
         BPF_F_MARK_MANGLED_0
     } else {
@@ -83,15 +89,12 @@ fn rewrite_l4(
         ctx.l4_csum_replace(csum_off, old_a, new_a, l4_flags | BPF_F_PSEUDO_HDR | 4)
             .map_err(|_| FAIL)?;
     }
-    if old_port_be != to.port_be {
-        ctx.l4_csum_replace(
-            csum_off,
-            u64::from(old_port_be),
-            u64::from(to.port_be),
-            l4_flags | 2,
-        )
-        .map_err(|_| FAIL)?;
-        ctx.store(port_off, &to.port_be, 0).map_err(|_| FAIL)?;
+    for (off, old, new) in ports {
+        if old != new {
+            ctx.l4_csum_replace(csum_off, u64::from(old), u64::from(new), l4_flags | 2)
+                .map_err(|_| FAIL)?;
+            ctx.store(off, &new, 0).map_err(|_| FAIL)?;
+        }
     }
     Ok(())
 }

@@ -1,24 +1,32 @@
-//! Flow table hygiene, in userspace: expired entries are deleted in batches, by state.
+//! Flow table hygiene, in userspace: expired flows are deleted in batches, both halves at
+//! once, by the state of both directions.
 //!
-//! Each direction of a flow is its own entry with its own `last_seen_ns`, written by the
-//! datapath with `bpf_ktime_get_coarse_ns` (CLOCK_MONOTONIC_COARSE: the monotonic clock at
-//! tick resolution, without the cost of reading the TSC on every packet). The collector
-//! compares against CLOCK_MONOTONIC, at most a tick ahead, so a controller restart changes
-//! nothing: the first collection after a restart
-//! deletes only entries that were already idle past their timeout.
+//! Each half of a flow (`lbproxy_common::flows`) is its own entry with its own
+//! `last_seen_ns`, written by the datapath with `bpf_ktime_get_coarse_ns`
+//! (CLOCK_MONOTONIC_COARSE: the monotonic clock at tick resolution, without the cost of
+//! reading the TSC on every packet). A flow is idle since the later of its halves' times, and
+//! its timeout follows both halves' state:
+//! - a RST either way, or a FIN both ways: closed (`tcp_closing`, 10 s);
+//! - one FIN: half-closed, the other side may still send for as long as it likes
+//!   (`tcp_half_closed`, kube-proxy's `conntrack.tcpCloseWaitTimeout`, 1 h; kubernetes#32551);
+//! - otherwise by state: SYN_SENT, established, or UDP.
+//!
+//! The collector compares against CLOCK_MONOTONIC, at most a tick ahead, so a controller
+//! restart changes nothing: the first collection after a restart deletes only flows that
+//! were already idle past their timeout.
 //!
 //! Under pressure (the table over 75% full) idle and half-open flows go first: SYN_SENT and
-//! closing flows after 1 s, UDP after 5 s, while established TCP keeps its timeout. The kernel's
-//! LRU evicts only when the table is completely full; `tcp_midstream_without_flow` in
-//! `lbproxy inspect drops` counts live flows that were evicted anyway.
+//! closed flows after 1 s, UDP after 5 s, while established and half-closed TCP keep their
+//! timeouts. The kernel's LRU evicts only when the table is completely full;
+//! `tcp_midstream_without_flow` and `flow_half_recreated` in `lbproxy inspect drops` count
+//! live flows it evicted anyway.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use lbproxy_common::{
-    FLOW_STATE_CLOSING, FLOW_STATE_ESTABLISHED, FLOW_STATE_SYN_SENT, FlowKey, FlowValue,
-    IPPROTO_TCP, map_names,
+    FLOW_DIR_FORWARD, FLOW_F_FIN, FLOW_STATE_SYN_SENT, FlowKey, FlowValue, IPPROTO_TCP, map_names,
 };
 
 /// Idle timeouts by state.
@@ -26,6 +34,9 @@ use lbproxy_common::{
 pub struct Timeouts {
     pub tcp_established: Duration,
     pub tcp_syn_sent: Duration,
+    /// One FIN seen: the other direction may still be sending.
+    pub tcp_half_closed: Duration,
+    /// A RST, or FINs both ways.
     pub tcp_closing: Duration,
     pub udp: Duration,
 }
@@ -36,6 +47,8 @@ impl Default for Timeouts {
             // kube-proxy's conntrack.tcpEstablishedTimeout default.
             tcp_established: Duration::from_secs(24 * 3600),
             tcp_syn_sent: Duration::from_secs(30),
+            // kube-proxy's conntrack.tcpCloseWaitTimeout default.
+            tcp_half_closed: Duration::from_secs(3600),
             tcp_closing: Duration::from_secs(10),
             udp: Duration::from_secs(30),
         }
@@ -46,23 +59,33 @@ impl Timeouts {
     /// The timeouts used while the table is over 75% full.
     pub fn under_pressure(self) -> Self {
         Self {
-            tcp_established: self.tcp_established,
             tcp_syn_sent: self.tcp_syn_sent.min(Duration::from_secs(1)),
             tcp_closing: self.tcp_closing.min(Duration::from_secs(1)),
             udp: self.udp.min(Duration::from_secs(5)),
+            ..self
         }
     }
 
-    pub fn for_entry(&self, k: &FlowKey, v: &FlowValue) -> Duration {
+    /// The timeout of the flow whose halves are `half` (keyed `k`) and `partner` (`None`
+    /// when it is missing).
+    pub fn for_flow(&self, k: &FlowKey, half: &FlowValue, partner: Option<&FlowValue>) -> Duration {
         if k.proto != IPPROTO_TCP {
             return self.udp;
         }
-        match v.state {
-            FLOW_STATE_SYN_SENT => self.tcp_syn_sent,
-            FLOW_STATE_CLOSING => self.tcp_closing,
-            FLOW_STATE_ESTABLISHED => self.tcp_established,
-            // Entries written before states were tracked: treat as established.
-            _ => self.tcp_established,
+        let partner_flags = partner.map_or(0, |p| p.flags);
+        if half.closed_with(partner_flags) {
+            return self.tcp_closing;
+        }
+        if (half.flags | partner_flags) & FLOW_F_FIN != 0 {
+            return self.tcp_half_closed;
+        }
+        // SYN_SENT until the backend answers; the datapath moves both halves on together.
+        let syn_sent = half.state == FLOW_STATE_SYN_SENT
+            && partner.is_none_or(|p| p.state == FLOW_STATE_SYN_SENT);
+        if syn_sent {
+            self.tcp_syn_sent
+        } else {
+            self.tcp_established
         }
     }
 }
@@ -83,20 +106,58 @@ pub struct GcStats {
     pub took: Duration,
 }
 
-/// Decides which entries of a snapshot are expired. Pure, for tests.
-pub fn expired(entries: &[(FlowKey, FlowValue)], now_ns: u64, t: &Timeouts) -> Vec<FlowKey> {
-    entries
-        .iter()
-        .filter(|(k, v)| {
-            let idle = now_ns.saturating_sub(v.last_seen_ns);
-            u128::from(idle) > t.for_entry(k, v).as_nanos()
-        })
-        .map(|(k, _)| *k)
-        .collect()
+/// One flow in a snapshot: a half (the forward one when both exist) and its partner.
+#[derive(Clone, Copy, Debug)]
+pub struct Flow {
+    pub key: FlowKey,
+    pub value: FlowValue,
+    pub partner: Option<(FlowKey, FlowValue)>,
+}
+
+/// Decides which flows of a snapshot are expired, and returns the keys to delete: both
+/// halves of each. Pure, for tests.
+pub fn expired(flows: &[Flow], now_ns: u64, t: &Timeouts) -> Vec<FlowKey> {
+    let mut gone = Vec::new();
+    for f in flows {
+        let partner = f.partner.as_ref().map(|(_, v)| v);
+        let last_seen = partner.map_or(f.value.last_seen_ns, |p| {
+            p.last_seen_ns.max(f.value.last_seen_ns)
+        });
+        let idle = now_ns.saturating_sub(last_seen);
+        if u128::from(idle) > t.for_flow(&f.key, &f.value, partner).as_nanos() {
+            gone.push(f.key);
+            gone.extend(f.partner.map(|(k, _)| k));
+        }
+    }
+    gone
+}
+
+/// The flow `k` -> `v` is part of, as judged once: a reply half whose forward partner exists
+/// is left to that partner (`None`). A partner that names another flow is not this one's.
+fn flow_of(
+    flows: &BpfHashMap<MapData, FlowKey, FlowValue>,
+    k: FlowKey,
+    v: FlowValue,
+) -> Option<Flow> {
+    let pk = k.partner(&v);
+    let partner = flows
+        .get(&pk, 0)
+        .ok()
+        .filter(|pv| pk.partner(pv) == k)
+        .map(|pv| (pk, pv));
+    if k.dir != FLOW_DIR_FORWARD && partner.is_some() {
+        return None;
+    }
+    Some(Flow {
+        key: k,
+        value: v,
+        partner,
+    })
 }
 
 /// One collection over the pinned flow map. Reads in batches of `batch` entries and deletes
-/// what expired; the datapath keeps running on the same map throughout.
+/// the flows that expired, both halves together; the datapath keeps running on the same map
+/// throughout.
 pub fn collect(dir: &Path, capacity: u32, t: Timeouts, batch: usize) -> anyhow::Result<GcStats> {
     let started = Instant::now();
     let mut flows: BpfHashMap<MapData, FlowKey, FlowValue> =
@@ -117,9 +178,9 @@ pub fn collect(dir: &Path, capacity: u32, t: Timeouts, batch: usize) -> anyhow::
     };
     for chunk in keys.chunks(batch.max(1)) {
         let now = monotonic_ns();
-        let snapshot: Vec<(FlowKey, FlowValue)> = chunk
+        let snapshot: Vec<Flow> = chunk
             .iter()
-            .filter_map(|k| flows.get(k, 0).ok().map(|v| (*k, v)))
+            .filter_map(|k| flows.get(k, 0).ok().and_then(|v| flow_of(&flows, *k, v)))
             .collect();
         for k in expired(&snapshot, now, &t) {
             if flows.remove(&k).is_ok() {
@@ -136,60 +197,169 @@ pub fn collect(dir: &Path, capacity: u32, t: Timeouts, batch: usize) -> anyhow::
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lbproxy_common::{FLOW_DIR_FORWARD, FLOW_STATE_NONE, IPPROTO_UDP};
+    use lbproxy_common::{
+        FLOW_DIR_REPLY, FLOW_F_RST, FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE, IPPROTO_UDP,
+    };
 
-    fn entry(proto: u8, state: u8, last_seen_s: u64) -> (FlowKey, FlowValue) {
-        (
-            FlowKey {
-                src_addr: [198, 18, 0, 2],
-                dst_addr: [198, 19, 0, 10],
-                src_port_be: (last_seen_s as u16).to_be(),
-                dst_port_be: 80u16.to_be(),
-                proto,
-                dir: FLOW_DIR_FORWARD,
-                _pad: [0; 2],
-            },
-            FlowValue {
-                nat_addr: [198, 18, 0, 3],
-                nat_port_be: 8080u16.to_be(),
-                state,
-                _pad: 0,
-                svc_id: 1,
-                backend_id: 1,
-                created_ns: 0,
-                last_seen_ns: last_seen_s * 1_000_000_000,
-            },
-        )
+    const S: u64 = 1_000_000_000;
+    const NOW: u64 = 100_000 * S;
+
+    /// Both halves of a flow from client port `port`, last seen `idle_s` seconds ago (the
+    /// reply half `reply_idle_s` ago), with `fwd_flags`/`reply_flags`.
+    fn flow(
+        proto: u8,
+        state: u8,
+        port: u16,
+        idle_s: u64,
+        reply_idle_s: u64,
+        flags: (u8, u8),
+    ) -> Flow {
+        let key = FlowKey {
+            src_addr: [198, 18, 0, 2],
+            dst_addr: [198, 19, 0, 10],
+            src_port_be: port.to_be(),
+            dst_port_be: 80u16.to_be(),
+            proto,
+            dir: FLOW_DIR_FORWARD,
+            _pad: [0; 2],
+        };
+        let value = FlowValue {
+            nat_addr: [198, 18, 0, 3],
+            nat_port_be: 8080u16.to_be(),
+            peer_port_be: port.to_be(),
+            state,
+            flags: flags.0,
+            _pad: [0; 2],
+            svc_id: 1,
+            backend_id: 1,
+            _pad2: 0,
+            created_ns: 0,
+            last_seen_ns: NOW - idle_s * S,
+        };
+        let pk = key.partner(&value);
+        let pv = FlowValue {
+            nat_addr: key.dst_addr,
+            nat_port_be: key.dst_port_be,
+            flags: flags.1,
+            last_seen_ns: NOW - reply_idle_s * S,
+            ..value
+        };
+        assert_eq!(pk.dir, FLOW_DIR_REPLY);
+        assert_eq!(pk.partner(&pv), key, "the halves name each other");
+        Flow {
+            key,
+            value,
+            partner: Some((pk, pv)),
+        }
+    }
+
+    fn ports(gone: &[FlowKey]) -> Vec<u16> {
+        gone.iter()
+            .filter(|k| k.dir == FLOW_DIR_FORWARD)
+            .map(|k| u16::from_be(k.src_port_be))
+            .collect()
     }
 
     #[test]
     fn timeouts_by_state() {
         let t = Timeouts::default();
-        let now = 100_000 * 1_000_000_000;
         let e = [
-            entry(IPPROTO_TCP, FLOW_STATE_ESTABLISHED, 100_000 - 3600), // idle 1h: kept
-            entry(IPPROTO_TCP, FLOW_STATE_SYN_SENT, 100_000 - 31),      // idle 31s: expired
-            entry(IPPROTO_TCP, FLOW_STATE_SYN_SENT, 100_000 - 5),       // kept
-            entry(IPPROTO_TCP, FLOW_STATE_CLOSING, 100_000 - 11),       // expired
-            entry(IPPROTO_UDP, FLOW_STATE_NONE, 100_000 - 31),          // expired
-            entry(IPPROTO_UDP, FLOW_STATE_NONE, 100_000 - 29),          // kept
+            flow(IPPROTO_TCP, FLOW_STATE_ESTABLISHED, 1, 3600, 3600, (0, 0)), // idle 1h: kept
+            flow(IPPROTO_TCP, FLOW_STATE_SYN_SENT, 2, 31, 31, (0, 0)),        // expired
+            flow(IPPROTO_TCP, FLOW_STATE_SYN_SENT, 3, 5, 5, (0, 0)),          // kept
+            flow(
+                IPPROTO_TCP,
+                FLOW_STATE_ESTABLISHED,
+                4,
+                11,
+                11,
+                (FLOW_F_FIN, FLOW_F_FIN),
+            ), // closed: expired
+            flow(
+                IPPROTO_TCP,
+                FLOW_STATE_ESTABLISHED,
+                5,
+                11,
+                11,
+                (0, FLOW_F_RST),
+            ), // reset: expired
+            flow(IPPROTO_UDP, FLOW_STATE_NONE, 6, 31, 31, (0, 0)),            // expired
+            flow(IPPROTO_UDP, FLOW_STATE_NONE, 7, 29, 29, (0, 0)),            // kept
         ];
-        let gone = expired(&e, now, &t);
-        let ports: Vec<u16> = gone.iter().map(|k| u16::from_be(k.src_port_be)).collect();
-        let p = |s: u64| (100_000 - s) as u16;
-        assert_eq!(ports, vec![p(31), p(11), p(31)]);
+        let gone = expired(&e, NOW, &t);
+        assert_eq!(ports(&gone), vec![2, 4, 5, 6]);
+        assert_eq!(gone.len(), 8, "both halves of each expired flow go");
+    }
+
+    #[test]
+    fn a_half_close_is_not_the_end_of_the_flow() {
+        // kubernetes#32551: the client sent its FIN and waits for the rest of the answer.
+        let t = Timeouts::default();
+        let e = [
+            flow(
+                IPPROTO_TCP,
+                FLOW_STATE_ESTABLISHED,
+                1,
+                600,
+                600,
+                (FLOW_F_FIN, 0),
+            ), // kept
+            flow(
+                IPPROTO_TCP,
+                FLOW_STATE_ESTABLISHED,
+                2,
+                600,
+                600,
+                (0, FLOW_F_FIN),
+            ), // kept
+            flow(
+                IPPROTO_TCP,
+                FLOW_STATE_ESTABLISHED,
+                3,
+                3601,
+                3601,
+                (FLOW_F_FIN, 0),
+            ), // expired
+        ];
+        assert_eq!(ports(&expired(&e, NOW, &t)), vec![3]);
+    }
+
+    #[test]
+    fn a_flow_is_idle_since_its_later_half() {
+        // A one-way UDP stream refreshes only its forward half; a download only its reply.
+        let t = Timeouts::default();
+        let e = [
+            flow(IPPROTO_UDP, FLOW_STATE_NONE, 1, 1, 100, (0, 0)),
+            flow(IPPROTO_UDP, FLOW_STATE_NONE, 2, 100, 1, (0, 0)),
+        ];
+        assert!(expired(&e, NOW, &t).is_empty());
+    }
+
+    #[test]
+    fn an_orphan_half_is_judged_alone() {
+        let t = Timeouts::default();
+        let mut f = flow(IPPROTO_UDP, FLOW_STATE_NONE, 1, 31, 31, (0, 0));
+        f.partner = None;
+        assert_eq!(expired(&[f], NOW, &t), vec![f.key]);
     }
 
     #[test]
     fn pressure_takes_idle_and_half_open_before_established() {
         let t = Timeouts::default().under_pressure();
-        let now = 100_000 * 1_000_000_000;
         let e = [
-            entry(IPPROTO_TCP, FLOW_STATE_ESTABLISHED, 100_000 - 600), // kept
-            entry(IPPROTO_TCP, FLOW_STATE_SYN_SENT, 100_000 - 2),      // expired
-            entry(IPPROTO_UDP, FLOW_STATE_NONE, 100_000 - 6),          // expired
+            flow(IPPROTO_TCP, FLOW_STATE_ESTABLISHED, 1, 600, 600, (0, 0)), // kept
+            flow(
+                IPPROTO_TCP,
+                FLOW_STATE_ESTABLISHED,
+                2,
+                600,
+                600,
+                (FLOW_F_FIN, 0),
+            ), // kept
+            flow(IPPROTO_TCP, FLOW_STATE_SYN_SENT, 3, 2, 2, (0, 0)),        // expired
+            flow(IPPROTO_UDP, FLOW_STATE_NONE, 4, 6, 6, (0, 0)),            // expired
         ];
-        assert_eq!(expired(&e, now, &t).len(), 2);
+        assert_eq!(ports(&expired(&e, NOW, &t)), vec![3, 4]);
     }
 
     #[test]
@@ -197,11 +367,9 @@ mod tests {
         // The collector uses the datapath's clock: an entry touched a second ago is a second
         // old whatever the controller's own uptime.
         let now = monotonic_ns();
-        let e = [entry(
-            IPPROTO_TCP,
-            FLOW_STATE_SYN_SENT,
-            now / 1_000_000_000 - 1,
-        )];
-        assert!(expired(&e, now, &Timeouts::default()).is_empty());
+        let mut f = flow(IPPROTO_TCP, FLOW_STATE_SYN_SENT, 1, 0, 0, (0, 0));
+        f.value.last_seen_ns = now - S;
+        f.partner = None;
+        assert!(expired(&[f], now, &Timeouts::default()).is_empty());
     }
 }

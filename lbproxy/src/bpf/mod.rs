@@ -201,6 +201,7 @@ impl Datapath {
         }
         let mut ebpf = loader.load(OBJECT)?;
         migrate_services_v1(dir)?;
+        migrate_flows_v1(dir)?;
         for name in [program_names::FROM_POD, program_names::TO_POD] {
             let prog: &mut SchedClassifier = ebpf
                 .program_mut(name)
@@ -258,6 +259,64 @@ fn migrate_services_v1(dir: &Path) -> Result<(), BpfError> {
         source,
     })?;
     tracing::info!(frontends = n, "migrated LB_SERVICES_V1 to LB_SERVICES_V2");
+    Ok(())
+}
+
+/// Copies a `LB_FLOWS_V1` pinned by an earlier version into `LB_FLOWS_V2`, so every live
+/// flow keeps its backend across the upgrade, then unpins V1. A V1 entry had no rewritten
+/// client port (its `peer_port_be` is the client's own) and one CLOSING state for a FIN or
+/// RST either way, which becomes a FIN on both halves (closed). Entries the new programs
+/// already wrote win.
+fn migrate_flows_v1(dir: &Path) -> Result<(), BpfError> {
+    use lbproxy_common::{
+        FLOW_DIR_FORWARD, FLOW_F_FIN, FLOW_STATE_CLOSING_V1, FLOW_STATE_ESTABLISHED, FlowKey,
+        FlowValue, FlowValueV1,
+    };
+    /// The kernel's `BPF_NOEXIST` map-update flag: create only.
+    const BPF_NOEXIST: u64 = 1;
+    let old_path = dir.join(map_names::FLOWS_V1);
+    if !old_path.exists() {
+        return Ok(());
+    }
+    let old: BpfHashMap<MapData, FlowKey, FlowValueV1> =
+        open_pinned(dir, map_names::FLOWS_V1, Map::LruHashMap)?;
+    let mut new: BpfHashMap<MapData, FlowKey, FlowValue> =
+        open_pinned(dir, map_names::FLOWS, Map::LruHashMap)?;
+    let mut n = 0;
+    for (k, v) in old.iter().flatten() {
+        let closing = v.state == FLOW_STATE_CLOSING_V1;
+        let value = FlowValue {
+            nat_addr: v.nat_addr,
+            nat_port_be: v.nat_port_be,
+            peer_port_be: if k.dir == FLOW_DIR_FORWARD {
+                k.src_port_be
+            } else {
+                k.dst_port_be
+            },
+            state: if closing {
+                FLOW_STATE_ESTABLISHED
+            } else {
+                v.state
+            },
+            flags: if closing { FLOW_F_FIN } else { 0 },
+            _pad: [0; 2],
+            svc_id: v.svc_id,
+            backend_id: v.backend_id,
+            _pad2: 0,
+            created_ns: v.created_ns,
+            last_seen_ns: v.last_seen_ns,
+        };
+        // BPF_NOEXIST: never overwrite what the new programs wrote meanwhile. A full table
+        // refuses further entries; those flows are counted by the datapath when they return.
+        if new.insert(k, value, BPF_NOEXIST).is_ok() {
+            n += 1;
+        }
+    }
+    std::fs::remove_file(&old_path).map_err(|source| BpfError::Io {
+        path: old_path.clone(),
+        source,
+    })?;
+    tracing::info!(flows = n, "migrated LB_FLOWS_V1 to LB_FLOWS_V2");
     Ok(())
 }
 

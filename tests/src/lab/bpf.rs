@@ -105,6 +105,15 @@ pub fn map_lookup(map: &OwnedFd, key: &[u8], value: &mut [u8]) -> io::Result<()>
     .map(drop)
 }
 
+/// Deletes `key` (ENOENT when it is not there).
+pub fn map_delete(map: &OwnedFd, key: &[u8]) -> io::Result<()> {
+    bpf(
+        BPF_MAP_DELETE_ELEM,
+        &mut elem_attr(map, key.as_ptr(), std::ptr::null_mut()),
+    )
+    .map(drop)
+}
+
 /// Deletes every entry of a hash map whose keys are `key_size` bytes; returns how many keys
 /// it listed. Entries the datapath or the collector delete meanwhile are not an error.
 pub fn map_clear(map: &OwnedFd, key_size: usize) -> io::Result<usize> {

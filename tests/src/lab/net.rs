@@ -293,7 +293,7 @@ pub fn udp_request_here(
 
 /// An unconnected UDP socket on 0.0.0.0:`port` with SO_REUSEADDR (so a fixed source port can
 /// be reused right away). Unconnected, so replies from any source are seen as they came.
-fn socket2_udp(port: u16) -> io::Result<UdpSocket> {
+pub fn socket2_udp(port: u16) -> io::Result<UdpSocket> {
     if port == 0 {
         return UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0));
     }
