@@ -432,3 +432,53 @@ pub fn direct(pkt: &Packet) {
         count(DropReason::StaleReplyRemoved);
     }
 }
+
+/// The reply half of the flow whose translated forward packet was `src:sport -> dst:dport`
+/// (client -> backend), as quoted by an ICMP error: the VIP and the client's own port. Read
+/// only; `icmp` uses it.
+#[inline(always)]
+pub fn quoted_reply(
+    proto: u8,
+    dst: [u8; 4],
+    dport: u16,
+    src: [u8; 4],
+    sport: u16,
+) -> Option<NatTarget> {
+    let key = reply_key(dst, dport, src, sport, proto);
+    // SAFETY: a plain lookup; the fields are read once each.
+    let r = unsafe { LB_FLOWS_V2.get(key)? };
+    Some(NatTarget {
+        addr: r.nat_addr,
+        port_be: r.nat_port_be,
+        peer_port_be: r.peer_port_be,
+    })
+}
+
+/// The forward half of the flow whose reverse-translated reply was `src:sport -> dst:dport`
+/// (VIP -> client), as quoted by an ICMP error: the backend and the client's port as the
+/// backend knows it. Read only; `icmp` uses it.
+#[inline(always)]
+pub fn quoted_forward(
+    proto: u8,
+    dst: [u8; 4],
+    dport: u16,
+    src: [u8; 4],
+    sport: u16,
+) -> Option<NatTarget> {
+    let key = FlowKey {
+        src_addr: dst,
+        dst_addr: src,
+        src_port_be: dport,
+        dst_port_be: sport,
+        proto,
+        dir: FLOW_DIR_FORWARD,
+        _pad: [0; 2],
+    };
+    // SAFETY: as above.
+    let f = unsafe { LB_FLOWS_V2.get(key)? };
+    Some(NatTarget {
+        addr: f.nat_addr,
+        port_be: f.nat_port_be,
+        peer_port_be: f.peer_port_be,
+    })
+}

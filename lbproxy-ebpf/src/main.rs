@@ -25,6 +25,7 @@
 
 mod deliver;
 mod flow;
+mod icmp;
 mod lb;
 mod maps;
 mod nat;
@@ -53,7 +54,11 @@ pub fn lb_from_pod(ctx: TcContext) -> i32 {
 fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
     let pkt = match parse::parse(ctx) {
         Ok(Some(pkt)) => pkt,
-        Ok(None) => return Ok(TC_ACT_UNSPEC),
+        Ok(None) => {
+            // Not TCP or UDP: an ICMP error about a reply from a VIP is translated.
+            icmp::from_client(ctx);
+            return Ok(TC_ACT_UNSPEC);
+        }
         Err(v) => return Err(v.reason()),
     };
     // One lookup of the settings per packet: the bypass flag and the flow-hash seed.
@@ -130,7 +135,11 @@ pub fn lb_to_pod(ctx: TcContext) -> i32 {
 fn try_to_pod(ctx: &TcContext) -> Result<i32, DropReason> {
     let pkt = match parse::parse(ctx) {
         Ok(Some(pkt)) => pkt,
-        Ok(None) => return Ok(TC_ACT_UNSPEC),
+        Ok(None) => {
+            // Not TCP or UDP: an ICMP error about a translated packet is translated.
+            icmp::to_client(ctx);
+            return Ok(TC_ACT_UNSPEC);
+        }
         Err(v) => return Err(v.reason()),
     };
     let Some(to) = flow::reply(&pkt) else {

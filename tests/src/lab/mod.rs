@@ -266,7 +266,10 @@ impl Lab {
     }
 
     pub fn with_config(cfg: LabConfig) -> Lab {
-        SWEEP.call_once(sweep_stale);
+        SWEEP.call_once(|| {
+            sweep_stale();
+            take_lock();
+        });
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
         let id = format!("{}-{n}", std::process::id());
         let if_prefix = cfg.if_prefix.unwrap_or_else(|| format!("lbt{n}a"));
@@ -853,6 +856,43 @@ fn sysctl(ns: &str, key: &str, value: &str) {
         .unwrap_or_else(|e| panic!("lab: [{ns}] sysctl {key}={value}: {e}"));
 }
 
+/// Where each lab process holds an exclusive `flock` for as long as it lives, so another
+/// process sweeping stale labs can tell it is alive even when `/proc` does not show it (a
+/// process in another PID namespace sharing this filesystem and bpffs).
+const LOCK_DIR: &str = "/run/lbproxy-tests";
+
+/// Takes this process's liveness lock (`LOCK_DIR/<pid>.lock`), held until it exits.
+fn take_lock() {
+    let _ = std::fs::create_dir_all(LOCK_DIR);
+    let path = Path::new(LOCK_DIR).join(format!("{}.lock", std::process::id()));
+    if let Ok(f) = std::fs::File::create(&path) {
+        // SAFETY: flock on an fd we own; the file is leaked so the lock lives as long as us.
+        unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX) };
+        std::mem::forget(f);
+    }
+}
+
+/// Whether a live process holds `pid`'s liveness lock.
+fn holds_lock(pid: &str) -> bool {
+    let path = Path::new(LOCK_DIR).join(format!("{pid}.lock"));
+    let Ok(f) = std::fs::File::open(&path) else {
+        return false;
+    };
+    // SAFETY: flock on an fd we own.
+    let rc = unsafe {
+        libc::flock(
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            libc::LOCK_EX | libc::LOCK_NB,
+        )
+    };
+    if rc == 0 {
+        // Nobody holds it: stale. Our lock goes with `f`.
+        let _ = std::fs::remove_file(&path);
+        return false;
+    }
+    true
+}
+
 /// Removes namespaces and bpffs dirs left behind by lab processes that no longer exist
 /// (e.g. a test binary that was killed). Runs once per process.
 ///
@@ -860,7 +900,7 @@ fn sysctl(ns: &str, key: &str, value: &str) {
 /// pid are stale too (left by an earlier process that had the same pid; pids wrap quickly).
 fn sweep_stale() {
     let me = std::process::id().to_string();
-    let alive = |pid: &str| pid != me && Path::new("/proc").join(pid).exists();
+    let alive = |pid: &str| pid != me && (Path::new("/proc").join(pid).exists() || holds_lock(pid));
     if let Ok(rd) = std::fs::read_dir("/run/netns") {
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();

@@ -1,0 +1,144 @@
+//! ICMP errors about translated flows (issue 10 §2), with real `lbproxy run` and real
+//! sockets. Each test fails when the ICMP error is left untranslated:
+//! 1. [`pmtu_through_vip`]: the node's route to the backend has a smaller MTU than both pods.
+//!    The node answers the client's full-size segments with "fragmentation needed" quoting
+//!    client -> backend; untranslated, the client's kernel finds no socket for it, never
+//!    lowers its path MTU, and the request hangs.
+//! 2. [`udp_port_unreachable`]: a UDP service whose backend has nothing on the target port.
+//!    The backend's port unreachable, translated, gives the client "connection refused" at
+//!    once; untranslated, the client waits for its timeout.
+//! 3. [`client_port_unreachable`]: the client closed its UDP socket before the answer came;
+//!    its kernel's port unreachable is addressed to the VIP and quotes VIP -> client.
+//!    Translated, it reaches the backend's connected socket as "connection refused".
+
+mod common;
+
+use std::io::{BufRead as _, BufReader, ErrorKind, Write as _};
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::time::{Duration, Instant};
+
+use common::*;
+use lbproxy_tests::lab::connect::PendingConnect;
+use lbproxy_tests::lab::{EndpointSlice, Manifest, Protocol, Service, Shape, socket2_udp, vip};
+
+mod pmtu_through_vip {
+    #[test]
+    fn routed() {
+        super::pmtu_through_vip(lbproxy_tests::lab::Shape::Routed)
+    }
+}
+
+both_shapes!(udp_port_unreachable, client_port_unreachable);
+
+/// A request this long needs many full-size segments.
+const BIG: usize = 256 * 1024;
+
+fn pmtu_through_vip(shape: Shape) {
+    let s = Setup::new(shape, &["b1"]);
+    let b1 = s.backend("b1");
+    // Only the node's side of b1's link is narrow: b1 still announces a 1460-byte MSS, so
+    // the client's segments do not fit and the node must say so.
+    s.lab
+        .node_run(&["ip", "link", "set", "dev", &b1.host_if, "mtu", "1280"])
+        .unwrap_or_else(|e| panic!("[{shape}] narrowing {}: {e}", b1.host_if));
+    let dst = SocketAddrV4::new(WEB_VIP, WEB_TCP);
+    let c = s
+        .client
+        .run(|| PendingConnect::start(21121, dst))
+        .unwrap_or_else(|e| panic!("[{shape}] connect: {e}"));
+    c.wait_until(c.started + T)
+        .unwrap_or_else(|e| panic!("[{shape}] connect: {e}"));
+    let stream = c.into_stream(T);
+    let started = Instant::now();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut line = vec![b'x'; BIG];
+    line.push(b'\n');
+    let w = (&stream).write_all(&line);
+    let mut answer = String::new();
+    let r = BufReader::new(&stream).read_line(&mut answer);
+    assert!(
+        w.is_ok() && r.is_ok() && answer.starts_with("b1 "),
+        "[{shape}] a {BIG}-byte request through the VIP over a 1280-byte hop: write {w:?}, \
+         read {r:?}, answer {answer:?} after {:?}\n{}",
+        started.elapsed(),
+        s.lb.log()
+    );
+}
+
+/// A UDP socket on `port` in the client's namespace, connected to `dst`.
+fn connected_udp(s: &Setup, port: u16, dst: SocketAddrV4) -> UdpSocket {
+    let u = s
+        .client
+        .run(|| socket2_udp(port))
+        .unwrap_or_else(|e| panic!("UDP socket: {e}"));
+    u.connect(dst).unwrap();
+    u
+}
+
+fn udp_port_unreachable(shape: Shape) {
+    let s = Setup::new(shape, &["b1"]);
+    // A second service on b1's port 5555, where nothing listens.
+    let mut slice = EndpointSlice::new("closed-1", "closed").port("dns", 5555, Protocol::Udp);
+    slice.endpoints = ready(&[s.backend("b1")]);
+    s.lab.write_manifest(&merge([
+        web_objects("web", WEB_VIP, ready(&[s.backend("b1")])),
+        Manifest::new()
+            .with(Service::cluster_ip("closed", vip(13)).port("dns", 55, Protocol::Udp, 5555))
+            .with(slice),
+    ]));
+    std::thread::sleep(APPLY_WITHIN);
+    let u = connected_udp(&s, 21101, SocketAddrV4::new(vip(13), 55));
+    u.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let started = Instant::now();
+    u.send(b"hello\n").unwrap();
+    let mut buf = [0u8; 64];
+    let r = u.recv(&mut buf);
+    let took = started.elapsed();
+    assert!(
+        matches!(&r, Err(e) if e.kind() == ErrorKind::ConnectionRefused) && took < T,
+        "[{shape}] UDP to a backend port nobody listens on: {r:?} after {took:?} (want \
+         connection refused within {T:?})\n{}",
+        s.lb.log()
+    );
+}
+
+fn client_port_unreachable(shape: Shape) {
+    let s = Setup::new(shape, &["b1"]);
+    let b1 = s.backend("b1").clone();
+    // b1's own server on 5656: takes one datagram, connects to its sender, answers after
+    // the client has gone, then waits for the client's kernel's port unreachable.
+    let server = b1
+        .run(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 5656)))
+        .expect("bind 5656 in b1");
+    let mut slice = EndpointSlice::new("late-1", "late").port("dns", 5656, Protocol::Udp);
+    slice.endpoints = ready(&[&b1]);
+    s.lab.write_manifest(&merge([
+        web_objects("web", WEB_VIP, ready(&[&b1])),
+        Manifest::new()
+            .with(Service::cluster_ip("late", vip(14)).port("dns", 56, Protocol::Udp, 5656))
+            .with(slice),
+    ]));
+    std::thread::sleep(APPLY_WITHIN);
+    let u = connected_udp(&s, 21111, SocketAddrV4::new(vip(14), 56));
+    u.send(b"hello\n").unwrap();
+    server.set_read_timeout(Some(T)).unwrap();
+    let mut buf = [0u8; 64];
+    let (_, from) = server.recv_from(&mut buf).expect("b1 gets the request");
+    drop(u);
+    server.connect(from).unwrap();
+    server.send(b"too late\n").unwrap();
+    server
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let started = Instant::now();
+    let r = server.recv(&mut buf);
+    assert!(
+        matches!(&r, Err(e) if e.kind() == ErrorKind::ConnectionRefused),
+        "[{shape}] b1's connected socket after the client's port unreachable: {r:?} after \
+         {:?} (want connection refused)\n{}",
+        started.elapsed(),
+        s.lb.log()
+    );
+}
