@@ -417,3 +417,145 @@ fn reply_half_recreated(shape: Shape) {
         "[{shape}] counted once"
     );
 }
+
+mod v1_flows_are_migrated {
+    #[test]
+    fn routed() {
+        super::v1_flows_are_migrated(lbproxy_tests::lab::Shape::Routed)
+    }
+}
+
+/// CLOCK_MONOTONIC in ns, the flow table's clock.
+fn monotonic_ns() -> u64 {
+    // SAFETY: clock_gettime writes into the zeroed struct.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Hex bytes for bpftool.
+fn hex(bytes: &[u8]) -> Vec<String> {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// An upgrade from a version with `LB_FLOWS_V1` (32-byte values): its flows are copied into
+/// `LB_FLOWS_V2` at start, both halves, with the client's own port as the peer port and a
+/// V1 CLOSING state as FINs both ways; V1 is unpinned.
+fn v1_flows_are_migrated(shape: Shape) {
+    let lab = Lab::new(shape);
+    let client = lab.add_pod("client");
+    let b1 = lab.add_pod("b1");
+    let _srv = b1.serve(&[BACKEND_TCP, BACKEND_UDP]);
+    lab.write_manifest(&web_objects("web", WEB_VIP, ready(&[&b1])));
+    let dir = lab.bpffs_dir().to_path_buf();
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+    let v1 = dir.join("LB_FLOWS_V1");
+    let v1s = v1.display().to_string();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("bpftool")
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("bpftool {args:?}: {e}"));
+        assert!(
+            out.status.success(),
+            "bpftool {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "map",
+        "create",
+        &v1s,
+        "type",
+        "lru_hash",
+        "key",
+        "16",
+        "value",
+        "32",
+        "entries",
+        "1024",
+        "name",
+        "LB_FLOWS_V1",
+    ]);
+    // (client port, V1 state): 2 = established, 3 = closing.
+    for (port, state) in [(21041u16, 2u8), (21042, 3)] {
+        let mut fk = [0u8; 16];
+        fk[0..4].copy_from_slice(&client.ip.octets());
+        fk[4..8].copy_from_slice(&WEB_VIP.octets());
+        fk[8..10].copy_from_slice(&port.to_be_bytes());
+        fk[10..12].copy_from_slice(&WEB_TCP.to_be_bytes());
+        fk[12] = 6;
+        let rk = reply_key(
+            SocketAddrV4::new(b1.ip, BACKEND_TCP),
+            SocketAddrV4::new(client.ip, port),
+            6,
+        );
+        let value = |addr: Ipv4Addr, p: u16| {
+            let mut v = [0u8; 32];
+            v[0..4].copy_from_slice(&addr.octets());
+            v[4..6].copy_from_slice(&p.to_be_bytes());
+            v[6] = state;
+            v[8..12].copy_from_slice(&1u32.to_ne_bytes());
+            v[12..16].copy_from_slice(&1u32.to_ne_bytes());
+            // Created and last seen now (the datapath's clock), so no collection at start
+            // expires them.
+            let now = monotonic_ns();
+            v[16..24].copy_from_slice(&now.to_ne_bytes());
+            v[24..32].copy_from_slice(&now.to_ne_bytes());
+            v
+        };
+        for (k, v) in [
+            (fk.to_vec(), value(b1.ip, BACKEND_TCP)),
+            (rk.to_vec(), value(WEB_VIP, WEB_TCP)),
+        ] {
+            let mut args: Vec<String> = ["map", "update", "pinned", &v1s, "key", "hex"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            args.extend(hex(&k));
+            args.extend(["value".to_string(), "hex".to_string()]);
+            args.extend(hex(&v));
+            run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        }
+    }
+    let mut lb = lab.start_lbproxy();
+    lb.expect_healthy(HEALTHY_WITHIN);
+    assert!(
+        !v1.exists(),
+        "[{shape}] LB_FLOWS_V1 is unpinned after the migration"
+    );
+    let flows = lab.inspect_json("flows");
+    let find = |port: u16| {
+        flows
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["client"] == format!("{}:{port}", client.ip).as_str())
+            .cloned()
+            .unwrap_or_else(|| {
+                panic!(
+                    "[{shape}] flow from :{port} not migrated: {flows:#}\n{}",
+                    lb.log()
+                )
+            })
+    };
+    for (port, state) in [(21041u16, "established"), (21042, "closed")] {
+        let f = find(port);
+        assert_eq!(
+            f["backend"],
+            format!("{}:{BACKEND_TCP}", b1.ip).as_str(),
+            "{f:#}"
+        );
+        assert_eq!(f["state"], state, "[{shape}] {f:#}");
+        assert_eq!(
+            f["reply_half"], true,
+            "[{shape}] both halves migrated: {f:#}"
+        );
+        assert!(f["client_port_at_backend"].is_null(), "[{shape}] {f:#}");
+    }
+    assert!(
+        lb.log().contains("migrated LB_FLOWS_V1 to LB_FLOWS_V2"),
+        "[{shape}] the log says so:\n{}",
+        lb.log()
+    );
+}
