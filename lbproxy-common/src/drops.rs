@@ -4,9 +4,10 @@
 use crate::spec::{MapKind, MapSpec};
 
 counter_enum! {
-    /// Why the datapath dropped (or, for `MidstreamWithoutFlow`, handled) a packet. The values
-    /// index `LB_DROPS_V2` and are the `reason` label of `lbproxy_datapath_drops_total`. They
-    /// never collide with TC action codes because they only ever index the counter map.
+    /// Why the datapath dropped (or, for the ones marked "not a drop", handled) a packet.
+    /// The values index `LB_DROPS_V2` and are the `reason` label of
+    /// `lbproxy_datapath_drops_total`. They never collide with TC action codes because they
+    /// only ever index the counter map.
     pub enum DropReason, slots 32 {
         /// The packet was too short for the headers its protocol fields promise.
         Malformed = 0 => "malformed",
@@ -43,6 +44,18 @@ counter_enum! {
         /// Not a drop: the reply half of a finished VIP flow was removed, because a direct
         /// connection (or a new flow) now uses its tuple.
         StaleReplyRemoved = 14 => "stale_reply_removed",
+        /// Not a drop: an IPv4 fragment after the first (no L4 header) whose first fragment
+        /// was not seen (lost, reordered, or sent before lbproxy ran), so its ports are
+        /// unknown. It passes untouched.
+        FragmentWithoutFirst = 15 => "fragment_without_first",
+        /// Not a drop: a TCP or UDP header cut short (or a TCP data offset below 5) in a
+        /// packet not addressed to a frontend. It passes untouched; the receiving stack drops
+        /// it. The same packet addressed to a frontend is dropped as `Malformed`.
+        L4HeaderBadPassed = 16 => "l4_header_bad_passed",
+        /// A packet to a service with no usable endpoint (or of a flow whose backend left)
+        /// that must not be answered: a TCP RST (RFC 793 never answers one) or a fragment
+        /// after the first (it carries no header to answer). Dropped.
+        RejectNotAnswered = 17 => "reject_not_answered",
     }
 }
 

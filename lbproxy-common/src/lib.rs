@@ -1,9 +1,9 @@
 //! Types shared by the eBPF datapath and the userspace controller.
 //!
 //! One module per pinned map ([`services`], [`slots`], [`backends`], [`members`], [`flows`],
-//! [`drops`], [`labels`], [`affinity`], [`config`], [`pod_ifs`], [`delivery`]), each with its
-//! key and value types and one `SPEC` ([`MapSpec`]: name, kind, sizes, capacity). [`MAPS`]
-//! lists every spec: the datapath declares its maps from them and userspace pins and checks
+//! [`drops`], [`labels`], [`affinity`], [`config`], [`pod_ifs`], [`delivery`], [`frags`]),
+//! each with its key and value types and one `SPEC` ([`MapSpec`]: name, kind, sizes,
+//! capacity). [`MAPS`] lists every spec: the datapath declares its maps from them and userspace pins and checks
 //! them from the same table. The types are re-exported here.
 //!
 //! Every type here is `#[repr(C)]`, holds only fixed-width integers and byte arrays, and has
@@ -73,6 +73,7 @@ pub mod config;
 pub mod delivery;
 pub mod drops;
 pub mod flows;
+pub mod frags;
 pub mod labels;
 pub mod members;
 pub mod pod_ifs;
@@ -91,6 +92,7 @@ pub use flows::{
     FLOW_STATE_CLOSING_V1, FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE, FLOW_STATE_SYN_SENT, FlowKey,
     FlowValue, FlowValueV1,
 };
+pub use frags::{FragKey, FragPorts, MAX_FRAG_DATAGRAMS};
 pub use labels::{ServiceLabel, nul_padded};
 pub use members::MemberKey;
 pub use pod_ifs::{MAX_POD_IFS, POD_IF_NETKIT, POD_IF_VETH, PodIf};
@@ -120,6 +122,8 @@ pod!(
     AffinityValue,
     DatapathConfig,
     PodIf,
+    FragKey,
+    FragPorts,
 );
 
 /// Every map the controller pins, and the datapath declares.
@@ -136,6 +140,7 @@ pub const MAPS: &[MapSpec] = &[
     pod_ifs::SPEC,
     delivery::SPEC,
     unserved::SPEC,
+    frags::SPEC,
 ];
 
 /// Earlier layouts a controller reads once at start, copies into their successor, then
@@ -191,6 +196,8 @@ pub mod map_names {
     pub const POD_IFS: &str = crate::pod_ifs::SPEC.name;
     /// Per-CPU counters of how translated packets were delivered (`Delivery`).
     pub const DELIVERY: &str = crate::delivery::SPEC.name;
+    /// The ports of fragmented datagrams, by (source, destination, IP id, protocol).
+    pub const FRAGS: &str = crate::frags::SPEC.name;
     /// Every map the controller pins: the names of [`MAPS`], in its order.
     pub const PINNED: [&str; MAPS.len()] = {
         let mut out = [""; MAPS.len()];

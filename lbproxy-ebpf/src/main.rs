@@ -36,9 +36,12 @@ mod reject;
 use aya_ebpf::{macros::classifier, programs::TcContext};
 use aya_log_ebpf::debug;
 
-use lbproxy_common::{DatapathConfig, DropReason, IPPROTO_TCP};
+use lbproxy_common::{DatapathConfig, DropReason};
 
-use crate::reason::{TC_ACT_UNSPEC, Verdict, count, count_and_drop};
+use crate::{
+    parse::L4,
+    reason::{TC_ACT_UNSPEC, Verdict, count, count_and_drop},
+};
 
 #[classifier]
 pub fn lb_from_pod(ctx: TcContext) -> i32 {
@@ -64,20 +67,23 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
     // One lookup of the settings per packet: the bypass flag and the flow-hash seed.
     let config = maps::config();
     let Some(svc) = lb::service::lookup(&pkt) else {
-        flow::direct(&pkt);
+        if pkt.l4 == L4::Bad {
+            return Ok(pass_bad_l4());
+        }
+        if pkt.l4 == L4::Header {
+            flow::direct(&pkt);
+        }
         return reply_from_pod(ctx, &pkt, &config);
     };
+    if pkt.l4 == L4::Bad {
+        // Addressed to a frontend, but there is no header to translate.
+        return Err(DropReason::Malformed);
+    }
     let to = match flow::forward(&pkt, &svc, config.hash_seed()) {
         Ok(to) => to,
         Err(Verdict::Drop(reason)) => return Err(reason),
         Err(Verdict::Reject(reason)) => {
-            count(reason);
-            let answer = if pkt.proto == IPPROTO_TCP {
-                reject::tcp_reset(ctx, &pkt)
-            } else {
-                reject::udp_unreachable(ctx, &pkt)
-            };
-            return answer.map_err(|v| v.reason());
+            return reject::answer(ctx, &pkt, reason).map_err(|v| v.reason());
         }
     };
     let peer = if deliver::enabled(&config) {
@@ -121,6 +127,14 @@ fn reply_from_pod(
     deliver::redirect(ctx, peer, deliver::Side::Source, to.addr).map_err(|v| v.reason())
 }
 
+/// A TCP or UDP header cut short (or a TCP data offset below 5) that is not addressed to a
+/// frontend: not lbproxy's to judge, so it passes (the receiving stack drops it), counted.
+#[inline(always)]
+fn pass_bad_l4() -> i32 {
+    count(DropReason::L4HeaderBadPassed);
+    TC_ACT_UNSPEC
+}
+
 #[classifier]
 pub fn lb_to_pod(ctx: TcContext) -> i32 {
     match try_to_pod(&ctx) {
@@ -142,6 +156,9 @@ fn try_to_pod(ctx: &TcContext) -> Result<i32, DropReason> {
         }
         Err(v) => return Err(v.reason()),
     };
+    if pkt.l4 == L4::Bad {
+        return Ok(pass_bad_l4());
+    }
     let Some(to) = flow::reply(&pkt) else {
         return Ok(TC_ACT_UNSPEC);
     };

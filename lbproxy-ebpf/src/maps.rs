@@ -8,9 +8,10 @@
 
 use aya_ebpf::btf_maps::{Array, HashMap, LruHashMap, PerCpuArray};
 use lbproxy_common::{
-    AffinityKey, AffinityValue, Backend, DatapathConfig, FlowKey, FlowValue, MemberKey, PodIf,
-    ServiceKey, ServiceLabel, ServiceValue, SlotKey, UnservedKey, UnservedValue, affinity,
-    backends, config, delivery, drops, flows, labels, members, pod_ifs, services, slots,
+    AffinityKey, AffinityValue, Backend, DatapathConfig, FlowKey, FlowValue, FragKey, FragPorts,
+    MemberKey, PodIf, ServiceKey, ServiceLabel, ServiceValue, SlotKey, UnservedKey, UnservedValue,
+    affinity, backends, config, delivery, drops, flows, frags, labels, members, pod_ifs, services,
+    slots,
     spec::{MapKind, MapSpec, size_u32, str_eq},
     unserved,
 };
@@ -136,6 +137,9 @@ map! {
     /// Frontends asked for but not served yet, for `lbproxy inspect`. Declared so the
     /// object carries it (and its BTF); the datapath never reads it.
     LB_UNSERVED_V1: HashMap<UnservedKey, UnservedValue> = unserved::SPEC;
+    /// The ports of fragmented datagrams, recorded from each first fragment for the later
+    /// ones. Owned by `parse`.
+    LB_FRAGS_V1: LruHashMap<FragKey, FragPorts> = frags::SPEC;
 }
 
 /// The controller's settings (`LB_CONFIG_V1`, entry 0): the stack bypass flag (for

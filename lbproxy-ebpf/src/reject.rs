@@ -7,7 +7,9 @@
 //!
 //! Either way the answer is written over the packet in place and redirected out of the
 //! interface it came in on, so it goes straight back to the pod. Packets with IP options are
-//! not rewritten (they are dropped and counted instead).
+//! not rewritten (they are dropped and counted as `reject_failed` instead). A TCP RST (RFC
+//! 793) and a fragment after the first (no header to answer) are never answered: they are
+//! dropped and counted as `reject_not_answered`.
 
 use aya_ebpf::{
     EbpfContext as _,
@@ -15,7 +17,7 @@ use aya_ebpf::{
     helpers::{bpf_redirect, bpf_skb_change_tail},
     programs::TcContext,
 };
-use lbproxy_common::DropReason;
+use lbproxy_common::{DropReason, IPPROTO_TCP};
 use network_types::{ip::Ipv4Hdr, tcp::TcpHdr};
 
 use crate::{
@@ -24,7 +26,7 @@ use crate::{
         ETH_LEN, IP_LEN, Packet, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN, TCP_LEN,
         ptr_at,
     },
-    reason::Verdict,
+    reason::{Verdict, count},
 };
 
 const IPPROTO_ICMP: u8 = 1;
@@ -79,9 +81,27 @@ fn require_plain_ip(ctx: &TcContext, pkt: &Packet) -> Result<(), Verdict> {
     Ok(())
 }
 
+/// Answers `pkt`, which a stage rejected for `reason`: a TCP RST or an ICMP port
+/// unreachable, counted under `reason` once it is written. A packet that must not be
+/// answered ([`Packet::answerable`]) is dropped as `RejectNotAnswered`; an answer that cannot
+/// be written is dropped as `RejectFailed`.
+#[inline(always)]
+pub fn answer(ctx: &TcContext, pkt: &Packet, reason: DropReason) -> Result<i32, Verdict> {
+    if !pkt.answerable() {
+        return Err(Verdict::Drop(DropReason::RejectNotAnswered));
+    }
+    let action = if pkt.proto == IPPROTO_TCP {
+        tcp_reset(ctx, pkt)?
+    } else {
+        udp_unreachable(ctx, pkt)?
+    };
+    count(reason);
+    Ok(action)
+}
+
 /// Rewrites a TCP segment into the RST its sender should get, and sends it back.
 #[inline(always)]
-pub fn tcp_reset(ctx: &TcContext, pkt: &Packet) -> Result<i32, Verdict> {
+fn tcp_reset(ctx: &TcContext, pkt: &Packet) -> Result<i32, Verdict> {
     require_plain_ip(ctx, pkt)?;
     let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN).ok_or_else(fail)?;
     let tcp: *const TcpHdr = ptr_at(ctx, pkt.l4_off).ok_or_else(fail)?;
@@ -142,7 +162,7 @@ pub fn tcp_reset(ctx: &TcContext, pkt: &Packet) -> Result<i32, Verdict> {
 /// Rewrites a UDP datagram into the ICMP port unreachable its sender should get, and sends
 /// it back.
 #[inline(always)]
-pub fn udp_unreachable(ctx: &TcContext, pkt: &Packet) -> Result<i32, Verdict> {
+fn udp_unreachable(ctx: &TcContext, pkt: &Packet) -> Result<i32, Verdict> {
     require_plain_ip(ctx, pkt)?;
     // The quote needs the original IP header and 8 bytes after it, all present.
     let _: *const [u8; QUOTE_LEN] = ptr_at(ctx, ETH_LEN).ok_or_else(fail)?;

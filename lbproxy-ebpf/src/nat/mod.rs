@@ -9,7 +9,7 @@ use lbproxy_common::{DropReason, IPPROTO_UDP};
 
 use crate::{
     flow::NatTarget,
-    parse::{IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, L4_DPORT_OFF, L4_SPORT_OFF, Packet},
+    parse::{IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, L4, L4_DPORT_OFF, L4_SPORT_OFF, Packet},
     reason::Verdict,
 };
 
@@ -68,7 +68,8 @@ pub fn snat_l4(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdi
 const FAIL: Verdict = Verdict::Drop(DropReason::NatFailed);
 
 /// The ports (offset, old, new; unchanged ones are skipped), and the L4 checksum for them and
-/// for the address (part of the pseudo-header).
+/// for the address (part of the pseudo-header). Nothing for a packet without its L4 header (a
+/// fragment after the first): only its IP header is translated.
 #[inline(always)]
 fn rewrite_l4(
     ctx: &TcContext,
@@ -77,6 +78,11 @@ fn rewrite_l4(
     new_addr: [u8; 4],
     ports: [(usize, u16, u16); 2],
 ) -> Result<(), Verdict> {
+    if pkt.l4 != L4::Header {
+        // A fragment after the first: no L4 header here. The first fragment's checksum
+        // covers the whole datagram and was updated for the new address and port.
+        return Ok(());
+    }
     let old_a = u64::from(u32::from_ne_bytes(old_addr));
     let new_a = u64::from(u32::from_ne_bytes(new_addr));
     let l4_flags = if pkt.proto == IPPROTO_UDP {

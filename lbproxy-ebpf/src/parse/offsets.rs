@@ -43,8 +43,10 @@ pub const TCP_FLAG_SYN: u8 = 0x02;
 pub const TCP_FLAG_RST: u8 = 0x04;
 pub const TCP_FLAG_ACK: u8 = 0x10;
 
-/// The more-fragments flag and fragment offset, in network order as read raw.
-pub const IP_FRAG_MASK_BE: u16 = 0x3fff_u16.to_be();
+/// The more-fragments flag, in the IPv4 flags/fragment-offset word (host order).
+pub const IP_FRAG_MF: u16 = 0x2000;
+/// The fragment offset, in 8-byte units, in the same word: not 0 for a later fragment.
+pub const IP_FRAG_OFFSET: u16 = 0x1fff;
 
 /// A pointer to `T` at `offset` in the packet, or `None` if it would run past the end.
 ///
