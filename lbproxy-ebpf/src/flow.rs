@@ -269,7 +269,7 @@ pub fn forward(pkt: &Packet, svc: &ServiceValue, seed: u64) -> Result<NatTarget,
     let claimed = if old_reply == Some(rkey) {
         insert(&rkey, &reply, BPF_ANY).is_ok()
     } else {
-        insert(&rkey, &reply, BPF_NOEXIST).is_ok() || replace_if_stale(&rkey, &reply)
+        insert(&rkey, &reply, BPF_NOEXIST).is_ok() || replace_if_stale(&rkey, &reply, &key)
     };
     if !claimed {
         let mut found = false;
@@ -304,10 +304,11 @@ pub fn forward(pkt: &Packet, svc: &ServiceValue, seed: u64) -> Result<NatTarget,
 }
 
 /// The reply tuple `rkey` is taken. Takes it over (and forgets the flow holding it) when
-/// that flow is over: it saw a RST, or a FIN both ways, or its forward half is gone for
-/// good. Returns whether `reply` is now in place.
+/// that flow is over (it saw a RST, or a FIN both ways) or is this tuple's own previous flow
+/// (forward key `own`, being replaced now, e.g. after its service was re-created). Returns
+/// whether `reply` is now in place.
 #[inline(always)]
-fn replace_if_stale(rkey: &FlowKey, reply: &FlowValue) -> bool {
+fn replace_if_stale(rkey: &FlowKey, reply: &FlowValue, own: &FlowKey) -> bool {
     let Some(r) = LB_FLOWS_V2.get_ptr_mut(*rkey) else {
         // Removed meanwhile.
         return insert(rkey, reply, BPF_NOEXIST).is_ok();
@@ -315,6 +316,9 @@ fn replace_if_stale(rkey: &FlowKey, reply: &FlowValue) -> bool {
     // SAFETY: a successful lookup.
     let r = unsafe { *r };
     let fkey = rkey.partner(&r);
+    if fkey == *own {
+        return insert(rkey, reply, BPF_ANY).is_ok();
+    }
     let closed = match LB_FLOWS_V2.get_ptr_mut(fkey) {
         // SAFETY: as above.
         Some(f) => unsafe { r.closed_with((*f).flags) },

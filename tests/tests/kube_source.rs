@@ -897,14 +897,26 @@ fn node_event_on_programming_failure() {
     k.api.apply_all([svc, s1, svc2, s2]);
     k.start_with(&[]);
     let start = Instant::now();
-    let ev = loop {
-        if let Some(e) = k.api.events_posted().into_iter().next() {
-            break e;
+    // Both Events: one about the Node (which map refused which write, and why) and one about
+    // each Service whose frontend could not be programmed. Their order is not fixed.
+    let (ev, svc_ev) = loop {
+        let posted = k.api.events_posted();
+        let node = posted
+            .iter()
+            .find(|e| e.regarding()["kind"] == "Node")
+            .cloned();
+        let service = posted
+            .iter()
+            .find(|e| e.regarding()["kind"] == "Service")
+            .cloned();
+        if let (Some(n), Some(s)) = (node, service) {
+            break (n, s);
         }
         assert!(k.lb().is_running(), "lbproxy exited\n{}", k.diag());
         assert!(
             start.elapsed() < Duration::from_secs(30),
-            "no Event posted within 30 s although LB_SERVICES_V2 holds 2 of 4 frontends\n{}",
+            "no Node and Service Events within 30 s although LB_SERVICES_V2 holds 2 of 4 \
+             frontends: {posted:?}\n{}",
             k.diag()
         );
         std::thread::sleep(Duration::from_millis(100));
@@ -914,6 +926,18 @@ fn node_event_on_programming_failure() {
         start.elapsed(),
         ev.path,
         ev.body
+    );
+    // The Service's Event names the frontend, the node and "map full".
+    let svc_note = svc_ev.note().unwrap_or_default();
+    assert_eq!(svc_ev.body["type"], "Warning", "{}", svc_ev.body);
+    assert_eq!(
+        svc_ev.body["reason"], "FrontendNotProgrammed",
+        "{}",
+        svc_ev.body
+    );
+    assert!(
+        svc_note.contains("map full") && svc_note.contains(NODE),
+        "the Service's Event does not say the map is full on this node: {svc_note:?}"
     );
     assert_eq!(ev.method, "POST");
     assert_eq!(ev.regarding()["kind"], "Node", "{}", ev.body);
