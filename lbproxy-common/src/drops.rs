@@ -43,6 +43,10 @@ counter_enum! {
         /// Not a drop: the reply half of a finished VIP flow was removed, because a direct
         /// connection (or a new flow) now uses its tuple.
         StaleReplyRemoved = 14 => "stale_reply_removed",
+        /// A packet from a pod interface to a frontend whose source address the node does
+        /// not route back out of that interface (or its bridge): a spoofed source, dropped
+        /// before it can take a flow entry.
+        SpoofedSource = 15 => "spoofed_source",
     }
 }
 

@@ -55,7 +55,7 @@ fn sizes<K, V>() -> (u32, u32) {
 
 #[test]
 fn spec_sizes_are_their_types() {
-    let cases: [(MapSpec, (u32, u32)); 14] = [
+    let cases: [(MapSpec, (u32, u32)); 15] = [
         (services::SPEC, sizes::<ServiceKey, ServiceValue>()),
         (services::SPEC_V1, sizes::<ServiceKey, ServiceValueV1>()),
         (slots::SPEC, sizes::<SlotKey, u32>()),
@@ -70,6 +70,7 @@ fn spec_sizes_are_their_types() {
         (pod_ifs::SPEC, sizes::<u32, PodIf>()),
         (delivery::SPEC, sizes::<u32, u64>()),
         (unserved::SPEC, sizes::<UnservedKey, UnservedValue>()),
+        (src_check::SPEC, sizes::<u32, SrcCheck>()),
     ];
     for (spec, (k, v)) in cases {
         assert_eq!((spec.key_size, spec.value_size), (k, v), "{}", spec.name);
@@ -89,7 +90,7 @@ fn spec_sizes_are_their_types() {
 #[test]
 fn layouts_are_unchanged() {
     use MapKind::*;
-    let expected: [(&str, &str, MapKind, u32, u32, u32); 12] = [
+    let expected: [(&str, &str, MapKind, u32, u32, u32); 13] = [
         ("LB_BACKENDS_V1", "backends", Hash, 4, 8, 262_144),
         ("LB_SLOTS_V1", "slots", Hash, 8, 4, 262_144),
         ("LB_SERVICES_V2", "services", Hash, 8, 16, 65_536),
@@ -102,6 +103,7 @@ fn layouts_are_unchanged() {
         ("LB_PODIFS_V1", "pod_ifs", Hash, 4, 4, 4_096),
         ("LB_DELIVERY_V1", "delivery", PerCpuArray, 4, 8, 16),
         ("LB_UNSERVED_V1", "unserved", Hash, 32, 192, 131_072),
+        ("LB_SRCCHECK_V1", "src_check", Hash, 4, 8, 4_096),
     ];
     let got: Vec<_> = MAPS
         .iter()

@@ -9,10 +9,11 @@
 use aya_ebpf::btf_maps::{Array, HashMap, LruHashMap, PerCpuArray};
 use lbproxy_common::{
     AffinityKey, AffinityValue, Backend, DatapathConfig, FlowKey, FlowValue, MemberKey, PodIf,
-    ServiceKey, ServiceLabel, ServiceValue, SlotKey, UnservedKey, UnservedValue, affinity,
-    backends, config, delivery, drops, flows, labels, members, pod_ifs, services, slots,
+    ServiceKey, ServiceLabel, ServiceValue, SlotKey, SrcCheck, UnservedKey, UnservedValue,
+    affinity, backends, config, delivery, drops, flows, labels, members, pod_ifs, services,
+    slots,
     spec::{MapKind, MapSpec, size_u32, str_eq},
-    unserved,
+    src_check, unserved,
 };
 
 /// The kernel map type, key and value sizes and capacity of an aya BTF map type.
@@ -136,6 +137,9 @@ map! {
     /// Frontends asked for but not served yet, for `lbproxy inspect`. Declared so the
     /// object carries it (and its BTF); the datapath never reads it.
     LB_UNSERVED_V1: HashMap<UnservedKey, UnservedValue> = unserved::SPEC;
+    /// The interface each pod interface's sources must route back out of. Read by
+    /// `source`.
+    LB_SRCCHECK_V1: HashMap<u32, SrcCheck> = src_check::SPEC;
 }
 
 /// The controller's settings (`LB_CONFIG_V1`, entry 0): the stack bypass flag (for
