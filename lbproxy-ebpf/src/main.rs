@@ -31,6 +31,7 @@ mod nat;
 mod parse;
 mod reason;
 mod reject;
+mod source;
 
 use aya_ebpf::{macros::classifier, programs::TcContext};
 use aya_log_ebpf::debug;
@@ -62,6 +63,7 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
         flow::direct(&pkt);
         return reply_from_pod(ctx, &pkt, &config);
     };
+    source::check(ctx, &pkt)?;
     let to = match flow::forward(&pkt, &svc, config.hash_seed()) {
         Ok(to) => to,
         Err(Verdict::Drop(reason)) => return Err(reason),
