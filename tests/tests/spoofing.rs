@@ -9,6 +9,10 @@
 //! datapath translates these packets like any other: it creates their flows and counts
 //! nothing, so the test fails.
 //!
+//! [`spoofed_frame_verdicts`] pins the verdicts down with `BPF_PROG_TEST_RUN` (the rows of
+//! `docs/datapath-verdicts.md`), including that an interface lbproxy wrote no check for is
+//! not checked.
+//!
 //! In the routed shape a pod also cannot use a neighbour pod's address. In the bridge shape
 //! it can: the node routes every address of the bridge's subnet to the bridge, so the check
 //! does not tell the bridge's pods apart (README, "Spoofed sources").
@@ -21,10 +25,15 @@ use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::time::{Duration, Instant};
 
 use common::*;
-use lbproxy_tests::lab::{Lab, Pod, Shape, ns_run};
+use lbproxy_tests::lab::{Lab, Pod, Shape, bpf, ns_run, wait_for};
 use serde_json::Value;
 
 both_shapes!(spoofed_source_is_dropped);
+
+#[test]
+fn spoofed_frame_verdicts() {
+    frame_verdicts(Shape::Routed);
+}
 
 /// The client's second address: outside the pods' 198.18.0.0/24 and the uplink's /30, so
 /// the node routes it out of the uplink.
@@ -254,4 +263,89 @@ fn spoofed_source_is_dropped(shape: Shape) {
         "no flow entry for the client's own address ({}): inspect flows shows nothing?",
         s.client.ip
     );
+}
+
+/// A UDP datagram from `src:sport` to the web service's UDP frontend, as the client pod
+/// sends it: Ethernet, IPv4 (checksum exact), UDP (checksum 0, "none").
+fn udp_frame(src: Ipv4Addr, sport: u16) -> Vec<u8> {
+    let payload = b"hello\n";
+    let mut f = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x08, 0x00];
+    let tot = (20 + 8 + payload.len()) as u16;
+    let mut ip = [0u8; 20];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&tot.to_be_bytes());
+    ip[6] = 0x40; // DF
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[12..16].copy_from_slice(&src.octets());
+    ip[16..20].copy_from_slice(&WEB_VIP.octets());
+    let sum: u32 = ip
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    let folded = (sum & 0xffff) + (sum >> 16);
+    let csum = !(((folded & 0xffff) + (folded >> 16)) as u16);
+    ip[10..12].copy_from_slice(&csum.to_be_bytes());
+    f.extend_from_slice(&ip);
+    f.extend_from_slice(&sport.to_be_bytes());
+    f.extend_from_slice(&WEB_UDP.to_be_bytes());
+    f.extend_from_slice(&(8 + payload.len() as u16).to_be_bytes());
+    f.extend_from_slice(&[0, 0]);
+    f.extend_from_slice(payload);
+    f
+}
+
+/// The destination address of an IPv4 frame.
+fn frame_dst(f: &[u8]) -> Ipv4Addr {
+    Ipv4Addr::new(f[30], f[31], f[32], f[33])
+}
+
+const TC_ACT_UNSPEC: i32 = -1;
+const TC_ACT_SHOT: i32 = 2;
+
+/// `lb_from_pod` run with `BPF_PROG_TEST_RUN` on the client's interface: a datagram to the
+/// VIP from an address not the client's is `TC_ACT_SHOT`, untouched, `spoofed_source` +1,
+/// and no flow; the same datagram from the client's address is translated (`TC_ACT_UNSPEC`,
+/// destination a backend). On an interface without a check (`lo`: lbproxy manages it not)
+/// the spoofed datagram is translated: no entry, no check.
+fn frame_verdicts(shape: Shape) {
+    let s = Setup::new(shape, &["b1"]);
+    let lab = &s.lab;
+    let ((ifindex, prog), _) = wait_for(Duration::from_secs(5), Duration::from_millis(20), || {
+        lab.tcx_attachments()
+            .into_iter()
+            .find(|a| {
+                a.ifname == s.client.host_if
+                    && a.direction == "ingress"
+                    && a.prog_name == "lb_from_pod"
+            })
+            .map(|a| (a.ifindex, a.prog_id))
+    })
+    .unwrap_or_else(|w| panic!("lb_from_pod not attached to {} within {w:?}", s.client.host_if));
+    let b1 = s.backend("b1").ip;
+    let run = |what: &str, ifindex: u32, frame: &[u8]| {
+        bpf::prog_test_run(lab.node_ns(), prog, ifindex, frame)
+            .unwrap_or_else(|e| panic!("{what}: BPF_PROG_TEST_RUN: {e}"))
+    };
+
+    let spoofed = udp_frame(SPOOFED, SRC_UDP);
+    let before = drop_count(lab, "spoofed_source");
+    let r = run("spoofed", ifindex, &spoofed);
+    assert_eq!(r.retval, TC_ACT_SHOT, "spoofed source: want TC_ACT_SHOT");
+    assert_eq!(r.data, spoofed, "spoofed source: the frame was changed");
+    assert_eq!(drop_count(lab, "spoofed_source"), before + 1);
+    assert!(flows_from(lab, SPOOFED).is_empty(), "a flow for the spoofed source");
+
+    let own = udp_frame(s.client.ip, SRC_UDP);
+    let r = run("own address", ifindex, &own);
+    assert_eq!(r.retval, TC_ACT_UNSPEC, "own address: want TC_ACT_UNSPEC");
+    assert_eq!(frame_dst(&r.data), b1, "own address: not translated to b1");
+    assert_eq!(drop_count(lab, "spoofed_source"), before + 1);
+
+    let unchecked = Ipv4Addr::new(198, 18, 9, 201);
+    let r = run("unchecked interface", 1, &udp_frame(unchecked, SRC_UDP));
+    assert_eq!(r.retval, TC_ACT_UNSPEC, "unchecked interface: want TC_ACT_UNSPEC");
+    assert_eq!(frame_dst(&r.data), b1, "unchecked interface: not translated");
+    assert_eq!(drop_count(lab, "spoofed_source"), before + 1);
+    assert_eq!(flows_from(lab, unchecked).len(), 1, "unchecked interface: no flow");
 }
