@@ -102,8 +102,8 @@ pub use services::{
     ServiceKey, ServiceValue, ServiceValueV1,
 };
 pub use slots::{MAX_SLOTS, SlotKey};
-pub use src_check::{MAX_SRC_CHECKS, SrcCheck};
 pub use spec::{MapKind, MapSpec};
+pub use src_check::{MAX_SRC_CHECKS, SrcCheck};
 pub use unserved::{FAMILY_IPV4, FAMILY_IPV6, UnservedKey, UnservedValue};
 
 pod!(

@@ -24,9 +24,5 @@ pub struct SrcCheck {
 }
 const _: () = assert!(core::mem::size_of::<SrcCheck>() == 8);
 
-pub const SPEC: MapSpec = MapSpec::of::<u32, SrcCheck>(
-    "LB_SRCCHECK_V1",
-    "src_check",
-    MapKind::Hash,
-    MAX_SRC_CHECKS,
-);
+pub const SPEC: MapSpec =
+    MapSpec::of::<u32, SrcCheck>("LB_SRCCHECK_V1", "src_check", MapKind::Hash, MAX_SRC_CHECKS);

@@ -10,8 +10,7 @@ use aya_ebpf::btf_maps::{Array, HashMap, LruHashMap, PerCpuArray};
 use lbproxy_common::{
     AffinityKey, AffinityValue, Backend, DatapathConfig, FlowKey, FlowValue, MemberKey, PodIf,
     ServiceKey, ServiceLabel, ServiceValue, SlotKey, SrcCheck, UnservedKey, UnservedValue,
-    affinity, backends, config, delivery, drops, flows, labels, members, pod_ifs, services,
-    slots,
+    affinity, backends, config, delivery, drops, flows, labels, members, pod_ifs, services, slots,
     spec::{MapKind, MapSpec, size_u32, str_eq},
     src_check, unserved,
 };

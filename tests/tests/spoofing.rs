@@ -104,11 +104,21 @@ fn connect_from(src: SocketAddrV4, dst: SocketAddrV4) -> io::Result<OwnedFd> {
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         );
         let local = sin(src);
-        if libc::bind(fd.as_raw_fd(), (&local as *const libc::sockaddr_in).cast(), len) != 0 {
+        if libc::bind(
+            fd.as_raw_fd(),
+            (&local as *const libc::sockaddr_in).cast(),
+            len,
+        ) != 0
+        {
             return Err(io::Error::last_os_error());
         }
         let remote = sin(dst);
-        if libc::connect(fd.as_raw_fd(), (&remote as *const libc::sockaddr_in).cast(), len) != 0 {
+        if libc::connect(
+            fd.as_raw_fd(),
+            (&remote as *const libc::sockaddr_in).cast(),
+            len,
+        ) != 0
+        {
             let e = io::Error::last_os_error();
             if e.raw_os_error() != Some(libc::EINPROGRESS) {
                 return Err(e);
@@ -174,7 +184,11 @@ fn send_from(client: &Pod, src: Ipv4Addr) -> (Vec<String>, bool) {
                     "{} from {from}",
                     String::from_utf8_lossy(&buf[..n]).trim()
                 )),
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) => {}
                 Err(e) => panic!("UDP recv: {e}"),
             }
         }
@@ -207,7 +221,15 @@ fn spoofed_source_is_dropped(shape: Shape) {
         for b in &s.backends {
             ns_run(
                 &b.netns,
-                &["iptables", "-I", "INPUT", "-s", &addr.to_string(), "-j", "ACCEPT"],
+                &[
+                    "iptables",
+                    "-I",
+                    "INPUT",
+                    "-s",
+                    &addr.to_string(),
+                    "-j",
+                    "ACCEPT",
+                ],
             )
             .unwrap_or_else(|e| panic!("counting rule in {}: {e}", b.name));
         }
@@ -241,7 +263,11 @@ fn spoofed_source_is_dropped(shape: Shape) {
         );
         for b in &s.backends {
             let n = input_packets_from(b, addr);
-            assert_eq!(n, 0, "{ctx}: backend {} received {n} packets from {addr}", b.name);
+            assert_eq!(
+                n, 0,
+                "{ctx}: backend {} received {n} packets from {addr}",
+                b.name
+            );
         }
         ns_run(
             &s.client.netns,
@@ -321,7 +347,12 @@ fn frame_verdicts(shape: Shape) {
             })
             .map(|a| (a.ifindex, a.prog_id))
     })
-    .unwrap_or_else(|w| panic!("lb_from_pod not attached to {} within {w:?}", s.client.host_if));
+    .unwrap_or_else(|w| {
+        panic!(
+            "lb_from_pod not attached to {} within {w:?}",
+            s.client.host_if
+        )
+    });
     let b1 = s.backend("b1").ip;
     let run = |what: &str, ifindex: u32, frame: &[u8]| {
         bpf::prog_test_run(lab.node_ns(), prog, ifindex, frame)
@@ -334,7 +365,10 @@ fn frame_verdicts(shape: Shape) {
     assert_eq!(r.retval, TC_ACT_SHOT, "spoofed source: want TC_ACT_SHOT");
     assert_eq!(r.data, spoofed, "spoofed source: the frame was changed");
     assert_eq!(drop_count(lab, "spoofed_source"), before + 1);
-    assert!(flows_from(lab, SPOOFED).is_empty(), "a flow for the spoofed source");
+    assert!(
+        flows_from(lab, SPOOFED).is_empty(),
+        "a flow for the spoofed source"
+    );
 
     let own = udp_frame(s.client.ip, SRC_UDP);
     let r = run("own address", ifindex, &own);
@@ -344,8 +378,19 @@ fn frame_verdicts(shape: Shape) {
 
     let unchecked = Ipv4Addr::new(198, 18, 9, 201);
     let r = run("unchecked interface", 1, &udp_frame(unchecked, SRC_UDP));
-    assert_eq!(r.retval, TC_ACT_UNSPEC, "unchecked interface: want TC_ACT_UNSPEC");
-    assert_eq!(frame_dst(&r.data), b1, "unchecked interface: not translated");
+    assert_eq!(
+        r.retval, TC_ACT_UNSPEC,
+        "unchecked interface: want TC_ACT_UNSPEC"
+    );
+    assert_eq!(
+        frame_dst(&r.data),
+        b1,
+        "unchecked interface: not translated"
+    );
     assert_eq!(drop_count(lab, "spoofed_source"), before + 1);
-    assert_eq!(flows_from(lab, unchecked).len(), 1, "unchecked interface: no flow");
+    assert_eq!(
+        flows_from(lab, unchecked).len(),
+        1,
+        "unchecked interface: no flow"
+    );
 }

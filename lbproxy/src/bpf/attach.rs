@@ -190,7 +190,8 @@ impl Attacher {
                 }
             }
         }
-        self.unchecked.retain(|i| want.iter().any(|w| w.index == *i));
+        self.unchecked
+            .retain(|i| want.iter().any(|w| w.index == *i));
         out
     }
 
