@@ -196,7 +196,9 @@ impl Attacher {
     }
 
     /// Makes `LB_SRCCHECK_V1` hold exactly `want`, apart from entries of `keep`: stale
-    /// entries first, then new and changed ones.
+    /// entries first, then new and changed ones. A write that fails does not stop the
+    /// others; the first error is returned (the interface it concerns is then not checked
+    /// until a later sync writes its entry).
     fn sync_src_checks(
         &mut self,
         want: &BTreeMap<u32, SrcCheck>,
@@ -207,24 +209,30 @@ impl Attacher {
             path: PathBuf::from(map_names::SRC_CHECK),
             source,
         };
+        let mut first = Ok(());
         let have: BTreeMap<u32, SrcCheck> = self.src_checks.iter().flatten().collect();
         for ifindex in have
             .keys()
             .filter(|i| !want.contains_key(i) && !keep.contains(i))
         {
-            del_ok(self.src_checks.remove(ifindex)).map_err(err)?;
+            if let Err(e) = del_ok(self.src_checks.remove(ifindex)) {
+                first = first.and(Err(err(e)));
+            }
         }
         for (ifindex, v) in want {
-            if have.get(ifindex) != Some(v) {
-                self.src_checks.insert(ifindex, v, 0).map_err(err)?;
-                tracing::debug!(
+            if have.get(ifindex) == Some(v) {
+                continue;
+            }
+            match self.src_checks.insert(ifindex, v, 0) {
+                Ok(()) => tracing::debug!(
                     ifindex,
                     expected = v.expected_ifindex,
                     "source check: the route to a packet's source must use this interface"
-                );
+                ),
+                Err(e) => first = first.and(Err(err(e))),
             }
         }
-        Ok(())
+        first
     }
 
     /// Makes `LB_PODIFS_V1` hold exactly `want`: stale entries first, so an interface that
