@@ -56,6 +56,10 @@ counter_enum! {
         /// that must not be answered: a TCP RST (RFC 793 never answers one) or a fragment
         /// after the first (it carries no header to answer). Dropped.
         RejectNotAnswered = 17 => "reject_not_answered",
+        /// A packet from a pod interface to a frontend whose source address the node does
+        /// not route back out of that interface (or its bridge): a spoofed source, dropped
+        /// before it can take a flow entry.
+        SpoofedSource = 18 => "spoofed_source",
     }
 }
 

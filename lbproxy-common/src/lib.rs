@@ -1,10 +1,11 @@
 //! Types shared by the eBPF datapath and the userspace controller.
 //!
 //! One module per pinned map ([`services`], [`slots`], [`backends`], [`members`], [`flows`],
-//! [`drops`], [`labels`], [`affinity`], [`config`], [`pod_ifs`], [`delivery`], [`frags`]),
-//! each with its key and value types and one `SPEC` ([`MapSpec`]: name, kind, sizes,
-//! capacity). [`MAPS`] lists every spec: the datapath declares its maps from them and userspace pins and checks
-//! them from the same table. The types are re-exported here.
+//! [`drops`], [`labels`], [`affinity`], [`config`], [`pod_ifs`], [`delivery`], [`frags`],
+//! [`src_check`]), each with its key and value types and one `SPEC` ([`MapSpec`]: name,
+//! kind, sizes, capacity). [`MAPS`] lists every spec: the datapath declares its maps from
+//! them and userspace pins and checks them from the same table. The types are re-exported
+//! here.
 //!
 //! Every type here is `#[repr(C)]`, holds only fixed-width integers and byte arrays, and has
 //! explicit padding, so both sides (and `bpftool map dump`, through BTF) agree on the layout.
@@ -80,6 +81,7 @@ pub mod pod_ifs;
 pub mod select;
 pub mod services;
 pub mod slots;
+pub mod src_check;
 pub mod unserved;
 
 pub use affinity::{AffinityKey, AffinityValue, MAX_AFFINITY};
@@ -103,6 +105,7 @@ pub use services::{
 };
 pub use slots::{MAX_SLOTS, SlotKey};
 pub use spec::{MapKind, MapSpec};
+pub use src_check::{MAX_SRC_CHECKS, SrcCheck};
 pub use unserved::{FAMILY_IPV4, FAMILY_IPV6, UnservedKey, UnservedValue};
 
 pod!(
@@ -124,6 +127,7 @@ pod!(
     PodIf,
     FragKey,
     FragPorts,
+    SrcCheck,
 );
 
 /// Every map the controller pins, and the datapath declares.
@@ -141,6 +145,7 @@ pub const MAPS: &[MapSpec] = &[
     delivery::SPEC,
     unserved::SPEC,
     frags::SPEC,
+    src_check::SPEC,
 ];
 
 /// Earlier layouts a controller reads once at start, copies into their successor, then
@@ -198,6 +203,8 @@ pub mod map_names {
     pub const DELIVERY: &str = crate::delivery::SPEC.name;
     /// The ports of fragmented datagrams, by (source, destination, IP id, protocol).
     pub const FRAGS: &str = crate::frags::SPEC.name;
+    /// The interface each pod interface's sources must route back out of, by ifindex.
+    pub const SRC_CHECK: &str = crate::src_check::SPEC.name;
     /// Every map the controller pins: the names of [`MAPS`], in its order.
     pub const PINNED: [&str; MAPS.len()] = {
         let mut out = [""; MAPS.len()];

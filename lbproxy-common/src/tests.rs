@@ -55,7 +55,7 @@ fn sizes<K, V>() -> (u32, u32) {
 
 #[test]
 fn spec_sizes_are_their_types() {
-    let cases: [(MapSpec, (u32, u32)); 14] = [
+    let cases: [(MapSpec, (u32, u32)); 16] = [
         (services::SPEC, sizes::<ServiceKey, ServiceValue>()),
         (services::SPEC_V1, sizes::<ServiceKey, ServiceValueV1>()),
         (slots::SPEC, sizes::<SlotKey, u32>()),
@@ -71,6 +71,7 @@ fn spec_sizes_are_their_types() {
         (delivery::SPEC, sizes::<u32, u64>()),
         (unserved::SPEC, sizes::<UnservedKey, UnservedValue>()),
         (frags::SPEC, sizes::<FragKey, FragPorts>()),
+        (src_check::SPEC, sizes::<u32, SrcCheck>()),
     ];
     for (spec, (k, v)) in cases {
         assert_eq!((spec.key_size, spec.value_size), (k, v), "{}", spec.name);
@@ -90,7 +91,7 @@ fn spec_sizes_are_their_types() {
 #[test]
 fn layouts_are_unchanged() {
     use MapKind::*;
-    let expected: [(&str, &str, MapKind, u32, u32, u32); 13] = [
+    let expected: [(&str, &str, MapKind, u32, u32, u32); 14] = [
         ("LB_BACKENDS_V1", "backends", Hash, 4, 8, 262_144),
         ("LB_SLOTS_V1", "slots", Hash, 8, 4, 262_144),
         ("LB_SERVICES_V2", "services", Hash, 8, 16, 65_536),
@@ -104,6 +105,7 @@ fn layouts_are_unchanged() {
         ("LB_DELIVERY_V1", "delivery", PerCpuArray, 4, 8, 16),
         ("LB_UNSERVED_V1", "unserved", Hash, 32, 192, 131_072),
         ("LB_FRAGS_V1", "frags", LruHash, 12, 4, 8_192),
+        ("LB_SRCCHECK_V1", "src_check", Hash, 4, 8, 4_096),
     ];
     let got: Vec<_> = MAPS
         .iter()

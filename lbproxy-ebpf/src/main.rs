@@ -32,6 +32,7 @@ mod nat;
 mod parse;
 mod reason;
 mod reject;
+mod source;
 
 use aya_ebpf::{macros::classifier, programs::TcContext};
 use aya_log_ebpf::debug;
@@ -79,6 +80,7 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
         // Addressed to a frontend, but there is no header to translate.
         return Err(DropReason::Malformed);
     }
+    source::check(ctx, &pkt)?;
     let to = match flow::forward(&pkt, &svc, config.hash_seed()) {
         Ok(to) => to,
         Err(Verdict::Drop(reason)) => return Err(reason),

@@ -9,11 +9,11 @@
 use aya_ebpf::btf_maps::{Array, HashMap, LruHashMap, PerCpuArray};
 use lbproxy_common::{
     AffinityKey, AffinityValue, Backend, DatapathConfig, FlowKey, FlowValue, FragKey, FragPorts,
-    MemberKey, PodIf, ServiceKey, ServiceLabel, ServiceValue, SlotKey, UnservedKey, UnservedValue,
-    affinity, backends, config, delivery, drops, flows, frags, labels, members, pod_ifs, services,
-    slots,
+    MemberKey, PodIf, ServiceKey, ServiceLabel, ServiceValue, SlotKey, SrcCheck, UnservedKey,
+    UnservedValue, affinity, backends, config, delivery, drops, flows, frags, labels, members,
+    pod_ifs, services, slots,
     spec::{MapKind, MapSpec, size_u32, str_eq},
-    unserved,
+    src_check, unserved,
 };
 
 /// The kernel map type, key and value sizes and capacity of an aya BTF map type.
@@ -140,6 +140,9 @@ map! {
     /// The ports of fragmented datagrams, recorded from each first fragment for the later
     /// ones. Owned by `parse`.
     LB_FRAGS_V1: LruHashMap<FragKey, FragPorts> = frags::SPEC;
+    /// The interface each pod interface's sources must route back out of. Read by
+    /// `source`.
+    LB_SRCCHECK_V1: HashMap<u32, SrcCheck> = src_check::SPEC;
 }
 
 /// The controller's settings (`LB_CONFIG_V1`, entry 0): the stack bypass flag (for

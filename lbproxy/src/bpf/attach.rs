@@ -13,7 +13,7 @@ use aya::programs::links::{FdLink, LinkOrder, PinnedLink};
 use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
 use aya::programs::{SchedClassifier, TcAttachType};
 use globset::GlobSet;
-use lbproxy_common::{PodIf, map_names, program_names};
+use lbproxy_common::{PodIf, SrcCheck, map_names, program_names};
 
 use super::ifaces::Link;
 use super::pinned::del_ok;
@@ -68,8 +68,9 @@ pub fn pinned_interfaces(dir: &Path) -> BTreeMap<Interface, Vec<PathBuf>> {
 }
 
 /// Keeps the programs attached to exactly the pod interfaces that exist and match the globs,
-/// and `LB_PODIFS_V1` listing exactly the attached ones the datapath may redirect into (none
-/// when the stack bypass is off).
+/// `LB_PODIFS_V1` listing exactly the attached ones the datapath may redirect into (none
+/// when the stack bypass is off), and `LB_SRCCHECK_V1` saying, for each of them, which
+/// interface the route to a packet's source must lead out of ([`src_check_for`]).
 pub struct Attacher {
     globs: GlobSet,
     attached: BTreeSet<Interface>,
@@ -77,6 +78,9 @@ pub struct Attacher {
     /// either.
     absent: BTreeSet<Interface>,
     pod_ifs: BpfHashMap<MapData, u32, PodIf>,
+    src_checks: BpfHashMap<MapData, u32, SrcCheck>,
+    /// Matching interfaces already logged as not source-checked, so each is logged once.
+    unchecked: BTreeSet<u32>,
     stack_bypass: bool,
 }
 
@@ -87,6 +91,8 @@ impl Attacher {
             attached: BTreeSet::new(),
             absent: BTreeSet::new(),
             pod_ifs: open_pinned(dir, map_names::POD_IFS, Map::HashMap)?,
+            src_checks: open_pinned(dir, map_names::SRC_CHECK, Map::HashMap)?,
+            unchecked: BTreeSet::new(),
             stack_bypass,
         })
     }
@@ -123,6 +129,14 @@ impl Attacher {
         }
         self.attached
             .retain(|i| want.contains(i) || self.absent.contains(i));
+        // Source checks are written before the programs are attached, so no packet of a new
+        // interface passes unchecked. Those of interfaces missing from one listing stay, as
+        // their pins do.
+        let checks = self.src_checks_for(present, &want);
+        let keep: BTreeSet<u32> = self.absent.iter().map(|i| i.index).collect();
+        if let Err(e) = self.sync_src_checks(&checks, &keep) {
+            errors.push(e);
+        }
         for iface in want {
             if self.attached.contains(&iface) {
                 continue;
@@ -151,6 +165,76 @@ impl Attacher {
         errors
     }
 
+    /// The source checks of the `want` interfaces, by ifindex; logs (once each) the ones that
+    /// cannot be checked.
+    fn src_checks_for(
+        &mut self,
+        present: &[Link],
+        want: &BTreeSet<Interface>,
+    ) -> BTreeMap<u32, SrcCheck> {
+        let mut out = BTreeMap::new();
+        for link in present.iter().filter(|l| want.contains(&l.iface)) {
+            match src_check_for(link, present) {
+                Some(c) => {
+                    out.insert(link.iface.index, c);
+                }
+                None => {
+                    if self.unchecked.insert(link.iface.index) {
+                        tracing::info!(
+                            interface = %link.iface.name,
+                            ifindex = link.iface.index,
+                            master = link.master,
+                            "not source-checked: enslaved to a device that is not a bridge"
+                        );
+                    }
+                }
+            }
+        }
+        self.unchecked
+            .retain(|i| want.iter().any(|w| w.index == *i));
+        out
+    }
+
+    /// Makes `LB_SRCCHECK_V1` hold exactly `want`, apart from entries of `keep`: stale
+    /// entries first, then new and changed ones. A write that fails does not stop the
+    /// others; the first error is returned (the interface it concerns is then not checked
+    /// until a later sync writes its entry).
+    fn sync_src_checks(
+        &mut self,
+        want: &BTreeMap<u32, SrcCheck>,
+        keep: &BTreeSet<u32>,
+    ) -> Result<(), BpfError> {
+        let err = |source| BpfError::Map {
+            name: map_names::SRC_CHECK,
+            path: PathBuf::from(map_names::SRC_CHECK),
+            source,
+        };
+        let mut first = Ok(());
+        let have: BTreeMap<u32, SrcCheck> = self.src_checks.iter().flatten().collect();
+        for ifindex in have
+            .keys()
+            .filter(|i| !want.contains_key(i) && !keep.contains(i))
+        {
+            if let Err(e) = del_ok(self.src_checks.remove(ifindex)) {
+                first = first.and(Err(err(e)));
+            }
+        }
+        for (ifindex, v) in want {
+            if have.get(ifindex) == Some(v) {
+                continue;
+            }
+            match self.src_checks.insert(ifindex, v, 0) {
+                Ok(()) => tracing::debug!(
+                    ifindex,
+                    expected = v.expected_ifindex,
+                    "source check: the route to a packet's source must use this interface"
+                ),
+                Err(e) => first = first.and(Err(err(e))),
+            }
+        }
+        first
+    }
+
     /// Makes `LB_PODIFS_V1` hold exactly `want`: stale entries first, so an interface that
     /// left is never a redirect target, then new ones.
     fn sync_pod_ifs(&mut self, want: &BTreeMap<u32, PodIf>) -> Result<(), BpfError> {
@@ -175,6 +259,23 @@ impl Attacher {
         }
         Ok(())
     }
+}
+
+/// The source check of pod interface `link` (`present` is every interface of the
+/// namespace): the route to a packet's source must lead out of `link` itself when it has no
+/// master (a routed pod network), or out of its bridge when it is a bridge port. `None` (not
+/// checked) for a port of any other master (an Open vSwitch datapath, a VRF, a bond): the
+/// route to its pod's addresses leads elsewhere, and a check would drop every packet.
+pub fn src_check_for(link: &Link, present: &[Link]) -> Option<SrcCheck> {
+    let expected = match link.master {
+        None => link.iface.index,
+        Some(m) if present.iter().any(|l| l.iface.index == m && l.is_bridge) => m,
+        Some(_) => return None,
+    };
+    Some(SrcCheck {
+        expected_ifindex: expected,
+        _reserved: 0,
+    })
 }
 
 /// Attaches both programs to one interface. Returns whether existing pinned links were
@@ -263,6 +364,37 @@ fn vanished<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn link(index: u32, name: &str, master: Option<u32>, is_bridge: bool) -> Link {
+        Link {
+            iface: Interface {
+                index,
+                name: name.into(),
+            },
+            peer_kind: None,
+            master,
+            is_bridge,
+        }
+    }
+
+    /// A routed pod interface checks against itself, a bridge port against its bridge, and
+    /// a port of another kind of master is not checked.
+    #[test]
+    fn src_check_expects_the_interface_or_its_bridge() {
+        let present = [
+            link(2, "cni0", None, true),
+            link(3, "ovs-system", None, false),
+            link(5, "cali1", None, false),
+            link(6, "veth-br", Some(2), false),
+            link(7, "veth-ovs", Some(3), false),
+            link(8, "veth-lost", Some(99), false),
+        ];
+        let expected = |i: usize| src_check_for(&present[i], &present).map(|c| c.expected_ifindex);
+        assert_eq!(expected(2), Some(5));
+        assert_eq!(expected(3), Some(2));
+        assert_eq!(expected(4), None);
+        assert_eq!(expected(5), None, "a master missing from the listing");
+    }
 
     #[test]
     fn link_pin_names_round_trip() {

@@ -9,7 +9,8 @@ use tokio::sync::mpsc;
 
 use crate::bpf::attach::Interface;
 
-/// An interface, and whether the datapath may redirect packets into its peer.
+/// An interface, whether the datapath may redirect packets into its peer, and the device it
+/// is enslaved to.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Link {
     pub iface: Interface,
@@ -17,6 +18,11 @@ pub struct Link {
     /// end is in another network namespace (a pod's), which is what `bpf_redirect_peer`
     /// needs; `None` otherwise.
     pub peer_kind: Option<u32>,
+    /// The ifindex of the device this interface is enslaved to (`IFLA_MASTER`): a bridge for
+    /// a `cni0`-like pod network, `None` for a routed one.
+    pub master: Option<u32>,
+    /// Whether this interface is a Linux bridge.
+    pub is_bridge: bool,
 }
 
 /// Lists every interface in this network namespace.
@@ -27,16 +33,22 @@ pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Link>, rtnetlink::Er
         let mut name = None;
         let mut kind = None;
         let mut peer_elsewhere = false;
+        let mut master = None;
+        let mut is_bridge = false;
         for a in &msg.attributes {
             match a {
                 LinkAttribute::IfName(n) => name = Some(n.clone()),
                 LinkAttribute::LinkNetNsId(_) => peer_elsewhere = true,
+                LinkAttribute::Controller(m) if *m != 0 => master = Some(*m),
                 LinkAttribute::LinkInfo(infos) => {
                     kind = infos.iter().find_map(|i| match i {
                         LinkInfo::Kind(InfoKind::Veth) => Some(POD_IF_VETH),
                         LinkInfo::Kind(InfoKind::Netkit) => Some(POD_IF_NETKIT),
                         _ => None,
                     });
+                    is_bridge = infos
+                        .iter()
+                        .any(|i| matches!(i, LinkInfo::Kind(InfoKind::Bridge)));
                 }
                 _ => {}
             }
@@ -48,6 +60,8 @@ pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Link>, rtnetlink::Er
                     name,
                 },
                 peer_kind: kind.filter(|_| peer_elsewhere),
+                master,
+                is_bridge,
             });
         }
     }

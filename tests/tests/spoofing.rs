@@ -1,0 +1,396 @@
+//! Spoofed sources (issue 10 §3): a pod that sends to a service with a source address that
+//! is not its own gets no translation. The packet is dropped and counted as
+//! `spoofed_source`, takes no flow entry, and reaches no backend; the pod's own address
+//! keeps working. Real `lbproxy run`, real sockets, both pod-network shapes.
+//!
+//! The client pod gets a second address, [`SPOOFED`], outside the pods' subnet, and sends
+//! from sockets bound to it: the node routes that address out of its uplink, not out of the
+//! client's interface (routed) or the pods' bridge (bridge). Without the source check the
+//! datapath translates these packets like any other: it creates their flows and counts
+//! nothing, so the test fails.
+//!
+//! [`spoofed_frame_verdicts`] pins the verdicts down with `BPF_PROG_TEST_RUN` (the rows of
+//! `docs/datapath-verdicts.md`), including that an interface lbproxy wrote no check for is
+//! not checked.
+//!
+//! In the routed shape a pod also cannot use a neighbour pod's address. In the bridge shape
+//! it can: the node routes every address of the bridge's subnet to the bridge, so the check
+//! does not tell the bridge's pods apart (README, "Spoofed sources").
+
+mod common;
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::time::{Duration, Instant};
+
+use common::*;
+use lbproxy_tests::lab::{Lab, Pod, Shape, bpf, ns_run, wait_for};
+use serde_json::Value;
+
+both_shapes!(spoofed_source_is_dropped);
+
+#[test]
+fn spoofed_frame_verdicts() {
+    frame_verdicts(Shape::Routed);
+}
+
+/// The client's second address: outside the pods' 198.18.0.0/24 and the uplink's /30, so
+/// the node routes it out of the uplink.
+const SPOOFED: Ipv4Addr = Ipv4Addr::new(198, 18, 9, 200);
+/// Fixed source ports of the spoofed sockets.
+const SRC_UDP: u16 = 21001;
+const SRC_TCP: u16 = 21002;
+/// UDP requests sent from each spoofed address.
+const UDP_SENDS: u64 = 3;
+/// How long to wait for an answer that must not come.
+const SILENCE: Duration = Duration::from_secs(1);
+
+/// `inspect drops --json` counter `reason` (0 when absent).
+fn drop_count(lab: &Lab, reason: &str) -> u64 {
+    lab.inspect_json("drops")[reason].as_u64().unwrap_or(0)
+}
+
+/// The flow entries (`inspect flows --json`) whose client is `addr`, any port.
+fn flows_from(lab: &Lab, addr: Ipv4Addr) -> Vec<Value> {
+    let all = lab.inspect_json("flows");
+    let prefix = format!("{addr}:");
+    all.as_array()
+        .unwrap_or_else(|| panic!("inspect flows --json: not an array: {all}"))
+        .iter()
+        .filter(|f| f["client"].as_str().is_some_and(|c| c.starts_with(&prefix)))
+        .cloned()
+        .collect()
+}
+
+/// Packets the counting rule for `src` in `pod`'s INPUT chain has seen.
+fn input_packets_from(pod: &Pod, src: Ipv4Addr) -> u64 {
+    let out = ns_run(&pod.netns, &["iptables", "-L", "INPUT", "-v", "-n", "-x"])
+        .unwrap_or_else(|e| panic!("iptables -L in {}: {e}", pod.name));
+    out.lines()
+        .find(|l| l.split_whitespace().any(|w| w == src.to_string()))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no counting rule for {src} in {}:\n{out}", pod.name))
+}
+
+/// A non-blocking TCP connect from `src` to `dst`, in the calling thread's namespace.
+fn connect_from(src: SocketAddrV4, dst: SocketAddrV4) -> io::Result<OwnedFd> {
+    let sin = |a: SocketAddrV4| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: a.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*a.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: plain socket calls on an fd owned at once, with valid sockaddrs.
+    unsafe {
+        let fd = libc::socket(
+            libc::AF_INET,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        );
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let fd = OwnedFd::from_raw_fd(fd);
+        let one: libc::c_int = 1;
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+        let local = sin(src);
+        if libc::bind(
+            fd.as_raw_fd(),
+            (&local as *const libc::sockaddr_in).cast(),
+            len,
+        ) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        let remote = sin(dst);
+        if libc::connect(
+            fd.as_raw_fd(),
+            (&remote as *const libc::sockaddr_in).cast(),
+            len,
+        ) != 0
+        {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINPROGRESS) {
+                return Err(e);
+            }
+        }
+        Ok(fd)
+    }
+}
+
+/// Whether the connect on `fd` completed within `wait`.
+fn connected_within(fd: &OwnedFd, wait: Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, wait.as_millis() as i32) };
+    if n <= 0 {
+        return false;
+    }
+    let mut err: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: valid fd, and an int-sized option buffer.
+    unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ERROR,
+            (&mut err as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    err == 0
+}
+
+/// From inside `client`'s namespace: [`UDP_SENDS`] UDP requests to the web service and one
+/// TCP connect to it, all from `src`. Returns the UDP answers and whether the connect
+/// completed, within [`SILENCE`].
+fn send_from(client: &Pod, src: Ipv4Addr) -> (Vec<String>, bool) {
+    client.run(|| {
+        let udp = UdpSocket::bind((src, SRC_UDP)).expect("bind UDP to the spoofed address");
+        for _ in 0..UDP_SENDS {
+            udp.send_to(b"hello\n", (WEB_VIP, WEB_UDP))
+                .expect("UDP send from the spoofed address");
+        }
+        let syn = connect_from(
+            SocketAddrV4::new(src, SRC_TCP),
+            SocketAddrV4::new(WEB_VIP, WEB_TCP),
+        )
+        .expect("TCP connect from the spoofed address");
+        let end = Instant::now() + SILENCE;
+        let mut answers = Vec::new();
+        let mut buf = [0u8; 512];
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            udp.set_read_timeout(Some(left)).unwrap();
+            match udp.recv_from(&mut buf) {
+                Ok((n, from)) => answers.push(format!(
+                    "{} from {from}",
+                    String::from_utf8_lossy(&buf[..n]).trim()
+                )),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) => panic!("UDP recv: {e}"),
+            }
+        }
+        (answers, connected_within(&syn, Duration::ZERO))
+    })
+}
+
+/// A client sends UDP and a TCP SYN to the web VIP from an address that is not its own.
+/// Nothing is translated: no answer, no connection, no backend sees a packet from that
+/// address, no flow entry names it, and `spoofed_source` counts every packet. Traffic from
+/// the client's own address works before and after, and is never counted as spoofed. In
+/// the routed shape, the same holds for a neighbour pod's address.
+fn spoofed_source_is_dropped(shape: Shape) {
+    let s = Setup::new(shape, &["b1", "b2"]);
+    let lab = &s.lab;
+    web_traffic_ok_in(Some(lab), "own address, before", &s.client, WEB_VIP, 4);
+    assert_eq!(
+        drop_count(lab, "spoofed_source"),
+        0,
+        "the client's own address was counted as spoofed\n{}",
+        lab.diagnostics()
+    );
+
+    let mut spoofed = vec![SPOOFED];
+    if shape == Shape::Routed {
+        // A neighbour's address: routed out of the neighbour's interface, not the client's.
+        spoofed.push(s.backend("b2").ip);
+    }
+    for &addr in &spoofed {
+        for b in &s.backends {
+            ns_run(
+                &b.netns,
+                &[
+                    "iptables",
+                    "-I",
+                    "INPUT",
+                    "-s",
+                    &addr.to_string(),
+                    "-j",
+                    "ACCEPT",
+                ],
+            )
+            .unwrap_or_else(|e| panic!("counting rule in {}: {e}", b.name));
+        }
+        ns_run(
+            &s.client.netns,
+            &["ip", "addr", "add", &format!("{addr}/32"), "dev", "eth0"],
+        )
+        .unwrap_or_else(|e| panic!("adding {addr} to the client: {e}"));
+
+        let before = drop_count(lab, "spoofed_source");
+        let (answers, connected) = send_from(&s.client, addr);
+        let dropped = drop_count(lab, "spoofed_source") - before;
+        let ctx = format!("{shape}, client {} sending from {addr}", s.client.ip);
+        assert!(
+            answers.is_empty(),
+            "{ctx}: UDP answered: {answers:?}\n{}",
+            lab.diagnostics()
+        );
+        assert!(!connected, "{ctx}: TCP connected\n{}", lab.diagnostics());
+        // Each UDP request and at least the first SYN (the kernel retransmits it after 1 s).
+        assert!(
+            dropped > UDP_SENDS,
+            "{ctx}: spoofed_source counted {dropped} packets, want at least {}\n{}",
+            UDP_SENDS + 1,
+            lab.diagnostics()
+        );
+        let flows = flows_from(lab, addr);
+        assert!(
+            flows.is_empty(),
+            "{ctx}: flow entries for the spoofed address: {flows:#?}"
+        );
+        for b in &s.backends {
+            let n = input_packets_from(b, addr);
+            assert_eq!(
+                n, 0,
+                "{ctx}: backend {} received {n} packets from {addr}",
+                b.name
+            );
+        }
+        ns_run(
+            &s.client.netns,
+            &["ip", "addr", "del", &format!("{addr}/32"), "dev", "eth0"],
+        )
+        .unwrap_or_else(|e| panic!("removing {addr} from the client: {e}"));
+    }
+
+    let before = drop_count(lab, "spoofed_source");
+    web_traffic_ok_in(Some(lab), "own address, after", &s.client, WEB_VIP, 4);
+    assert_eq!(
+        drop_count(lab, "spoofed_source"),
+        before,
+        "the client's own address was counted as spoofed"
+    );
+    let own = flows_from(lab, s.client.ip);
+    assert!(
+        !own.is_empty(),
+        "no flow entry for the client's own address ({}): inspect flows shows nothing?",
+        s.client.ip
+    );
+}
+
+/// A UDP datagram from `src:sport` to the web service's UDP frontend, as the client pod
+/// sends it: Ethernet, IPv4 (checksum exact), UDP (checksum 0, "none").
+fn udp_frame(src: Ipv4Addr, sport: u16) -> Vec<u8> {
+    let payload = b"hello\n";
+    let mut f = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x08, 0x00];
+    let tot = (20 + 8 + payload.len()) as u16;
+    let mut ip = [0u8; 20];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&tot.to_be_bytes());
+    ip[6] = 0x40; // DF
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[12..16].copy_from_slice(&src.octets());
+    ip[16..20].copy_from_slice(&WEB_VIP.octets());
+    let sum: u32 = ip
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
+    let folded = (sum & 0xffff) + (sum >> 16);
+    let csum = !(((folded & 0xffff) + (folded >> 16)) as u16);
+    ip[10..12].copy_from_slice(&csum.to_be_bytes());
+    f.extend_from_slice(&ip);
+    f.extend_from_slice(&sport.to_be_bytes());
+    f.extend_from_slice(&WEB_UDP.to_be_bytes());
+    f.extend_from_slice(&(8 + payload.len() as u16).to_be_bytes());
+    f.extend_from_slice(&[0, 0]);
+    f.extend_from_slice(payload);
+    f
+}
+
+/// The destination address of an IPv4 frame.
+fn frame_dst(f: &[u8]) -> Ipv4Addr {
+    Ipv4Addr::new(f[30], f[31], f[32], f[33])
+}
+
+const TC_ACT_UNSPEC: i32 = -1;
+const TC_ACT_SHOT: i32 = 2;
+
+/// `lb_from_pod` run with `BPF_PROG_TEST_RUN` on the client's interface: a datagram to the
+/// VIP from an address not the client's is `TC_ACT_SHOT`, untouched, `spoofed_source` +1,
+/// and no flow; the same datagram from the client's address is translated (`TC_ACT_UNSPEC`,
+/// destination a backend). On an interface without a check (`lo`: lbproxy manages it not)
+/// the spoofed datagram is translated: no entry, no check.
+fn frame_verdicts(shape: Shape) {
+    let s = Setup::new(shape, &["b1"]);
+    let lab = &s.lab;
+    let ((ifindex, prog), _) = wait_for(Duration::from_secs(5), Duration::from_millis(20), || {
+        lab.tcx_attachments()
+            .into_iter()
+            .find(|a| {
+                a.ifname == s.client.host_if
+                    && a.direction == "ingress"
+                    && a.prog_name == "lb_from_pod"
+            })
+            .map(|a| (a.ifindex, a.prog_id))
+    })
+    .unwrap_or_else(|w| {
+        panic!(
+            "lb_from_pod not attached to {} within {w:?}",
+            s.client.host_if
+        )
+    });
+    let b1 = s.backend("b1").ip;
+    let run = |what: &str, ifindex: u32, frame: &[u8]| {
+        bpf::prog_test_run(lab.node_ns(), prog, ifindex, frame)
+            .unwrap_or_else(|e| panic!("{what}: BPF_PROG_TEST_RUN: {e}"))
+    };
+
+    let spoofed = udp_frame(SPOOFED, SRC_UDP);
+    let before = drop_count(lab, "spoofed_source");
+    let r = run("spoofed", ifindex, &spoofed);
+    assert_eq!(r.retval, TC_ACT_SHOT, "spoofed source: want TC_ACT_SHOT");
+    assert_eq!(r.data, spoofed, "spoofed source: the frame was changed");
+    assert_eq!(drop_count(lab, "spoofed_source"), before + 1);
+    assert!(
+        flows_from(lab, SPOOFED).is_empty(),
+        "a flow for the spoofed source"
+    );
+
+    let own = udp_frame(s.client.ip, SRC_UDP);
+    let r = run("own address", ifindex, &own);
+    assert_eq!(r.retval, TC_ACT_UNSPEC, "own address: want TC_ACT_UNSPEC");
+    assert_eq!(frame_dst(&r.data), b1, "own address: not translated to b1");
+    assert_eq!(drop_count(lab, "spoofed_source"), before + 1);
+
+    let unchecked = Ipv4Addr::new(198, 18, 9, 201);
+    let r = run("unchecked interface", 1, &udp_frame(unchecked, SRC_UDP));
+    assert_eq!(
+        r.retval, TC_ACT_UNSPEC,
+        "unchecked interface: want TC_ACT_UNSPEC"
+    );
+    assert_eq!(
+        frame_dst(&r.data),
+        b1,
+        "unchecked interface: not translated"
+    );
+    assert_eq!(drop_count(lab, "spoofed_source"), before + 1);
+    assert_eq!(
+        flows_from(lab, unchecked).len(),
+        1,
+        "unchecked interface: no flow"
+    );
+}
