@@ -107,7 +107,11 @@ pub struct FlowValue {
     pub _pad: [u8; 2],
     pub svc_id: u32,
     pub backend_id: u32,
-    pub _pad2: u32,
+    /// Forward half: the interface the client's packets of this flow arrive on, whose source
+    /// check they passed; a packet of the flow that arrives on it again is not checked again.
+    /// 0 when unknown (a forward half recreated from its reply half, or migrated from V1).
+    /// Reply half: 0.
+    pub ifindex: u32,
     pub created_ns: u64,
     pub last_seen_ns: u64,
 }

@@ -157,10 +157,23 @@ fn insert(key: &FlowKey, value: &FlowValue, flags: u32) -> Result<(), Verdict> {
 ///
 /// `seed` is the node's flow-hash seed (`DatapathConfig::hash_seed`), used only when a
 /// backend (or a port for a clashing tuple) is chosen.
+///
+/// `verify` is the source check (`source::check`) of the packet, arriving on interface
+/// `ingress`. It runs before anything is created, changed or answered, except for a packet
+/// of a flow whose client packets already passed it on the same interface (the forward
+/// half's `ifindex`): a pod cannot send on another pod's interface, so the check is paid once
+/// per flow, not per packet.
 #[inline(always)]
-pub fn forward(pkt: &Packet, svc: &ServiceValue, seed: u64) -> Result<NatTarget, Verdict> {
+pub fn forward(
+    pkt: &Packet,
+    svc: &ServiceValue,
+    seed: u64,
+    ingress: u32,
+    verify: impl Fn() -> Result<(), DropReason>,
+) -> Result<NatTarget, Verdict> {
     let key = key_of(pkt, FLOW_DIR_FORWARD);
     let now = unsafe { bpf_ktime_get_coarse_ns() };
+    let mut verified = false;
     // The reply key of this tuple's previous flow, when it is that flow's own partner: it is
     // removed or replaced below, never left behind.
     let mut old_reply: Option<FlowKey> = None;
@@ -168,6 +181,12 @@ pub fn forward(pkt: &Packet, svc: &ServiceValue, seed: u64) -> Result<NatTarget,
         // SAFETY: a successful lookup. Fields are only written one at a time elsewhere, so
         // each one read here is whole.
         let f = unsafe { *entry };
+        if f.ifindex != ingress {
+            verify().map_err(Verdict::Drop)?;
+            verified = true;
+            // SAFETY: a single-field write to an entry from a successful lookup.
+            unsafe { (*entry).ifindex = ingress };
+        }
         let live = f.svc_id == svc.svc_id
             && matches!(select::backend(f.backend_id), Some(b) if b.addr == f.nat_addr && b.port_be == f.nat_port_be);
         let rkey = key.partner(&f);
@@ -224,6 +243,9 @@ pub fn forward(pkt: &Packet, svc: &ServiceValue, seed: u64) -> Result<NatTarget,
         }
     }
 
+    if !verified {
+        verify().map_err(Verdict::Drop)?;
+    }
     let (backend_id, backend) = if svc.affinity_timeout_s != 0 {
         affinity::select(pkt, svc, now, seed)?
     } else {
@@ -248,7 +270,7 @@ pub fn forward(pkt: &Packet, svc: &ServiceValue, seed: u64) -> Result<NatTarget,
         _pad: [0; 2],
         svc_id: svc.svc_id,
         backend_id,
-        _pad2: 0,
+        ifindex: 0,
         created_ns: now,
         last_seen_ns: now,
     };
@@ -292,6 +314,7 @@ pub fn forward(pkt: &Packet, svc: &ServiceValue, seed: u64) -> Result<NatTarget,
         nat_addr: backend.addr,
         nat_port_be: backend.port_be,
         peer_port_be: rkey.dst_port_be,
+        ifindex: ingress,
         ..reply
     };
     // A map update: a CPU reading this key meanwhile sees the old entry or the new one.

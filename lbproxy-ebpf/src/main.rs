@@ -80,8 +80,9 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
         // Addressed to a frontend, but there is no header to translate.
         return Err(DropReason::Malformed);
     }
-    source::check(ctx, &pkt)?;
-    let to = match flow::forward(&pkt, &svc, config.hash_seed()) {
+    let to = match flow::forward(&pkt, &svc, config.hash_seed(), source::ingress(ctx), || {
+        source::check(ctx, &pkt)
+    }) {
         Ok(to) => to,
         Err(Verdict::Drop(reason)) => return Err(reason),
         Err(Verdict::Reject(reason)) => {

@@ -25,10 +25,11 @@
 //! `lbproxy/src/bpf/attach.rs`). Frames run with `BPF_PROG_TEST_RUN` on an interface lbproxy
 //! does not manage are therefore not checked either.
 //!
-//! Cost: one hash lookup and one FIB lookup (no neighbour lookup) per packet addressed to a
-//! frontend, packets of existing flows included: a flow entry does not record the interface
-//! that created it, so skipping the check for known flows would let a pod send with the
-//! tuple of another pod's flow. Packets not addressed to a frontend are never checked.
+//! Cost: one hash lookup and one FIB lookup (no neighbour lookup) per new flow. `flow`
+//! records in the forward half the interface whose check the flow's first packet passed, and
+//! runs the check again only for a packet of the flow that arrives on another interface (a
+//! pod sending with another pod's tuple), so packets of existing flows pay nothing. Packets
+//! not addressed to a frontend are never checked.
 
 use core::mem::size_of;
 
@@ -43,6 +44,13 @@ use crate::{maps::LB_SRCCHECK_V1, parse::Packet};
 
 const AF_INET: u8 = 2;
 const _: () = assert!(size_of::<FibParams>() == 64);
+
+/// The interface the packet arrived on (the host side of a pod interface).
+#[inline(always)]
+pub fn ingress(ctx: &TcContext) -> u32 {
+    // SAFETY: the context pointer is valid for the whole program run.
+    unsafe { (*ctx.skb.skb).ifindex }
+}
 
 /// `Ok` when `pkt` (addressed to a frontend, arriving on the interface `ctx` runs on) may be
 /// translated: its interface is not checked, or the node's route back to its source leads

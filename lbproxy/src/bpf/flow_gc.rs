@@ -232,7 +232,7 @@ mod tests {
             _pad: [0; 2],
             svc_id: 1,
             backend_id: 1,
-            _pad2: 0,
+            ifindex: 0,
             created_ns: 0,
             last_seen_ns: NOW - idle_s * S,
         };

@@ -302,7 +302,7 @@ fn migrate_flows_v1(dir: &Path) -> Result<(), BpfError> {
             _pad: [0; 2],
             svc_id: v.svc_id,
             backend_id: v.backend_id,
-            _pad2: 0,
+            ifindex: 0,
             created_ns: v.created_ns,
             last_seen_ns: v.last_seen_ns,
         };
