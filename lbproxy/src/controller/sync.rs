@@ -124,8 +124,15 @@ impl<M: Maps> Sync<M> {
                 "adopting the state pinned by an earlier run"
             );
         }
+        let cursor = maps.read_id_cursor();
+        if cursor == 0 && !adopted.frontends.is_empty() {
+            tracing::info!(
+                "no id cursor pinned (maps written by an older version): new ids continue \
+                 after the highest one in use"
+            );
+        }
         Self {
-            programmer: Programmer::adopt(adopted),
+            programmer: Programmer::adopt(adopted, cursor),
             unserved: maps.read_unserved(),
             maps,
             frontends_of: HashMap::new(),
