@@ -322,10 +322,22 @@ pub fn sync(args: &SyncArgs) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(5));
     };
-    let initial = synced_lines(&read_log(&log_path))
-        .into_iter()
-        .find(|s| s.what == "initial list")
-        .context("no initial sync in lbproxy's log")?;
+    // lbproxy turns healthy just before it logs the sync: give the line a moment.
+    let initial = loop {
+        let line = synced_lines(&read_log(&log_path))
+            .into_iter()
+            .find(|s| s.what == "initial list");
+        match line {
+            Some(l) => break l,
+            None if started.elapsed() < healthy_after + Duration::from_secs(5) => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            None => bail!(
+                "no initial sync in lbproxy's log 5 s after /healthz 200:\n{}",
+                read_log(&log_path)
+            ),
+        }
+    };
     let rss_initial = rss_kib(pid);
     let split = Split::of(&api, started, healthy_after)
         .context("the API server logged no list of services or endpointslices")?;
