@@ -170,6 +170,19 @@ pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
         .ok()
 }
 
+/// CPU time (user + system) process `pid` has used so far.
+fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat(5), 12 and 13 after the name.
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| Duration::from_secs_f64(ticks as f64 / hz as f64))
+}
+
 /// Sum of bpftool's `memlock` over the pinned maps.
 pub(crate) fn map_memlock_bytes(dir: &Path) -> Option<u64> {
     let mut total = 0;
@@ -339,6 +352,7 @@ pub fn sync(args: &SyncArgs) -> Result<()> {
         }
     };
     let rss_initial = rss_kib(pid);
+    let cpu_to_healthy = cpu_time(pid);
     let split = Split::of(&api, started, healthy_after)
         .context("the API server logged no list of services or endpointslices")?;
     eprintln!(
@@ -425,6 +439,11 @@ pub fn sync(args: &SyncArgs) -> Result<()> {
             String::new(),
         ),
         (
+            "  lbproxy's CPU time until /healthz 200 (all threads)",
+            cpu_to_healthy.map_or("n/a".into(), |d| format!("{:.0} ms", ms(d))),
+            String::new(),
+        ),
+        (
             "one endpoint change written (median / p99 / max)",
             format!(
                 "{:.3} / {:.3} / {:.3} ms",
@@ -496,6 +515,7 @@ pub fn sync(args: &SyncArgs) -> Result<()> {
             "apiserver_work": ms(split.server),
             "page_transfer": ms(split.transfer),
             "last_page_to_healthy": ms(split.after_listing),
+            "lbproxy_cpu_to_healthy": cpu_to_healthy.map(ms),
         }),
     );
     results.insert("change_write_ms", json!(write_ms));
