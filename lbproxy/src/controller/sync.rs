@@ -95,8 +95,8 @@ impl Claimant {
 }
 
 /// The claimants of one frontend, first the one that gets it. A sorted `Vec`: nearly every
-/// frontend has one claimant, and a `BTreeSet` would allocate room for eleven (49 MiB at
-/// 50,000 services).
+/// frontend has one claimant, and a `BTreeSet` would allocate room for eleven (the index
+/// took 49 MiB at 50,000 services with one, 21 MiB with this).
 #[derive(Debug, Default)]
 struct Claims(Vec<Claimant>);
 
