@@ -19,7 +19,12 @@ pub struct DatapathConfig {
     /// map. 0 (as written by versions before the seed) means "none yet".
     pub hash_seed_lo: u32,
     pub hash_seed_hi: u32,
-    pub _reserved: [u32; 1],
+    /// The controller's id cursor (read and written by the controller only): no service or
+    /// backend id at or past it has been handed out since the ids last wrapped, so a restart
+    /// goes on from here instead of reusing ids that flows may still hold. The controller
+    /// moves it ahead before it writes a new id to a map. 0 (as written by versions before
+    /// it) means "none yet".
+    pub next_id: u32,
 }
 const _: () = assert!(core::mem::size_of::<DatapathConfig>() == 16);
 

@@ -188,15 +188,15 @@ fn only_the_unserved_list_is_not_preallocated() {
     }
 }
 
-/// The hash seed sits in what was `_reserved` in `LB_CONFIG_V1`: the value keeps its size and
-/// the flags their place, and a config written before the seed (zeros there) reads as "no
-/// seed yet" (0, the unseeded hash).
+/// The hash seed and the id cursor sit in what was `_reserved` in `LB_CONFIG_V1`: the value
+/// keeps its size and the flags their place, and a config written before them (zeros there)
+/// reads as "no seed yet" (0, the unseeded hash) and "no cursor yet".
 #[test]
 fn hash_seed_takes_reserved_space() {
     assert_eq!(core::mem::offset_of!(DatapathConfig, flags), 0);
     assert_eq!(core::mem::offset_of!(DatapathConfig, hash_seed_lo), 4);
     assert_eq!(core::mem::offset_of!(DatapathConfig, hash_seed_hi), 8);
-    assert_eq!(core::mem::offset_of!(DatapathConfig, _reserved), 12);
+    assert_eq!(core::mem::offset_of!(DatapathConfig, next_id), 12);
     assert_eq!(DatapathConfig::default().hash_seed(), 0);
     for seed in [1, u64::MAX, 0x0123_4567_89ab_cdef, 1 << 32] {
         let c = DatapathConfig {

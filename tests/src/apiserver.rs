@@ -28,7 +28,9 @@
 //!   (namespaced kinds), `name`, `creationTimestamp`, `generation`.
 //! * List: `{"kind":"ServiceList","apiVersion":"v1","metadata":{"resourceVersion":"<rv>"},
 //!   "items":[...]}`; items carry no `kind`/`apiVersion` (as the real server writes them).
-//!   `limit` + `continue` paginate (the continue token encodes the list's RV and an offset);
+//!   `limit` + `continue` paginate (the continue token encodes the list's RV and the last
+//!   key served, so each page costs O(page) however long the list; `remainingItemCount` only
+//!   without selectors, as the real server);
 //!   `labelSelector` (`k`, `!k`, `k=v`, `k==v`, `k!=v`, `k in (a,b)`, `k notin (a,b)`) and
 //!   `fieldSelector` (`path=v`, `path==v`, `path!=v` on any dotted path, e.g. `metadata.name`).
 //! * Watch (`watch=true|1`): HTTP 200, `Transfer-Encoding: chunked`, one JSON event per line
@@ -107,7 +109,8 @@ pub struct Request {
     pub status: Option<u16>,
     /// When the response's first byte was written.
     pub answered_at: Option<Instant>,
-    /// For watches: when the stream ended (cleanly or not).
+    /// When the response's last byte was written; for watches, when the stream ended
+    /// (cleanly or not).
     pub ended_at: Option<Instant>,
 }
 
@@ -335,6 +338,10 @@ struct Store {
     rv: u64,
     uid_counter: u64,
     objects: BTreeMap<Key, Value>,
+    /// Objects held per resource, for `remainingItemCount`.
+    counts: HashMap<usize, usize>,
+    /// Stored objects looked at by every list page so far (see [`ApiServer::list_work`]).
+    list_visited: u64,
     history: Vec<HistEvent>,
     /// A watch from an RV below this gets 410.
     floor: u64,
@@ -403,6 +410,8 @@ impl ApiServer {
                 rv: 1000,
                 uid_counter: 0,
                 objects: BTreeMap::new(),
+                counts: HashMap::new(),
+                list_visited: 0,
                 history: Vec::new(),
                 floor: 0,
                 delay: Duration::ZERO,
@@ -682,6 +691,12 @@ impl ApiServer {
             .collect()
     }
 
+    /// How many stored objects list requests have looked at so far, over every page: a
+    /// measure of the server's list work that does not depend on the machine's speed.
+    pub fn list_work(&self) -> u64 {
+        self.lock().list_visited
+    }
+
     /// Every Event created, updated or patched (both `v1` and `events.k8s.io/v1`).
     pub fn events_posted(&self) -> Vec<PostedEvent> {
         self.lock().events.clone()
@@ -831,6 +846,9 @@ impl Store {
             }
         }
         self.objects.insert(key, obj.clone());
+        if prev.is_none() {
+            *self.counts.entry(res).or_default() += 1;
+        }
         self.history.push(HistEvent {
             rv,
             res,
@@ -846,6 +864,9 @@ impl Store {
         let prev = self
             .objects
             .remove(&(res, ns.to_owned(), name.to_owned()))?;
+        if let Some(n) = self.counts.get_mut(&res) {
+            *n = n.saturating_sub(1);
+        }
         self.rv += 1;
         let mut obj = prev.clone();
         obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
@@ -1061,7 +1082,10 @@ fn reason_phrase(code: u16) -> &'static str {
 }
 
 fn write_json(w: &mut TcpStream, status: u16, body: &Value) -> io::Result<()> {
-    let b = serde_json::to_vec(body).unwrap();
+    write_json_bytes(w, status, &serde_json::to_vec(body).unwrap())
+}
+
+fn write_json_bytes(w: &mut TcpStream, status: u16, b: &[u8]) -> io::Result<()> {
     let head = format!(
         "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nCache-Control: no-cache, private\r\n\
          Audit-Id: lab\r\nContent-Length: {}\r\n\r\n",
@@ -1069,7 +1093,7 @@ fn write_json(w: &mut TcpStream, status: u16, body: &Value) -> io::Result<()> {
         b.len()
     );
     let mut out = head.into_bytes();
-    out.extend_from_slice(&b);
+    out.extend_from_slice(b);
     w.write_all(&out)?;
     w.flush()
 }
@@ -1139,9 +1163,16 @@ fn handle(inner: &Arc<Inner>, conn: u64, req: &HttpReq, w: &mut TcpStream) -> io
         return serve_watch(inner, conn, seq, &p, &params, w, &wait_delay);
     }
     let resp = route(inner, req, &params);
+    // Serialized before the status is set, so `answered_at - at` is the server's own work
+    // (selection, paging, serialization) and `ended_at - answered_at` the transfer.
+    let body = serde_json::to_vec(&resp.body).unwrap();
     wait_delay();
     set_status(resp.status);
-    write_json(w, resp.status, &resp.body)?;
+    write_json_bytes(w, resp.status, &body)?;
+    let mut st = inner.st.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(r) = st.requests.get_mut(seq as usize) {
+        r.ended_at = Some(Instant::now());
+    }
     Ok(true)
 }
 
@@ -1274,26 +1305,16 @@ fn route(inner: &Inner, req: &HttpReq, params: &BTreeMap<String, String>) -> Res
                 label: lsel,
                 field: fsel,
             };
-            let mut items: Vec<Value> = st
-                .objects
-                .iter()
-                .filter(|((res, _, _), o)| *res == p.res && sel.matches(o))
-                .map(|(_, o)| {
-                    let mut o = o.clone();
-                    if let Some(m) = o.as_object_mut() {
-                        m.remove("kind");
-                        m.remove("apiVersion");
-                    }
-                    o
-                })
-                .collect();
             let mut list_rv = st.rv;
+            // Where the previous page ended: its last key, and how many items came before.
+            let mut after: Option<(usize, String, String)> = None;
             let mut offset = 0usize;
             if let Some(c) = params.get("continue").filter(|c| !c.is_empty()) {
                 match decode_continue(c) {
-                    Some((rv, off)) => {
-                        list_rv = rv;
-                        offset = off;
+                    Some(t) => {
+                        list_rv = t.rv;
+                        offset = t.offset;
+                        after = Some((p.res, t.namespace, t.name));
                     }
                     None => {
                         return Resp {
@@ -1303,18 +1324,59 @@ fn route(inner: &Inner, req: &HttpReq, params: &BTreeMap<String, String>) -> Res
                     }
                 }
             }
-            let total = items.len();
-            items = items.into_iter().skip(offset).collect();
-            let mut meta = json!({"resourceVersion": list_rv.to_string()});
-            if let Some(limit) = params
+            let limit = params
                 .get("limit")
                 .and_then(|l| l.parse::<usize>().ok())
-                .filter(|l| *l > 0)
-                && items.len() > limit
-            {
-                items.truncate(limit);
-                meta["continue"] = json!(encode_continue(list_rv, offset + limit));
-                meta["remainingItemCount"] = json!(total - offset - limit);
+                .filter(|l| *l > 0);
+            // One page costs O(page), whatever the list's length: the walk starts after the
+            // previous page's last key (as the real server's etcd continue key does) and only
+            // the items returned are cloned.
+            use std::ops::Bound;
+            let lo = match after {
+                Some(k) => Bound::Excluded(k),
+                None => Bound::Included((p.res, String::new(), String::new())),
+            };
+            let hi = Bound::Excluded((p.res + 1, String::new(), String::new()));
+            let mut items: Vec<Value> = Vec::new();
+            let mut last: Option<&Key> = None;
+            let mut more = false;
+            let mut visited = 0u64;
+            for (k, o) in st.objects.range((lo, hi)) {
+                visited += 1;
+                if !sel.matches(o) {
+                    continue;
+                }
+                if limit.is_some_and(|l| items.len() == l) {
+                    more = true;
+                    break;
+                }
+                let mut o = o.clone();
+                if let Some(m) = o.as_object_mut() {
+                    m.remove("kind");
+                    m.remove("apiVersion");
+                }
+                items.push(o);
+                last = Some(k);
+            }
+            let mut meta = json!({"resourceVersion": list_rv.to_string()});
+            let continue_token = more
+                .then_some(last)
+                .flatten()
+                .map(|(_, ns, name)| (ns.clone(), name.clone()));
+            st.list_visited += visited;
+            if let Some((ns, name)) = continue_token {
+                let seen = offset + items.len();
+                meta["continue"] = json!(encode_continue(&Continue {
+                    rv: list_rv,
+                    offset: seen,
+                    namespace: ns,
+                    name,
+                }));
+                // As the real server: an estimate, and only for lists without selectors.
+                if sel.ns.is_none() && sel.label.is_none() && sel.field.is_none() {
+                    let total = st.counts.get(&p.res).copied().unwrap_or(0);
+                    meta["remainingItemCount"] = json!(total.saturating_sub(seen));
+                }
             }
             ok(json!({
                 "kind": format!("{}List", r.kind),
@@ -1434,17 +1496,52 @@ fn not_found(r: &Res, name: &str) -> Resp {
     }
 }
 
-fn encode_continue(rv: u64, off: usize) -> String {
-    format!("lab-{rv:x}-{off:x}")
+/// What a continue token carries: the list's resourceVersion, how many items the pages
+/// before held, and the key of the last one.
+#[derive(Debug, PartialEq, Eq)]
+struct Continue {
+    rv: u64,
+    offset: usize,
+    namespace: String,
+    name: String,
 }
 
-fn decode_continue(c: &str) -> Option<(u64, usize)> {
-    let rest = c.strip_prefix("lab-")?;
-    let (a, b) = rest.split_once('-')?;
-    Some((
-        u64::from_str_radix(a, 16).ok()?,
-        usize::from_str_radix(b, 16).ok()?,
-    ))
+fn hex_str(s: &str) -> String {
+    s.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex_str(s: &str) -> Option<String> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect();
+    String::from_utf8(bytes?).ok()
+}
+
+/// `lab-<rv>-<offset>-<namespace>-<name>`, numbers in hex and names hex-encoded (so the
+/// token is URL-safe and splits on `-` unambiguously).
+fn encode_continue(c: &Continue) -> String {
+    format!(
+        "lab-{:x}-{:x}-{}-{}",
+        c.rv,
+        c.offset,
+        hex_str(&c.namespace),
+        hex_str(&c.name)
+    )
+}
+
+fn decode_continue(c: &str) -> Option<Continue> {
+    let mut parts = c.strip_prefix("lab-")?.split('-');
+    let t = Continue {
+        rv: u64::from_str_radix(parts.next()?, 16).ok()?,
+        offset: usize::from_str_radix(parts.next()?, 16).ok()?,
+        namespace: unhex_str(parts.next()?)?,
+        name: unhex_str(parts.next()?)?,
+    };
+    parts.next().is_none().then_some(t)
 }
 
 /// RFC 7386 JSON merge patch (also used for strategic merge patches, which is close enough
@@ -1966,10 +2063,15 @@ mod tests {
         assert!(parse_path("/api/v1/namespaces/default/nodes").is_none());
         let p = parse_path("/apis/events.k8s.io/v1/namespaces/default/events").unwrap();
         assert_eq!(RESOURCES[p.res].api_version, "events.k8s.io/v1");
-        assert_eq!(
-            decode_continue(&encode_continue(1234, 56)),
-            Some((1234, 56))
-        );
+        let t = Continue {
+            rv: 1234,
+            offset: 56,
+            namespace: String::new(),
+            name: "svc-1-abcde".into(),
+        };
+        assert_eq!(decode_continue(&encode_continue(&t)), Some(t));
+        assert_eq!(decode_continue("lab-4d2-38"), None);
+        assert_eq!(decode_continue("lab-4d2-38-6-61"), None);
     }
 
     #[test]

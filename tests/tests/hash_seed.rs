@@ -29,7 +29,7 @@ fn pinned(lab: &Lab, name: &str) -> OwnedFd {
 }
 
 /// The flow-hash seed in the pinned `LB_CONFIG_V1` (key 0; value `flags`, `hash_seed_lo`,
-/// `hash_seed_hi`, `_reserved`, as `u32`s).
+/// `hash_seed_hi`, `next_id`, as `u32`s).
 fn pinned_seed(lab: &Lab) -> u64 {
     let mut value = [0u8; 16];
     bpf::map_lookup(

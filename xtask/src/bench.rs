@@ -37,9 +37,54 @@ pub struct SyncArgs {
     /// How many single-endpoint changes to time.
     #[arg(long, default_value_t = 50)]
     changes: u32,
+    /// How long to wait for `/healthz` 200 before giving up, in seconds.
+    #[arg(long, default_value_t = 120)]
+    healthy_timeout: u64,
     /// Where to write sync.json.
     #[arg(long)]
     out: Option<PathBuf>,
+}
+
+/// Where the start-up time went, from the API server's request log and lbproxy's own log.
+struct Split {
+    /// lbproxy spawned to its first list request (BPF load, pins, attach, client set-up).
+    to_first_list: Duration,
+    /// The first list request to the last list page written (services and slices are
+    /// listed at the same time, by two watchers).
+    listing: Duration,
+    /// List pages served, over both kinds.
+    pages: usize,
+    /// The API server's own work over every page: selecting, paging and serializing
+    /// (request read to first byte written).
+    server: Duration,
+    /// Writing the pages (first byte to last; it waits for the client to read).
+    transfer: Duration,
+    /// Last list page written to `/healthz` 200: the client's decoding and ingest of what
+    /// it had not handled yet, then the first full sync.
+    after_listing: Duration,
+}
+
+impl Split {
+    fn of(api: &ApiServer, started: Instant, healthy_after: Duration) -> Option<Split> {
+        let lists: Vec<_> = api
+            .requests()
+            .into_iter()
+            .filter(|r| r.is_list() && matches!(r.resource(), Some("services" | "endpointslices")))
+            .collect();
+        let first = lists.iter().map(|r| r.at).min()?;
+        let last = lists.iter().filter_map(|r| r.ended_at).max()?;
+        let sum = |f: &dyn Fn(&lbproxy_tests::apiserver::Request) -> Option<Duration>| {
+            lists.iter().filter_map(f).sum::<Duration>()
+        };
+        Some(Split {
+            to_first_list: first.saturating_duration_since(started),
+            listing: last.saturating_duration_since(first),
+            pages: lists.len(),
+            server: sum(&|r| r.answered_at.map(|a| a.saturating_duration_since(r.at))),
+            transfer: sum(&|r| Some(r.ended_at?.saturating_duration_since(r.answered_at?))),
+            after_listing: (started + healthy_after).saturating_duration_since(last),
+        })
+    }
 }
 
 const NODE: &str = "bench-node";
@@ -123,6 +168,19 @@ pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
         .nth(1)?
         .parse()
         .ok()
+}
+
+/// CPU time (user + system) process `pid` has used so far.
+fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat(5), 12 and 13 after the name.
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| Duration::from_secs_f64(ticks as f64 / hz as f64))
 }
 
 /// Sum of bpftool's `memlock` over the pinned maps.
@@ -268,19 +326,35 @@ pub fn sync(args: &SyncArgs) -> Result<()> {
         if ns::http_get(lab.node_ns(), healthz, "/healthz").ok() == Some(200) {
             break started.elapsed();
         }
-        if started.elapsed() > Duration::from_secs(120) {
+        if started.elapsed() > Duration::from_secs(args.healthy_timeout) {
             bail!(
-                "lbproxy not healthy after 120 s; log:\n{}",
+                "lbproxy not healthy after {} s; log:\n{}",
+                args.healthy_timeout,
                 read_log(&log_path)
             );
         }
         std::thread::sleep(Duration::from_millis(5));
     };
-    let initial = synced_lines(&read_log(&log_path))
-        .into_iter()
-        .find(|s| s.what == "initial list")
-        .context("no initial sync in lbproxy's log")?;
+    // lbproxy turns healthy just before it logs the sync: give the line a moment.
+    let initial = loop {
+        let line = synced_lines(&read_log(&log_path))
+            .into_iter()
+            .find(|s| s.what == "initial list");
+        match line {
+            Some(l) => break l,
+            None if started.elapsed() < healthy_after + Duration::from_secs(5) => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            None => bail!(
+                "no initial sync in lbproxy's log 5 s after /healthz 200:\n{}",
+                read_log(&log_path)
+            ),
+        }
+    };
     let rss_initial = rss_kib(pid);
+    let cpu_to_healthy = cpu_time(pid);
+    let split = Split::of(&api, started, healthy_after)
+        .context("the API server logged no list of services or endpointslices")?;
     eprintln!(
         "[bench] healthy after {:.3}s; initial sync took {:.1} ms",
         healthy_after.as_secs_f64(),
@@ -324,16 +398,50 @@ pub fn sync(args: &SyncArgs) -> Result<()> {
     write_ms.sort_by(f64::total_cmp);
     e2e_ms.sort_by(f64::total_cmp);
     let mib = |k: Option<u64>| k.map_or(f64::NAN, |k| k as f64 / 1024.0);
-    let rows: Vec<(&str, String, &str)> = vec![
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    // Issue 3's targets are for 10,000 services; issue 10's for 50,000 services and 130,000
+    // endpoints, where the start-up time has one too.
+    let large = args.services > 10_000;
+    let (sync_max_ms, rss_max_mib, healthy_max_s) = if large {
+        (2000.0, 300.0, Some(30.0))
+    } else {
+        (1000.0, 150.0, None)
+    };
+    let rows: Vec<(&str, String, String)> = vec![
         (
             "first full sync (controller: model to maps)",
             format!("{:.1} ms", initial.took_us as f64 / 1000.0),
-            "<= 1000 ms",
+            format!("<= {sync_max_ms:.0} ms"),
         ),
         (
             "start to /healthz 200 (list + decode + sync)",
-            format!("{:.0} ms", healthy_after.as_secs_f64() * 1000.0),
-            "",
+            format!("{:.0} ms", ms(healthy_after)),
+            healthy_max_s.map_or_else(String::new, |s| format!("<= {s:.0} s")),
+        ),
+        (
+            "  start to first list request",
+            format!("{:.0} ms", ms(split.to_first_list)),
+            String::new(),
+        ),
+        (
+            "  listing: first request to last page written",
+            format!("{:.0} ms ({} pages)", ms(split.listing), split.pages),
+            String::new(),
+        ),
+        (
+            "    of which API server work / page transfer (summed)",
+            format!("{:.0} / {:.0} ms", ms(split.server), ms(split.transfer)),
+            String::new(),
+        ),
+        (
+            "  last page written to /healthz 200 (decode, ingest, sync)",
+            format!("{:.0} ms", ms(split.after_listing)),
+            String::new(),
+        ),
+        (
+            "  lbproxy's CPU time until /healthz 200 (all threads)",
+            cpu_to_healthy.map_or("n/a".into(), |d| format!("{:.0} ms", ms(d))),
+            String::new(),
         ),
         (
             "one endpoint change written (median / p99 / max)",
@@ -343,7 +451,7 @@ pub fn sync(args: &SyncArgs) -> Result<()> {
                 percentile(&write_ms, 0.99),
                 write_ms.last().copied().unwrap_or(f64::NAN)
             ),
-            "<= 5 ms",
+            "<= 5 ms".into(),
         ),
         (
             "watch event to written (median / p99)",
@@ -352,17 +460,17 @@ pub fn sync(args: &SyncArgs) -> Result<()> {
                 percentile(&e2e_ms, 0.5),
                 percentile(&e2e_ms, 0.99)
             ),
-            "",
+            String::new(),
         ),
         (
             "controller RSS after first sync / after changes",
             format!("{:.1} / {:.1} MiB", mib(rss_initial), mib(rss_after)),
-            "<= 150 MiB",
+            format!("<= {rss_max_mib:.0} MiB"),
         ),
         (
             "BPF map memory (memlock, all maps)",
             memlock.map_or("n/a".into(), |b| format!("{:.1} MiB", b as f64 / 1048576.0)),
-            "",
+            String::new(),
         ),
     ];
     println!(
@@ -375,9 +483,12 @@ pub fn sync(args: &SyncArgs) -> Result<()> {
     for (m, val, target) in &rows {
         println!("{m:<w$}  {val:<v$}  {target}");
     }
-    let within = initial.took_us <= 1_000_000
+    let rss_max_kib = (rss_max_mib * 1024.0) as u64;
+    let within = initial.took_us as f64 / 1000.0 <= sync_max_ms
         && percentile(&write_ms, 0.5) <= 5.0
-        && rss_after.is_some_and(|r| r <= 150 * 1024);
+        && rss_initial.is_some_and(|r| r <= rss_max_kib)
+        && rss_after.is_some_and(|r| r <= rss_max_kib)
+        && healthy_max_s.is_none_or(|s| healthy_after.as_secs_f64() <= s);
     println!(
         "\n{}",
         if within {
@@ -394,6 +505,18 @@ pub fn sync(args: &SyncArgs) -> Result<()> {
     results.insert(
         "healthy_after_ms",
         json!(healthy_after.as_secs_f64() * 1000.0),
+    );
+    results.insert(
+        "split_ms",
+        json!({
+            "start_to_first_list": ms(split.to_first_list),
+            "listing": ms(split.listing),
+            "list_pages": split.pages,
+            "apiserver_work": ms(split.server),
+            "page_transfer": ms(split.transfer),
+            "last_page_to_healthy": ms(split.after_listing),
+            "lbproxy_cpu_to_healthy": cpu_to_healthy.map(ms),
+        }),
     );
     results.insert("change_write_ms", json!(write_ms));
     results.insert("change_e2e_ms", json!(e2e_ms));

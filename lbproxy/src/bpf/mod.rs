@@ -335,7 +335,8 @@ pub fn write_config(dir: &Path, stack_bypass: bool) -> Result<(), BpfError> {
         source,
     };
     let mut map: Array<MapData, DatapathConfig> = open_pinned(dir, map_names::CONFIG, Map::Array)?;
-    let pinned = map.get(&0, 0).map_err(map_error)?.hash_seed();
+    let pinned_config = map.get(&0, 0).map_err(map_error)?;
+    let pinned = pinned_config.hash_seed();
     let seed = if pinned != 0 {
         tracing::info!("flow hash seed kept from the pinned LB_CONFIG_V1");
         pinned
@@ -350,7 +351,8 @@ pub fn write_config(dir: &Path, stack_bypass: bool) -> Result<(), BpfError> {
         } else {
             0
         },
-        ..DatapathConfig::default()
+        // The controller's id cursor is kept too (see `DatapathConfig::next_id`).
+        ..pinned_config
     }
     .with_hash_seed(seed);
     map.set(0, config, 0).map_err(map_error)

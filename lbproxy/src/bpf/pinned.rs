@@ -217,6 +217,28 @@ impl Maps for PinnedMaps {
             .insert(key, *value, 0)
             .map_err(|e| werr(map_names::UNSERVED, "update", label_bytes(&value.label), e))
     }
+    fn read_id_cursor(&self) -> u32 {
+        self.config.get(&0, 0).map_or(0, |c| c.next_id)
+    }
+    fn put_id_cursor(&mut self, next: u32) -> Result<(), MapWriteError> {
+        let entry = || format!("next_id {next}");
+        // Only the controller writes the config entry once running (`write_config` runs
+        // before it starts), so this read-modify-write races with no one.
+        let current = self
+            .config
+            .get(&0, 0)
+            .map_err(|e| werr(map_names::CONFIG, "lookup", entry(), e))?;
+        self.config
+            .set(
+                0,
+                DatapathConfig {
+                    next_id: next,
+                    ..current
+                },
+                0,
+            )
+            .map_err(|e| werr(map_names::CONFIG, "update", entry(), e))
+    }
     fn del_unserved(&mut self, key: UnservedKey) -> Result<(), MapWriteError> {
         del_ok(self.unserved.remove(&key)).map_err(|e| {
             werr(

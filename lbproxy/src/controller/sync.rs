@@ -94,13 +94,45 @@ impl Claimant {
     }
 }
 
+/// The claimants of one frontend, first the one that gets it. A sorted `Vec`: nearly every
+/// frontend has one claimant, and a `BTreeSet` would allocate room for eleven (the index
+/// took 49 MiB at 50,000 services with one, 21 MiB with this).
+#[derive(Debug, Default)]
+struct Claims(Vec<Claimant>);
+
+impl Claims {
+    fn insert(&mut self, c: Claimant) {
+        if let Err(at) = self.0.binary_search(&c) {
+            self.0.insert(at, c);
+        }
+    }
+
+    fn remove(&mut self, c: &Claimant) {
+        if let Ok(at) = self.0.binary_search(c) {
+            self.0.remove(at);
+        }
+    }
+
+    fn first(&self) -> Option<&Claimant> {
+        self.0.first()
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Claimant> {
+        self.0.iter()
+    }
+}
+
 pub struct Sync<M: Maps> {
     maps: M,
     programmer: Programmer,
     /// The frontends each service claims, with the rank it claims them with.
     frontends_of: HashMap<NamespacedName, (Claimant, Vec<Frontend>)>,
     /// Every claimant of every frontend, first the one that gets it.
-    claims: HashMap<Frontend, BTreeSet<Claimant>>,
+    claims: HashMap<Frontend, Claims>,
     /// Frontends claimed by more than one service, as last reported: the holder first.
     conflicts: BTreeMap<Frontend, Vec<NamespacedName>>,
     /// The frontends not served yet, as written for `lbproxy inspect`, and by service.
@@ -124,8 +156,15 @@ impl<M: Maps> Sync<M> {
                 "adopting the state pinned by an earlier run"
             );
         }
+        let cursor = maps.read_id_cursor();
+        if cursor == 0 && !adopted.frontends.is_empty() {
+            tracing::info!(
+                "no id cursor pinned (maps written by an older version): new ids continue \
+                 after the highest one in use"
+            );
+        }
         Self {
-            programmer: Programmer::adopt(adopted),
+            programmer: Programmer::adopt(adopted, cursor),
             unserved: maps.read_unserved(),
             maps,
             frontends_of: HashMap::new(),
@@ -209,7 +248,7 @@ impl<M: Maps> Sync<M> {
 
     /// The service that gets `f`, if any claims it.
     fn holder(&self, f: &Frontend) -> Option<&Claimant> {
-        self.claims.get(f).and_then(BTreeSet::first)
+        self.claims.get(f).and_then(Claims::first)
     }
 
     /// Reports the frontends among `frontends` whose conflict changed: a warning naming the
@@ -289,8 +328,10 @@ impl<M: Maps> Sync<M> {
             }
             let entries: Vec<(UnservedKey, UnservedValue)> =
                 fes.unserved.iter().map(Unserved::entry).collect();
-            self.unserved_of
-                .insert(svc.id.clone(), entries.iter().map(|(k, _)| *k).collect());
+            if !entries.is_empty() {
+                self.unserved_of
+                    .insert(svc.id.clone(), entries.iter().map(|(k, _)| *k).collect());
+            }
             unserved.extend(entries);
         }
         let contested: BTreeSet<Frontend> = self

@@ -144,8 +144,9 @@ pub struct Model {
     pub services: BTreeMap<NamespacedName, Service>,
     slices: BTreeMap<NamespacedName, EndpointSlice>,
     /// Slice names by the service they belong to, so one service's endpoints are found
-    /// without scanning every slice.
-    by_service: BTreeMap<NamespacedName, BTreeSet<NamespacedName>>,
+    /// without scanning every slice. Each list is sorted: most services have one slice, and
+    /// a `BTreeSet` would allocate room for eleven (17 MiB more at 50,000 services).
+    by_service: BTreeMap<NamespacedName, Vec<NamespacedName>>,
 }
 
 /// Why an object was rejected, naming the field.
@@ -248,10 +249,10 @@ impl Model {
         {
             touched.push(old);
         }
-        self.by_service
-            .entry(slice.service.clone())
-            .or_default()
-            .insert(slice.id.clone());
+        let names = self.by_service.entry(slice.service.clone()).or_default();
+        if let Err(at) = names.binary_search(&slice.id) {
+            names.insert(at, slice.id.clone());
+        }
         self.slices.insert(slice.id.clone(), slice);
         touched
     }
@@ -260,7 +261,9 @@ impl Model {
     pub fn remove_slice(&mut self, id: &NamespacedName) -> Option<NamespacedName> {
         let old = self.slices.remove(id)?;
         if let Some(set) = self.by_service.get_mut(&old.service) {
-            set.remove(id);
+            if let Ok(at) = set.binary_search(id) {
+                set.remove(at);
+            }
             if set.is_empty() {
                 self.by_service.remove(&old.service);
             }

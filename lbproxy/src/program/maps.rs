@@ -111,6 +111,11 @@ pub trait Maps {
         value: &UnservedValue,
     ) -> Result<(), MapWriteError>;
     fn del_unserved(&mut self, key: UnservedKey) -> Result<(), MapWriteError>;
+    /// The id cursor persisted by [`Maps::put_id_cursor`] (0: none yet).
+    fn read_id_cursor(&self) -> u32;
+    /// Persists the id cursor: no id at or past `next` has been handed out since the ids
+    /// last wrapped. Written before any id it covers reaches a map.
+    fn put_id_cursor(&mut self, next: u32) -> Result<(), MapWriteError>;
 }
 
 /// Puts together what the maps hold, entry by entry, as a [`Programmed`] state. Entries that
@@ -182,6 +187,8 @@ pub mod mem {
         pub labels: BTreeMap<u32, String>,
         pub members: std::collections::BTreeSet<(u32, u32)>,
         pub unserved: BTreeMap<UnservedKey, UnservedValue>,
+        /// The persisted id cursor (`LB_CONFIG_V1`'s `next_id` in the real maps).
+        pub id_cursor: u32,
         pub ops: usize,
         /// Fail the n-th write from now (for failure tests).
         pub fail_at: Option<usize>,
@@ -349,6 +356,14 @@ pub mod mem {
         fn del_unserved(&mut self, key: UnservedKey) -> Result<(), MapWriteError> {
             self.step("unserved")?;
             self.unserved.remove(&key);
+            Ok(())
+        }
+        fn read_id_cursor(&self) -> u32 {
+            self.id_cursor
+        }
+        fn put_id_cursor(&mut self, next: u32) -> Result<(), MapWriteError> {
+            self.step("config")?;
+            self.id_cursor = next;
             Ok(())
         }
     }

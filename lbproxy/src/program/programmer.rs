@@ -56,15 +56,23 @@ pub struct Programmer {
     refs: HashMap<u32, usize>,
     /// Backends whose count dropped to zero since the last sweep.
     maybe_unused: std::collections::HashSet<u32>,
-    /// The next ids to try; see [`next_free_id`].
-    next_backend_id: u32,
-    next_svc_id: u32,
+    /// The next id to try, for services and backends alike; see [`next_free_id`].
+    next_id: u32,
+    /// Ids from `lease_start` up to `lease_end` (exclusive, wrapping) may be handed out
+    /// without another write of the persisted cursor: `lease_end` is what the maps hold.
+    lease_start: u32,
+    lease_end: u32,
     /// Service ids of the programmed frontends, so allocation skips them in O(1).
     svc_ids: std::collections::HashSet<u32>,
     /// The frontends whose write failed in the last apply, with the errno of the failure
     /// (`None`: not a kernel refusal), so the caller can name their services.
     failed: Vec<(Frontend, Option<i32>)>,
 }
+
+/// How many ids one write of the persisted cursor covers. A restart skips what is left of
+/// the last lease; 4,096 ids lost per restart is nothing against 2^32, and a start-up that
+/// programs 200,000 ids writes the cursor some 50 times.
+const ID_LEASE: u32 = 4096;
 
 /// The id to hand out from `*next` on: the first that is not 0 and not `in_use`, in
 /// increasing order, wrapping at `u32::MAX`. `*next` moves past it, so an id just freed is
@@ -86,20 +94,32 @@ fn next_free_id(next: &mut u32, in_use_count: usize, in_use: impl Fn(u32) -> boo
 
 impl Programmer {
     /// Starts from what the maps already hold, keeping every id, so flows recorded by an
-    /// earlier run stay valid. New ids continue after the highest one in use (wrapping).
+    /// earlier run stay valid.
     ///
-    /// Ids freed by the earlier run above that one are not known here and may be handed out
-    /// again; the datapath tolerates it (a flow is live only while its `svc_id` is its
-    /// frontend's and its backend id still holds the same address).
-    pub fn adopt(state: Programmed) -> Self {
-        let mut p = Programmer {
-            next_backend_id: state.backends.keys().max().map_or(1, |m| m.wrapping_add(1)),
-            next_svc_id: state
-                .frontends
-                .values()
-                .map(|f| f.svc_id)
+    /// Service and backend ids come from one cursor, which the maps persist (`cursor`, read
+    /// with [`Maps::read_id_cursor`]) ahead of every id written. New ids continue from it,
+    /// so an id the earlier run freed is not handed out again before the ids wrap, even if
+    /// flows still hold it. Without a persisted cursor (0: maps written by a version before
+    /// it) they continue after the highest id in use; ids freed above that one by the
+    /// earlier run may then come back, which the datapath tolerates (a flow is live only
+    /// while its `svc_id` is its frontend's and its backend id still holds the same address).
+    pub fn adopt(state: Programmed, cursor: u32) -> Self {
+        let next_id = if cursor != 0 {
+            cursor
+        } else {
+            state
+                .backends
+                .keys()
+                .copied()
+                .chain(state.frontends.values().map(|f| f.svc_id))
                 .max()
-                .map_or(1, |m| m.wrapping_add(1)),
+                .map_or(1, |m| m.wrapping_add(1))
+        };
+        let mut p = Programmer {
+            next_id,
+            // An empty lease: the first id handed out writes the cursor.
+            lease_start: next_id,
+            lease_end: next_id,
             ..Default::default()
         };
         p.svc_ids = state.frontends.values().map(|f| f.svc_id).collect();
@@ -123,20 +143,51 @@ impl Programmer {
     }
 
     /// Adopts `state` (read back after drift) in place of what was programmed, keeping the
-    /// id counters: ids freed before the drift are not handed out again any sooner.
+    /// id cursor and its lease: ids freed before the drift are not handed out again any
+    /// sooner.
     pub fn readopt(&mut self, state: Programmed) {
-        let (backend, svc) = (self.next_backend_id, self.next_svc_id);
-        *self = Self::adopt(state);
-        self.next_backend_id = backend;
-        self.next_svc_id = svc;
+        let (next, start, end) = (self.next_id, self.lease_start, self.lease_end);
+        *self = Self::adopt(state, next);
+        self.next_id = next;
+        self.lease_start = start;
+        self.lease_end = end;
     }
 
-    /// Sets the next ids to hand out, to test what happens near a wrap.
+    /// Sets the next id to hand out, to test what happens near a wrap.
     #[cfg(test)]
-    pub fn with_next_ids(mut self, backend: u32, svc: u32) -> Self {
-        self.next_backend_id = backend;
-        self.next_svc_id = svc;
+    pub fn with_next_id(mut self, id: u32) -> Self {
+        self.next_id = id;
+        self.lease_start = id;
+        self.lease_end = id;
         self
+    }
+
+    /// Makes sure the persisted cursor is past `id` before `id` goes into a map: when `id`
+    /// is outside the current lease, a new lease starting at it is written first. On a
+    /// failed write the id is not handed out.
+    fn lease<M: Maps>(
+        &mut self,
+        maps: &mut M,
+        id: u32,
+        entry: &dyn Fn() -> String,
+    ) -> Result<(), MapWriteError> {
+        if id.wrapping_sub(self.lease_start) < self.lease_end.wrapping_sub(self.lease_start) {
+            return Ok(());
+        }
+        // 0 reads back as "no cursor"; a lease ending there ends at 1 instead (0 itself is
+        // never handed out).
+        let end = match id.wrapping_add(ID_LEASE) {
+            0 => 1,
+            e => e,
+        };
+        maps.put_id_cursor(end).map_err(|mut e| {
+            e.op = "persist the id cursor for";
+            e.entry = entry();
+            e
+        })?;
+        self.lease_start = id;
+        self.lease_end = end;
+        Ok(())
     }
 
     pub fn programmed(&self) -> &Programmed {
@@ -157,15 +208,16 @@ impl Programmer {
         if let Some(id) = self.by_addr.get(&addr) {
             return Ok(*id);
         }
-        let mut next = self.next_backend_id;
+        let mut next = self.next_id;
         let (backends, refs) = (&self.state.backends, &self.refs);
         let id = next_free_id(&mut next, backends.len(), |id| {
             backends.contains_key(&id) || refs.contains_key(&id)
         })
         .ok_or_else(|| MapWriteError::no_free_id("backends", &addr.to_string()))?;
+        self.lease(maps, id, &|| format!("backend {addr}"))?;
         maps.put_backend(id, &addr.value())?;
         stats.writes += 1;
-        self.next_backend_id = next;
+        self.next_id = next;
         self.by_addr.insert(addr, id);
         self.refs.insert(id, 0);
         // Freed again at the end of this apply if no slot ends up using it.
@@ -328,7 +380,7 @@ impl Programmer {
         }
 
         let existing = self.state.frontends.get(&fe).cloned();
-        let mut next_svc_id = self.next_svc_id;
+        let mut next_svc_id = self.next_id;
         let (svc_id, old_slots, is_new) = match &existing {
             Some(cur) => (cur.svc_id, cur.slots.clone(), false),
             None => {
@@ -378,7 +430,8 @@ impl Programmer {
         }
         stats.frontends_changed += 1;
         if is_new {
-            self.next_svc_id = next_svc_id;
+            self.lease(maps, svc_id, &|| format!("frontend {fe}"))?;
+            self.next_id = next_svc_id;
             maps.put_label(svc_id, &spec.label)?;
             self.svc_ids.insert(svc_id);
             stats.writes += 1;
@@ -629,7 +682,7 @@ mod tests {
         p.apply(&mut m, &d).unwrap();
         let state = p.programmed().clone();
 
-        let mut p2 = Programmer::adopt(state);
+        let mut p2 = Programmer::adopt(state, m.read_id_cursor());
         let before = m.ops;
         p2.apply(&mut m, &d).unwrap();
         assert_eq!(
@@ -704,7 +757,8 @@ mod tests {
         let (before, _) = ids(&m);
         assert_eq!(before.keys().copied().collect::<Vec<_>>(), vec![1, 2, 3]);
 
-        let mut p = Programmer::adopt(p.programmed().clone()).with_next_ids(u32::MAX - 1, 1);
+        let mut p = Programmer::adopt(p.programmed().clone(), m.read_id_cursor())
+            .with_next_id(u32::MAX - 1);
         d.insert(fe(11, 80), spec(&[5, 6, 7, 8]));
         p.apply(&mut m, &d).unwrap();
         m.check();
@@ -725,13 +779,15 @@ mod tests {
         assert_eq!(served(&m, fe(10, 80)), vec![be(2), be(3), be(4)]);
         assert_eq!(served(&m, fe(11, 80)), vec![be(5), be(6), be(7), be(8)]);
 
-        // Freed ids are not handed out again before the counter comes round to them.
+        // Freed ids are not handed out again before the counter comes round to them: the
+        // new backend gets the next id after the last one handed out (fe 11's service id).
+        let last = m.services[&fe(11, 80).key()].svc_id;
         d.insert(fe(11, 80), spec(&[9]));
         p.apply(&mut m, &d).unwrap();
         let (after, _) = ids(&m);
         assert_eq!(
             after.keys().copied().collect::<Vec<_>>(),
-            vec![1, 2, 3, 6],
+            vec![1, 2, 3, last + 1],
             "{after:?}"
         );
     }
@@ -739,18 +795,20 @@ mod tests {
     /// Service ids wrap the same way; adopting maps that hold u32::MAX does not overflow.
     #[test]
     fn service_ids_wrap_past_zero_and_ids_in_use_and_adoption_at_the_top() {
+        // Frontends without endpoints take a service id and no backend id.
         let mut m = MemMaps::default();
         let mut p = Programmer::default();
         let mut d = Desired::new();
-        d.insert(fe(10, 80), spec(&[2]));
-        d.insert(fe(11, 80), spec(&[2]));
+        d.insert(fe(10, 80), spec(&[]));
+        d.insert(fe(11, 80), spec(&[]));
         p.apply(&mut m, &d).unwrap();
         assert_eq!(ids(&m).1, vec![1, 2]);
 
-        let mut p = Programmer::adopt(p.programmed().clone()).with_next_ids(1, u32::MAX);
-        d.insert(fe(12, 80), spec(&[3]));
+        let mut p =
+            Programmer::adopt(p.programmed().clone(), m.read_id_cursor()).with_next_id(u32::MAX);
+        d.insert(fe(12, 80), spec(&[]));
         p.apply(&mut m, &d).unwrap();
-        d.insert(fe(13, 80), spec(&[3]));
+        d.insert(fe(13, 80), spec(&[]));
         p.apply(&mut m, &d).unwrap();
         m.check();
         let svc_of = |m: &MemMaps, last| m.services[&fe(last, 80).key()].svc_id;
@@ -762,15 +820,127 @@ mod tests {
         );
         assert_eq!(m.labels.len(), 4);
 
-        // A restart adopts ids up to u32::MAX and goes on past 0 and the ids in use.
-        let mut p = Programmer::adopt(p.programmed().clone());
-        d.insert(fe(14, 80), spec(&[3]));
+        // A restart over maps without a cursor (written by an older version) adopts ids up
+        // to u32::MAX and goes on past 0 and the ids in use.
+        let mut old = m.clone();
+        old.id_cursor = 0;
+        let mut p0 = Programmer::adopt(old.read_programmed(), 0);
+        d.insert(fe(14, 80), spec(&[]));
+        p0.apply(&mut old, &d).unwrap();
+        assert_eq!(svc_of(&old, 14), 4, "{:?}", old.services);
+
+        // With the cursor, it goes on from the cursor, which is past every id handed out.
+        let mut p = Programmer::adopt(m.read_programmed(), m.read_id_cursor());
         p.apply(&mut m, &d).unwrap();
-        assert_eq!(svc_of(&m, 14), 4, "{:?}", m.services);
+        let new = svc_of(&m, 14);
+        assert!(
+            ![0, 1, 2, 3, u32::MAX].contains(&new),
+            "{new} was handed out before: {:?}",
+            m.services
+        );
         let all = ids(&m).1;
         let distinct: std::collections::BTreeSet<u32> = all.iter().copied().collect();
         assert_eq!(distinct.len(), all.len(), "{all:?}");
-        assert!(!distinct.contains(&0));
+    }
+
+    /// Every id handed out, from the maps: backends, service entries, slots, members and
+    /// labels.
+    fn ids_in(m: &MemMaps) -> std::collections::BTreeSet<u32> {
+        m.backends
+            .keys()
+            .copied()
+            .chain(m.services.values().map(|v| v.svc_id))
+            .chain(m.slots.keys().map(|k| k.svc_id))
+            .chain(m.slots.values().copied())
+            .chain(m.members.iter().flat_map(|(s, b)| [*s, *b]))
+            .chain(m.labels.keys().copied())
+            .collect()
+    }
+
+    /// A restart reads the persisted cursor: ids the earlier run freed (here the highest
+    /// ones, which "continue after the highest id in use" would hand out again) stay unused.
+    #[test]
+    fn ids_freed_before_a_restart_are_not_handed_out_after_it() {
+        let mut m = MemMaps::default();
+        let mut p = Programmer::default();
+        let mut d = Desired::new();
+        d.insert(fe(10, 80), spec(&[2, 3]));
+        d.insert(fe(11, 80), spec(&[4, 5]));
+        p.apply(&mut m, &d).unwrap();
+        let mut used = ids_in(&m);
+        d.remove(&fe(11, 80));
+        p.apply(&mut m, &d).unwrap();
+        assert!(
+            ids_in(&m).len() < used.len(),
+            "removing a frontend freed no id"
+        );
+
+        for restart in 0..3 {
+            let mut p = Programmer::adopt(m.read_programmed(), m.read_id_cursor());
+            let f = fe(20 + restart, 80);
+            d.insert(f, spec(&[30 + restart, 40 + restart]));
+            p.apply(&mut m, &d).unwrap();
+            let now = ids_in(&m);
+            let v = m.services[&f.key()];
+            let mine: std::collections::BTreeSet<u32> = (0..v.count)
+                .map(|slot| {
+                    m.slots[&SlotKey {
+                        svc_id: v.svc_id,
+                        slot,
+                    }]
+                })
+                .chain([v.svc_id])
+                .collect();
+            let reused: Vec<&u32> = mine.intersection(&used).collect();
+            assert!(
+                reused.is_empty(),
+                "restart {restart}: ids {reused:?} handed out again; used before: {used:?}"
+            );
+            used.extend(now);
+            // Freed again before the next restart.
+            d.remove(&f);
+            p.apply(&mut m, &d).unwrap();
+        }
+    }
+
+    /// The cursor reaches the maps before any id it covers, whichever write fails: after a
+    /// crash at any point, every id in the maps is below the persisted cursor.
+    #[test]
+    fn the_cursor_is_persisted_before_the_ids_it_covers() {
+        for fail in 0..16 {
+            let mut m = MemMaps::default();
+            let mut p = Programmer::default();
+            let mut d = Desired::new();
+            d.insert(fe(10, 80), spec(&[2, 3]));
+            d.insert(fe(11, 80), spec(&[4]));
+            m.fail_at = Some(fail);
+            let _ = p.apply(&mut m, &d);
+            for id in ids_in(&m) {
+                assert!(
+                    id < m.id_cursor,
+                    "fail at {fail}: id {id} in the maps, cursor {}",
+                    m.id_cursor
+                );
+            }
+        }
+        // At the end of a lease, the cursor moves ahead again before the next id is used
+        // (a lease of 2 here, instead of ID_LEASE: the same code path, fewer ids).
+        let mut m = MemMaps::default();
+        let mut p = Programmer::default().with_next_id(1);
+        p.lease_start = 1;
+        p.lease_end = 3;
+        m.id_cursor = 3;
+        let mut d = Desired::new();
+        d.insert(fe(10, 80), spec(&[2, 3, 4]));
+        p.apply(&mut m, &d).unwrap();
+        let max = ids_in(&m).into_iter().max().unwrap();
+        assert!(max >= 3, "{max}: the test did not cross the lease");
+        assert_eq!(m.id_cursor, 3 + ID_LEASE, "{:?}", ids_in(&m));
+        assert!(
+            max < m.id_cursor,
+            "id {max} in the maps, cursor {}",
+            m.id_cursor
+        );
     }
 
     #[test]
