@@ -55,6 +55,7 @@ pub mod bpf;
 pub mod connect;
 pub mod lbproxy;
 pub mod manifest;
+pub mod multinode;
 pub mod net;
 pub mod ns;
 
