@@ -9,6 +9,7 @@ mod bpf;
 mod config;
 mod controller;
 mod desired;
+mod healthcheck;
 mod http;
 mod inspect;
 mod model;
