@@ -9,9 +9,9 @@
 use aya_ebpf::btf_maps::{Array, HashMap, LruHashMap, PerCpuArray};
 use lbproxy_common::{
     AffinityKey, AffinityValue, Backend, DatapathConfig, FlowKey, FlowValue, FragKey, FragPorts,
-    MemberKey, PodIf, ServiceKey, ServiceLabel, ServiceValue, SlotKey, SrcCheck, UnservedKey,
+    MemberKey, NodeAddr, NodeIf, PodIf, ServiceKey, ServiceLabel, ServiceValue, SlotKey, SrcCheck, UnservedKey,
     UnservedValue, affinity, backends, config, delivery, drops, flows, frags, labels, members,
-    pod_ifs, services, slots,
+    node_addrs, node_ifs, pod_ifs, services, slots,
     spec::{MapKind, MapSpec, size_u32, str_eq},
     src_check, unserved,
 };
@@ -122,7 +122,7 @@ map! {
     /// Session affinity: a client's last backend per service. Written by `lb::affinity`.
     LB_AFFINITY_V1: LruHashMap<AffinityKey, AffinityValue> = affinity::SPEC;
     /// The flow table, both directions. Owned by `flow`; userspace sizes it at load.
-    LB_FLOWS_V2: LruHashMap<FlowKey, FlowValue> = flows::SPEC;
+    LB_FLOWS_V3: LruHashMap<FlowKey, FlowValue> = flows::SPEC;
     /// Service names for `lbproxy inspect`. Declared so the object carries it (and its
     /// BTF); the datapath never reads it.
     LB_LABELS_V1: HashMap<u32, ServiceLabel> = labels::SPEC;
@@ -143,6 +143,11 @@ map! {
     /// The interface each pod interface's sources must route back out of. Read by
     /// `source`.
     LB_SRCCHECK_V1: HashMap<u32, SrcCheck> = src_check::SPEC;
+    /// The node's own interfaces for north-south traffic: SNAT address and port range. Read
+    /// by `north`.
+    LB_NODEIFS_V1: HashMap<u32, NodeIf> = node_ifs::SPEC;
+    /// The node's NodePort addresses. Read by `lb::service`.
+    LB_NODEADDRS_V1: HashMap<[u8; 4], NodeAddr> = node_addrs::SPEC;
 }
 
 /// The controller's settings (`LB_CONFIG_V1`, entry 0): the stack bypass flag (for

@@ -126,6 +126,14 @@ struct RunArgs {
     /// Idle timeout of a TCP flow whose SYN was never answered [default: 30s]
     #[arg(long)]
     flow_tcp_timeout_syn_sent: Option<String>,
+    /// Node addresses that serve NodePorts: comma-separated CIDRs, or `primary`
+    /// [default: every IPv4 address of the node's non-pod interfaces except loopback]
+    #[arg(long, value_delimiter = ',')]
+    nodeport_addresses: Option<Vec<String>>,
+    /// Source ports for north-south flows source-NATed to a backend on another node, MIN-MAX
+    /// [default: 1024-29999, clear of the NodePort and the node's ephemeral ranges]
+    #[arg(long)]
+    snat_port_range: Option<String>,
 }
 
 fn parse_globs(globs: &[String]) -> anyhow::Result<GlobSet> {
@@ -266,6 +274,8 @@ fn settings(args: &RunArgs) -> anyhow::Result<config::Settings> {
         tcp_close_wait_timeout: args.conntrack_tcp_timeout_close_wait.clone(),
         udp_timeout: args.conntrack_udp_timeout.clone(),
         tcp_syn_sent_timeout: args.flow_tcp_timeout_syn_sent.clone(),
+        node_port_addresses: args.nodeport_addresses.clone(),
+        snat_port_range: args.snat_port_range.clone(),
     };
     Ok(config::resolve(file, flags)?)
 }
@@ -302,7 +312,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     spawn_datapath_logs(&mut dp);
     bpf::write_config(&settings.bpffs_dir, settings.stack_bypass)?;
     tracing::info!(stack_bypass = settings.stack_bypass, "datapath configured");
-    let attacher = Attacher::new(globs, &settings.bpffs_dir, settings.stack_bypass)?;
+    let attacher = Attacher::new(
+        globs,
+        &settings.bpffs_dir,
+        settings.stack_bypass,
+        settings.node_port_addresses.clone(),
+        settings.snat_port_range,
+    )?;
     bpf::ifaces::spawn_attach(dp, attacher, health.clone())
         .await
         .context("opening rtnetlink")?;

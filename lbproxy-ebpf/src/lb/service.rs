@@ -1,11 +1,19 @@
 //! Stage 1: extract the service key from a packet and look the frontend up.
 
-use lbproxy_common::{SCOPE_DEFAULT, ServiceKey, ServiceValue};
+use lbproxy_common::{NODE_ADDR_F_NODEPORT, SCOPE_DEFAULT, ServiceKey, ServiceValue};
 
-use crate::{maps::LB_SERVICES_V2, parse::Packet};
+use crate::{
+    maps::{LB_NODEADDRS_V1, LB_SERVICES_V2},
+    parse::Packet,
+};
 
 /// The frontend a packet is addressed to, if any. `None` means "not a service": the packet
 /// is not ours and passes untouched.
+///
+/// An exact frontend (a ClusterIP, externalIP or load-balancer IP) is looked up first. A
+/// packet to one of the node's NodePort addresses (`LB_NODEADDRS_V1`) without one is
+/// looked up again as a NodePort: the entry at address 0.0.0.0 and the packet's port. Only
+/// a packet that misses the first lookup pays for the others.
 ///
 /// The key's scope is `SCOPE_DEFAULT`, the entry every frontend has. A second lookup with
 /// `SCOPE_INTERNAL` for in-cluster sources, when the entry has `SVC_F_SPLIT_SCOPE`, is
@@ -20,5 +28,18 @@ pub fn lookup(pkt: &Packet) -> Option<ServiceValue> {
     };
     // SAFETY: the value is copied out at once; hash map values are not freed under RCU
     // while this program runs.
+    if let Some(svc) = unsafe { LB_SERVICES_V2.get(key) } {
+        return Some(*svc);
+    }
+    // SAFETY: as above.
+    let node = unsafe { LB_NODEADDRS_V1.get(pkt.dst_addr) }?;
+    if node.flags & NODE_ADDR_F_NODEPORT == 0 {
+        return None;
+    }
+    let key = ServiceKey {
+        addr: [0; 4],
+        ..key
+    };
+    // SAFETY: as above.
     unsafe { LB_SERVICES_V2.get(key) }.copied()
 }

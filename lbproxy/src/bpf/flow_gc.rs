@@ -235,6 +235,8 @@ mod tests {
             ifindex: 0,
             created_ns: 0,
             last_seen_ns: NOW - idle_s * S,
+            peer_addr: [198, 18, 0, 2],
+            _reserved: 0,
         };
         let pk = key.partner(&value);
         let pv = FlowValue {

@@ -166,6 +166,7 @@ pub fn assemble(
                 count: Some(v.count),
                 draining: Vec::new(),
                 affinity_timeout_s: v.affinity_timeout_s,
+                kind: v.kind,
                 members: members_of.remove(&v.svc_id).unwrap_or_default(),
             },
         );

@@ -34,6 +34,8 @@ pub struct ProgrammedFrontend {
     pub count: Option<u32>,
     /// The affinity timeout in the service entry.
     pub affinity_timeout_s: u32,
+    /// The kind in the service entry (`SVC_KIND_*`).
+    pub kind: u8,
     /// Backend ids written to `LB_MEMBERS_V1` for this service.
     pub members: std::collections::BTreeSet<u32>,
     /// Backends kept live for existing flows only (not in any slot).
@@ -423,6 +425,7 @@ impl Programmer {
                 c.label == spec.label
                     && c.count == Some(want_count)
                     && c.affinity_timeout_s == spec.affinity_timeout_s
+                    && c.kind == spec.kind.number()
                     && c.members == new_members
             })
         {
@@ -444,6 +447,7 @@ impl Programmer {
                     count: None,
                     draining,
                     affinity_timeout_s: 0,
+                    kind: spec.kind.number(),
                     members: std::collections::BTreeSet::new(),
                 },
             );
@@ -498,12 +502,15 @@ impl Programmer {
         }
 
         // 4. The count: from here on new flows use the new arrangement.
-        let (programmed_count, programmed_affinity) = self
+        let (programmed_count, programmed_affinity, programmed_kind) = self
             .state
             .frontends
             .get(&fe)
-            .map_or((None, 0), |f| (f.count, f.affinity_timeout_s));
-        if programmed_count != Some(want_count) || programmed_affinity != spec.affinity_timeout_s {
+            .map_or((None, 0, 0), |f| (f.count, f.affinity_timeout_s, f.kind));
+        if programmed_count != Some(want_count)
+            || programmed_affinity != spec.affinity_timeout_s
+            || programmed_kind != spec.kind.number()
+        {
             maps.put_service(
                 fe.key(),
                 ServiceValue {
@@ -511,7 +518,7 @@ impl Programmer {
                     count: want_count,
                     affinity_timeout_s: spec.affinity_timeout_s,
                     flags: 0,
-                    kind: 0,
+                    kind: spec.kind.number(),
                     _pad: 0,
                 },
             )?;
@@ -519,6 +526,7 @@ impl Programmer {
             if let Some(f) = self.state.frontends.get_mut(&fe) {
                 f.count = Some(want_count);
                 f.affinity_timeout_s = spec.affinity_timeout_s;
+                f.kind = spec.kind.number();
             }
         }
 
@@ -565,6 +573,7 @@ mod tests {
             backends: backends.iter().map(|b| be(*b)).collect(),
             draining: vec![],
             affinity_timeout_s: 0,
+            kind: crate::desired::FrontendKind::ClusterIp,
         }
     }
 
