@@ -89,7 +89,14 @@ fn try_route(
     if unsafe { *ttl } <= 1 {
         return Err(Delivery::StackTtl);
     }
-    let (rc, p, in_ifindex) = fib(ctx, pkt.proto, pkt.src_addr, dst, pkt.src_port_be, dst_port_be);
+    let (rc, p, in_ifindex) = fib(
+        ctx,
+        pkt.proto,
+        pkt.src_addr,
+        dst,
+        pkt.src_port_be,
+        dst_port_be,
+    );
     if rc == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
         return Err(Delivery::StackNoNeighbour);
     }

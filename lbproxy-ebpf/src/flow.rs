@@ -86,8 +86,9 @@ pub enum Source {
     Snat { addr: [u8; 4], min: u16, max: u16 },
 }
 
-/// Linear tries after the random ones, for a SNAT port.
-const SNAT_LINEAR_ATTEMPTS: u32 = 32;
+/// Tries for a SNAT port: random ones first, then linear.
+const SNAT_ATTEMPTS: u32 = 16;
+const SNAT_RANDOM_ATTEMPTS: u32 = 8;
 
 #[inline(always)]
 fn touch(entry: *mut FlowValue, now: u64) {
@@ -337,8 +338,7 @@ pub fn forward(
         let port = u16::from_be(pkt.src_port_be);
         port >= min
             && port <= max
-            && (insert(&rkey, &reply, BPF_NOEXIST).is_ok()
-                || replace_if_stale(&rkey, &reply, &key))
+            && (insert(&rkey, &reply, BPF_NOEXIST).is_ok() || replace_if_stale(&rkey, &reply, &key))
     } else {
         insert(&rkey, &reply, BPF_NOEXIST).is_ok() || replace_if_stale(&rkey, &reply, &key)
     };
@@ -375,32 +375,30 @@ pub fn forward(
 }
 
 /// Claims a free SNAT port in `min..=max` for the reply half `reply` keyed `rkey` (whose
-/// destination port is changed while trying): random ports first, then a linear scan from
-/// the last one. Returns the port (network order); dropped as `SnatNoPort` when every try
-/// found its port taken.
+/// destination port is changed while trying): [`SNAT_RANDOM_ATTEMPTS`] random ports, then a
+/// linear scan from the last one, [`SNAT_ATTEMPTS`] tries in all (one loop, which keeps the
+/// verifier's path short). Returns the port (network order); dropped as `SnatNoPort` when
+/// every try found its port taken.
 #[inline(always)]
 fn snat_port(rkey: &mut FlowKey, reply: &FlowValue, min: u16, max: u16) -> Result<u16, Verdict> {
     let span = u32::from(max.saturating_sub(min)) + 1;
     let mut port = min;
     let mut attempt = 0;
-    while attempt < CLASH_PORT_ATTEMPTS {
-        // SAFETY: a helper call without arguments.
-        let r = unsafe { aya_ebpf::helpers::generated::bpf_get_prandom_u32() };
-        port = min + (r % span) as u16;
+    while attempt < SNAT_ATTEMPTS {
+        port = if attempt < SNAT_RANDOM_ATTEMPTS {
+            // SAFETY: a helper call without arguments.
+            let r = unsafe { aya_ebpf::helpers::generated::bpf_get_prandom_u32() };
+            min + (r % span) as u16
+        } else if port >= max {
+            min
+        } else {
+            port + 1
+        };
         rkey.dst_port_be = port.to_be();
         if insert(rkey, reply, BPF_NOEXIST).is_ok() {
             return Ok(port.to_be());
         }
         attempt += 1;
-    }
-    let mut i = 0;
-    while i < SNAT_LINEAR_ATTEMPTS && i < span {
-        port = if port >= max { min } else { port + 1 };
-        rkey.dst_port_be = port.to_be();
-        if insert(rkey, reply, BPF_NOEXIST).is_ok() {
-            return Ok(port.to_be());
-        }
-        i += 1;
     }
     Err(Verdict::Drop(DropReason::SnatNoPort))
 }

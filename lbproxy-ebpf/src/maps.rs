@@ -9,9 +9,9 @@
 use aya_ebpf::btf_maps::{Array, HashMap, LruHashMap, PerCpuArray};
 use lbproxy_common::{
     AffinityKey, AffinityValue, Backend, DatapathConfig, FlowKey, FlowValue, FragKey, FragPorts,
-    MemberKey, NodeAddr, NodeIf, PodIf, ServiceKey, ServiceLabel, ServiceValue, SlotKey, SrcCheck, UnservedKey,
-    UnservedValue, affinity, backends, config, delivery, drops, flows, frags, labels, members,
-    node_addrs, node_ifs, pod_ifs, services, slots,
+    MemberKey, NodeAddr, NodeIf, PodIf, ServiceKey, ServiceLabel, ServiceValue, SlotKey, SrcCheck,
+    UnservedKey, UnservedValue, affinity, backends, config, delivery, drops, flows, frags, labels,
+    members, node_addrs, node_ifs, pod_ifs, services, slots,
     spec::{MapKind, MapSpec, size_u32, str_eq},
     src_check, unserved,
 };

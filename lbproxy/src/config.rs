@@ -149,7 +149,10 @@ pub struct Settings {
 }
 
 /// `--nodeport-addresses`: comma-separated CIDRs, or `primary`; empty means all.
-fn parse_node_port_addresses(origin: &str, items: &[String]) -> Result<NodePortAddresses, ConfigError> {
+fn parse_node_port_addresses(
+    origin: &str,
+    items: &[String],
+) -> Result<NodePortAddresses, ConfigError> {
     let field = "nodePortAddresses";
     let items: Vec<&str> = items
         .iter()
@@ -170,7 +173,11 @@ fn parse_node_port_addresses(origin: &str, items: &[String]) -> Result<NodePortA
     let mut cidrs = Vec::new();
     for it in items {
         let net: ipnet::IpNet = it.parse().map_err(|_| {
-            err(origin, field, format!("{it:?} is neither a CIDR (e.g. 192.0.2.0/24) nor \"primary\""))
+            err(
+                origin,
+                field,
+                format!("{it:?} is neither a CIDR (e.g. 192.0.2.0/24) nor \"primary\""),
+            )
         })?;
         cidrs.push(net);
     }
@@ -180,7 +187,13 @@ fn parse_node_port_addresses(origin: &str, items: &[String]) -> Result<NodePortA
 /// `--snat-port-range`: `MIN-MAX`, 1024 <= MIN <= MAX <= 65535.
 fn parse_port_range(origin: &str, text: &str) -> Result<(u16, u16), ConfigError> {
     let field = "snatPortRange";
-    let bad = || err(origin, field, format!("{text:?} is not MIN-MAX with 1024 <= MIN <= MAX <= 65535"));
+    let bad = || {
+        err(
+            origin,
+            field,
+            format!("{text:?} is not MIN-MAX with 1024 <= MIN <= MAX <= 65535"),
+        )
+    };
     let (a, b) = text.split_once('-').ok_or_else(bad)?;
     let a: u16 = a.trim().parse().map_err(|_| bad())?;
     let b: u16 = b.trim().parse().map_err(|_| bad())?;
@@ -449,10 +462,9 @@ pub fn resolve(file: Option<(&Path, FileConfig)>, flags: Flags) -> Result<Settin
     };
     let node_port_addresses = match flags.node_port_addresses {
         Some(v) => parse_node_port_addresses("flag", &v)?,
-        None => parse_node_port_addresses(
-            &forigin,
-            f.node_port_addresses.as_deref().unwrap_or(&[]),
-        )?,
+        None => {
+            parse_node_port_addresses(&forigin, f.node_port_addresses.as_deref().unwrap_or(&[]))?
+        }
     };
     let (range, o) = pick(flags.snat_port_range, f.snat_port_range.clone());
     let snat_port_range = match range.filter(|s| !s.is_empty()) {

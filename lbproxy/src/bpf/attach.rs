@@ -13,7 +13,9 @@ use aya::programs::links::{FdLink, LinkOrder, PinnedLink};
 use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
 use aya::programs::{SchedClassifier, TcAttachType};
 use globset::GlobSet;
-use lbproxy_common::{NODE_ADDR_F_NODEPORT, NodeAddr, NodeIf, PodIf, SrcCheck, map_names, program_names};
+use lbproxy_common::{
+    NODE_ADDR_F_NODEPORT, NodeAddr, NodeIf, PodIf, SrcCheck, map_names, program_names,
+};
 
 use crate::config::NodePortAddresses;
 
@@ -47,7 +49,11 @@ impl Role {
                 ("egress", program_names::TO_POD, TcAttachType::Egress),
             ],
             Role::Node => [
-                ("node-ingress", program_names::FROM_NODE, TcAttachType::Ingress),
+                (
+                    "node-ingress",
+                    program_names::FROM_NODE,
+                    TcAttachType::Ingress,
+                ),
                 ("node-egress", program_names::TO_NODE, TcAttachType::Egress),
             ],
         }

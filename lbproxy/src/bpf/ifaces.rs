@@ -79,7 +79,8 @@ pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Link>, rtnetlink::Er
     while let Some(msg) = addrs.try_next().await? {
         let index = msg.header.index;
         for a in &msg.attributes {
-            if let netlink_packet_route::address::AddressAttribute::Local(std::net::IpAddr::V4(ip)) = a
+            if let netlink_packet_route::address::AddressAttribute::Local(std::net::IpAddr::V4(ip)) =
+                a
                 && let Some(l) = out.iter_mut().find(|l| l.iface.index == index)
                 && !l.ipv4.contains(ip)
             {

@@ -721,9 +721,21 @@ status:
         use FrontendKind::*;
         use Protocol::*;
         for (kind, family, addr, proto, want) in [
-            (NodePort, Family::V6, None, Sctp, Err("IPv6 is not served yet")),
+            (
+                NodePort,
+                Family::V6,
+                None,
+                Sctp,
+                Err("IPv6 is not served yet"),
+            ),
             (NodePort, Family::V4, None, Udp, Ok(Ipv4Addr::UNSPECIFIED)),
-            (ExternalIp, Family::V6, v6, Sctp, Err("IPv6 is not served yet")),
+            (
+                ExternalIp,
+                Family::V6,
+                v6,
+                Sctp,
+                Err("IPv6 is not served yet"),
+            ),
             (
                 LoadBalancerIp,
                 Family::V4,
