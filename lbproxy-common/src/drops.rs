@@ -71,6 +71,9 @@ counter_enum! {
         /// endpoints are all on other nodes: dropped, as kube-proxy does (a load balancer's
         /// health check steers it elsewhere).
         NoLocalEndpoint = 21 => "no_local_endpoint",
+        /// A packet to a load-balancer IP from a source outside its Service's
+        /// `loadBalancerSourceRanges`: dropped, as kube-proxy's firewall chain does.
+        SourceRangeDenied = 22 => "source_range_denied",
     }
 }
 

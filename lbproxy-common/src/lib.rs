@@ -84,6 +84,7 @@ pub mod select;
 pub mod services;
 pub mod slots;
 pub mod src_check;
+pub mod src_ranges;
 pub mod unserved;
 
 pub use affinity::{AffinityKey, AffinityValue, MAX_AFFINITY};
@@ -110,6 +111,7 @@ pub use services::{
 pub use slots::{MAX_SLOTS, SlotKey};
 pub use spec::{MapKind, MapSpec};
 pub use src_check::{MAX_SRC_CHECKS, SrcCheck};
+pub use src_ranges::{MAX_SRC_RANGES, SrcRangeData, SrcRangeKey, SrcRangeValue};
 pub use unserved::{FAMILY_IPV4, FAMILY_IPV6, UnservedKey, UnservedValue};
 
 pod!(
@@ -135,6 +137,8 @@ pod!(
     SrcCheck,
     NodeIf,
     NodeAddr,
+    SrcRangeData,
+    SrcRangeKey,
 );
 
 /// Every map the controller pins, and the datapath declares.
@@ -155,6 +159,7 @@ pub const MAPS: &[MapSpec] = &[
     src_check::SPEC,
     node_ifs::SPEC,
     node_addrs::SPEC,
+    src_ranges::SPEC,
 ];
 
 /// Earlier layouts a controller reads once at start, copies into their successor, then
@@ -221,6 +226,8 @@ pub mod map_names {
     pub const NODE_IFS: &str = crate::node_ifs::SPEC.name;
     /// The node's addresses that serve NodePorts.
     pub const NODE_ADDRS: &str = crate::node_addrs::SPEC.name;
+    /// Each load-balancer IP's `loadBalancerSourceRanges`, by (service id, prefix).
+    pub const SRC_RANGES: &str = crate::src_ranges::SPEC.name;
     /// Every map the controller pins: the names of [`MAPS`], in its order.
     pub const PINNED: [&str; MAPS.len()] = {
         let mut out = [""; MAPS.len()];

@@ -16,6 +16,8 @@ pub enum MapKind {
     Array,
     /// `BPF_MAP_TYPE_PERCPU_ARRAY`.
     PerCpuArray,
+    /// `BPF_MAP_TYPE_LPM_TRIE`.
+    LpmTrie,
 }
 
 impl MapKind {
@@ -27,6 +29,7 @@ impl MapKind {
             MapKind::LruHash => aya::maps::MapType::LruHash,
             MapKind::Array => aya::maps::MapType::Array,
             MapKind::PerCpuArray => aya::maps::MapType::PerCpuArray,
+            MapKind::LpmTrie => aya::maps::MapType::LpmTrie,
         }
     }
 }

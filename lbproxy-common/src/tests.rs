@@ -55,7 +55,7 @@ fn sizes<K, V>() -> (u32, u32) {
 
 #[test]
 fn spec_sizes_are_their_types() {
-    let cases: [(MapSpec, (u32, u32)); 19] = [
+    let cases: [(MapSpec, (u32, u32)); 20] = [
         (services::SPEC, sizes::<ServiceKey, ServiceValue>()),
         (services::SPEC_V1, sizes::<ServiceKey, ServiceValueV1>()),
         (slots::SPEC, sizes::<SlotKey, u32>()),
@@ -66,6 +66,7 @@ fn spec_sizes_are_their_types() {
         (flows::SPEC_V2, sizes::<FlowKey, FlowValueV2>()),
         (node_ifs::SPEC, sizes::<u32, NodeIf>()),
         (node_addrs::SPEC, sizes::<[u8; 4], NodeAddr>()),
+        (src_ranges::SPEC, sizes::<SrcRangeKey, SrcRangeValue>()),
         (drops::SPEC, sizes::<u32, u64>()),
         (labels::SPEC, sizes::<u32, ServiceLabel>()),
         (affinity::SPEC, sizes::<AffinityKey, AffinityValue>()),
@@ -94,7 +95,7 @@ fn spec_sizes_are_their_types() {
 #[test]
 fn layouts_are_unchanged() {
     use MapKind::*;
-    let expected: [(&str, &str, MapKind, u32, u32, u32); 16] = [
+    let expected: [(&str, &str, MapKind, u32, u32, u32); 17] = [
         ("LB_BACKENDS_V1", "backends", Hash, 4, 8, 262_144),
         ("LB_SLOTS_V1", "slots", Hash, 8, 4, 262_144),
         ("LB_SERVICES_V2", "services", Hash, 8, 16, 65_536),
@@ -111,6 +112,7 @@ fn layouts_are_unchanged() {
         ("LB_SRCCHECK_V1", "src_check", Hash, 4, 8, 4_096),
         ("LB_NODEIFS_V1", "node_ifs", Hash, 4, 12, 256),
         ("LB_NODEADDRS_V1", "node_addrs", Hash, 4, 4, 1_024),
+        ("LB_SRCRANGES_V1", "src_ranges", LpmTrie, 12, 4, 65_536),
     ];
     let got: Vec<_> = MAPS
         .iter()

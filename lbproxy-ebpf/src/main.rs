@@ -86,6 +86,7 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
         // Addressed to a frontend, but there is no header to translate.
         return Err(DropReason::Malformed);
     }
+    lb::service::source_allowed(&svc, &pkt)?;
     let to = match flow::forward(
         &pkt,
         &svc,
@@ -207,6 +208,7 @@ fn try_from_node(ctx: &TcContext) -> Result<i32, DropReason> {
         Some(svc) if svc.kind != SVC_KIND_CLUSTER_IP => svc,
         _ => return reply_from_node(ctx, &pkt),
     };
+    lb::service::source_allowed(&svc, &pkt)?;
     let config = maps::config();
     let to = match flow::forward(
         &pkt,

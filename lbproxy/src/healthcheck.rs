@@ -24,9 +24,6 @@
 //! To check it on a node: `curl -i http://<node-ip>:<healthCheckNodePort>/` (the port is
 //! `kubectl get svc <name> -o jsonpath='{.spec.healthCheckNodePort}'`).
 
-// The controller wires this next: until then the binary does not call it.
-#![allow(dead_code)]
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::future::poll_fn;

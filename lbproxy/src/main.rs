@@ -206,6 +206,7 @@ fn spawn_flow_gc(
 ) {
     let dir = settings.bpffs_dir.clone();
     let timeouts = settings.flow_timeouts;
+    let snat_range = u32::from(settings.snat_port_range.1 - settings.snat_port_range.0) + 1;
     let capacity = capacities
         .iter()
         .find(|(n, _)| *n == lbproxy_common::map_names::FLOWS)
@@ -226,6 +227,10 @@ fn spawn_flow_gc(
             match r {
                 Ok(Ok(stats)) => {
                     health.metrics.flow_gc_deleted.inc_by(stats.deleted as u64);
+                    health
+                        .metrics
+                        .snat_ports_max_ratio
+                        .set(stats.snat_ports_max as f64 / snat_range as f64);
                     health
                         .metrics
                         .map_entries
@@ -312,12 +317,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     spawn_datapath_logs(&mut dp);
     bpf::write_config(&settings.bpffs_dir, settings.stack_bypass)?;
     tracing::info!(stack_bypass = settings.stack_bypass, "datapath configured");
+    let (hc_tx, hc_addresses) = tokio::sync::watch::channel(Vec::new());
     let attacher = Attacher::new(
         globs,
         &settings.bpffs_dir,
         settings.stack_bypass,
         settings.node_port_addresses.clone(),
         settings.snat_port_range,
+        hc_tx,
     )?;
     bpf::ifaces::spawn_attach(dp, attacher, health.clone())
         .await
@@ -347,7 +354,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
 
     // The controller, until SIGTERM or SIGINT.
-    let mut ctl = Controller::new(PinnedMaps::open(&settings.bpffs_dir)?, report);
+    let mut ctl = Controller::new(PinnedMaps::open(&settings.bpffs_dir)?, report)
+        .with_health_checks(hc_addresses);
     let timing = controller::Timing {
         sync_period: settings.sync_period,
         min_sync_period: settings.min_sync_period,

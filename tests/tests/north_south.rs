@@ -38,6 +38,11 @@ struct Setup {
 /// nodeB), with NodePorts, an externalIP and a load-balancer IP; `policy` is its
 /// externalTrafficPolicy.
 fn manifest(lab: &MultiNodeLab, pods: &[&Pod], policy: &str) -> String {
+    manifest_with(lab, pods, policy, "")
+}
+
+/// [`manifest`] with `extra` added to the Service's spec (e.g. `healthCheckNodePort: N`).
+fn manifest_with(lab: &MultiNodeLab, pods: &[&Pod], policy: &str, extra: &str) -> String {
     let mut eps = String::new();
     for p in pods {
         eps.push_str(&format!(
@@ -55,6 +60,7 @@ spec:
   clusterIP: {CLUSTER_IP}
   externalIPs: [{EXTERNAL_IP}]
   externalTrafficPolicy: {policy}
+  {extra}
   ports:
   - {{name: http, port: 80, protocol: TCP, targetPort: {BACKEND_TCP}, nodePort: {NODE_PORT_TCP}}}
   - {{name: dns, port: 53, protocol: UDP, targetPort: {BACKEND_UDP}, nodePort: {NODE_PORT_UDP}}}
@@ -72,13 +78,20 @@ addressType: IPv4
 ports:
 - {{name: http, port: {BACKEND_TCP}, protocol: TCP}}
 - {{name: dns, port: {BACKEND_UDP}, protocol: UDP}}
-endpoints:
-{eps}"
+endpoints:{}
+{eps}",
+        if eps.is_empty() { " []" } else { "" }
     )
 }
 
 impl Setup {
     fn new(policy: &str) -> Setup {
+        Setup::with(policy, true, "")
+    }
+
+    /// `b1_listed`: whether b1 is in the slice (a1 always is); `extra` as in
+    /// [`manifest_with`].
+    fn with(policy: &str, b1_listed: bool, extra: &str) -> Setup {
         let lab = MultiNodeLab::new();
         let a1 = lab.add_pod(NodeId::A, "a1");
         let b1 = lab.add_pod(NodeId::B, "b1");
@@ -86,7 +99,8 @@ impl Setup {
             a1.serve(&[BACKEND_TCP, BACKEND_UDP]),
             b1.serve(&[BACKEND_TCP, BACKEND_UDP]),
         ];
-        lab.write_manifest_text(&manifest(&lab, &[&a1, &b1], policy));
+        let pods: Vec<&Pod> = if b1_listed { vec![&a1, &b1] } else { vec![&a1] };
+        lab.write_manifest_text(&manifest_with(&lab, &pods, policy, extra));
         let mut lbs = Vec::new();
         for node in NodeId::ALL {
             let mut lb = lab.start_lbproxy(node, &[]);
@@ -243,23 +257,9 @@ fn pods_reach_node_ports_on_either_node() {
 #[test]
 fn four_hundred_concurrent_connections_get_their_own_snat_ports() {
     let s = Setup::new("Cluster");
-    s.lab
-        .write_manifest_text(&manifest(&s.lab, &[&s.b1], "Cluster"));
     let client = s.lab.add_client("ext");
+    only_b1(&s, &client.netns);
     let node_ip = s.lab.node(NodeId::A).ip;
-    // The change is applied within a second; wait until only b1 answers.
-    let until = Instant::now() + Duration::from_secs(5);
-    loop {
-        let seen = requests(&client.netns, false, node_ip, NODE_PORT_TCP, 4);
-        if seen.by_backend.keys().all(|b| b == "b1") && seen.errors.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < until,
-            "only b1 should answer: {seen:?}\n{}",
-            s.logs()
-        );
-    }
     let mut conns = Vec::new();
     for i in 0..400 {
         let c = client
@@ -326,16 +326,7 @@ fn a_full_snat_range_drops_and_counts_while_local_backends_work() {
         assert_eq!(r.backend, "b1");
         held.push(c);
     }
-    let drops = || {
-        let out = std::process::Command::new(lbproxy_tests::lab::lbproxy_bin())
-            .args(["inspect", "drops", "--json", "--bpffs-dir"])
-            .arg(&lab.node(NodeId::A).bpffs_dir)
-            .output()
-            .expect("lbproxy inspect drops");
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("inspect drops --json: {e}: {out:?}"));
-        v["snat_no_port"].as_u64().unwrap_or(0)
-    };
+    let drops = || drop_count(&lab, NodeId::A, "snat_no_port");
     let before = drops();
     let fifth = client.connect(node_ip, NODE_PORT_TCP, Duration::from_millis(1500));
     assert!(
@@ -350,4 +341,218 @@ fn a_full_snat_range_drops_and_counts_while_local_backends_work() {
         r.0.client_seen.rsplit_once(':').unwrap().0,
         client.ip.to_string()
     );
+}
+
+/// The drop counter `reason` of the lbproxy on `node`.
+fn drop_count(lab: &MultiNodeLab, node: NodeId, reason: &str) -> u64 {
+    inspect(lab, node, "drops")[reason].as_u64().unwrap_or(0)
+}
+
+/// `lbproxy inspect WHAT --json` for `node`'s pins.
+fn inspect(lab: &MultiNodeLab, node: NodeId, what: &str) -> serde_json::Value {
+    let out = std::process::Command::new(lbproxy_tests::lab::lbproxy_bin())
+        .args(["inspect", what, "--json", "--bpffs-dir"])
+        .arg(&lab.node(node).bpffs_dir)
+        .output()
+        .expect("lbproxy inspect");
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("inspect {what} --json: {e}: {out:?}"))
+}
+
+/// Rewrites the manifest so that only b1 (on nodeB) serves `web`, and waits until
+/// requests through nodeA get only b1.
+fn only_b1(s: &Setup, client_ns: &str) {
+    s.lab
+        .write_manifest_text(&manifest(&s.lab, &[&s.b1], "Cluster"));
+    let a = s.lab.node(NodeId::A).ip;
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let seen = requests(client_ns, false, a, NODE_PORT_TCP, 4);
+        if seen.by_backend.keys().all(|b| b == "b1") && seen.errors.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "only b1 should answer: {seen:?}\n{}",
+            s.logs()
+        );
+    }
+}
+
+const HC_PORT: u16 = 32000;
+
+/// externalTrafficPolicy: Local with its only endpoint (a1) on nodeA:
+/// - through nodeA, a1 answers and sees the client's own address (no SNAT);
+/// - through nodeB, which has no local endpoint, the traffic is dropped and counted
+///   (`no_local_endpoint`), not answered: a TCP connect times out rather than being refused;
+/// - the healthCheckNodePort says so on both nodes, with kube-proxy's body: 200 and one
+///   local endpoint on nodeA, 503 and none on nodeB;
+/// - with no endpoint at all, the client is rejected at once (connection refused).
+#[test]
+fn external_traffic_policy_local_and_health_check_node_port() {
+    let extra = format!("healthCheckNodePort: {HC_PORT}");
+    let s = Setup::with("Local", false, &extra);
+    let client = s.lab.add_client("ext");
+    let (a, b) = (s.lab.node(NodeId::A).ip, s.lab.node(NodeId::B).ip);
+    for (udp, port) in [(false, NODE_PORT_TCP), (true, NODE_PORT_UDP)] {
+        let seen = requests(&client.netns, udp, a, port, 12);
+        assert!(
+            seen.errors.is_empty() && seen.wrong_source.is_empty(),
+            "via nodeA: {seen:?}\n{}",
+            s.logs()
+        );
+        assert_eq!(
+            seen.by_backend.get("a1").map(|e| e.0.clone()),
+            Some(vec![client.ip.to_string()]),
+            "only a1, seeing the client's own address: {seen:?}"
+        );
+        assert_eq!(seen.by_backend.len(), 1, "{seen:?}");
+    }
+    let before = drop_count(&s.lab, NodeId::B, "no_local_endpoint");
+    let started = Instant::now();
+    let r = tcp_request(&client.netns, b, NODE_PORT_TCP, Duration::from_millis(700));
+    let e = r.expect_err("nodeB has no local endpoint: no answer");
+    assert!(
+        e.kind() == std::io::ErrorKind::TimedOut || e.kind() == std::io::ErrorKind::WouldBlock,
+        "dropped, not refused: {e} after {:?}",
+        started.elapsed()
+    );
+    let u = udp_request(
+        &client.netns,
+        b,
+        NODE_PORT_UDP,
+        Duration::from_millis(300),
+        None,
+    );
+    assert!(u.is_err(), "UDP through nodeB is not answered: {u:?}");
+    let dropped = drop_count(&s.lab, NodeId::B, "no_local_endpoint") - before;
+    assert!(
+        dropped >= 2,
+        "no_local_endpoint counted on nodeB: {dropped}\n{}",
+        s.logs()
+    );
+
+    for (node, ip, status, n) in [(NodeId::A, a, 200, 1), (NodeId::B, b, 503, 0)] {
+        let r = lbproxy_tests::lab::http_get_full(
+            &client.netns,
+            SocketAddr::from((ip, HC_PORT)),
+            "/any/path",
+            Duration::from_secs(2),
+        )
+        .unwrap_or_else(|e| panic!("health check on {node}: {e}\n{}", s.logs()));
+        assert_eq!(r.status, status, "health check on {node}: {}", r.body);
+        let body: serde_json::Value = serde_json::from_str(r.body.trim())
+            .unwrap_or_else(|e| panic!("health check body on {node} ({e}): {:?}", r.body));
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "service": {"namespace": "default", "name": "web"},
+                "localEndpoints": n,
+                "serviceProxyHealthy": true
+            }),
+            "on {node}"
+        );
+    }
+
+    // No endpoint at all: rejected at once.
+    s.lab
+        .write_manifest_text(&manifest_with(&s.lab, &[], "Local", &extra));
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let started = Instant::now();
+        match tcp_request(&client.netns, a, NODE_PORT_TCP, Duration::from_secs(1)) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                assert!(started.elapsed() < Duration::from_millis(500));
+                break;
+            }
+            other => assert!(
+                Instant::now() < until,
+                "no endpoint: want connection refused, got {other:?}\n{}",
+                s.logs()
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `lbproxy inspect snat` lists the destinations of source-NATed flows with their ports in
+/// use out of the range, and `inspect flows` shows the source the backend sees.
+#[test]
+fn inspect_shows_snat_ports_per_destination() {
+    let s = Setup::new("Cluster");
+    let client = s.lab.add_client("ext");
+    only_b1(&s, &client.netns);
+    let a = s.lab.node(NodeId::A).ip;
+    let mut conns = Vec::new();
+    for i in 0..5 {
+        let mut c = client
+            .connect(a, NODE_PORT_TCP, TIMEOUT)
+            .unwrap_or_else(|e| panic!("connection #{i}: {e}"));
+        c.request().unwrap();
+        conns.push(c);
+    }
+    let snat = inspect(&s.lab, NodeId::A, "snat");
+    let row = snat
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["destination"] == format!("{}:{BACKEND_TCP}", s.b1.ip).as_str())
+        .unwrap_or_else(|| panic!("b1 in inspect snat: {snat:#}"))
+        .clone();
+    assert_eq!(row["snat_address"], a.to_string().as_str(), "{row:#}");
+    assert_eq!(row["protocol"], "TCP", "{row:#}");
+    assert!(row["ports_in_use"].as_u64().unwrap() >= 5, "{row:#}");
+    assert_eq!(row["range_size"], 29_999 - 1024 + 1, "{row:#}");
+    let flows = inspect(&s.lab, NodeId::A, "flows");
+    let client_prefix = format!("{}:", client.ip);
+    let snat_prefix = format!("{a}:");
+    let snated = flows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| {
+            f["client"]
+                .as_str()
+                .is_some_and(|c| c.starts_with(&client_prefix))
+                && f["snat"]
+                    .as_str()
+                    .is_some_and(|x| x.starts_with(&snat_prefix))
+        })
+        .count();
+    assert!(
+        snated >= 5,
+        "inspect flows shows the SNAT source: {flows:#}"
+    );
+    drop(conns);
+}
+
+/// Restarting nodeA's lbproxy (SIGTERM, then a new run on the same pins) keeps an open
+/// source-NATed connection through it working, with the same SNAT port: the flow and the
+/// node's programs are adopted. New connections work too.
+#[test]
+fn restart_keeps_snat_flows() {
+    let mut s = Setup::new("Cluster");
+    let client = s.lab.add_client("ext");
+    only_b1(&s, &client.netns);
+    let a = s.lab.node(NodeId::A).ip;
+    let mut conn = client.connect(a, NODE_PORT_TCP, TIMEOUT).unwrap();
+    let first = conn.request().unwrap();
+    assert_eq!(first.backend, "b1");
+    let mut old = s.lbs.remove(0);
+    old.terminate(Duration::from_secs(5));
+    let mut lb = s.lab.start_lbproxy(NodeId::A, &[]);
+    lb.expect_healthy(HEALTHY_WITHIN);
+    s.lbs.insert(0, lb);
+    for i in 0..5 {
+        let r = conn
+            .request()
+            .unwrap_or_else(|e| panic!("request {i} after the restart: {e}\n{}", s.logs()));
+        assert_eq!(r.backend, "b1");
+        assert_eq!(
+            r.client_seen, first.client_seen,
+            "the same SNAT source port"
+        );
+    }
+    let seen = requests(&client.netns, false, a, NODE_PORT_TCP, 8);
+    assert!(seen.errors.is_empty(), "{seen:?}\n{}", s.logs());
 }

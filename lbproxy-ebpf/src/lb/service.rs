@@ -1,11 +1,37 @@
 //! Stage 1: extract the service key from a packet and look the frontend up.
 
-use lbproxy_common::{NODE_ADDR_F_NODEPORT, SCOPE_DEFAULT, ServiceKey, ServiceValue};
+use aya_ebpf::btf_maps::lpm_trie::Key;
+use lbproxy_common::{
+    DropReason, NODE_ADDR_F_NODEPORT, SCOPE_DEFAULT, SVC_F_SOURCE_RANGES, ServiceKey, ServiceValue,
+    SrcRangeData,
+};
 
 use crate::{
-    maps::{LB_NODEADDRS_V1, LB_SERVICES_V2},
+    maps::{LB_NODEADDRS_V1, LB_SERVICES_V2, LB_SRCRANGES_V1},
     parse::Packet,
 };
+
+/// `loadBalancerSourceRanges`: a frontend with `SVC_F_SOURCE_RANGES` takes only packets
+/// whose source is in one of its ranges (a longest-prefix lookup of its service id and the
+/// source in `LB_SRCRANGES_V1`); `SourceRangeDenied` otherwise. One flag test for every
+/// other frontend.
+#[inline(always)]
+pub fn source_allowed(svc: &ServiceValue, pkt: &Packet) -> Result<(), DropReason> {
+    if svc.flags & SVC_F_SOURCE_RANGES == 0 {
+        return Ok(());
+    }
+    let key = Key::new(
+        64,
+        SrcRangeData {
+            svc_id_be: svc.svc_id.to_be_bytes(),
+            addr: pkt.src_addr,
+        },
+    );
+    match LB_SRCRANGES_V1.get(&key) {
+        Some(_) => Ok(()),
+        None => Err(DropReason::SourceRangeDenied),
+    }
+}
 
 /// The frontend a packet is addressed to, if any. `None` means "not a service": the packet
 /// is not ours and passes untouched.

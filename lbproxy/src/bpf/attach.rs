@@ -96,9 +96,10 @@ pub fn pinned_interfaces(dir: &Path) -> BTreeMap<Interface, Vec<PathBuf>> {
     out
 }
 
-/// Keeps the programs attached to exactly the pod interfaces that exist and match the globs,
-/// `LB_PODIFS_V1` listing exactly the attached ones the datapath may redirect into (none
-/// when the stack bypass is off), and `LB_SRCCHECK_V1` saying, for each of them, which
+/// Keeps the programs attached to exactly the pod interfaces that exist and match the globs
+/// (and `lb_from_node`/`lb_to_node` to the node's own interfaces, see [`Role`]),
+/// `LB_PODIFS_V1` listing exactly the attached pod interfaces (the stack bypass's redirect
+/// targets when it is on; north-south asks it whether a backend is on this node), and `LB_SRCCHECK_V1` saying, for each of them, which
 /// interface the route to a packet's source must lead out of ([`src_check_for`]).
 pub struct Attacher {
     globs: GlobSet,
@@ -106,6 +107,9 @@ pub struct Attacher {
     snat_port_range: (u16, u16),
     node_ifs: BpfHashMap<MapData, u32, NodeIf>,
     node_addrs: BpfHashMap<MapData, [u8; 4], NodeAddr>,
+    /// The addresses health-check servers bind: the node-port addresses when
+    /// `--nodeport-addresses` names CIDRs, none (every address) by default.
+    hc_addresses: tokio::sync::watch::Sender<Vec<std::net::IpAddr>>,
     attached: BTreeSet<Interface>,
     /// Pinned interfaces the last listing did not show; forgotten if the next one does not
     /// either.
@@ -124,8 +128,10 @@ impl Attacher {
         stack_bypass: bool,
         node_port_addresses: NodePortAddresses,
         snat_port_range: (u16, u16),
+        hc_addresses: tokio::sync::watch::Sender<Vec<std::net::IpAddr>>,
     ) -> Result<Self, BpfError> {
         Ok(Self {
+            hc_addresses,
             globs,
             node_port_addresses,
             snat_port_range,
@@ -282,6 +288,17 @@ impl Attacher {
                 )
             })
             .collect();
+        if matches!(self.node_port_addresses, NodePortAddresses::Cidrs(_)) {
+            let hc: Vec<std::net::IpAddr> = want_addrs
+                .keys()
+                .map(|a| std::net::IpAddr::from(*a))
+                .collect();
+            self.hc_addresses.send_if_modified(|v| {
+                let changed = *v != hc;
+                *v = hc;
+                changed
+            });
+        }
         let err = |name: &'static str| {
             move |source| BpfError::Map {
                 name,

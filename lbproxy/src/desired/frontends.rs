@@ -236,6 +236,13 @@ pub struct FrontendSpec {
     pub affinity_timeout_s: u32,
     /// Its kind (`ServiceValue::kind`): the datapath serves ClusterIPs to pods only.
     pub kind: FrontendKind,
+    /// `SVC_F_*` (`ServiceValue::flags`): `SVC_F_LOCAL_ONLY` when only this node's endpoints
+    /// may serve it and all of them are on other nodes; `SVC_F_SOURCE_RANGES` when only
+    /// sources in `src_ranges` may use it.
+    pub flags: u16,
+    /// A load-balancer IP's `loadBalancerSourceRanges` (IPv4, sorted, without duplicates);
+    /// empty for every other frontend and for `0.0.0.0/0`.
+    pub src_ranges: Vec<ipnet::Ipv4Net>,
 }
 
 pub type Desired = BTreeMap<Frontend, FrontendSpec>;
@@ -336,18 +343,68 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
             ));
         }
         let mut specs: BTreeMap<Scope, FrontendSpec> = BTreeMap::new();
+        // loadBalancerSourceRanges, for the load-balancer IPs only (as kube-proxy); a range
+        // of length 0 admits everyone, so the list then restricts nothing.
+        let mut ranges: Vec<ipnet::Ipv4Net> = svc
+            .load_balancer_source_ranges
+            .iter()
+            .filter_map(|n| match n {
+                ipnet::IpNet::V4(n) => Some(*n),
+                ipnet::IpNet::V6(_) => None,
+            })
+            .collect();
+        ranges.sort();
+        ranges.dedup();
+        if ranges.iter().any(|n| n.prefix_len() == 0) {
+            ranges.clear();
+        }
+        // Only IPv6 ranges: no IPv4 source is admitted.
+        let v6_only = ranges.is_empty()
+            && svc
+                .load_balancer_source_ranges
+                .iter()
+                .any(|n| matches!(n, ipnet::IpNet::V6(_)))
+            && !svc
+                .load_balancer_source_ranges
+                .iter()
+                .any(|n| n.prefix_len() == 0);
         for (kind, family, addr, frontend_port) in asked {
             match servable(kind, family, addr, port.protocol) {
                 Ok(addr) => {
                     let spec = specs
                         .entry(kind.scope())
                         .or_insert_with(|| {
-                            let set =
-                                endpoint_set(model, svc, port, node, local_only(svc, kind.scope()));
-                            spec_of(svc, port, &label, set)
+                            let local = local_only(svc, kind.scope());
+                            let set = endpoint_set(model, svc, port, node, local);
+                            // No endpoint here but some elsewhere: dropped, not rejected.
+                            let flags = if local
+                                && set.serving.is_empty()
+                                && !endpoint_set(model, svc, port, node, false)
+                                    .serving
+                                    .is_empty()
+                            {
+                                lbproxy_common::SVC_F_LOCAL_ONLY
+                            } else {
+                                0
+                            };
+                            FrontendSpec {
+                                flags,
+                                ..spec_of(svc, port, &label, set)
+                            }
                         })
                         .clone();
-                    let spec = FrontendSpec { kind, ..spec };
+                    let spec = if kind == FrontendKind::LoadBalancerIp
+                        && (!ranges.is_empty() || v6_only)
+                    {
+                        FrontendSpec {
+                            kind,
+                            flags: spec.flags | lbproxy_common::SVC_F_SOURCE_RANGES,
+                            src_ranges: ranges.clone(),
+                            ..spec
+                        }
+                    } else {
+                        FrontendSpec { kind, ..spec }
+                    };
                     out.served.push((
                         Frontend {
                             addr,
@@ -394,6 +451,8 @@ fn spec_of(svc: &Service, port: &ServicePort, label: &str, set: EndpointSet) -> 
         draining: v4(set.draining),
         affinity_timeout_s: svc.affinity_timeout_s,
         kind: FrontendKind::ClusterIp,
+        flags: 0,
+        src_ranges: Vec::new(),
     }
 }
 
@@ -771,6 +830,51 @@ status:
                 "{kind:?} {family:?} {proto:?}"
             );
         }
+    }
+
+    /// `loadBalancerSourceRanges` restrict the load-balancer IPs only (as kube-proxy), and
+    /// `0.0.0.0/0` restricts nothing.
+    #[test]
+    fn source_ranges_restrict_load_balancer_ips_only() {
+        let lb = |ranges: &str| {
+            frontends_of(&format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: lb, namespace: shop}}\nspec: {{type: LoadBalancer, clusterIP: 198.19.0.12, loadBalancerSourceRanges: {ranges}, ports: [{{port: 80, nodePort: 30080}}]}}\nstatus: {{loadBalancer: {{ingress: [{{ip: 192.0.2.1}}]}}}}\n"
+            ))
+        };
+        let f = lb("[203.0.113.0/24, 198.51.100.7/32, 203.0.113.0/24]");
+        assert_eq!(
+            served(&f),
+            vec![
+                "198.19.0.12:80/TCP",
+                "0.0.0.0:30080/TCP",
+                "192.0.2.1:80/TCP"
+            ]
+        );
+        let by_kind = |f: &ServiceFrontends, k: FrontendKind| {
+            f.served
+                .iter()
+                .find(|(_, s)| s.kind == k)
+                .map(|(_, s)| s.clone())
+                .unwrap()
+        };
+        let lbip = by_kind(&f, FrontendKind::LoadBalancerIp);
+        assert_eq!(
+            lbip.src_ranges
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
+            vec!["198.51.100.7/32", "203.0.113.0/24"]
+        );
+        assert_ne!(lbip.flags & lbproxy_common::SVC_F_SOURCE_RANGES, 0);
+        for k in [FrontendKind::ClusterIp, FrontendKind::NodePort] {
+            let s = by_kind(&f, k);
+            assert!(s.src_ranges.is_empty() && s.flags == 0, "{k:?}: {s:?}");
+        }
+        let open = by_kind(
+            &lb("[203.0.113.0/24, '0.0.0.0/0']"),
+            FrontendKind::LoadBalancerIp,
+        );
+        assert!(open.src_ranges.is_empty() && open.flags == 0, "{open:?}");
     }
 
     #[test]
