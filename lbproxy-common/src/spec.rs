@@ -77,10 +77,10 @@ impl MapSpec {
         }
     }
 
-    /// The same spec, created with `BPF_F_NO_PREALLOC` (hash maps only): memory for the
-    /// entries held, not for the capacity.
+    /// The same spec, created with `BPF_F_NO_PREALLOC` (hash maps, and LPM tries, which
+    /// the kernel refuses without it): memory for the entries held, not for the capacity.
     pub const fn no_prealloc(mut self) -> Self {
-        assert!(matches!(self.kind, MapKind::Hash));
+        assert!(matches!(self.kind, MapKind::Hash | MapKind::LpmTrie));
         self.flags |= BPF_F_NO_PREALLOC;
         self
     }

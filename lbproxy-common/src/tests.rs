@@ -188,11 +188,11 @@ fn zero_is_todays_behaviour() {
 }
 
 /// Every map is preallocated, but the informational unserved list, whose memory follows
-/// what it holds.
+/// what it holds, and the source-range trie (the kernel allows no other kind of LPM trie).
 #[test]
-fn only_the_unserved_list_is_not_preallocated() {
+fn only_the_unserved_list_and_the_trie_are_not_preallocated() {
     for s in MAPS {
-        let want = if s.name == unserved::SPEC.name {
+        let want = if s.name == unserved::SPEC.name || s.name == src_ranges::SPEC.name {
             spec::BPF_F_NO_PREALLOC
         } else {
             0

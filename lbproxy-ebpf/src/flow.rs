@@ -77,13 +77,28 @@ impl NatTarget {
     }
 }
 
-/// Where a new flow's packets come from as the backend sees them: the client itself, or,
-/// source-NATed, the node's address on the interface towards the backend with a port of the
-/// SNAT range (`min..=max`, host order).
+/// Where a new flow's packets come from as the backend sees them: the client itself
+/// ([`Source::CLIENT`]), or, source-NATed, the node's address `addr` on the interface
+/// towards the backend with a port of the SNAT range (`min..=max`, host order).
+///
+/// A struct whose every field is always set, not an enum with payload: the fields of an
+/// enum variant not taken are undefined, and LLVM may then compute with whatever register
+/// it likes, a map pointer included, which the verifier refuses.
 #[derive(Clone, Copy)]
-pub enum Source {
-    Client,
-    Snat { addr: [u8; 4], min: u16, max: u16 },
+pub struct Source {
+    pub snat: bool,
+    pub addr: [u8; 4],
+    pub min: u16,
+    pub max: u16,
+}
+
+impl Source {
+    pub const CLIENT: Source = Source {
+        snat: false,
+        addr: [0; 4],
+        min: 0,
+        max: 0,
+    };
 }
 
 /// Tries for a SNAT port: random ones first, then linear.
@@ -209,7 +224,7 @@ pub fn forward(
     seed: u64,
     ingress: u32,
     verify: impl Fn() -> Result<(), DropReason>,
-    source: impl Fn(&lbproxy_common::Backend) -> Result<Source, DropReason>,
+    source: impl Fn([u8; 4], u16) -> Result<Source, DropReason>,
 ) -> Result<NatTarget, Verdict> {
     let key = key_of(pkt, FLOW_DIR_FORWARD);
     let now = unsafe { bpf_ktime_get_coarse_ns() };
@@ -313,10 +328,11 @@ pub fn forward(
         peer_addr: pkt.src_addr,
         _reserved: 0,
     };
-    let nat_source = source(&backend).map_err(Verdict::Drop)?;
-    let peer_addr = match nat_source {
-        Source::Client => pkt.src_addr,
-        Source::Snat { addr, .. } => addr,
+    let nat_source = source(backend.addr, backend.port_be).map_err(Verdict::Drop)?;
+    let peer_addr = if nat_source.snat {
+        nat_source.addr
+    } else {
+        pkt.src_addr
     };
     let mut rkey = reply_key(
         backend.addr,
@@ -334,16 +350,16 @@ pub fn forward(
     // is used unless another live flow holds that tuple towards this backend.
     let claimed = if old_reply == Some(rkey) {
         insert(&rkey, &reply, BPF_ANY).is_ok()
-    } else if let Source::Snat { min, max, .. } = nat_source {
+    } else if nat_source.snat {
         let port = u16::from_be(pkt.src_port_be);
-        port >= min
-            && port <= max
+        port >= nat_source.min
+            && port <= nat_source.max
             && (insert(&rkey, &reply, BPF_NOEXIST).is_ok() || replace_if_stale(&rkey, &reply, &key))
     } else {
         insert(&rkey, &reply, BPF_NOEXIST).is_ok() || replace_if_stale(&rkey, &reply, &key)
     };
-    if let (false, Source::Snat { min, max, .. }) = (claimed, nat_source) {
-        rkey.dst_port_be = snat_port(&mut rkey, &reply, min, max)?;
+    if !claimed && nat_source.snat {
+        rkey.dst_port_be = snat_port(&mut rkey, &reply, nat_source.min, nat_source.max)?;
     } else if !claimed {
         let mut found = false;
         let mut attempt = 0;

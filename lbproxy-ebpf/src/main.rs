@@ -93,7 +93,7 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
         config.hash_seed(),
         source::ingress(ctx),
         || source::check(ctx, &pkt),
-        |_| Ok(flow::Source::Client),
+        |_, _| Ok(flow::Source::CLIENT),
     ) {
         Ok(to) => to,
         Err(Verdict::Drop(reason)) => return Err(reason),
@@ -216,7 +216,7 @@ fn try_from_node(ctx: &TcContext) -> Result<i32, DropReason> {
         config.hash_seed(),
         source::ingress(ctx),
         || Ok(()),
-        |b| north::source_for(ctx, &pkt, b),
+        |addr, port_be| north::source_for(ctx, &pkt, addr, port_be),
     ) {
         Ok(to) => to,
         Err(Verdict::Drop(reason)) => return Err(reason),

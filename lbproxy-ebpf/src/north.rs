@@ -17,7 +17,7 @@ use aya_ebpf::{
     helpers::generated::bpf_redirect_neigh,
     programs::TcContext,
 };
-use lbproxy_common::{Backend, DropReason};
+use lbproxy_common::DropReason;
 
 use crate::{
     deliver,
@@ -47,26 +47,25 @@ fn egress(
     Ok(p.ifindex)
 }
 
-/// Whether a new flow from outside to `backend` keeps the client's source address (the
-/// backend's route leads out of a pod interface of this node) or is source-NATed to the
-/// address of the node interface it leads out of, with that interface's port range. A
-/// route out of any other interface is `NorthSouthNoRoute`.
+/// Whether a new flow from outside to the backend `addr:port_be` keeps the client's source
+/// address (the backend's route leads out of a pod interface of this node) or is
+/// source-NATed to the address of the node interface it leads out of, with that interface's
+/// port range. A route out of any other interface is `NorthSouthNoRoute`.
 #[inline(always)]
-pub fn source_for(ctx: &TcContext, pkt: &Packet, backend: &Backend) -> Result<Source, DropReason> {
-    let out = egress(
-        ctx,
-        pkt.proto,
-        pkt.src_addr,
-        backend.addr,
-        pkt.src_port_be,
-        backend.port_be,
-    )?;
+pub fn source_for(
+    ctx: &TcContext,
+    pkt: &Packet,
+    addr: [u8; 4],
+    port_be: u16,
+) -> Result<Source, DropReason> {
+    let out = egress(ctx, pkt.proto, pkt.src_addr, addr, pkt.src_port_be, port_be)?;
     // SAFETY: plain lookups, the values copied out at once.
     if unsafe { LB_PODIFS_V1.get(out) }.is_some() {
-        return Ok(Source::Client);
+        return Ok(Source::CLIENT);
     }
     let nif = unsafe { LB_NODEIFS_V1.get(out) }.copied().ok_or(NO_ROUTE)?;
-    Ok(Source::Snat {
+    Ok(Source {
+        snat: true,
         addr: nif.snat_addr,
         min: nif.snat_port_min,
         max: nif.snat_port_max,

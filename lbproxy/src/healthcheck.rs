@@ -115,7 +115,7 @@ pub fn local_endpoints(
     let mut ips: BTreeSet<&IpAddr> = BTreeSet::new();
     for slice in model.slices_of(service).filter(|s| !s.ports.is_empty()) {
         for ep in &slice.endpoints {
-            if ep.ready && !ep.terminating && ep.node_name.as_deref() == Some(node) {
+            if ep.ready && !ep.terminating && ep.on_node(node) {
                 ips.extend(ep.addresses.iter().filter(|ip| Family::of(ip) == family));
             }
         }
@@ -175,6 +175,7 @@ impl HealthCheckServers {
     }
 
     /// The ports served now.
+    #[cfg(test)]
     pub fn ports(&self) -> Vec<u16> {
         self.running.keys().copied().collect()
     }

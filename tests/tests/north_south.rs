@@ -118,6 +118,14 @@ impl Setup {
 
     fn logs(&self) -> String {
         let mut out = self.lab.diagnostics();
+        for node in NodeId::ALL {
+            for what in ["services", "flows", "drops"] {
+                out.push_str(&format!(
+                    "\n--- {node}: inspect {what}\n{:#}",
+                    inspect(&self.lab, node, what)
+                ));
+            }
+        }
         for lb in &self.lbs {
             out.push_str(&format!("\n--- lbproxy {:?}\n{}", lb.argv(), lb.log()));
         }

@@ -17,20 +17,26 @@ use crate::{
 /// other frontend.
 #[inline(always)]
 pub fn source_allowed(svc: &ServiceValue, pkt: &Packet) -> Result<(), DropReason> {
-    if svc.flags & SVC_F_SOURCE_RANGES == 0 {
+    if svc.flags & SVC_F_SOURCE_RANGES == 0
+        || in_ranges(svc.svc_id, u32::from_ne_bytes(pkt.src_addr)) != 0
+    {
         return Ok(());
     }
+    Err(DropReason::SourceRangeDenied)
+}
+
+/// 1 when `src` (network order, as read) is in one of frontend `svc_id`'s ranges. Its own
+/// BPF function, so the trie lookup's key and registers stay out of the callers' frames.
+#[inline(never)]
+fn in_ranges(svc_id: u32, src: u32) -> u32 {
     let key = Key::new(
         64,
         SrcRangeData {
-            svc_id_be: svc.svc_id.to_be_bytes(),
-            addr: pkt.src_addr,
+            svc_id_be: svc_id.to_be_bytes(),
+            addr: src.to_ne_bytes(),
         },
     );
-    match LB_SRCRANGES_V1.get(&key) {
-        Some(_) => Ok(()),
-        None => Err(DropReason::SourceRangeDenied),
-    }
+    u32::from(LB_SRCRANGES_V1.get(&key).is_some())
 }
 
 /// The frontend a packet is addressed to, if any. `None` means "not a service": the packet

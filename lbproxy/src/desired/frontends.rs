@@ -514,11 +514,13 @@ mod tests {
         let m = model_of(&format!(
             "{svc}{}",
             slice_with(
-                "[{addresses: [198.18.0.2], nodeName: a}, {addresses: [198.18.0.3], nodeName: b}]"
+                "[{addresses: [198.18.0.2], nodeName: nodeA}, {addresses: [198.18.0.3], nodeName: b}]"
             )
         ));
+        // This node's name is lowercased (as kube-proxy does); nodeName matches it whatever
+        // its case.
         assert_eq!(
-            addrs(&desired(&m, "a").values().next().unwrap().backends),
+            addrs(&desired(&m, "nodea").values().next().unwrap().backends),
             vec!["198.18.0.2"]
         );
         assert!(
