@@ -141,6 +141,12 @@ struct Seen {
     errors: Vec<String>,
 }
 
+impl Seen {
+    fn replies(&self) -> usize {
+        self.by_backend.values().map(|e| e.1).sum()
+    }
+}
+
 /// `n` requests (new TCP connections, or UDP datagrams each from a new socket) from `ns` to
 /// `addr:port`; each reply must come from `addr:port`.
 fn requests(ns: &str, udp: bool, addr: Ipv4Addr, port: u16, n: usize) -> Seen {
@@ -563,4 +569,50 @@ fn restart_keeps_snat_flows() {
     }
     let seen = requests(&client.netns, false, a, NODE_PORT_TCP, 8);
     assert!(seen.errors.is_empty(), "{seen:?}\n{}", s.logs());
+}
+
+/// `loadBalancerSourceRanges` apply to the load-balancer IP only: a client inside the range
+/// reaches it, one outside is dropped and counted (`source_range_denied`), and both reach
+/// the NodePort and the externalIP.
+#[test]
+fn load_balancer_source_ranges_filter_the_lb_ip_only() {
+    let inside = Ipv4Addr::new(198, 18, 80, 100);
+    let s = Setup::with(
+        "Cluster",
+        true,
+        &format!("loadBalancerSourceRanges: ['{inside}/32']"),
+    );
+    let ok = s.lab.add_client("ok");
+    let other = s.lab.add_client("other");
+    assert_eq!(ok.ip, inside, "the first client is the one in the range");
+    let a = s.lab.node(NodeId::A).ip;
+    for c in [&ok, &other] {
+        c.route_via("198.19.0.0/16", s.lab.node(NodeId::A));
+    }
+    let seen = requests(&ok.netns, false, LB_IP, 80, 8);
+    assert!(
+        seen.errors.is_empty() && seen.replies() == 8,
+        "inside the range: {seen:?}\n{}",
+        s.logs()
+    );
+    let before = drop_count(&s.lab, NodeId::A, "source_range_denied");
+    let r = tcp_request(&other.netns, LB_IP, 80, Duration::from_millis(700));
+    assert!(
+        r.is_err(),
+        "outside the range the LB IP must not answer: {r:?}"
+    );
+    let u = udp_request(&other.netns, LB_IP, 53, Duration::from_millis(300), None);
+    assert!(u.is_err(), "outside the range, UDP: {u:?}");
+    assert!(
+        drop_count(&s.lab, NodeId::A, "source_range_denied") >= before + 2,
+        "source_range_denied counted\n{}",
+        s.logs()
+    );
+    for (addr, port) in [(a, NODE_PORT_TCP), (EXTERNAL_IP, 80)] {
+        let seen = requests(&other.netns, false, addr, port, 4);
+        assert!(
+            seen.errors.is_empty() && seen.replies() == 4,
+            "the ranges do not apply to {addr}:{port}: {seen:?}"
+        );
+    }
 }
