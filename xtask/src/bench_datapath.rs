@@ -23,9 +23,9 @@
 //! Medians over rounds are reported with ratios against direct; `results.json` and PNG plots
 //! go to `--out`.
 
-mod load;
+pub(crate) mod load;
 mod plot;
-mod rules;
+pub(crate) mod rules;
 
 pub(crate) use rules::hash16;
 
