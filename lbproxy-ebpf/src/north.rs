@@ -14,7 +14,7 @@
 
 use aya_ebpf::{
     bindings::{BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS},
-    helpers::generated::bpf_redirect_neigh,
+    helpers::generated::{bpf_redirect, bpf_redirect_neigh},
     programs::TcContext,
 };
 use lbproxy_common::DropReason;
@@ -28,9 +28,34 @@ use crate::{
 
 const NO_ROUTE: DropReason = DropReason::NorthSouthNoRoute;
 
-/// The egress interface the FIB gives for `proto` from `src:sport` to `dst:dport`, or
-/// `NorthSouthNoRoute`. A missing neighbour entry is not an error: `bpf_redirect_neigh`
+/// The next hop the FIB gives for `proto` from `src:sport` to `dst:dport`: the egress
+/// interface and, when the neighbour is known, the MACs (destination then source) to write;
+/// or `NorthSouthNoRoute`. A missing neighbour entry is not an error: `bpf_redirect_neigh`
 /// resolves it.
+#[inline(always)]
+fn next_hop(
+    ctx: &TcContext,
+    proto: u8,
+    src: [u8; 4],
+    dst: [u8; 4],
+    sport_be: u16,
+    dport_be: u16,
+) -> Result<(u32, Option<[u8; 12]>), DropReason> {
+    let (rc, p, _) = deliver::fib(ctx, proto, src, dst, sport_be, dport_be);
+    if rc == i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
+        let (d, sm) = (p.dmac, p.smac);
+        let macs = [
+            d[0], d[1], d[2], d[3], d[4], d[5], sm[0], sm[1], sm[2], sm[3], sm[4], sm[5],
+        ];
+        return Ok((p.ifindex, Some(macs)));
+    }
+    if rc == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
+        return Ok((p.ifindex, None));
+    }
+    Err(NO_ROUTE)
+}
+
+/// The egress interface alone (see [`next_hop`]).
 #[inline(always)]
 fn egress(
     ctx: &TcContext,
@@ -40,11 +65,7 @@ fn egress(
     sport_be: u16,
     dport_be: u16,
 ) -> Result<u32, DropReason> {
-    let (rc, p, _) = deliver::fib(ctx, proto, src, dst, sport_be, dport_be);
-    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) && rc != i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
-        return Err(NO_ROUTE);
-    }
-    Ok(p.ifindex)
+    next_hop(ctx, proto, src, dst, sport_be, dport_be).map(|(i, _)| i)
 }
 
 /// Whether a new flow from outside to the backend `addr:port_be` keeps the client's source
@@ -73,9 +94,11 @@ pub fn source_for(
 }
 
 /// Sends a packet already translated to `src -> to` out of the interface the FIB gives for
-/// it, decrementing the TTL as the stack's hop would (the header checksum updated), and
-/// lets the kernel fill in the MACs. Returns the TC action, or `NorthSouthNoRoute` (also
-/// for a TTL that would reach 0).
+/// it, decrementing the TTL as the stack's hop would (the header checksum updated). With the
+/// neighbour known, the FIB's MACs are written and the packet is redirected (one FIB lookup
+/// per packet, as Cilium's `fib_redirect`); otherwise the kernel resolves the neighbour
+/// (`bpf_redirect_neigh`). Returns the TC action, or `NorthSouthNoRoute` (also for a TTL
+/// that would reach 0).
 #[inline(always)]
 pub fn redirect(
     ctx: &TcContext,
@@ -83,7 +106,7 @@ pub fn redirect(
     src: ([u8; 4], u16),
     to: ([u8; 4], u16),
 ) -> Result<i32, DropReason> {
-    let out = egress(ctx, pkt.proto, src.0, to.0, src.1, to.1)?;
+    let (out, macs) = next_hop(ctx, pkt.proto, src.0, to.0, src.1, to.1)?;
     let ttl: *const [u8; 2] = ptr_at(ctx, IP_TTL_OFF).ok_or(NO_ROUTE)?;
     // SAFETY: bounds-checked by ptr_at. TTL and protocol form one 16-bit checksum word.
     let old = unsafe { *ttl };
@@ -100,6 +123,11 @@ pub fn redirect(
     .map_err(|_| DropReason::NatFailed)?;
     ctx.store(IP_TTL_OFF, &new, 0)
         .map_err(|_| DropReason::NatFailed)?;
+    if let Some(macs) = macs {
+        ctx.store(0, &macs, 0).map_err(|_| DropReason::NatFailed)?;
+        // SAFETY: a helper call with no pointer arguments.
+        return Ok(unsafe { bpf_redirect(out, 0) } as i32);
+    }
     // SAFETY: no parameters: the kernel looks the next hop up itself.
     Ok(unsafe { bpf_redirect_neigh(out, core::ptr::null_mut(), 0, 0) } as i32)
 }
