@@ -111,11 +111,20 @@ fn try_route(
     if unsafe { LB_PODIFS_V1.get(out) }.is_none() {
         return Err(Delivery::StackNotPodInterface);
     }
-    let (d, sm) = (p.dmac, p.smac);
-    let macs = [
-        d[0], d[1], d[2], d[3], d[4], d[5], sm[0], sm[1], sm[2], sm[3], sm[4], sm[5],
-    ];
-    Ok(Peer { ifindex: out, macs })
+    Ok(Peer {
+        ifindex: out,
+        macs: macs(&p),
+    })
+}
+
+/// The destination then source MAC of a FIB answer: the first 12 bytes of the frame as the
+/// stack's hop would write them.
+#[inline(always)]
+pub fn macs(p: &FibParams) -> [u8; 12] {
+    let (d, s) = (p.dmac, p.smac);
+    [
+        d[0], d[1], d[2], d[3], d[4], d[5], s[0], s[1], s[2], s[3], s[4], s[5],
+    ]
 }
 
 /// The kernel FIB's answer (`bpf_fib_lookup`'s return code and parameters) for a packet of

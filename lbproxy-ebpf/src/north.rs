@@ -43,11 +43,7 @@ fn next_hop(
 ) -> Result<(u32, Option<[u8; 12]>), DropReason> {
     let (rc, p, _) = deliver::fib(ctx, proto, src, dst, sport_be, dport_be);
     if rc == i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
-        let (d, sm) = (p.dmac, p.smac);
-        let macs = [
-            d[0], d[1], d[2], d[3], d[4], d[5], sm[0], sm[1], sm[2], sm[3], sm[4], sm[5],
-        ];
-        return Ok((p.ifindex, Some(macs)));
+        return Ok((p.ifindex, Some(deliver::macs(&p))));
     }
     if rc == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
         return Ok((p.ifindex, None));

@@ -616,3 +616,52 @@ fn load_balancer_source_ranges_filter_the_lb_ip_only() {
         );
     }
 }
+
+/// The flow lifecycle holds for north-south flows as for ClusterIP ones: a UDP flow from a
+/// fixed source port through nodeA's NodePort moves to a live backend on its next datagram
+/// once its backend leaves the slice, and an open TCP connection to the backend that left
+/// is reset on its next segment instead of hanging.
+#[test]
+fn a_removed_backends_north_south_flows_move_or_reset() {
+    let s = Setup::new("Cluster");
+    let client = s.lab.add_client("ext");
+    let a = s.lab.node(NodeId::A).ip;
+    // A UDP flow from one source port, and a TCP connection, both on one backend.
+    let (first, _) = udp_request(&client.netns, a, NODE_PORT_UDP, TIMEOUT, Some(40_053))
+        .unwrap_or_else(|e| panic!("UDP: {e}\n{}", s.logs()));
+    let mut conn = loop {
+        let mut c = client.connect(a, NODE_PORT_TCP, TIMEOUT).unwrap();
+        if c.request().unwrap().backend == first.backend {
+            break c;
+        }
+    };
+    let keep = if first.backend == "a1" { &s.b1 } else { &s.a1 };
+    s.lab
+        .write_manifest_text(&manifest(&s.lab, &[keep], "Cluster"));
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = udp_request(
+            &client.netns,
+            a,
+            NODE_PORT_UDP,
+            Duration::from_millis(500),
+            Some(40_053),
+        );
+        match r {
+            Ok((reply, _)) if reply.backend == keep.name => break,
+            other => assert!(
+                Instant::now() < until,
+                "the UDP flow stays on {}: {other:?}\n{}",
+                first.backend,
+                s.logs()
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let r = conn.request();
+    assert!(
+        matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the open TCP connection to {} is reset: {r:?}",
+        first.backend
+    );
+}

@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
@@ -28,6 +28,7 @@ use crate::bench_datapath::load::{self, Load, Server};
 use crate::bench_datapath::rules::{
     IPERF_NODE_PORT, IPERF_PORT, Services, TCP_NODE_PORT, TCP_TARGET,
 };
+use crate::bench_datapath::{IperfServer, median, pipe};
 use crate::{setup, util};
 
 const TAG: &str = "bench northsouth";
@@ -93,16 +94,6 @@ struct Bench {
     yaml: String,
     secs: Duration,
     workers: usize,
-}
-
-/// An `iperf3 -s` in a pod, killed on drop.
-struct IperfServer(Child);
-
-impl Drop for IperfServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 impl Bench {
@@ -246,42 +237,6 @@ impl Bench {
         d?;
         Ok(s)
     }
-}
-
-fn pipe(mut cmd: Command, input: &str) -> Result<Duration> {
-    use std::io::Write as _;
-    let t = Instant::now();
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {}", util::display(&cmd)))?;
-    child
-        .stdin
-        .take()
-        .context("stdin")?
-        .write_all(input.as_bytes())?;
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        bail!(
-            "`{}` failed ({}): {}",
-            util::display(&cmd),
-            out.status,
-            err.chars().take(2000).collect::<String>()
-        );
-    }
-    Ok(t.elapsed())
-}
-
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.retain(|x| x.is_finite());
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    Some(v[v.len() / 2])
 }
 
 fn bench_n(
