@@ -60,6 +60,20 @@ counter_enum! {
         /// not route back out of that interface (or its bridge): a spoofed source, dropped
         /// before it can take a flow entry.
         SpoofedSource = 18 => "spoofed_source",
+        /// A flow from outside the node to a backend on another node found no free port in
+        /// the SNAT range towards that backend (each port is unique per SNAT address,
+        /// backend address and port, and protocol): dropped.
+        SnatNoPort = 19 => "snat_no_port",
+        /// A source-NATed packet (from outside to a remote backend, or a remote backend's
+        /// reply) had no route, or no node interface to leave by: dropped.
+        NorthSouthNoRoute = 20 => "north_south_no_route",
+        /// Traffic from outside to a frontend with `externalTrafficPolicy: Local` whose
+        /// endpoints are all on other nodes: dropped, as kube-proxy does (a load balancer's
+        /// health check steers it elsewhere).
+        NoLocalEndpoint = 21 => "no_local_endpoint",
+        /// A packet to a load-balancer IP from a source outside its Service's
+        /// `loadBalancerSourceRanges`: dropped, as kube-proxy's firewall chain does.
+        SourceRangeDenied = 22 => "source_range_denied",
     }
 }
 

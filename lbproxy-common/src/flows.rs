@@ -1,12 +1,14 @@
-//! `LB_FLOWS_V2`: the datapath's own flow table (an LRU hash), not the kernel's conntrack.
+//! `LB_FLOWS_V3`: the datapath's own flow table (an LRU hash), not the kernel's conntrack.
 //!
 //! A flow is two entries, its two halves: a forward entry keyed by the client's packet
 //! (client -> VIP) and a reply entry keyed by the backend's packet (backend -> client). Each
 //! half names the other (see [`FlowValue`]), so either can find and, when the LRU or the
 //! collector removed it alone, recreate its partner. Both halves are expired together.
 //!
-//! `LB_FLOWS_V1` (32-byte values, without the client port a tuple clash rewrites, nor the
-//! per-direction FIN/RST flags) is migrated into V2 at start ([`crate::MIGRATED`]).
+//! Earlier layouts are migrated into V3 at start ([`crate::MIGRATED`]): `LB_FLOWS_V1`
+//! (32-byte values, without the client port a tuple clash rewrites, nor the per-direction
+//! FIN/RST flags) and `LB_FLOWS_V2` (40-byte values, without the client address a source
+//! NAT rewrites).
 
 use crate::spec::{MapKind, MapSpec};
 
@@ -32,11 +34,12 @@ pub const FLOW_F_RST: u8 = 0x02;
 pub const FLOW_DIR_FORWARD: u8 = 0;
 pub const FLOW_DIR_REPLY: u8 = 1;
 
-/// Key of `LB_FLOWS_V2` (and V1).
+/// Key of `LB_FLOWS_V3` (and V2, V1).
 ///
 /// A forward entry is keyed by the packet as the client sent it (client -> VIP). A reply
 /// entry is keyed by the packet as the backend sends it (backend -> client), with the
-/// client's port as the backend sees it (rewritten when the flow's tuple clashed).
+/// client's address and port as the backend sees them (the node's address and another port
+/// when the flow is source-NATed, another port when its tuple clashed).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FlowKey {
@@ -58,7 +61,7 @@ impl FlowKey {
         if self.dir == FLOW_DIR_FORWARD {
             FlowKey {
                 src_addr: v.nat_addr,
-                dst_addr: self.src_addr,
+                dst_addr: v.peer_addr,
                 src_port_be: v.nat_port_be,
                 dst_port_be: v.peer_port_be,
                 proto: self.proto,
@@ -67,7 +70,7 @@ impl FlowKey {
             }
         } else {
             FlowKey {
-                src_addr: self.dst_addr,
+                src_addr: v.peer_addr,
                 dst_addr: v.nat_addr,
                 src_port_be: v.peer_port_be,
                 dst_port_be: v.nat_port_be,
@@ -79,17 +82,19 @@ impl FlowKey {
     }
 }
 
-/// Value of `LB_FLOWS_V2`.
+/// Value of `LB_FLOWS_V3`.
 ///
 /// - Forward entry: the destination becomes `nat_addr:nat_port_be` (the backend) and the
-///   source port becomes `peer_port_be`: the client's own port, or another one when the
-///   client's tuple towards this backend was already taken by a flow through another VIP
-///   (a tuple clash, resolved as netfilter does).
+///   source becomes `peer_addr:peer_port_be`: the client's own address and port, or
+///   - another port when the client's tuple towards this backend was already taken by a
+///     flow through another VIP (a tuple clash, resolved as netfilter does);
+///   - the node's address and a port of the SNAT range, for traffic from outside the node
+///     to a backend on another node (source NAT, so the replies come back through here).
 /// - Reply entry: the source becomes `nat_addr:nat_port_be` (the VIP) and the destination
-///   port becomes `peer_port_be` (the client's own port again).
+///   becomes `peer_addr:peer_port_be` (the client's own address and port again).
 ///
-/// The partner of a forward entry is the reply key (nat, client:peer_port); the partner of a
-/// reply entry is the forward key (client:peer_port -> nat). Each half writes only its own
+/// The partner of a forward entry is the reply key (nat -> peer); the partner of a reply
+/// entry is the forward key (peer -> nat). Each half writes only its own
 /// `flags`; `state` is written single-byte in both halves. Whole entries are only ever
 /// replaced through a map update, never written in place, so no CPU reads a torn entry.
 ///
@@ -114,8 +119,14 @@ pub struct FlowValue {
     pub ifindex: u32,
     pub created_ns: u64,
     pub last_seen_ns: u64,
+    /// Forward half: the source address the backend sees (the client's own, or the node's
+    /// when source-NATed). Reply half: the client's own address, restored as the
+    /// destination.
+    pub peer_addr: [u8; 4],
+    /// Zero; room for more without a new layout.
+    pub _reserved: u32,
 }
-const _: () = assert!(core::mem::size_of::<FlowValue>() == 40);
+const _: () = assert!(core::mem::size_of::<FlowValue>() == 48);
 
 impl FlowValue {
     /// Whether this flow is over as far as this half can tell: a RST either way, or (with
@@ -125,7 +136,39 @@ impl FlowValue {
         (self.flags | partner_flags) & FLOW_F_RST != 0
             || (self.flags & partner_flags & FLOW_F_FIN) != 0
     }
+
+    /// Whether this flow is source-NATed: the backend sees another source address than the
+    /// client's (`key` is this half's key). Its packets are then redirected by the datapath,
+    /// since the stack drops a packet that arrives with one of the node's own addresses as
+    /// its source.
+    #[inline(always)]
+    pub fn snat(&self, key: &FlowKey) -> bool {
+        if key.dir == FLOW_DIR_FORWARD {
+            self.peer_addr != key.src_addr
+        } else {
+            self.peer_addr != key.dst_addr
+        }
+    }
 }
+
+/// Value of `LB_FLOWS_V2`, read once at start to migrate it: [`FlowValue`] without
+/// `peer_addr` (always the client's own address then).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlowValueV2 {
+    pub nat_addr: [u8; 4],
+    pub nat_port_be: u16,
+    pub peer_port_be: u16,
+    pub state: u8,
+    pub flags: u8,
+    pub _pad: [u8; 2],
+    pub svc_id: u32,
+    pub backend_id: u32,
+    pub ifindex: u32,
+    pub created_ns: u64,
+    pub last_seen_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<FlowValueV2>() == 40);
 
 /// Value of `LB_FLOWS_V1`, read once at start to migrate it.
 #[repr(C)]
@@ -144,13 +187,21 @@ const _: () = assert!(core::mem::size_of::<FlowValueV1>() == 32);
 
 /// `max_entries` is the default; the loader overrides it with `--flow-map-size`.
 pub const SPEC: MapSpec = MapSpec::of::<FlowKey, FlowValue>(
+    "LB_FLOWS_V3",
+    "flows",
+    MapKind::LruHash,
+    DEFAULT_FLOW_MAP_SIZE,
+);
+
+/// The layout before source NAT (no client address in the value); migrated into V3 at start.
+pub const SPEC_V2: MapSpec = MapSpec::of::<FlowKey, FlowValueV2>(
     "LB_FLOWS_V2",
     "flows",
     MapKind::LruHash,
     DEFAULT_FLOW_MAP_SIZE,
 );
 
-/// The layout before tuple-clash ports and per-direction flags; migrated into V2 at start.
+/// The layout before tuple-clash ports and per-direction flags; migrated into V3 at start.
 pub const SPEC_V1: MapSpec = MapSpec::of::<FlowKey, FlowValueV1>(
     "LB_FLOWS_V1",
     "flows",

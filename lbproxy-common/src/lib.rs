@@ -77,11 +77,14 @@ pub mod flows;
 pub mod frags;
 pub mod labels;
 pub mod members;
+pub mod node_addrs;
+pub mod node_ifs;
 pub mod pod_ifs;
 pub mod select;
 pub mod services;
 pub mod slots;
 pub mod src_check;
+pub mod src_ranges;
 pub mod unserved;
 
 pub use affinity::{AffinityKey, AffinityValue, MAX_AFFINITY};
@@ -92,20 +95,23 @@ pub use drops::DropReason;
 pub use flows::{
     DEFAULT_FLOW_MAP_SIZE, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_F_FIN, FLOW_F_RST,
     FLOW_STATE_CLOSING_V1, FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE, FLOW_STATE_SYN_SENT, FlowKey,
-    FlowValue, FlowValueV1,
+    FlowValue, FlowValueV1, FlowValueV2,
 };
 pub use frags::{FragKey, FragPorts, MAX_FRAG_DATAGRAMS};
 pub use labels::{ServiceLabel, nul_padded};
 pub use members::MemberKey;
+pub use node_addrs::{MAX_NODE_ADDRS, NODE_ADDR_F_NODEPORT, NodeAddr};
+pub use node_ifs::{DEFAULT_SNAT_PORT_MAX, DEFAULT_SNAT_PORT_MIN, MAX_NODE_IFS, NodeIf};
 pub use pod_ifs::{MAX_POD_IFS, POD_IF_NETKIT, POD_IF_VETH, PodIf};
 pub use services::{
-    MAX_SERVICES, SCOPE_DEFAULT, SCOPE_INTERNAL, SVC_F_LOCAL_ONLY, SVC_F_SNAT, SVC_F_SPLIT_SCOPE,
-    SVC_KIND_CLUSTER_IP, SVC_KIND_EXTERNAL_IP, SVC_KIND_LOAD_BALANCER, SVC_KIND_NODE_PORT,
-    ServiceKey, ServiceValue, ServiceValueV1,
+    MAX_SERVICES, SCOPE_DEFAULT, SCOPE_INTERNAL, SVC_F_LOCAL_ONLY, SVC_F_SNAT, SVC_F_SOURCE_RANGES,
+    SVC_F_SPLIT_SCOPE, SVC_KIND_CLUSTER_IP, SVC_KIND_EXTERNAL_IP, SVC_KIND_LOAD_BALANCER,
+    SVC_KIND_NODE_PORT, ServiceKey, ServiceValue, ServiceValueV1,
 };
 pub use slots::{MAX_SLOTS, SlotKey};
 pub use spec::{MapKind, MapSpec};
 pub use src_check::{MAX_SRC_CHECKS, SrcCheck};
+pub use src_ranges::{MAX_SRC_RANGES, SrcRangeData, SrcRangeKey, SrcRangeValue};
 pub use unserved::{FAMILY_IPV4, FAMILY_IPV6, UnservedKey, UnservedValue};
 
 pod!(
@@ -118,6 +124,7 @@ pod!(
     FlowKey,
     FlowValue,
     FlowValueV1,
+    FlowValueV2,
     ServiceLabel,
     UnservedKey,
     UnservedValue,
@@ -128,6 +135,10 @@ pod!(
     FragKey,
     FragPorts,
     SrcCheck,
+    NodeIf,
+    NodeAddr,
+    SrcRangeData,
+    SrcRangeKey,
 );
 
 /// Every map the controller pins, and the datapath declares.
@@ -146,11 +157,15 @@ pub const MAPS: &[MapSpec] = &[
     unserved::SPEC,
     frags::SPEC,
     src_check::SPEC,
+    node_ifs::SPEC,
+    node_addrs::SPEC,
+    src_ranges::SPEC,
 ];
 
 /// Earlier layouts a controller reads once at start, copies into their successor, then
-/// unpins: `LB_SERVICES_V1` into `LB_SERVICES_V2`, `LB_FLOWS_V1` into `LB_FLOWS_V2`.
-pub const MIGRATED: &[MapSpec] = &[services::SPEC_V1, flows::SPEC_V1];
+/// unpins: `LB_SERVICES_V1` into `LB_SERVICES_V2`, `LB_FLOWS_V1` and `LB_FLOWS_V2` into
+/// `LB_FLOWS_V3`.
+pub const MIGRATED: &[MapSpec] = &[services::SPEC_V1, flows::SPEC_V1, flows::SPEC_V2];
 
 /// Earlier layouts a controller unpins at start without reading them: `LB_DROPS_V1` had room
 /// for 6 reasons only, and counters are statistics, so nothing is migrated.
@@ -172,9 +187,11 @@ pub mod map_names {
     pub const SLOTS: &str = crate::slots::SPEC.name;
     pub const BACKENDS: &str = crate::backends::SPEC.name;
     pub const FLOWS: &str = crate::flows::SPEC.name;
-    /// The flow layout before tuple-clash ports; migrated into V2 at start (every live flow
+    /// The flow layout before tuple-clash ports; migrated into V3 at start (every live flow
     /// keeps its backend).
     pub const FLOWS_V1: &str = crate::flows::SPEC_V1.name;
+    /// The flow layout before source NAT; migrated into V3 at start.
+    pub const FLOWS_V2: &str = crate::flows::SPEC_V2.name;
     pub const DROPS: &str = crate::drops::SPEC.name;
     /// Earlier layouts a controller removes at start ([`crate::RETIRED`]).
     pub const RETIRED: [&str; crate::RETIRED.len()] = {
@@ -205,6 +222,12 @@ pub mod map_names {
     pub const FRAGS: &str = crate::frags::SPEC.name;
     /// The interface each pod interface's sources must route back out of, by ifindex.
     pub const SRC_CHECK: &str = crate::src_check::SPEC.name;
+    /// The node's own interfaces for north-south traffic (SNAT address, port range).
+    pub const NODE_IFS: &str = crate::node_ifs::SPEC.name;
+    /// The node's addresses that serve NodePorts.
+    pub const NODE_ADDRS: &str = crate::node_addrs::SPEC.name;
+    /// Each load-balancer IP's `loadBalancerSourceRanges`, by (service id, prefix).
+    pub const SRC_RANGES: &str = crate::src_ranges::SPEC.name;
     /// Every map the controller pins: the names of [`MAPS`], in its order.
     pub const PINNED: [&str; MAPS.len()] = {
         let mut out = [""; MAPS.len()];
@@ -223,6 +246,10 @@ pub mod program_names {
     pub const FROM_POD: &str = "lb_from_pod";
     /// tcx egress on the host side of a pod interface: traffic entering the pod.
     pub const TO_POD: &str = "lb_to_pod";
+    /// tcx ingress on a node interface (an uplink): traffic from outside the node.
+    pub const FROM_NODE: &str = "lb_from_node";
+    /// tcx egress on a node interface: traffic leaving the node.
+    pub const TO_NODE: &str = "lb_to_node";
 }
 
 pub const IPPROTO_TCP: u8 = 6;

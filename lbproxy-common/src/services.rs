@@ -35,12 +35,17 @@ pub const SVC_KIND_LOAD_BALANCER: u8 = 3;
 /// Look the frontend up again with [`SCOPE_INTERNAL`] when the source is in the cluster: this
 /// entry serves external clients only.
 pub const SVC_F_SPLIT_SCOPE: u16 = 1 << 0;
-/// Only node-local backends are in this entry's slots (`externalTrafficPolicy: Local` or
-/// `internalTrafficPolicy: Local`); with none, drop rather than fall back to remote ones.
+/// Only node-local backends are in this entry's slots (`externalTrafficPolicy: Local`) and
+/// other nodes have endpoints: with none here (count 0), traffic is dropped
+/// (`no_local_endpoint`), as kube-proxy does, not rejected: the client's load balancer is
+/// expected to steer it to a node that has some (the health check says which).
 pub const SVC_F_LOCAL_ONLY: u16 = 1 << 1;
 /// SNAT the client to the node's address before forwarding (traffic that arrives from outside
 /// the node and leaves to a remote backend, so replies come back through this node).
 pub const SVC_F_SNAT: u16 = 1 << 2;
+/// Only sources in this frontend's `loadBalancerSourceRanges` (`LB_SRCRANGES_V1`, keyed by
+/// its `svc_id`) may use it; others are dropped (`source_range_denied`).
+pub const SVC_F_SOURCE_RANGES: u16 = 1 << 3;
 
 /// Key of `LB_SERVICES_V2` (and of the retired `LB_SERVICES_V1`): one frontend, a
 /// VIP:port/proto, in one lookup scope.

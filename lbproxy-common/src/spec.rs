@@ -16,6 +16,8 @@ pub enum MapKind {
     Array,
     /// `BPF_MAP_TYPE_PERCPU_ARRAY`.
     PerCpuArray,
+    /// `BPF_MAP_TYPE_LPM_TRIE`.
+    LpmTrie,
 }
 
 impl MapKind {
@@ -27,6 +29,7 @@ impl MapKind {
             MapKind::LruHash => aya::maps::MapType::LruHash,
             MapKind::Array => aya::maps::MapType::Array,
             MapKind::PerCpuArray => aya::maps::MapType::PerCpuArray,
+            MapKind::LpmTrie => aya::maps::MapType::LpmTrie,
         }
     }
 }
@@ -74,10 +77,10 @@ impl MapSpec {
         }
     }
 
-    /// The same spec, created with `BPF_F_NO_PREALLOC` (hash maps only): memory for the
-    /// entries held, not for the capacity.
+    /// The same spec, created with `BPF_F_NO_PREALLOC` (hash maps, and LPM tries, which
+    /// the kernel refuses without it): memory for the entries held, not for the capacity.
     pub const fn no_prealloc(mut self) -> Self {
-        assert!(matches!(self.kind, MapKind::Hash));
+        assert!(matches!(self.kind, MapKind::Hash | MapKind::LpmTrie));
         self.flags |= BPF_F_NO_PREALLOC;
         self
     }

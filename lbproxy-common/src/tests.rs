@@ -55,7 +55,7 @@ fn sizes<K, V>() -> (u32, u32) {
 
 #[test]
 fn spec_sizes_are_their_types() {
-    let cases: [(MapSpec, (u32, u32)); 16] = [
+    let cases: [(MapSpec, (u32, u32)); 20] = [
         (services::SPEC, sizes::<ServiceKey, ServiceValue>()),
         (services::SPEC_V1, sizes::<ServiceKey, ServiceValueV1>()),
         (slots::SPEC, sizes::<SlotKey, u32>()),
@@ -63,6 +63,10 @@ fn spec_sizes_are_their_types() {
         (members::SPEC, sizes::<MemberKey, u32>()),
         (flows::SPEC, sizes::<FlowKey, FlowValue>()),
         (flows::SPEC_V1, sizes::<FlowKey, FlowValueV1>()),
+        (flows::SPEC_V2, sizes::<FlowKey, FlowValueV2>()),
+        (node_ifs::SPEC, sizes::<u32, NodeIf>()),
+        (node_addrs::SPEC, sizes::<[u8; 4], NodeAddr>()),
+        (src_ranges::SPEC, sizes::<SrcRangeKey, SrcRangeValue>()),
         (drops::SPEC, sizes::<u32, u64>()),
         (labels::SPEC, sizes::<u32, ServiceLabel>()),
         (affinity::SPEC, sizes::<AffinityKey, AffinityValue>()),
@@ -91,11 +95,11 @@ fn spec_sizes_are_their_types() {
 #[test]
 fn layouts_are_unchanged() {
     use MapKind::*;
-    let expected: [(&str, &str, MapKind, u32, u32, u32); 14] = [
+    let expected: [(&str, &str, MapKind, u32, u32, u32); 17] = [
         ("LB_BACKENDS_V1", "backends", Hash, 4, 8, 262_144),
         ("LB_SLOTS_V1", "slots", Hash, 8, 4, 262_144),
         ("LB_SERVICES_V2", "services", Hash, 8, 16, 65_536),
-        ("LB_FLOWS_V2", "flows", LruHash, 16, 40, 262_144),
+        ("LB_FLOWS_V3", "flows", LruHash, 16, 48, 262_144),
         ("LB_DROPS_V2", "drops", PerCpuArray, 4, 8, 32),
         ("LB_LABELS_V1", "labels", Hash, 4, 128, 65_536),
         ("LB_AFFINITY_V1", "affinity", LruHash, 8, 16, 262_144),
@@ -106,6 +110,9 @@ fn layouts_are_unchanged() {
         ("LB_UNSERVED_V1", "unserved", Hash, 32, 192, 131_072),
         ("LB_FRAGS_V1", "frags", LruHash, 12, 4, 8_192),
         ("LB_SRCCHECK_V1", "src_check", Hash, 4, 8, 4_096),
+        ("LB_NODEIFS_V1", "node_ifs", Hash, 4, 12, 256),
+        ("LB_NODEADDRS_V1", "node_addrs", Hash, 4, 4, 1_024),
+        ("LB_SRCRANGES_V1", "src_ranges", LpmTrie, 12, 4, 65_536),
     ];
     let got: Vec<_> = MAPS
         .iter()
@@ -131,6 +138,11 @@ fn layouts_are_unchanged() {
         (v1.name, v1.kind, v1.key_size, v1.value_size),
         ("LB_FLOWS_V1", LruHash, 16, 32)
     );
+    let v2 = flows::SPEC_V2;
+    assert_eq!(
+        (v2.name, v2.kind, v2.key_size, v2.value_size),
+        ("LB_FLOWS_V2", LruHash, 16, 40)
+    );
 }
 
 #[test]
@@ -142,7 +154,8 @@ fn map_names_come_from_the_table() {
     assert_eq!(map_names::RETIRED, ["LB_DROPS_V1"]);
     assert_eq!(map_names::SERVICES_V1, "LB_SERVICES_V1");
     assert_eq!(spec_by_name("LB_SERVICES_V1"), Some(&services::SPEC_V1));
-    assert_eq!(spec_by_name("LB_FLOWS_V2"), Some(&flows::SPEC));
+    assert_eq!(spec_by_name("LB_FLOWS_V3"), Some(&flows::SPEC));
+    assert_eq!(spec_by_name("LB_FLOWS_V2"), Some(&flows::SPEC_V2));
     assert_eq!(spec_by_name("LB_FLOWS_V1"), Some(&flows::SPEC_V1));
     assert_eq!(spec_by_name("LB_DROPS_V1"), None);
 }
@@ -175,11 +188,11 @@ fn zero_is_todays_behaviour() {
 }
 
 /// Every map is preallocated, but the informational unserved list, whose memory follows
-/// what it holds.
+/// what it holds, and the source-range trie (the kernel allows no other kind of LPM trie).
 #[test]
-fn only_the_unserved_list_is_not_preallocated() {
+fn only_the_unserved_list_and_the_trie_are_not_preallocated() {
     for s in MAPS {
-        let want = if s.name == unserved::SPEC.name {
+        let want = if s.name == unserved::SPEC.name || s.name == src_ranges::SPEC.name {
             spec::BPF_F_NO_PREALLOC
         } else {
             0

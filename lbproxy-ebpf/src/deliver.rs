@@ -12,7 +12,7 @@
 use core::mem::size_of;
 
 use aya_ebpf::{
-    bindings::{BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams},
+    bindings::{BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS},
     helpers::generated::{bpf_fib_lookup, bpf_redirect_peer},
     programs::TcContext,
 };
@@ -24,6 +24,8 @@ use crate::{
     parse::{IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, IP_TTL_OFF, L2_L3_LEN, Packet, ptr_at},
     reason::Verdict,
 };
+
+pub use aya_ebpf::bindings::bpf_fib_lookup as FibParams;
 
 const AF_INET: u8 = 2;
 const _: () = assert!(size_of::<FibParams>() == 64);
@@ -87,33 +89,14 @@ fn try_route(
     if unsafe { *ttl } <= 1 {
         return Err(Delivery::StackTtl);
     }
-    let skb = ctx.skb.skb;
-    // SAFETY: the context pointer is valid for the whole program run.
-    let in_ifindex = unsafe { (*skb).ifindex };
-    // The input, as bpf_fib_lookup's little-endian words: family, l4_protocol, sport, dport,
-    // tot_len 0 (the MTU check then uses the skb, which understands GSO); ifindex, tos 0;
-    // ipv4_src; ipv4_dst. The other words are ignored for IPv4 without flags (the rest of
-    // the IPv6 addresses, tbid/VLAN, mark) or outputs (MACs). They get a filler known only
-    // at run time: constant bytes there would be merged into a call to a BPF-to-BPF memset
-    // subprogram, which costs more than the lookup's own setup.
-    let filler = u64::from(in_ifindex);
-    let words: [u64; 8] = [
-        u64::from(AF_INET)
-            | u64::from(pkt.proto) << 8
-            | u64::from(pkt.src_port_be) << 16
-            | u64::from(dst_port_be) << 32,
-        u64::from(in_ifindex),
-        u64::from(u32::from_ne_bytes(pkt.src_addr)),
-        filler,
-        u64::from(u32::from_ne_bytes(dst)),
-        filler,
-        filler,
-        filler,
-    ];
-    // SAFETY: bpf_fib_lookup is 64 bytes of plain integers (asserted at the top).
-    let mut p: FibParams = unsafe { core::mem::transmute::<[u64; 8], FibParams>(words) };
-    // SAFETY: `p` is a properly sized, initialized bpf_fib_lookup on our stack.
-    let rc = unsafe { bpf_fib_lookup(skb.cast(), &raw mut p, size_of::<FibParams>() as i32, 0) };
+    let (rc, p, in_ifindex) = fib(
+        ctx,
+        pkt.proto,
+        pkt.src_addr,
+        dst,
+        pkt.src_port_be,
+        dst_port_be,
+    );
     if rc == i64::from(BPF_FIB_LKUP_RET_NO_NEIGH) {
         return Err(Delivery::StackNoNeighbour);
     }
@@ -128,11 +111,62 @@ fn try_route(
     if unsafe { LB_PODIFS_V1.get(out) }.is_none() {
         return Err(Delivery::StackNotPodInterface);
     }
-    let (d, sm) = (p.dmac, p.smac);
-    let macs = [
-        d[0], d[1], d[2], d[3], d[4], d[5], sm[0], sm[1], sm[2], sm[3], sm[4], sm[5],
+    Ok(Peer {
+        ifindex: out,
+        macs: macs(&p),
+    })
+}
+
+/// The destination then source MAC of a FIB answer: the first 12 bytes of the frame as the
+/// stack's hop would write them.
+#[inline(always)]
+pub fn macs(p: &FibParams) -> [u8; 12] {
+    let (d, s) = (p.dmac, p.smac);
+    [
+        d[0], d[1], d[2], d[3], d[4], d[5], s[0], s[1], s[2], s[3], s[4], s[5],
+    ]
+}
+
+/// The kernel FIB's answer (`bpf_fib_lookup`'s return code and parameters) for a packet of
+/// `proto` from `src:sport` to `dst:dport` arriving on this packet's interface, and that
+/// interface's index.
+#[inline(always)]
+pub fn fib(
+    ctx: &TcContext,
+    proto: u8,
+    src: [u8; 4],
+    dst: [u8; 4],
+    sport_be: u16,
+    dport_be: u16,
+) -> (i64, FibParams, u32) {
+    let skb = ctx.skb.skb;
+    // SAFETY: the context pointer is valid for the whole program run.
+    let in_ifindex = unsafe { (*skb).ifindex };
+    // The input, as bpf_fib_lookup's little-endian words: family, l4_protocol, sport, dport,
+    // tot_len 0 (the MTU check then uses the skb, which understands GSO); ifindex, tos 0;
+    // ipv4_src; ipv4_dst. The other words are ignored for IPv4 without flags (the rest of
+    // the IPv6 addresses, tbid/VLAN, mark) or outputs (MACs). They get a filler known only
+    // at run time: constant bytes there would be merged into a call to a BPF-to-BPF memset
+    // subprogram, which costs more than the lookup's own setup.
+    let filler = u64::from(in_ifindex);
+    let words: [u64; 8] = [
+        u64::from(AF_INET)
+            | u64::from(proto) << 8
+            | u64::from(sport_be) << 16
+            | u64::from(dport_be) << 32,
+        u64::from(in_ifindex),
+        u64::from(u32::from_ne_bytes(src)),
+        filler,
+        u64::from(u32::from_ne_bytes(dst)),
+        filler,
+        filler,
+        filler,
     ];
-    Ok(Peer { ifindex: out, macs })
+    // SAFETY: bpf_fib_lookup is 64 bytes of plain integers (asserted at the top).
+    let mut p: FibParams = unsafe { core::mem::transmute::<[u64; 8], FibParams>(words) };
+    // SAFETY: `p` is a properly sized, initialized bpf_fib_lookup on our stack.
+    let rc = unsafe { bpf_fib_lookup(skb.cast(), &raw mut p, size_of::<FibParams>() as i32, 0) };
+    (rc, p, in_ifindex)
 }
 
 /// Finishes the translation's L3 half (`side`'s address becomes `new_addr`) and the hop the

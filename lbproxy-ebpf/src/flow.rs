@@ -1,6 +1,6 @@
 //! Stage 3: the flow table. lbproxy's own state, not the kernel's conntrack.
 //!
-//! A flow is two entries in `LB_FLOWS_V2`, its halves: a forward entry keyed by the client's
+//! A flow is two entries in `LB_FLOWS_V3`, its halves: a forward entry keyed by the client's
 //! packet (client -> VIP) that names the backend, and a reply entry keyed by the backend's
 //! packet (backend -> client) that names the VIP to restore. Each half names its partner
 //! (`lbproxy_common::flows`), and the halves live and die together:
@@ -17,6 +17,13 @@
 //! flows would be the same tuple, client:port -> backend. As netfilter does, the second flow
 //! gets another source port (`peer_port_be`), which its reply half restores, and the clash
 //! is counted (`tuple_clash_port_rewritten`).
+//!
+//! **Source NAT.** A flow from outside the node to a backend on another node leaves with the
+//! node's address (`peer_addr`) and a port of the SNAT range, so the backend's replies come
+//! back here. The port is claimed by inserting the reply half with `BPF_NOEXIST`: it is
+//! unique per (SNAT address, backend address and port, protocol), so the range is a
+//! per-destination port space. The client's own port is tried first (when it is in the
+//! range), then random ports, then a linear scan, each bounded.
 //!
 //! Entries are never written whole in place: a new flow on a known tuple replaces its entries
 //! with a map update, which another CPU sees entirely or not at all. Live entries only get
@@ -35,7 +42,7 @@ use lbproxy_common::{
 
 use crate::{
     lb::{affinity, select},
-    maps::LB_FLOWS_V2,
+    maps::LB_FLOWS_V3,
     parse::{Packet, TCP_FLAG_FIN, TCP_FLAG_RST},
     reason::{Verdict, count},
 };
@@ -50,10 +57,53 @@ pub struct NatTarget {
     pub addr: [u8; 4],
     pub port_be: u16,
     /// The client's port on the far side of the translation. Forward: the source port the
-    /// backend sees (the client's own, unless the tuple clashed). Reply: the client's own
-    /// port, restored as the destination port.
+    /// backend sees (the client's own, unless the tuple clashed or the flow is
+    /// source-NATed). Reply: the client's own port, restored as the destination port.
     pub peer_port_be: u16,
+    /// The same for the address. Forward: the source address the backend sees (the
+    /// client's own, or the node's when source-NATed). Reply: the client's own address.
+    pub peer_addr: [u8; 4],
 }
+
+impl NatTarget {
+    #[inline(always)]
+    fn of(v: &FlowValue) -> NatTarget {
+        NatTarget {
+            addr: v.nat_addr,
+            port_be: v.nat_port_be,
+            peer_port_be: v.peer_port_be,
+            peer_addr: v.peer_addr,
+        }
+    }
+}
+
+/// Where a new flow's packets come from as the backend sees them: the client itself
+/// ([`Source::CLIENT`]), or, source-NATed, the node's address `addr` on the interface
+/// towards the backend with a port of the SNAT range (`min..=max`, host order).
+///
+/// A struct whose every field is always set, not an enum with payload: the fields of an
+/// enum variant not taken are undefined, and LLVM may then compute with whatever register
+/// it likes, a map pointer included, which the verifier refuses.
+#[derive(Clone, Copy)]
+pub struct Source {
+    pub snat: bool,
+    pub addr: [u8; 4],
+    pub min: u16,
+    pub max: u16,
+}
+
+impl Source {
+    pub const CLIENT: Source = Source {
+        snat: false,
+        addr: [0; 4],
+        min: 0,
+        max: 0,
+    };
+}
+
+/// Tries for a SNAT port: random ones first, then linear.
+const SNAT_ATTEMPTS: u32 = 16;
+const SNAT_RANDOM_ATTEMPTS: u32 = 8;
 
 #[inline(always)]
 fn touch(entry: *mut FlowValue, now: u64) {
@@ -128,6 +178,7 @@ fn reply_key(
 #[inline(always)]
 fn pairs(fkey: &FlowKey, f: &FlowValue, r: &FlowValue) -> bool {
     r.nat_addr == fkey.dst_addr
+        && r.peer_addr == fkey.src_addr
         && r.nat_port_be == fkey.dst_port_be
         && r.peer_port_be == fkey.src_port_be
         && r.svc_id == f.svc_id
@@ -136,7 +187,7 @@ fn pairs(fkey: &FlowKey, f: &FlowValue, r: &FlowValue) -> bool {
 
 #[inline(always)]
 fn insert(key: &FlowKey, value: &FlowValue, flags: u32) -> Result<(), Verdict> {
-    LB_FLOWS_V2
+    LB_FLOWS_V3
         .insert(*key, *value, u64::from(flags))
         .map_err(|_| Verdict::Drop(DropReason::FlowInsertFailed))
 }
@@ -158,6 +209,9 @@ fn insert(key: &FlowKey, value: &FlowValue, flags: u32) -> Result<(), Verdict> {
 /// `seed` is the node's flow-hash seed (`DatapathConfig::hash_seed`), used only when a
 /// backend (or a port for a clashing tuple) is chosen.
 ///
+/// `source` says, for the backend a new flow selects, whether the flow keeps the client's
+/// source or is source-NATed (see [`Source`]); a pod's flows always keep it.
+///
 /// `verify` is the source check (`source::check`) of the packet, arriving on interface
 /// `ingress`. It runs before anything is created, changed or answered, except for a packet
 /// of a flow whose client packets already passed it on the same interface (the forward
@@ -170,6 +224,7 @@ pub fn forward(
     seed: u64,
     ingress: u32,
     verify: impl Fn() -> Result<(), DropReason>,
+    source: impl Fn([u8; 4], u16) -> Result<Source, DropReason>,
 ) -> Result<NatTarget, Verdict> {
     let key = key_of(pkt, FLOW_DIR_FORWARD);
     let now = unsafe { bpf_ktime_get_coarse_ns() };
@@ -177,7 +232,7 @@ pub fn forward(
     // The reply key of this tuple's previous flow, when it is that flow's own partner: it is
     // removed or replaced below, never left behind.
     let mut old_reply: Option<FlowKey> = None;
-    if let Some(entry) = LB_FLOWS_V2.get_ptr_mut(key) {
+    if let Some(entry) = LB_FLOWS_V3.get_ptr_mut(key) {
         // SAFETY: a successful lookup. Fields are only written one at a time elsewhere, so
         // each one read here is whole.
         let f = unsafe { *entry };
@@ -190,7 +245,7 @@ pub fn forward(
         let live = f.svc_id == svc.svc_id
             && matches!(select::backend(f.backend_id), Some(b) if b.addr == f.nat_addr && b.port_be == f.nat_port_be);
         let rkey = key.partner(&f);
-        let partner = LB_FLOWS_V2.get_ptr_mut(rkey);
+        let partner = LB_FLOWS_V3.get_ptr_mut(rkey);
         // SAFETY: as above.
         let (ours, partner_flags) = match partner {
             Some(r) => unsafe { (pairs(&key, &f, &*r), (*r).flags) },
@@ -200,11 +255,7 @@ pub fn forward(
         // (source port reused), starts over.
         let syn_retry =
             pkt.is_syn() && (f.state == FLOW_STATE_SYN_SENT || (f.flags | partner_flags) != 0);
-        let target = NatTarget {
-            addr: f.nat_addr,
-            port_be: f.nat_port_be,
-            peer_port_be: f.peer_port_be,
-        };
+        let target = NatTarget::of(&f);
         if live && !syn_retry && (ours || partner.is_none()) {
             touch(entry, now);
             note_close(entry, pkt);
@@ -215,6 +266,7 @@ pub fn forward(
                     nat_addr: pkt.dst_addr,
                     nat_port_be: pkt.dst_port_be,
                     peer_port_be: pkt.src_port_be,
+                    peer_addr: pkt.src_addr,
                     flags: 0,
                     last_seen_ns: now,
                     ..f
@@ -231,9 +283,9 @@ pub fn forward(
         if !live && pkt.proto == IPPROTO_TCP && !pkt.is_syn() {
             // Forget both halves of the old flow.
             if ours {
-                let _ = LB_FLOWS_V2.remove(rkey);
+                let _ = LB_FLOWS_V3.remove(rkey);
             }
-            let _ = LB_FLOWS_V2.remove(key);
+            let _ = LB_FLOWS_V3.remove(key);
             return Err(Verdict::Reject(DropReason::BackendGoneReset));
         }
         if live && !syn_retry {
@@ -273,27 +325,42 @@ pub fn forward(
         ifindex: 0,
         created_ns: now,
         last_seen_ns: now,
+        peer_addr: pkt.src_addr,
+        _reserved: 0,
+    };
+    let nat_source = source(backend.addr, backend.port_be).map_err(Verdict::Drop)?;
+    let peer_addr = if nat_source.snat {
+        nat_source.addr
+    } else {
+        pkt.src_addr
     };
     let mut rkey = reply_key(
         backend.addr,
         backend.port_be,
-        pkt.src_addr,
+        peer_addr,
         pkt.src_port_be,
         pkt.proto,
     );
     if let Some(old) = old_reply
         && old != rkey
     {
-        let _ = LB_FLOWS_V2.remove(old);
+        let _ = LB_FLOWS_V3.remove(old);
     }
     // Reply half first, so the backend's first answer always finds it. The client's own port
     // is used unless another live flow holds that tuple towards this backend.
     let claimed = if old_reply == Some(rkey) {
         insert(&rkey, &reply, BPF_ANY).is_ok()
+    } else if nat_source.snat {
+        let port = u16::from_be(pkt.src_port_be);
+        port >= nat_source.min
+            && port <= nat_source.max
+            && (insert(&rkey, &reply, BPF_NOEXIST).is_ok() || replace_if_stale(&rkey, &reply, &key))
     } else {
         insert(&rkey, &reply, BPF_NOEXIST).is_ok() || replace_if_stale(&rkey, &reply, &key)
     };
-    if !claimed {
+    if !claimed && nat_source.snat {
+        rkey.dst_port_be = snat_port(&mut rkey, &reply, nat_source.min, nat_source.max)?;
+    } else if !claimed {
         let mut found = false;
         let mut attempt = 0;
         while attempt < CLASH_PORT_ATTEMPTS {
@@ -314,16 +381,42 @@ pub fn forward(
         nat_addr: backend.addr,
         nat_port_be: backend.port_be,
         peer_port_be: rkey.dst_port_be,
+        peer_addr,
         ifindex: ingress,
         ..reply
     };
     // A map update: a CPU reading this key meanwhile sees the old entry or the new one.
     insert(&key, &forward, BPF_ANY)?;
-    Ok(NatTarget {
-        addr: backend.addr,
-        port_be: backend.port_be,
-        peer_port_be: rkey.dst_port_be,
-    })
+    Ok(NatTarget::of(&forward))
+}
+
+/// Claims a free SNAT port in `min..=max` for the reply half `reply` keyed `rkey` (whose
+/// destination port is changed while trying): [`SNAT_RANDOM_ATTEMPTS`] random ports, then a
+/// linear scan from the last one, [`SNAT_ATTEMPTS`] tries in all (one loop, which keeps the
+/// verifier's path short). Returns the port (network order); dropped as `SnatNoPort` when
+/// every try found its port taken.
+#[inline(always)]
+fn snat_port(rkey: &mut FlowKey, reply: &FlowValue, min: u16, max: u16) -> Result<u16, Verdict> {
+    let span = u32::from(max.saturating_sub(min)) + 1;
+    let mut port = min;
+    let mut attempt = 0;
+    while attempt < SNAT_ATTEMPTS {
+        port = if attempt < SNAT_RANDOM_ATTEMPTS {
+            // SAFETY: a helper call without arguments.
+            let r = unsafe { aya_ebpf::helpers::generated::bpf_get_prandom_u32() };
+            min + (r % span) as u16
+        } else if port >= max {
+            min
+        } else {
+            port + 1
+        };
+        rkey.dst_port_be = port.to_be();
+        if insert(rkey, reply, BPF_NOEXIST).is_ok() {
+            return Ok(port.to_be());
+        }
+        attempt += 1;
+    }
+    Err(Verdict::Drop(DropReason::SnatNoPort))
 }
 
 /// The reply tuple `rkey` is taken. Takes it over (and forgets the flow holding it) when
@@ -332,7 +425,7 @@ pub fn forward(
 /// whether `reply` is now in place.
 #[inline(always)]
 fn replace_if_stale(rkey: &FlowKey, reply: &FlowValue, own: &FlowKey) -> bool {
-    let Some(r) = LB_FLOWS_V2.get_ptr_mut(*rkey) else {
+    let Some(r) = LB_FLOWS_V3.get_ptr_mut(*rkey) else {
         // Removed meanwhile.
         return insert(rkey, reply, BPF_NOEXIST).is_ok();
     };
@@ -342,7 +435,7 @@ fn replace_if_stale(rkey: &FlowKey, reply: &FlowValue, own: &FlowKey) -> bool {
     if fkey == *own {
         return insert(rkey, reply, BPF_ANY).is_ok();
     }
-    let closed = match LB_FLOWS_V2.get_ptr_mut(fkey) {
+    let closed = match LB_FLOWS_V3.get_ptr_mut(fkey) {
         // SAFETY: as above.
         Some(f) => unsafe { r.closed_with((*f).flags) },
         None => r.closed_with(0),
@@ -350,7 +443,7 @@ fn replace_if_stale(rkey: &FlowKey, reply: &FlowValue, own: &FlowKey) -> bool {
     if !closed {
         return false;
     }
-    let _ = LB_FLOWS_V2.remove(fkey);
+    let _ = LB_FLOWS_V3.remove(fkey);
     insert(rkey, reply, BPF_ANY).is_ok()
 }
 
@@ -360,24 +453,25 @@ fn replace_if_stale(rkey: &FlowKey, reply: &FlowValue, own: &FlowKey) -> bool {
 #[inline(always)]
 pub fn reply(pkt: &Packet) -> Option<NatTarget> {
     let key = key_of(pkt, FLOW_DIR_REPLY);
-    let entry = LB_FLOWS_V2.get_ptr_mut(key)?;
+    let entry = LB_FLOWS_V3.get_ptr_mut(key)?;
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     // SAFETY: a successful lookup; see `forward`.
     let r = unsafe { *entry };
     let fkey = key.partner(&r);
     let established = pkt.proto == IPPROTO_TCP && r.state == FLOW_STATE_SYN_SENT;
-    match LB_FLOWS_V2.get_ptr_mut(fkey) {
+    match LB_FLOWS_V3.get_ptr_mut(fkey) {
         Some(f) => {
             // SAFETY: as above.
             let fv = unsafe { *f };
             if fv.nat_addr != pkt.src_addr
                 || fv.nat_port_be != pkt.src_port_be
                 || fv.peer_port_be != pkt.dst_port_be
+                || fv.peer_addr != pkt.dst_addr
             {
                 // The client's tuple now belongs to another flow (a new connection from the
                 // same port went to another backend): this half is left over from the old
                 // one. Forget it; the packet passes as it is.
-                let _ = LB_FLOWS_V2.remove(key);
+                let _ = LB_FLOWS_V3.remove(key);
                 count(DropReason::StaleReplyRemoved);
                 return None;
             }
@@ -396,6 +490,7 @@ pub fn reply(pkt: &Packet) -> Option<NatTarget> {
                 nat_addr: pkt.src_addr,
                 nat_port_be: pkt.src_port_be,
                 peer_port_be: pkt.dst_port_be,
+                peer_addr: pkt.dst_addr,
                 state: if established {
                     FLOW_STATE_ESTABLISHED
                 } else {
@@ -416,11 +511,7 @@ pub fn reply(pkt: &Packet) -> Option<NatTarget> {
     }
     touch(entry, now);
     note_close(entry, pkt);
-    Some(NatTarget {
-        addr: r.nat_addr,
-        port_be: r.nat_port_be,
-        peer_port_be: r.peer_port_be,
-    })
+    Some(NatTarget::of(&r))
 }
 
 /// A packet from a pod that is not addressed to a frontend: a direct connection. When its
@@ -441,21 +532,21 @@ pub fn direct(pkt: &Packet) {
         pkt.src_port_be,
         pkt.proto,
     );
-    let Some(r) = LB_FLOWS_V2.get_ptr_mut(rkey) else {
+    let Some(r) = LB_FLOWS_V3.get_ptr_mut(rkey) else {
         return;
     };
     // SAFETY: a successful lookup.
     let r = unsafe { *r };
     let fkey = rkey.partner(&r);
     let over = pkt.proto == IPPROTO_UDP
-        || match LB_FLOWS_V2.get_ptr_mut(fkey) {
+        || match LB_FLOWS_V3.get_ptr_mut(fkey) {
             // SAFETY: as above.
             Some(f) => unsafe { r.closed_with((*f).flags) },
             None => true,
         };
     if over {
-        let _ = LB_FLOWS_V2.remove(rkey);
-        let _ = LB_FLOWS_V2.remove(fkey);
+        let _ = LB_FLOWS_V3.remove(rkey);
+        let _ = LB_FLOWS_V3.remove(fkey);
         count(DropReason::StaleReplyRemoved);
     }
 }
@@ -473,12 +564,8 @@ pub fn quoted_reply(
 ) -> Option<NatTarget> {
     let key = reply_key(dst, dport, src, sport, proto);
     // SAFETY: a plain lookup; the fields are read once each.
-    let r = unsafe { LB_FLOWS_V2.get(key)? };
-    Some(NatTarget {
-        addr: r.nat_addr,
-        port_be: r.nat_port_be,
-        peer_port_be: r.peer_port_be,
-    })
+    let r = unsafe { LB_FLOWS_V3.get(key)? };
+    Some(NatTarget::of(r))
 }
 
 /// The forward half of the flow whose reverse-translated reply was `src:sport -> dst:dport`
@@ -502,10 +589,6 @@ pub fn quoted_forward(
         _pad: [0; 2],
     };
     // SAFETY: as above.
-    let f = unsafe { LB_FLOWS_V2.get(key)? };
-    Some(NatTarget {
-        addr: f.nat_addr,
-        port_be: f.nat_port_be,
-        peer_port_be: f.peer_port_be,
-    })
+    let f = unsafe { LB_FLOWS_V3.get(key)? };
+    Some(NatTarget::of(f))
 }

@@ -20,6 +20,11 @@
 //! is reverse-NATed at its own interface and redirected into the client's pod, so neither
 //! direction of a flow between two local pods passes the node's stack or `lb_to_pod`. When a
 //! packet cannot be redirected (see `deliver`), both directions fall back to the split above.
+//!
+//! North-south (`north`): `lb_from_node` (tcx ingress on the node's own interfaces) serves
+//! NodePorts, externalIPs and load-balancer IPs to traffic from outside the node, and takes
+//! back the replies of source-NATed flows; `lb_to_node` (tcx egress there) reverse-NATs the
+//! replies of backends on this node to clients outside it.
 #![no_std]
 #![no_main]
 
@@ -29,6 +34,7 @@ mod icmp;
 mod lb;
 mod maps;
 mod nat;
+mod north;
 mod parse;
 mod reason;
 mod reject;
@@ -37,7 +43,7 @@ mod source;
 use aya_ebpf::{macros::classifier, programs::TcContext};
 use aya_log_ebpf::debug;
 
-use lbproxy_common::{DatapathConfig, DropReason};
+use lbproxy_common::{DatapathConfig, DropReason, SVC_KIND_CLUSTER_IP};
 
 use crate::{
     parse::L4,
@@ -80,9 +86,15 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
         // Addressed to a frontend, but there is no header to translate.
         return Err(DropReason::Malformed);
     }
-    let to = match flow::forward(&pkt, &svc, config.hash_seed(), source::ingress(ctx), || {
-        source::check(ctx, &pkt)
-    }) {
+    lb::service::source_allowed(&svc, &pkt)?;
+    let to = match flow::forward(
+        &pkt,
+        &svc,
+        config.hash_seed(),
+        source::ingress(ctx),
+        || source::check(ctx, &pkt),
+        |_, _| Ok(flow::Source::CLIENT),
+    ) {
         Ok(to) => to,
         Err(Verdict::Drop(reason)) => return Err(reason),
         Err(Verdict::Reject(reason)) => {
@@ -165,6 +177,113 @@ fn try_to_pod(ctx: &TcContext) -> Result<i32, DropReason> {
     let Some(to) = flow::reply(&pkt) else {
         return Ok(TC_ACT_UNSPEC);
     };
+    nat::snat(ctx, &pkt, to).map_err(|v| v.reason())?;
+    Ok(TC_ACT_UNSPEC)
+}
+
+#[classifier]
+pub fn lb_from_node(ctx: TcContext) -> i32 {
+    match try_from_node(&ctx) {
+        Ok(action) => action,
+        Err(reason) => {
+            debug!(&ctx, "lb_from_node: drop, reason {}", reason as u32);
+            count_and_drop(reason)
+        }
+    }
+}
+
+/// Traffic arriving from outside the node: a frontend other than a ClusterIP (those are
+/// served to pods) is load-balanced; a reply of a source-NATed flow is translated back and
+/// sent to its client; anything else passes.
+fn try_from_node(ctx: &TcContext) -> Result<i32, DropReason> {
+    let pkt = match parse::parse(ctx) {
+        Ok(Some(pkt)) => pkt,
+        Ok(None) => return Ok(TC_ACT_UNSPEC),
+        Err(v) => return Err(v.reason()),
+    };
+    if pkt.l4 == L4::Bad {
+        return Ok(pass_bad_l4());
+    }
+    let svc = match lb::service::lookup(&pkt) {
+        Some(svc) if svc.kind != SVC_KIND_CLUSTER_IP => svc,
+        _ => return reply_from_node(ctx, &pkt),
+    };
+    lb::service::source_allowed(&svc, &pkt)?;
+    let config = maps::config();
+    let to = match flow::forward(
+        &pkt,
+        &svc,
+        config.hash_seed(),
+        source::ingress(ctx),
+        || Ok(()),
+        |addr, port_be| north::source_for(ctx, &pkt, addr, port_be),
+    ) {
+        Ok(to) => to,
+        Err(Verdict::Drop(reason)) => return Err(reason),
+        Err(Verdict::Reject(reason)) => {
+            return reject::answer(ctx, &pkt, reason).map_err(|v| v.reason());
+        }
+    };
+    nat::dnat(ctx, &pkt, to).map_err(|v| v.reason())?;
+    if to.peer_addr == pkt.src_addr {
+        // A backend on this node: up the stack to its pod.
+        return Ok(TC_ACT_UNSPEC);
+    }
+    let (from, dst) = north::forward_ends(&to);
+    north::redirect(ctx, &pkt, from, dst)
+}
+
+/// A packet from outside that is not for a frontend: the reply of a source-NATed flow (a
+/// backend on another node answering this node's address) is translated back to come from
+/// the frontend, addressed to the client, and redirected to it.
+#[inline(always)]
+fn reply_from_node(ctx: &TcContext, pkt: &parse::Packet) -> Result<i32, DropReason> {
+    let Some(to) = flow::reply(pkt) else {
+        return Ok(TC_ACT_UNSPEC);
+    };
+    if to.peer_addr == pkt.dst_addr {
+        // A flow that is not source-NATed (a pod's, answered from another node): its
+        // client's interface translates it.
+        return Ok(TC_ACT_UNSPEC);
+    }
+    nat::snat(ctx, pkt, to).map_err(|v| v.reason())?;
+    north::redirect(
+        ctx,
+        pkt,
+        (to.addr, to.port_be),
+        (to.peer_addr, to.peer_port_be),
+    )
+}
+
+#[classifier]
+pub fn lb_to_node(ctx: TcContext) -> i32 {
+    match try_to_node(&ctx) {
+        Ok(action) => action,
+        Err(reason) => {
+            debug!(&ctx, "lb_to_node: drop, reason {}", reason as u32);
+            count_and_drop(reason)
+        }
+    }
+}
+
+/// Traffic leaving the node: a reply of a backend on this node to a client outside it is
+/// reverse-NATed to come from the frontend the client used.
+fn try_to_node(ctx: &TcContext) -> Result<i32, DropReason> {
+    let pkt = match parse::parse(ctx) {
+        Ok(Some(pkt)) => pkt,
+        Ok(None) => return Ok(TC_ACT_UNSPEC),
+        Err(v) => return Err(v.reason()),
+    };
+    if pkt.l4 == L4::Bad {
+        return Ok(TC_ACT_UNSPEC);
+    }
+    let Some(to) = flow::reply(&pkt) else {
+        return Ok(TC_ACT_UNSPEC);
+    };
+    if to.peer_addr != pkt.dst_addr {
+        // A source-NATed flow's reply arrives on the way in, not out.
+        return Ok(TC_ACT_UNSPEC);
+    }
     nat::snat(ctx, &pkt, to).map_err(|v| v.reason())?;
     Ok(TC_ACT_UNSPEC)
 }

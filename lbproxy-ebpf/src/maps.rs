@@ -6,14 +6,14 @@
 //! map type, key and value sizes are the spec's. A declaration that disagrees with
 //! `lbproxy_common::MAPS` does not build, so userspace and the object always agree.
 
-use aya_ebpf::btf_maps::{Array, HashMap, LruHashMap, PerCpuArray};
+use aya_ebpf::btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key};
 use lbproxy_common::{
     AffinityKey, AffinityValue, Backend, DatapathConfig, FlowKey, FlowValue, FragKey, FragPorts,
-    MemberKey, PodIf, ServiceKey, ServiceLabel, ServiceValue, SlotKey, SrcCheck, UnservedKey,
-    UnservedValue, affinity, backends, config, delivery, drops, flows, frags, labels, members,
-    pod_ifs, services, slots,
+    MemberKey, NodeAddr, NodeIf, PodIf, ServiceKey, ServiceLabel, ServiceValue, SlotKey, SrcCheck,
+    SrcRangeData, UnservedKey, UnservedValue, affinity, backends, config, delivery, drops, flows,
+    frags, labels, members, node_addrs, node_ifs, pod_ifs, services, slots,
     spec::{MapKind, MapSpec, size_u32, str_eq},
-    src_check, unserved,
+    src_check, src_ranges, unserved,
 };
 
 /// The kernel map type, key and value sizes and capacity of an aya BTF map type.
@@ -50,6 +50,15 @@ layout!(HashMap<K, V>, Hash);
 layout!(LruHashMap<K, V>, LruHash);
 layout!(Array<T>, Array);
 layout!(PerCpuArray<T>, PerCpuArray);
+
+impl<K, V, const M: usize, const F: usize> Layout for LpmTrie<K, V, M, F> {
+    const KIND: MapKind = MapKind::LpmTrie;
+    /// The kernel's key is the prefix length and then the data.
+    const KEY_SIZE: u32 = size_u32::<Key<K>>();
+    const VALUE_SIZE: u32 = size_u32::<V>();
+    const MAX_ENTRIES: usize = M;
+    const FLAGS: usize = F;
+}
 
 /// Whether a map declared as `L` and named `name` is `spec`.
 const fn matches<L: Layout>(name: &str, spec: &MapSpec) -> bool {
@@ -122,7 +131,7 @@ map! {
     /// Session affinity: a client's last backend per service. Written by `lb::affinity`.
     LB_AFFINITY_V1: LruHashMap<AffinityKey, AffinityValue> = affinity::SPEC;
     /// The flow table, both directions. Owned by `flow`; userspace sizes it at load.
-    LB_FLOWS_V2: LruHashMap<FlowKey, FlowValue> = flows::SPEC;
+    LB_FLOWS_V3: LruHashMap<FlowKey, FlowValue> = flows::SPEC;
     /// Service names for `lbproxy inspect`. Declared so the object carries it (and its
     /// BTF); the datapath never reads it.
     LB_LABELS_V1: HashMap<u32, ServiceLabel> = labels::SPEC;
@@ -143,6 +152,13 @@ map! {
     /// The interface each pod interface's sources must route back out of. Read by
     /// `source`.
     LB_SRCCHECK_V1: HashMap<u32, SrcCheck> = src_check::SPEC;
+    /// The node's own interfaces for north-south traffic: SNAT address and port range. Read
+    /// by `north`.
+    LB_NODEIFS_V1: HashMap<u32, NodeIf> = node_ifs::SPEC;
+    /// The node's NodePort addresses. Read by `lb::service`.
+    LB_NODEADDRS_V1: HashMap<[u8; 4], NodeAddr> = node_addrs::SPEC;
+    /// Each load-balancer IP's source ranges. Read by `lb::service`.
+    LB_SRCRANGES_V1: LpmTrie<SrcRangeData, u32> = src_ranges::SPEC;
 }
 
 /// The controller's settings (`LB_CONFIG_V1`, entry 0): the stack bypass flag (for

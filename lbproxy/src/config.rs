@@ -17,6 +17,8 @@
 //! flowMapSize: 262144
 //! stackBypass: false            # redirect service traffic between local pods past the node's stack
 //! manifests: ""
+//! nodePortAddresses: [192.0.2.0/24]  # kube-proxy's field: CIDRs; default every IPv4 address
+//! snatPortRange: 1024-29999     # lbproxy's own: ports for source-NATed north-south flows
 //! conntrack:                    # kube-proxy's block; sets lbproxy's flow table timeouts
 //!   tcpEstablishedTimeout: 24h
 //!   tcpCloseWaitTimeout: 1h      # half-closed flows: one FIN seen, the other side may still send
@@ -61,6 +63,8 @@ pub struct FileConfig {
     pub stack_bypass: Option<bool>,
     pub manifests: Option<String>,
     pub conntrack: Option<ConntrackConfig>,
+    pub node_port_addresses: Option<Vec<String>>,
+    pub snat_port_range: Option<String>,
 }
 
 /// kube-proxy's `conntrack` block; here it sets lbproxy's own flow table timeouts.
@@ -98,6 +102,28 @@ pub struct Flags {
     pub tcp_close_wait_timeout: Option<String>,
     pub udp_timeout: Option<String>,
     pub tcp_syn_sent_timeout: Option<String>,
+    pub node_port_addresses: Option<Vec<String>>,
+    pub snat_port_range: Option<String>,
+}
+
+/// Which of the node's addresses serve NodePorts (kube-proxy's `nodePortAddresses`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodePortAddresses {
+    /// Every IPv4 address on the node's interfaces that are not pod interfaces, except
+    /// loopback (kube-proxy's default when the field is empty).
+    All,
+    /// The addresses within these CIDRs.
+    Cidrs(Vec<ipnet::IpNet>),
+}
+
+impl NodePortAddresses {
+    /// Whether NodePorts are served on `addr`, one of the node's own addresses.
+    pub fn contains(&self, addr: std::net::IpAddr) -> bool {
+        match self {
+            NodePortAddresses::All => true,
+            NodePortAddresses::Cidrs(c) => c.iter().any(|n| n.contains(&addr)),
+        }
+    }
 }
 
 /// The effective, validated settings.
@@ -117,6 +143,64 @@ pub struct Settings {
     pub stack_bypass: bool,
     pub manifests: Option<PathBuf>,
     pub flow_timeouts: crate::bpf::flow_gc::Timeouts,
+    pub node_port_addresses: NodePortAddresses,
+    /// Ports of source-NATed flows, inclusive.
+    pub snat_port_range: (u16, u16),
+}
+
+/// `--nodeport-addresses`: comma-separated CIDRs, or `primary`; empty means all.
+fn parse_node_port_addresses(
+    origin: &str,
+    items: &[String],
+) -> Result<NodePortAddresses, ConfigError> {
+    let field = "nodePortAddresses";
+    let items: Vec<&str> = items
+        .iter()
+        .flat_map(|s| s.split(','))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    if items.is_empty() {
+        return Ok(NodePortAddresses::All);
+    }
+    if items.contains(&"primary") {
+        return Err(err(
+            origin,
+            field,
+            "\"primary\" is not supported yet: give the node's CIDRs (e.g. 192.0.2.0/24)",
+        ));
+    }
+    let mut cidrs = Vec::new();
+    for it in items {
+        let net: ipnet::IpNet = it.parse().map_err(|_| {
+            err(
+                origin,
+                field,
+                format!("{it:?} is neither a CIDR (e.g. 192.0.2.0/24) nor \"primary\""),
+            )
+        })?;
+        cidrs.push(net);
+    }
+    Ok(NodePortAddresses::Cidrs(cidrs))
+}
+
+/// `--snat-port-range`: `MIN-MAX`, 1024 <= MIN <= MAX <= 65535.
+fn parse_port_range(origin: &str, text: &str) -> Result<(u16, u16), ConfigError> {
+    let field = "snatPortRange";
+    let bad = || {
+        err(
+            origin,
+            field,
+            format!("{text:?} is not MIN-MAX with 1024 <= MIN <= MAX <= 65535"),
+        )
+    };
+    let (a, b) = text.split_once('-').ok_or_else(bad)?;
+    let a: u16 = a.trim().parse().map_err(|_| bad())?;
+    let b: u16 = b.trim().parse().map_err(|_| bad())?;
+    if a < 1024 || a > b {
+        return Err(bad());
+    }
+    Ok((a, b))
 }
 
 /// A refused setting: where it came from, which field, and why.
@@ -376,7 +460,23 @@ pub fn resolve(file: Option<(&Path, FileConfig)>, flags: Flags) -> Result<Settin
             defaults.tcp_syn_sent,
         )?,
     };
+    let node_port_addresses = match flags.node_port_addresses {
+        Some(v) => parse_node_port_addresses("flag", &v)?,
+        None => {
+            parse_node_port_addresses(&forigin, f.node_port_addresses.as_deref().unwrap_or(&[]))?
+        }
+    };
+    let (range, o) = pick(flags.snat_port_range, f.snat_port_range.clone());
+    let snat_port_range = match range.filter(|s| !s.is_empty()) {
+        Some(r) => parse_port_range(&o, &r)?,
+        None => (
+            lbproxy_common::DEFAULT_SNAT_PORT_MIN,
+            lbproxy_common::DEFAULT_SNAT_PORT_MAX,
+        ),
+    };
     Ok(Settings {
+        node_port_addresses,
+        snat_port_range,
         flow_timeouts,
         kubeconfig,
         hostname,

@@ -82,6 +82,7 @@ pub struct Metrics {
     pub datapath_delivered: Family<PathLabel, Counter>,
     pub attached_interfaces: Gauge,
     pub flow_gc_deleted: Counter,
+    pub snat_ports_max_ratio: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub frontends_not_served: Family<KindLabel, Gauge>,
     pub frontend_conflicts: Gauge,
     pub services_over_limit: Gauge,
@@ -181,6 +182,12 @@ impl Metrics {
             "Flow entries the collector deleted after their idle timeout",
             flow_gc_deleted.clone(),
         );
+        let snat_ports_max_ratio = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        r.register(
+            "lbproxy_snat_ports_in_use_max_ratio",
+            "The highest fraction of the SNAT port range in use towards one destination (SNAT address, backend, protocol), from the flow collector's last scan; alert at 0.8",
+            snat_ports_max_ratio.clone(),
+        );
         let frontends_not_served = Family::<KindLabel, Gauge>::default();
         r.register(
             "lbproxy_frontends_not_served",
@@ -209,6 +216,7 @@ impl Metrics {
             services_over_limit,
             services_map_full,
             flow_gc_deleted,
+            snat_ports_max_ratio,
             frontends_not_served,
             frontend_conflicts,
             registry: r,
@@ -318,6 +326,12 @@ impl Health {
             "reason": if !s.synced { "the first sync is not in the maps yet" } else if stuck { "the controller loop has not run within 2x the sync period" } else { "ok" },
         });
         (alive, format!("{body}\n"))
+    }
+
+    /// Whether `/healthz` is 200 now (what the health-check servers report as
+    /// `serviceProxyHealthy`).
+    pub fn healthy(&self) -> bool {
+        self.report().0
     }
 
     /// (healthy, JSON body).

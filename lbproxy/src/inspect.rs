@@ -57,6 +57,10 @@ pub struct FlowRow {
     /// clashed with another flow through another VIP and got another port.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_port_at_backend: Option<u16>,
+    /// The source the backend sees when the flow is source-NATed (from outside the node to
+    /// a backend on another node): this node's address and a port of the SNAT range.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snat: Option<String>,
     /// Whether the reply half of the flow is in the table (the datapath recreates a missing
     /// one on the flow's next packet).
     pub reply_half: bool,
@@ -112,7 +116,12 @@ pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
         }
         bes.sort_by(|a, b| (&a.addr, a.port).cmp(&(&b.addr, b.port)));
         rows.push(ServiceRow {
-            frontend: fe.to_string(),
+            // A NodePort's entry is at 0.0.0.0: every node-port address of the node.
+            frontend: if v.kind == lbproxy_common::SVC_KIND_NODE_PORT {
+                format!("*:{}/{}", fe.port, fe.proto.as_str())
+            } else {
+                fe.to_string()
+            },
             vip: fe.addr.to_string(),
             port: fe.port,
             protocol: fe.proto.as_str().to_string(),
@@ -186,6 +195,66 @@ pub fn backends(maps: &PinnedMaps) -> Vec<BackendRow> {
     rows
 }
 
+/// One destination of source-NATed flows: its ports in use out of the SNAT range.
+#[derive(Debug, serde::Serialize)]
+pub struct SnatRow {
+    pub snat_address: String,
+    /// The backend `ip:port`.
+    pub destination: String,
+    pub protocol: String,
+    pub ports_in_use: usize,
+    pub range_size: u32,
+    pub used_fraction: f64,
+}
+
+/// The SNAT port space per (SNAT address, backend, protocol), most used first: a port only
+/// needs to be unique per destination, so each destination has the whole range. Read from
+/// the reply halves of source-NATed flows in `LB_FLOWS_V3` and the range in
+/// `LB_NODEIFS_V1`.
+pub fn snat(maps: &PinnedMaps) -> Vec<SnatRow> {
+    let range: BTreeMap<[u8; 4], u32> = maps
+        .node_ifs
+        .iter()
+        .flatten()
+        .map(|(_, n)| {
+            (
+                n.snat_addr,
+                u32::from(n.snat_port_max.saturating_sub(n.snat_port_min)) + 1,
+            )
+        })
+        .collect();
+    let mut used: BTreeMap<([u8; 4], [u8; 4], u16, u8), usize> = BTreeMap::new();
+    for (k, v) in maps.flows.iter().flatten() {
+        if k.dir == lbproxy_common::FLOW_DIR_REPLY && v.snat(&k) {
+            *used
+                .entry((k.dst_addr, k.src_addr, k.src_port_be, k.proto))
+                .or_default() += 1;
+        }
+    }
+    let mut rows: Vec<SnatRow> = used
+        .into_iter()
+        .map(|((snat, backend, port_be, proto), n)| {
+            let size = range.get(&snat).copied().unwrap_or(0);
+            SnatRow {
+                snat_address: Ipv4Addr::from(snat).to_string(),
+                destination: format!("{}:{}", Ipv4Addr::from(backend), u16::from_be(port_be)),
+                protocol: Protocol::from_number(proto)
+                    .map_or("?", Protocol::as_str)
+                    .to_string(),
+                ports_in_use: n,
+                range_size: size,
+                used_fraction: if size == 0 {
+                    0.0
+                } else {
+                    n as f64 / f64::from(size)
+                },
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| b.ports_in_use.cmp(&a.ports_in_use));
+    rows
+}
+
 pub fn flows(maps: &PinnedMaps) -> Vec<FlowRow> {
     let now = crate::bpf::flow_gc::monotonic_ns();
     let labels: BTreeMap<u32, String> = maps
@@ -237,8 +306,15 @@ pub fn flows(maps: &PinnedMaps) -> Vec<FlowRow> {
                 service: labels.get(&v.svc_id).cloned().unwrap_or_default(),
                 backend_id: v.backend_id,
                 state: state.to_string(),
-                client_port_at_backend: (v.peer_port_be != k.src_port_be)
+                client_port_at_backend: (!v.snat(&k) && v.peer_port_be != k.src_port_be)
                     .then(|| u16::from_be(v.peer_port_be)),
+                snat: v.snat(&k).then(|| {
+                    format!(
+                        "{}:{}",
+                        Ipv4Addr::from(v.peer_addr),
+                        u16::from_be(v.peer_port_be)
+                    )
+                }),
                 reply_half: partner.is_some(),
                 age_seconds: secs(v.created_ns),
                 idle_seconds: secs(last_seen),
@@ -295,6 +371,8 @@ pub enum What {
     /// The stack bypass: whether it is on, the interfaces it redirects into, and how
     /// translated packets were delivered.
     Delivery,
+    /// Source NAT's port space: the destinations with the most ports in use.
+    Snat,
 }
 
 /// `--service` and `--backend`.
@@ -405,10 +483,11 @@ pub fn run(dir: &Path, what: What, json: bool, filter: &Filter) -> anyhow::Resul
                     .map(|r| {
                         vec![
                             r.service.clone(),
-                            match r.client_port_at_backend {
-                                // The port the backend sees, after a tuple clash.
-                                Some(p) => format!("{} (as :{p})", r.client),
-                                None => r.client.clone(),
+                            match (&r.snat, r.client_port_at_backend) {
+                                // What the backend sees: SNAT, or a port after a clash.
+                                (Some(s), _) => format!("{} (as {s})", r.client),
+                                (None, Some(p)) => format!("{} (as :{p})", r.client),
+                                (None, None) => r.client.clone(),
                             },
                             r.frontend.clone(),
                             r.backend.clone(),
@@ -448,6 +527,38 @@ pub fn run(dir: &Path, what: What, json: bool, filter: &Filter) -> anyhow::Resul
             }
         }
         What::Delivery => delivery(&maps, json)?,
+        What::Snat => {
+            let rows = snat(&maps);
+            if json {
+                serde_json::to_string_pretty(&rows)?
+            } else {
+                let cells: Vec<Vec<String>> = rows
+                    .iter()
+                    .take(20)
+                    .map(|r| {
+                        vec![
+                            r.snat_address.clone(),
+                            r.destination.clone(),
+                            r.protocol.clone(),
+                            r.ports_in_use.to_string(),
+                            r.range_size.to_string(),
+                            format!("{:.1}%", r.used_fraction * 100.0),
+                        ]
+                    })
+                    .collect();
+                table(
+                    &[
+                        "SNAT ADDRESS",
+                        "DESTINATION",
+                        "PROTO",
+                        "PORTS IN USE",
+                        "OF",
+                        "USED",
+                    ],
+                    &cells,
+                )
+            }
+        }
     };
     print!("{out}");
     if json {
@@ -459,10 +570,13 @@ pub fn run(dir: &Path, what: What, json: bool, filter: &Filter) -> anyhow::Resul
 /// `inspect delivery`.
 fn delivery(maps: &PinnedMaps, json: bool) -> anyhow::Result<String> {
     let bypass = maps.stack_bypass();
+    // `LB_PODIFS_V1` lists the pod interfaces whether or not the bypass is on (north-south
+    // asks it which backends are local); they are redirect targets only with the bypass.
     let mut ifs: Vec<(u32, &'static str)> = maps
         .pod_ifs
         .iter()
         .flatten()
+        .filter(|_| bypass)
         .map(|(ifindex, v)| {
             let kind = match v.kind {
                 lbproxy_common::POD_IF_VETH => "veth",

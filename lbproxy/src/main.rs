@@ -9,6 +9,7 @@ mod bpf;
 mod config;
 mod controller;
 mod desired;
+mod healthcheck;
 mod http;
 mod inspect;
 mod model;
@@ -125,6 +126,14 @@ struct RunArgs {
     /// Idle timeout of a TCP flow whose SYN was never answered [default: 30s]
     #[arg(long)]
     flow_tcp_timeout_syn_sent: Option<String>,
+    /// Node addresses that serve NodePorts: comma-separated CIDRs, or `primary`
+    /// [default: every IPv4 address of the node's non-pod interfaces except loopback]
+    #[arg(long, value_delimiter = ',')]
+    nodeport_addresses: Option<Vec<String>>,
+    /// Source ports for north-south flows source-NATed to a backend on another node, MIN-MAX
+    /// [default: 1024-29999, clear of the NodePort and the node's ephemeral ranges]
+    #[arg(long)]
+    snat_port_range: Option<String>,
 }
 
 fn parse_globs(globs: &[String]) -> anyhow::Result<GlobSet> {
@@ -197,6 +206,7 @@ fn spawn_flow_gc(
 ) {
     let dir = settings.bpffs_dir.clone();
     let timeouts = settings.flow_timeouts;
+    let snat_range = u32::from(settings.snat_port_range.1 - settings.snat_port_range.0) + 1;
     let capacity = capacities
         .iter()
         .find(|(n, _)| *n == lbproxy_common::map_names::FLOWS)
@@ -217,6 +227,10 @@ fn spawn_flow_gc(
             match r {
                 Ok(Ok(stats)) => {
                     health.metrics.flow_gc_deleted.inc_by(stats.deleted as u64);
+                    health
+                        .metrics
+                        .snat_ports_max_ratio
+                        .set(stats.snat_ports_max as f64 / snat_range as f64);
                     health
                         .metrics
                         .map_entries
@@ -265,6 +279,8 @@ fn settings(args: &RunArgs) -> anyhow::Result<config::Settings> {
         tcp_close_wait_timeout: args.conntrack_tcp_timeout_close_wait.clone(),
         udp_timeout: args.conntrack_udp_timeout.clone(),
         tcp_syn_sent_timeout: args.flow_tcp_timeout_syn_sent.clone(),
+        node_port_addresses: args.nodeport_addresses.clone(),
+        snat_port_range: args.snat_port_range.clone(),
     };
     Ok(config::resolve(file, flags)?)
 }
@@ -301,7 +317,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     spawn_datapath_logs(&mut dp);
     bpf::write_config(&settings.bpffs_dir, settings.stack_bypass)?;
     tracing::info!(stack_bypass = settings.stack_bypass, "datapath configured");
-    let attacher = Attacher::new(globs, &settings.bpffs_dir, settings.stack_bypass)?;
+    let (hc_tx, hc_addresses) = tokio::sync::watch::channel(Vec::new());
+    let attacher = Attacher::new(
+        globs,
+        &settings.bpffs_dir,
+        settings.stack_bypass,
+        settings.node_port_addresses.clone(),
+        settings.snat_port_range,
+        hc_tx,
+    )?;
     bpf::ifaces::spawn_attach(dp, attacher, health.clone())
         .await
         .context("opening rtnetlink")?;
@@ -330,7 +354,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
 
     // The controller, until SIGTERM or SIGINT.
-    let mut ctl = Controller::new(PinnedMaps::open(&settings.bpffs_dir)?, report);
+    let mut ctl = Controller::new(PinnedMaps::open(&settings.bpffs_dir)?, report)
+        .with_health_checks(hc_addresses);
     let timing = controller::Timing {
         sync_period: settings.sync_period,
         min_sync_period: settings.min_sync_period,

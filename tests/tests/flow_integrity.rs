@@ -364,7 +364,7 @@ fn stale_reply_direct(shape: Shape) {
     );
 }
 
-/// The `LB_FLOWS_V2` key of the reply half of a flow from `client` to `backend`.
+/// The `LB_FLOWS_V3` key of the reply half of a flow from `client` to `backend`.
 fn reply_key(backend: SocketAddrV4, client: SocketAddrV4, proto: u8) -> [u8; 16] {
     let mut k = [0u8; 16];
     k[0..4].copy_from_slice(&backend.ip().octets());
@@ -386,8 +386,8 @@ fn reply_half_recreated(shape: Shape) {
         &format!("[{shape}] connect"),
     );
     ask(&conn).unwrap_or_else(|e| panic!("[{shape}] first request: {e}"));
-    let map = bpf::pinned_map(&s.lab.bpffs_dir().join("LB_FLOWS_V2"))
-        .unwrap_or_else(|e| panic!("open LB_FLOWS_V2: {e}"));
+    let map = bpf::pinned_map(&s.lab.bpffs_dir().join("LB_FLOWS_V3"))
+        .unwrap_or_else(|e| panic!("open LB_FLOWS_V3: {e}"));
     let key = reply_key(
         SocketAddrV4::new(b1.ip, BACKEND_TCP),
         SocketAddrV4::new(s.client.ip, SRC_HALF),
@@ -403,7 +403,7 @@ fn reply_half_recreated(shape: Shape) {
         "[{shape}] request after the reply half was evicted: {r:?}\n{}",
         s.lb.log()
     );
-    let mut v = [0u8; 40];
+    let mut v = [0u8; 48];
     bpf::map_lookup(&map, &key, &mut v)
         .unwrap_or_else(|e| panic!("[{shape}] the reply half is back: {e}"));
     assert_eq!(
@@ -421,7 +421,14 @@ fn reply_half_recreated(shape: Shape) {
 mod v1_flows_are_migrated {
     #[test]
     fn routed() {
-        super::v1_flows_are_migrated(lbproxy_tests::lab::Shape::Routed)
+        super::flows_are_migrated(lbproxy_tests::lab::Shape::Routed, 1)
+    }
+}
+
+mod v2_flows_are_migrated {
+    #[test]
+    fn routed() {
+        super::flows_are_migrated(lbproxy_tests::lab::Shape::Routed, 2)
     }
 }
 
@@ -438,10 +445,11 @@ fn hex(bytes: &[u8]) -> Vec<String> {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// An upgrade from a version with `LB_FLOWS_V1` (32-byte values): its flows are copied into
-/// `LB_FLOWS_V2` at start, both halves, with the client's own port as the peer port and a
-/// V1 CLOSING state as FINs both ways; V1 is unpinned.
-fn v1_flows_are_migrated(shape: Shape) {
+/// An upgrade from a version with `LB_FLOWS_V1` (32-byte values) or `LB_FLOWS_V2` (40-byte
+/// values, before source NAT): its flows are copied into `LB_FLOWS_V3` at start, both
+/// halves, with the client's own address (and, from V1, port) as the peer, and a closed
+/// flow (V1: CLOSING; V2: a FIN each way) still closed; the old map is unpinned.
+fn flows_are_migrated(shape: Shape, version: u8) {
     let lab = Lab::new(shape);
     let client = lab.add_pod("client");
     let b1 = lab.add_pod("b1");
@@ -449,8 +457,10 @@ fn v1_flows_are_migrated(shape: Shape) {
     lab.write_manifest(&web_objects("web", WEB_VIP, ready(&[&b1])));
     let dir = lab.bpffs_dir().to_path_buf();
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
-    let v1 = dir.join("LB_FLOWS_V1");
+    let old_name = format!("LB_FLOWS_V{version}");
+    let v1 = dir.join(&old_name);
     let v1s = v1.display().to_string();
+    let value_size = if version == 1 { 32 } else { 40 };
     let run = |args: &[&str]| {
         let out = std::process::Command::new("bpftool")
             .args(args)
@@ -471,11 +481,11 @@ fn v1_flows_are_migrated(shape: Shape) {
         "key",
         "16",
         "value",
-        "32",
+        &value_size.to_string(),
         "entries",
         "1024",
         "name",
-        "LB_FLOWS_V1",
+        &old_name,
     ]);
     // (client port, V1 state): 2 = established, 3 = closing.
     for (port, state) in [(21041u16, 2u8), (21042, 3)] {
@@ -491,18 +501,34 @@ fn v1_flows_are_migrated(shape: Shape) {
             6,
         );
         let value = |addr: Ipv4Addr, p: u16| {
-            let mut v = [0u8; 32];
-            v[0..4].copy_from_slice(&addr.octets());
-            v[4..6].copy_from_slice(&p.to_be_bytes());
-            v[6] = state;
-            v[8..12].copy_from_slice(&1u32.to_ne_bytes());
-            v[12..16].copy_from_slice(&1u32.to_ne_bytes());
             // Created and last seen now (the datapath's clock), so no collection at start
             // expires them.
             let now = monotonic_ns();
-            v[16..24].copy_from_slice(&now.to_ne_bytes());
-            v[24..32].copy_from_slice(&now.to_ne_bytes());
-            v
+            if version == 1 {
+                let mut v = vec![0u8; 32];
+                v[0..4].copy_from_slice(&addr.octets());
+                v[4..6].copy_from_slice(&p.to_be_bytes());
+                v[6] = state;
+                v[8..12].copy_from_slice(&1u32.to_ne_bytes());
+                v[12..16].copy_from_slice(&1u32.to_ne_bytes());
+                v[16..24].copy_from_slice(&now.to_ne_bytes());
+                v[24..32].copy_from_slice(&now.to_ne_bytes());
+                v
+            } else {
+                // nat, nat port, peer port (the client's own), state, flags (a FIN for
+                // the "closing" flow), svc id, backend id, ifindex, created, last seen.
+                let mut v = vec![0u8; 40];
+                v[0..4].copy_from_slice(&addr.octets());
+                v[4..6].copy_from_slice(&p.to_be_bytes());
+                v[6..8].copy_from_slice(&port.to_be_bytes());
+                v[8] = 2;
+                v[9] = u8::from(state == 3);
+                v[12..16].copy_from_slice(&1u32.to_ne_bytes());
+                v[16..20].copy_from_slice(&1u32.to_ne_bytes());
+                v[24..32].copy_from_slice(&now.to_ne_bytes());
+                v[32..40].copy_from_slice(&now.to_ne_bytes());
+                v
+            }
         };
         for (k, v) in [
             (fk.to_vec(), value(b1.ip, BACKEND_TCP)),
@@ -522,7 +548,7 @@ fn v1_flows_are_migrated(shape: Shape) {
     lb.expect_healthy(HEALTHY_WITHIN);
     assert!(
         !v1.exists(),
-        "[{shape}] LB_FLOWS_V1 is unpinned after the migration"
+        "[{shape}] {old_name} is unpinned after the migration"
     );
     let flows = lab.inspect_json("flows");
     let find = |port: u16| {
@@ -554,7 +580,8 @@ fn v1_flows_are_migrated(shape: Shape) {
         assert!(f["client_port_at_backend"].is_null(), "[{shape}] {f:#}");
     }
     assert!(
-        lb.log().contains("migrated LB_FLOWS_V1 to LB_FLOWS_V2"),
+        lb.log()
+            .contains(&format!("migrated {old_name} to LB_FLOWS_V3")),
         "[{shape}] the log says so:\n{}",
         lb.log()
     );

@@ -802,7 +802,7 @@ fn restart_keeps_flows(shape: Shape) {
 /// The reply entries (`dir` 1) in the pinned flow map whose destination is `client`, as
 /// their source `ip:port` (the backend), read with bpftool.
 fn reply_entries_to(lab: &Lab, client: SocketAddrV4) -> Vec<String> {
-    let map = lab.bpffs_dir().join("LB_FLOWS_V2").display().to_string();
+    let map = lab.bpffs_dir().join("LB_FLOWS_V3").display().to_string();
     let out = lab
         .node_run(&["bpftool", "-j", "map", "dump", "pinned", &map])
         .unwrap_or_else(|e| panic!("bpftool map dump {map}: {e}"));

@@ -19,7 +19,7 @@ use lbproxy_tests::lab::{Lab, Shape, bpf};
 /// Fixed client source ports (below the ephemeral range, so nothing else takes them).
 const SRC_PORTS: std::ops::RangeInclusive<u16> = 21_001..=21_016;
 
-/// `LB_FLOWS_V2`'s key size (`FlowKey`).
+/// `LB_FLOWS_V3`'s key size (`FlowKey`).
 const FLOW_KEY_SIZE: usize = 16;
 
 /// The map `name` pinned in the lab's bpffs dir.
@@ -42,11 +42,11 @@ fn pinned_seed(lab: &Lab) -> u64 {
     word(8) << 32 | word(4)
 }
 
-/// Deletes every entry of the pinned `LB_FLOWS_V2`, so the next packet of each flow is
+/// Deletes every entry of the pinned `LB_FLOWS_V3`, so the next packet of each flow is
 /// selected anew. Returns how many were deleted.
 fn clear_flows(lab: &Lab) -> usize {
-    bpf::map_clear(&pinned(lab, "LB_FLOWS_V2"), FLOW_KEY_SIZE)
-        .unwrap_or_else(|e| panic!("clearing LB_FLOWS_V2: {e}"))
+    bpf::map_clear(&pinned(lab, "LB_FLOWS_V3"), FLOW_KEY_SIZE)
+        .unwrap_or_else(|e| panic!("clearing LB_FLOWS_V3: {e}"))
 }
 
 /// The backend each fixed source port's UDP request reaches.

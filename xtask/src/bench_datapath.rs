@@ -23,9 +23,9 @@
 //! Medians over rounds are reported with ratios against direct; `results.json` and PNG plots
 //! go to `--out`.
 
-mod load;
+pub(crate) mod load;
 mod plot;
-mod rules;
+pub(crate) mod rules;
 
 pub(crate) use rules::hash16;
 
@@ -207,7 +207,7 @@ struct Sample {
     runs_per_conn: Option<f64>,
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
+pub(crate) fn median(mut v: Vec<f64>) -> Option<f64> {
     v.retain(|x| x.is_finite());
     if v.is_empty() {
         return None;
@@ -224,7 +224,7 @@ fn ms(d: Duration) -> f64 {
 
 /// Runs `cmd` with `input` on stdin; fails with its stderr. Returns the wall time from spawn
 /// to exit.
-fn pipe(mut cmd: Command, input: &str) -> Result<Duration> {
+pub(crate) fn pipe(mut cmd: Command, input: &str) -> Result<Duration> {
     let t = Instant::now();
     let mut child = cmd
         .stdin(Stdio::piped())
@@ -248,7 +248,7 @@ fn pipe(mut cmd: Command, input: &str) -> Result<Duration> {
 }
 
 /// An `iperf3 -s` in a pod, killed on drop.
-struct IperfServer(Child);
+pub(crate) struct IperfServer(pub(crate) Child);
 
 impl Drop for IperfServer {
     fn drop(&mut self) {

@@ -5,6 +5,7 @@
 mod bench;
 mod bench_churn;
 mod bench_datapath;
+mod bench_northsouth;
 mod demo;
 mod setup;
 mod test;
@@ -89,6 +90,9 @@ enum BenchWhat {
     Churn(bench_churn::ChurnArgs),
     /// Connection rate and latency against kube-proxy's iptables/nftables (issue 5).
     Datapath(bench_datapath::DatapathArgs),
+    /// North-south: an external client through node A's NodePort to a backend on node B,
+    /// against kube-proxy's iptables/nftables NodePort layouts and the direct path (issue 11).
+    Northsouth(bench_northsouth::NorthSouthArgs),
 }
 
 fn main() {
@@ -124,6 +128,7 @@ fn real_main() -> Result<()> {
             Some(BenchWhat::Sync(args)) => bench::sync(&args),
             Some(BenchWhat::Churn(args)) => bench_churn::churn(&args),
             Some(BenchWhat::Datapath(args)) => bench_datapath::datapath(&args),
+            Some(BenchWhat::Northsouth(args)) => bench_northsouth::northsouth(&args),
             None => bench_datapath::datapath(&datapath),
         },
     }

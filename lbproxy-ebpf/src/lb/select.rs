@@ -1,7 +1,9 @@
 //! Stage 2: select a backend for a new flow, and look a backend up by id.
 
 use lbproxy_common::select::{flow_hash, jump};
-use lbproxy_common::{Backend, DropReason, IPPROTO_TCP, MemberKey, ServiceValue, SlotKey};
+use lbproxy_common::{
+    Backend, DropReason, IPPROTO_TCP, MemberKey, SVC_F_LOCAL_ONLY, ServiceValue, SlotKey,
+};
 
 use crate::{
     maps::{LB_BACKENDS_V1, LB_MEMBERS_V1, LB_SLOTS_V1},
@@ -18,6 +20,10 @@ use crate::{
 #[inline(always)]
 pub fn select(svc: &ServiceValue, pkt: &Packet, seed: u64) -> Result<(u32, Backend), Verdict> {
     let proto = pkt.proto;
+    if svc.count == 0 && svc.flags & SVC_F_LOCAL_ONLY != 0 {
+        // externalTrafficPolicy: Local, and the endpoints are all on other nodes.
+        return Err(Verdict::Drop(DropReason::NoLocalEndpoint));
+    }
     if svc.count == 0 {
         // No usable endpoint: answer at once rather than leave the client to time out.
         return Err(Verdict::Reject(if proto == IPPROTO_TCP {

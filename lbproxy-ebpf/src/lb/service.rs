@@ -1,11 +1,51 @@
 //! Stage 1: extract the service key from a packet and look the frontend up.
 
-use lbproxy_common::{SCOPE_DEFAULT, ServiceKey, ServiceValue};
+use aya_ebpf::btf_maps::lpm_trie::Key;
+use lbproxy_common::{
+    DropReason, NODE_ADDR_F_NODEPORT, SCOPE_DEFAULT, SVC_F_SOURCE_RANGES, ServiceKey, ServiceValue,
+    SrcRangeData,
+};
 
-use crate::{maps::LB_SERVICES_V2, parse::Packet};
+use crate::{
+    maps::{LB_NODEADDRS_V1, LB_SERVICES_V2, LB_SRCRANGES_V1},
+    parse::Packet,
+};
+
+/// `loadBalancerSourceRanges`: a frontend with `SVC_F_SOURCE_RANGES` takes only packets
+/// whose source is in one of its ranges (a longest-prefix lookup of its service id and the
+/// source in `LB_SRCRANGES_V1`); `SourceRangeDenied` otherwise. One flag test for every
+/// other frontend.
+#[inline(always)]
+pub fn source_allowed(svc: &ServiceValue, pkt: &Packet) -> Result<(), DropReason> {
+    if svc.flags & SVC_F_SOURCE_RANGES == 0
+        || in_ranges(svc.svc_id, u32::from_ne_bytes(pkt.src_addr)) != 0
+    {
+        return Ok(());
+    }
+    Err(DropReason::SourceRangeDenied)
+}
+
+/// 1 when `src` (network order, as read) is in one of frontend `svc_id`'s ranges. Its own
+/// BPF function, so the trie lookup's key and registers stay out of the callers' frames.
+#[inline(never)]
+fn in_ranges(svc_id: u32, src: u32) -> u32 {
+    let key = Key::new(
+        64,
+        SrcRangeData {
+            svc_id_be: svc_id.to_be_bytes(),
+            addr: src.to_ne_bytes(),
+        },
+    );
+    u32::from(LB_SRCRANGES_V1.get(&key).is_some())
+}
 
 /// The frontend a packet is addressed to, if any. `None` means "not a service": the packet
 /// is not ours and passes untouched.
+///
+/// An exact frontend (a ClusterIP, externalIP or load-balancer IP) is looked up first. A
+/// packet to one of the node's NodePort addresses (`LB_NODEADDRS_V1`) without one is
+/// looked up again as a NodePort: the entry at address 0.0.0.0 and the packet's port. Only
+/// a packet that misses the first lookup pays for the others.
 ///
 /// The key's scope is `SCOPE_DEFAULT`, the entry every frontend has. A second lookup with
 /// `SCOPE_INTERNAL` for in-cluster sources, when the entry has `SVC_F_SPLIT_SCOPE`, is
@@ -20,5 +60,18 @@ pub fn lookup(pkt: &Packet) -> Option<ServiceValue> {
     };
     // SAFETY: the value is copied out at once; hash map values are not freed under RCU
     // while this program runs.
+    if let Some(svc) = unsafe { LB_SERVICES_V2.get(key) } {
+        return Some(*svc);
+    }
+    // SAFETY: as above.
+    let node = unsafe { LB_NODEADDRS_V1.get(pkt.dst_addr) }?;
+    if node.flags & NODE_ADDR_F_NODEPORT == 0 {
+        return None;
+    }
+    let key = ServiceKey {
+        addr: [0; 4],
+        ..key
+    };
+    // SAFETY: as above.
     unsafe { LB_SERVICES_V2.get(key) }.copied()
 }

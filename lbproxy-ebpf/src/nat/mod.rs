@@ -18,18 +18,22 @@ const BPF_F_PSEUDO_HDR: u64 = 0x10;
 /// UDP: a zero checksum means "none" and must stay zero; a computed zero becomes 0xffff.
 const BPF_F_MARK_MANGLED_0: u64 = 0x20;
 
-/// Rewrites the destination (client -> VIP becomes client -> backend).
+/// Rewrites the destination (client -> VIP becomes client -> backend), and the source
+/// when the flow is source-NATed (`to.peer_addr`, the node's address).
 #[inline(always)]
 pub fn dnat(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdict> {
     dnat_l4(ctx, pkt, to)?;
-    rewrite_l3(ctx, IP_DST_OFF, pkt.dst_addr, to.addr)
+    rewrite_l3(ctx, IP_DST_OFF, pkt.dst_addr, to.addr)?;
+    rewrite_l3(ctx, IP_SRC_OFF, pkt.src_addr, to.peer_addr)
 }
 
-/// Rewrites the source (backend -> client becomes VIP -> client).
+/// Rewrites the source (backend -> client becomes VIP -> client), and the destination back
+/// to the client's own address when the flow is source-NATed (`to.peer_addr`).
 #[inline(always)]
 pub fn snat(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdict> {
     snat_l4(ctx, pkt, to)?;
-    rewrite_l3(ctx, IP_SRC_OFF, pkt.src_addr, to.addr)
+    rewrite_l3(ctx, IP_SRC_OFF, pkt.src_addr, to.addr)?;
+    rewrite_l3(ctx, IP_DST_OFF, pkt.dst_addr, to.peer_addr)
 }
 
 /// The L4 half of [`dnat`]: the destination port, the source port when the flow's tuple
@@ -40,8 +44,7 @@ pub fn dnat_l4(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdi
     rewrite_l4(
         ctx,
         pkt,
-        pkt.dst_addr,
-        to.addr,
+        [(pkt.dst_addr, to.addr), (pkt.src_addr, to.peer_addr)],
         [
             (pkt.l4_off + L4_DPORT_OFF, pkt.dst_port_be, to.port_be),
             (pkt.l4_off + L4_SPORT_OFF, pkt.src_port_be, to.peer_port_be),
@@ -56,8 +59,7 @@ pub fn snat_l4(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdi
     rewrite_l4(
         ctx,
         pkt,
-        pkt.src_addr,
-        to.addr,
+        [(pkt.src_addr, to.addr), (pkt.dst_addr, to.peer_addr)],
         [
             (pkt.l4_off + L4_SPORT_OFF, pkt.src_port_be, to.port_be),
             (pkt.l4_off + L4_DPORT_OFF, pkt.dst_port_be, to.peer_port_be),
@@ -68,14 +70,13 @@ pub fn snat_l4(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdi
 const FAIL: Verdict = Verdict::Drop(DropReason::NatFailed);
 
 /// The ports (offset, old, new; unchanged ones are skipped), and the L4 checksum for them and
-/// for the address (part of the pseudo-header). Nothing for a packet without its L4 header (a
+/// for the addresses (old, new; part of the pseudo-header; unchanged ones are skipped). Nothing for a packet without its L4 header (a
 /// fragment after the first): only its IP header is translated.
 #[inline(always)]
 fn rewrite_l4(
     ctx: &TcContext,
     pkt: &Packet,
-    old_addr: [u8; 4],
-    new_addr: [u8; 4],
+    addrs: [([u8; 4], [u8; 4]); 2],
     ports: [(usize, u16, u16); 2],
 ) -> Result<(), Verdict> {
     if pkt.l4 != L4::Header {
@@ -83,17 +84,19 @@ fn rewrite_l4(
         // covers the whole datagram and was updated for the new address and port.
         return Ok(());
     }
-    let old_a = u64::from(u32::from_ne_bytes(old_addr));
-    let new_a = u64::from(u32::from_ne_bytes(new_addr));
     let l4_flags = if pkt.proto == IPPROTO_UDP {
         BPF_F_MARK_MANGLED_0
     } else {
         0
     };
     let csum_off = pkt.l4_csum_off();
-    if old_a != new_a {
-        ctx.l4_csum_replace(csum_off, old_a, new_a, l4_flags | BPF_F_PSEUDO_HDR | 4)
-            .map_err(|_| FAIL)?;
+    for (old_addr, new_addr) in addrs {
+        let old_a = u64::from(u32::from_ne_bytes(old_addr));
+        let new_a = u64::from(u32::from_ne_bytes(new_addr));
+        if old_a != new_a {
+            ctx.l4_csum_replace(csum_off, old_a, new_a, l4_flags | BPF_F_PSEUDO_HDR | 4)
+                .map_err(|_| FAIL)?;
+        }
     }
     for (off, old, new) in ports {
         if old != new {

@@ -13,7 +13,11 @@ use aya::programs::links::{FdLink, LinkOrder, PinnedLink};
 use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
 use aya::programs::{SchedClassifier, TcAttachType};
 use globset::GlobSet;
-use lbproxy_common::{PodIf, SrcCheck, map_names, program_names};
+use lbproxy_common::{
+    NODE_ADDR_F_NODEPORT, NodeAddr, NodeIf, PodIf, SrcCheck, map_names, program_names,
+};
+
+use crate::config::NodePortAddresses;
 
 use super::ifaces::Link;
 use super::pinned::del_ok;
@@ -26,10 +30,35 @@ pub struct Interface {
     pub name: String,
 }
 
-const DIRECTIONS: [(&str, &str, TcAttachType); 2] = [
-    ("ingress", program_names::FROM_POD, TcAttachType::Ingress),
-    ("egress", program_names::TO_POD, TcAttachType::Egress),
-];
+/// What an interface is to lbproxy, which picks its programs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    /// The host side of a pod interface (matches `--pod-interfaces`).
+    Pod,
+    /// One of the node's own interfaces with an IPv4 address (an uplink): north-south
+    /// traffic arrives and leaves here.
+    Node,
+}
+
+impl Role {
+    /// (pin suffix, program, attach point) for each direction.
+    fn directions(self) -> [(&'static str, &'static str, TcAttachType); 2] {
+        match self {
+            Role::Pod => [
+                ("ingress", program_names::FROM_POD, TcAttachType::Ingress),
+                ("egress", program_names::TO_POD, TcAttachType::Egress),
+            ],
+            Role::Node => [
+                (
+                    "node-ingress",
+                    program_names::FROM_NODE,
+                    TcAttachType::Ingress,
+                ),
+                ("node-egress", program_names::TO_NODE, TcAttachType::Egress),
+            ],
+        }
+    }
+}
 
 fn link_pin(dir: &Path, iface: &Interface, direction: &str) -> PathBuf {
     dir.join("links").join(format!(
@@ -67,12 +96,20 @@ pub fn pinned_interfaces(dir: &Path) -> BTreeMap<Interface, Vec<PathBuf>> {
     out
 }
 
-/// Keeps the programs attached to exactly the pod interfaces that exist and match the globs,
-/// `LB_PODIFS_V1` listing exactly the attached ones the datapath may redirect into (none
-/// when the stack bypass is off), and `LB_SRCCHECK_V1` saying, for each of them, which
+/// Keeps the programs attached to exactly the pod interfaces that exist and match the globs
+/// (and `lb_from_node`/`lb_to_node` to the node's own interfaces, see [`Role`]),
+/// `LB_PODIFS_V1` listing exactly the attached pod interfaces (the stack bypass's redirect
+/// targets when it is on; north-south asks it whether a backend is on this node), and `LB_SRCCHECK_V1` saying, for each of them, which
 /// interface the route to a packet's source must lead out of ([`src_check_for`]).
 pub struct Attacher {
     globs: GlobSet,
+    node_port_addresses: NodePortAddresses,
+    snat_port_range: (u16, u16),
+    node_ifs: BpfHashMap<MapData, u32, NodeIf>,
+    node_addrs: BpfHashMap<MapData, [u8; 4], NodeAddr>,
+    /// The addresses health-check servers bind: the node-port addresses when
+    /// `--nodeport-addresses` names CIDRs, none (every address) by default.
+    hc_addresses: tokio::sync::watch::Sender<Vec<std::net::IpAddr>>,
     attached: BTreeSet<Interface>,
     /// Pinned interfaces the last listing did not show; forgotten if the next one does not
     /// either.
@@ -85,9 +122,21 @@ pub struct Attacher {
 }
 
 impl Attacher {
-    pub fn new(globs: GlobSet, dir: &Path, stack_bypass: bool) -> Result<Self, BpfError> {
+    pub fn new(
+        globs: GlobSet,
+        dir: &Path,
+        stack_bypass: bool,
+        node_port_addresses: NodePortAddresses,
+        snat_port_range: (u16, u16),
+        hc_addresses: tokio::sync::watch::Sender<Vec<std::net::IpAddr>>,
+    ) -> Result<Self, BpfError> {
         Ok(Self {
+            hc_addresses,
             globs,
+            node_port_addresses,
+            snat_port_range,
+            node_ifs: open_pinned(dir, map_names::NODE_IFS, Map::HashMap)?,
+            node_addrs: open_pinned(dir, map_names::NODE_ADDRS, Map::HashMap)?,
             attached: BTreeSet::new(),
             absent: BTreeSet::new(),
             pod_ifs: open_pinned(dir, map_names::POD_IFS, Map::HashMap)?,
@@ -106,11 +155,12 @@ impl Attacher {
     /// not be attached; the others are still attached.
     pub fn sync(&mut self, dp: &mut Datapath, present: &[Link]) -> Vec<BpfError> {
         let mut errors = Vec::new();
-        let want: BTreeSet<Interface> = present
+        let roles = self.roles(present);
+        let want: BTreeSet<Interface> = roles.keys().cloned().collect();
+        let pods: BTreeSet<Interface> = roles
             .iter()
-            .map(|l| &l.iface)
-            .filter(|i| self.globs.is_match(&i.name))
-            .cloned()
+            .filter(|(_, r)| **r == Role::Pod)
+            .map(|(i, _)| i.clone())
             .collect();
         // Pins for interfaces that vanished (or were renamed, or left the globs): only once
         // two listings in a row miss them, so one incomplete netlink dump never detaches a
@@ -132,20 +182,26 @@ impl Attacher {
         // Source checks are written before the programs are attached, so no packet of a new
         // interface passes unchecked. Those of interfaces missing from one listing stay, as
         // their pins do.
-        let checks = self.src_checks_for(present, &want);
+        let checks = self.src_checks_for(present, &pods);
         let keep: BTreeSet<u32> = self.absent.iter().map(|i| i.index).collect();
         if let Err(e) = self.sync_src_checks(&checks, &keep) {
             errors.push(e);
         }
-        for iface in want {
+        // Node interfaces and addresses before the programs there, so a node interface's
+        // first packet finds its SNAT address.
+        if let Err(e) = self.sync_node(present, &roles) {
+            errors.push(e);
+        }
+        for (iface, role) in roles {
             if self.attached.contains(&iface) {
                 continue;
             }
-            match attach_interface(dp, &iface) {
+            match attach_interface(dp, &iface, role) {
                 Ok(adopted) => {
                     tracing::info!(
                         interface = %iface.name,
                         ifindex = iface.index,
+                        ?role,
                         adopted,
                         "attached"
                     );
@@ -154,15 +210,131 @@ impl Attacher {
                 Err(e) => errors.push(e),
             }
         }
+        // Listed whether or not the bypass is on: `north` asks it whether a backend's route
+        // leads into a pod of this node. The bypass itself is gated by its own flag.
+        let _ = self.stack_bypass;
         let redirectable: BTreeMap<u32, PodIf> = present
             .iter()
-            .filter(|l| self.stack_bypass && self.attached.contains(&l.iface))
+            .filter(|l| pods.contains(&l.iface) && self.attached.contains(&l.iface))
             .filter_map(|l| Some((l.iface.index, PodIf { kind: l.peer_kind? })))
             .collect();
         if let Err(e) = self.sync_pod_ifs(&redirectable) {
             errors.push(e);
         }
         errors
+    }
+
+    /// Which interfaces get programs, and which ones: pod interfaces (matching the globs),
+    /// and the node's own interfaces with an IPv4 address (not loopback, not a pod
+    /// interface, not a bridge of pod interfaces, not enslaved to another device).
+    fn roles(&self, present: &[Link]) -> BTreeMap<Interface, Role> {
+        let mut out = BTreeMap::new();
+        let pod_masters: BTreeSet<u32> = present
+            .iter()
+            .filter(|l| self.globs.is_match(&l.iface.name))
+            .filter_map(|l| l.master)
+            .collect();
+        for l in present {
+            if self.globs.is_match(&l.iface.name) {
+                out.insert(l.iface.clone(), Role::Pod);
+            } else if !l.is_loopback
+                && !l.ipv4.is_empty()
+                && l.master.is_none()
+                && !pod_masters.contains(&l.iface.index)
+            {
+                out.insert(l.iface.clone(), Role::Node);
+            }
+        }
+        out
+    }
+
+    /// Makes `LB_NODEIFS_V1` list each node interface with its primary IPv4 address (the
+    /// SNAT source of flows leaving by it), and `LB_NODEADDRS_V1` the node's addresses
+    /// that serve NodePorts (`--nodeport-addresses`). Stale entries first.
+    fn sync_node(
+        &mut self,
+        present: &[Link],
+        roles: &BTreeMap<Interface, Role>,
+    ) -> Result<(), BpfError> {
+        let node_links: Vec<&Link> = present
+            .iter()
+            .filter(|l| roles.get(&l.iface) == Some(&Role::Node))
+            .collect();
+        let (min, max) = self.snat_port_range;
+        let want_ifs: BTreeMap<u32, NodeIf> = node_links
+            .iter()
+            .map(|l| {
+                (
+                    l.iface.index,
+                    NodeIf {
+                        snat_addr: l.ipv4[0].octets(),
+                        snat_port_min: min,
+                        snat_port_max: max,
+                        _reserved: 0,
+                    },
+                )
+            })
+            .collect();
+        let want_addrs: BTreeMap<[u8; 4], NodeAddr> = node_links
+            .iter()
+            .flat_map(|l| l.ipv4.iter())
+            .filter(|a| self.node_port_addresses.contains(std::net::IpAddr::V4(**a)))
+            .map(|a| {
+                (
+                    a.octets(),
+                    NodeAddr {
+                        flags: NODE_ADDR_F_NODEPORT,
+                    },
+                )
+            })
+            .collect();
+        if matches!(self.node_port_addresses, NodePortAddresses::Cidrs(_)) {
+            let hc: Vec<std::net::IpAddr> = want_addrs
+                .keys()
+                .map(|a| std::net::IpAddr::from(*a))
+                .collect();
+            self.hc_addresses.send_if_modified(|v| {
+                let changed = *v != hc;
+                *v = hc;
+                changed
+            });
+        }
+        let err = |name: &'static str| {
+            move |source| BpfError::Map {
+                name,
+                path: PathBuf::from(name),
+                source,
+            }
+        };
+        let have: BTreeMap<u32, NodeIf> = self.node_ifs.iter().flatten().collect();
+        for k in have.keys().filter(|k| !want_ifs.contains_key(k)) {
+            del_ok(self.node_ifs.remove(k)).map_err(err(map_names::NODE_IFS))?;
+        }
+        for (k, v) in &want_ifs {
+            if have.get(k) != Some(v) {
+                self.node_ifs
+                    .insert(k, v, 0)
+                    .map_err(err(map_names::NODE_IFS))?;
+                tracing::info!(
+                    ifindex = k,
+                    snat_address = %std::net::Ipv4Addr::from(v.snat_addr),
+                    "node interface: flows to other nodes leaving by it are source-NATed to this address"
+                );
+            }
+        }
+        let have: BTreeMap<[u8; 4], NodeAddr> = self.node_addrs.iter().flatten().collect();
+        for k in have.keys().filter(|k| !want_addrs.contains_key(*k)) {
+            del_ok(self.node_addrs.remove(k)).map_err(err(map_names::NODE_ADDRS))?;
+        }
+        for (k, v) in &want_addrs {
+            if have.get(k) != Some(v) {
+                self.node_addrs
+                    .insert(k, v, 0)
+                    .map_err(err(map_names::NODE_ADDRS))?;
+                tracing::info!(address = %std::net::Ipv4Addr::from(*k), "NodePorts served on this address");
+            }
+        }
+        Ok(())
     }
 
     /// The source checks of the `want` interfaces, by ifindex; logs (once each) the ones that
@@ -280,9 +452,9 @@ pub fn src_check_for(link: &Link, present: &[Link]) -> Option<SrcCheck> {
 
 /// Attaches both programs to one interface. Returns whether existing pinned links were
 /// adopted (their program swapped atomically) rather than created.
-fn attach_interface(dp: &mut Datapath, iface: &Interface) -> Result<bool, BpfError> {
+fn attach_interface(dp: &mut Datapath, iface: &Interface, role: Role) -> Result<bool, BpfError> {
     let mut adopted = false;
-    for (direction, prog_name, attach_type) in DIRECTIONS {
+    for (direction, prog_name, attach_type) in role.directions() {
         let err =
             |step: String, source: Box<dyn std::error::Error + Send + Sync>| BpfError::Attach {
                 ifname: iface.name.clone(),
@@ -374,6 +546,8 @@ mod tests {
             peer_kind: None,
             master,
             is_bridge,
+            is_loopback: false,
+            ipv4: Vec::new(),
         }
     }
 

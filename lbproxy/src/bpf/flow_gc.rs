@@ -104,6 +104,9 @@ pub struct GcStats {
     pub deleted: usize,
     pub under_pressure: bool,
     pub took: Duration,
+    /// The most SNAT ports in use towards one destination (SNAT address, backend address
+    /// and port, protocol), counted from the reply halves of source-NATed flows.
+    pub snat_ports_max: usize,
 }
 
 /// One flow in a snapshot: a half (the forward one when both exist) and its partner.
@@ -176,11 +179,21 @@ pub fn collect(dir: &Path, capacity: u32, t: Timeouts, batch: usize) -> anyhow::
         under_pressure,
         ..Default::default()
     };
+    let mut snat_in_use: std::collections::HashMap<([u8; 4], [u8; 4], u16, u8), usize> =
+        std::collections::HashMap::new();
     for chunk in keys.chunks(batch.max(1)) {
         let now = monotonic_ns();
         let snapshot: Vec<Flow> = chunk
             .iter()
-            .filter_map(|k| flows.get(k, 0).ok().and_then(|v| flow_of(&flows, *k, v)))
+            .filter_map(|k| {
+                let v = flows.get(k, 0).ok()?;
+                if k.dir != FLOW_DIR_FORWARD && v.snat(k) {
+                    *snat_in_use
+                        .entry((k.dst_addr, k.src_addr, k.src_port_be, k.proto))
+                        .or_default() += 1;
+                }
+                flow_of(&flows, *k, v)
+            })
             .collect();
         for k in expired(&snapshot, now, &t) {
             if flows.remove(&k).is_ok() {
@@ -190,6 +203,7 @@ pub fn collect(dir: &Path, capacity: u32, t: Timeouts, batch: usize) -> anyhow::
         // Let the datapath's writers and the controller breathe between batches.
         std::thread::yield_now();
     }
+    stats.snat_ports_max = snat_in_use.values().copied().max().unwrap_or(0);
     stats.took = started.elapsed();
     Ok(stats)
 }
@@ -235,6 +249,8 @@ mod tests {
             ifindex: 0,
             created_ns: 0,
             last_seen_ns: NOW - idle_s * S,
+            peer_addr: [198, 18, 0, 2],
+            _reserved: 0,
         };
         let pk = key.partner(&value);
         let pv = FlowValue {

@@ -23,6 +23,10 @@ pub struct Link {
     pub master: Option<u32>,
     /// Whether this interface is a Linux bridge.
     pub is_bridge: bool,
+    /// Whether this is the loopback interface.
+    pub is_loopback: bool,
+    /// Its IPv4 addresses, primary first (the order the kernel lists them in).
+    pub ipv4: Vec<std::net::Ipv4Addr>,
 }
 
 /// Lists every interface in this network namespace.
@@ -35,6 +39,10 @@ pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Link>, rtnetlink::Er
         let mut peer_elsewhere = false;
         let mut master = None;
         let mut is_bridge = false;
+        let is_loopback = msg
+            .header
+            .flags
+            .contains(netlink_packet_route::link::LinkFlags::Loopback);
         for a in &msg.attributes {
             match a {
                 LinkAttribute::IfName(n) => name = Some(n.clone()),
@@ -62,7 +70,22 @@ pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Link>, rtnetlink::Er
                 peer_kind: kind.filter(|_| peer_elsewhere),
                 master,
                 is_bridge,
+                is_loopback,
+                ipv4: Vec::new(),
             });
+        }
+    }
+    let mut addrs = handle.address().get().execute();
+    while let Some(msg) = addrs.try_next().await? {
+        let index = msg.header.index;
+        for a in &msg.attributes {
+            if let netlink_packet_route::address::AddressAttribute::Local(std::net::IpAddr::V4(ip)) =
+                a
+                && let Some(l) = out.iter_mut().find(|l| l.iface.index == index)
+                && !l.ipv4.contains(ip)
+            {
+                l.ipv4.push(*ip);
+            }
         }
     }
     out.sort();
@@ -75,7 +98,7 @@ pub fn watch() -> std::io::Result<(rtnetlink::Handle, mpsc::UnboundedReceiver<()
     let (conn, handle, _) = rtnetlink::new_connection()?;
     tokio::spawn(conn);
     let (mconn, _mhandle, mut messages) =
-        rtnetlink::new_multicast_connection(&[MulticastGroup::Link])?;
+        rtnetlink::new_multicast_connection(&[MulticastGroup::Link, MulticastGroup::Ipv4Ifaddr])?;
     tokio::spawn(mconn);
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {

@@ -201,8 +201,13 @@ impl Datapath {
         }
         let mut ebpf = loader.load(OBJECT)?;
         migrate_services_v1(dir)?;
-        migrate_flows_v1(dir)?;
-        for name in [program_names::FROM_POD, program_names::TO_POD] {
+        migrate_flows(dir)?;
+        for name in [
+            program_names::FROM_POD,
+            program_names::TO_POD,
+            program_names::FROM_NODE,
+            program_names::TO_NODE,
+        ] {
             let prog: &mut SchedClassifier = ebpf
                 .program_mut(name)
                 .ok_or_else(|| BpfError::Program {
@@ -262,37 +267,32 @@ fn migrate_services_v1(dir: &Path) -> Result<(), BpfError> {
     Ok(())
 }
 
-/// Copies a `LB_FLOWS_V1` pinned by an earlier version into `LB_FLOWS_V2`, so every live
-/// flow keeps its backend across the upgrade, then unpins V1. A V1 entry had no rewritten
-/// client port (its `peer_port_be` is the client's own) and one CLOSING state for a FIN or
-/// RST either way, which becomes a FIN on both halves (closed). Entries the new programs
-/// already wrote win.
-fn migrate_flows_v1(dir: &Path) -> Result<(), BpfError> {
+/// Copies the flows of an older layout pinned by an earlier version (`LB_FLOWS_V1`, then
+/// `LB_FLOWS_V2`) into `LB_FLOWS_V3`, so every live flow keeps its backend across the
+/// upgrade, then unpins the old map. Neither older layout knew source NAT, so a half's peer
+/// address is the client's own (the key's source for a forward half, its destination for a
+/// reply half). A V1 entry had no rewritten client port either (its `peer_port_be` is the
+/// client's own) and one CLOSING state for a FIN or RST either way, which becomes a FIN on
+/// both halves (closed). Entries the new programs already wrote win.
+fn migrate_flows(dir: &Path) -> Result<(), BpfError> {
     use lbproxy_common::{
         FLOW_DIR_FORWARD, FLOW_F_FIN, FLOW_STATE_CLOSING_V1, FLOW_STATE_ESTABLISHED, FlowKey,
-        FlowValue, FlowValueV1,
+        FlowValue, FlowValueV1, FlowValueV2,
     };
-    /// The kernel's `BPF_NOEXIST` map-update flag: create only.
-    const BPF_NOEXIST: u64 = 1;
-    let old_path = dir.join(map_names::FLOWS_V1);
-    if !old_path.exists() {
-        return Ok(());
-    }
-    let old: BpfHashMap<MapData, FlowKey, FlowValueV1> =
-        open_pinned(dir, map_names::FLOWS_V1, Map::LruHashMap)?;
-    let mut new: BpfHashMap<MapData, FlowKey, FlowValue> =
-        open_pinned(dir, map_names::FLOWS, Map::LruHashMap)?;
-    let mut n = 0;
-    for (k, v) in old.iter().flatten() {
+    let peer = |k: &FlowKey| {
+        if k.dir == FLOW_DIR_FORWARD {
+            (k.src_addr, k.src_port_be)
+        } else {
+            (k.dst_addr, k.dst_port_be)
+        }
+    };
+    migrate_flow_map::<FlowValueV1>(dir, map_names::FLOWS_V1, |k, v| {
         let closing = v.state == FLOW_STATE_CLOSING_V1;
-        let value = FlowValue {
+        let (peer_addr, peer_port_be) = peer(k);
+        FlowValue {
             nat_addr: v.nat_addr,
             nat_port_be: v.nat_port_be,
-            peer_port_be: if k.dir == FLOW_DIR_FORWARD {
-                k.src_port_be
-            } else {
-                k.dst_port_be
-            },
+            peer_port_be,
             state: if closing {
                 FLOW_STATE_ESTABLISHED
             } else {
@@ -305,10 +305,50 @@ fn migrate_flows_v1(dir: &Path) -> Result<(), BpfError> {
             ifindex: 0,
             created_ns: v.created_ns,
             last_seen_ns: v.last_seen_ns,
-        };
+            peer_addr,
+            _reserved: 0,
+        }
+    })?;
+    migrate_flow_map::<FlowValueV2>(dir, map_names::FLOWS_V2, |k, v| FlowValue {
+        nat_addr: v.nat_addr,
+        nat_port_be: v.nat_port_be,
+        peer_port_be: v.peer_port_be,
+        state: v.state,
+        flags: v.flags,
+        _pad: [0; 2],
+        svc_id: v.svc_id,
+        backend_id: v.backend_id,
+        ifindex: v.ifindex,
+        created_ns: v.created_ns,
+        last_seen_ns: v.last_seen_ns,
+        peer_addr: peer(k).0,
+        _reserved: 0,
+    })
+}
+
+/// Copies every entry of the pinned flow map `old_name` (values `V`) into the current one
+/// with `convert`, without overwriting, then unpins the old map. Nothing to do when it is
+/// not pinned.
+fn migrate_flow_map<V: aya::Pod>(
+    dir: &Path,
+    old_name: &'static str,
+    convert: impl Fn(&lbproxy_common::FlowKey, &V) -> lbproxy_common::FlowValue,
+) -> Result<(), BpfError> {
+    use lbproxy_common::{FlowKey, FlowValue};
+    /// The kernel's `BPF_NOEXIST` map-update flag: create only.
+    const BPF_NOEXIST: u64 = 1;
+    let old_path = dir.join(old_name);
+    if !old_path.exists() {
+        return Ok(());
+    }
+    let old: BpfHashMap<MapData, FlowKey, V> = open_pinned(dir, old_name, Map::LruHashMap)?;
+    let mut new: BpfHashMap<MapData, FlowKey, FlowValue> =
+        open_pinned(dir, map_names::FLOWS, Map::LruHashMap)?;
+    let mut n = 0;
+    for (k, v) in old.iter().flatten() {
         // BPF_NOEXIST: never overwrite what the new programs wrote meanwhile. A full table
         // refuses further entries; those flows are counted by the datapath when they return.
-        if new.insert(k, value, BPF_NOEXIST).is_ok() {
+        if new.insert(k, convert(&k, &v), BPF_NOEXIST).is_ok() {
             n += 1;
         }
     }
@@ -316,7 +356,7 @@ fn migrate_flows_v1(dir: &Path) -> Result<(), BpfError> {
         path: old_path.clone(),
         source,
     })?;
-    tracing::info!(flows = n, "migrated LB_FLOWS_V1 to LB_FLOWS_V2");
+    tracing::info!(flows = n, "migrated {old_name} to {}", map_names::FLOWS);
     Ok(())
 }
 

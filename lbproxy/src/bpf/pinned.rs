@@ -26,6 +26,8 @@ pub struct PinnedMaps {
     pub config: Array<MapData, DatapathConfig>,
     pub pod_ifs: BpfHashMap<MapData, u32, PodIf>,
     pub unserved: BpfHashMap<MapData, UnservedKey, UnservedValue>,
+    pub node_ifs: BpfHashMap<MapData, u32, lbproxy_common::NodeIf>,
+    pub src_ranges: aya::maps::LpmTrie<MapData, lbproxy_common::SrcRangeData, u32>,
 }
 
 impl PinnedMaps {
@@ -43,6 +45,8 @@ impl PinnedMaps {
             config: open_pinned(dir, map_names::CONFIG, Map::Array)?,
             pod_ifs: open_pinned(dir, map_names::POD_IFS, Map::HashMap)?,
             unserved: open_pinned(dir, map_names::UNSERVED, Map::HashMap)?,
+            node_ifs: open_pinned(dir, map_names::NODE_IFS, Map::HashMap)?,
+            src_ranges: open_pinned(dir, map_names::SRC_RANGES, Map::LpmTrie)?,
         })
     }
 
@@ -109,6 +113,20 @@ pub(super) fn del_ok(r: Result<(), MapError>) -> Result<(), MapError> {
     }
 }
 
+/// The `LB_SRCRANGES_V1` key of frontend `svc_id`'s range: the whole id, then the range.
+fn src_range_key(
+    svc_id: u32,
+    range: ipnet::Ipv4Net,
+) -> aya::maps::lpm_trie::Key<lbproxy_common::SrcRangeData> {
+    aya::maps::lpm_trie::Key::new(
+        32 + u32::from(range.prefix_len()),
+        lbproxy_common::SrcRangeData {
+            svc_id_be: svc_id.to_be_bytes(),
+            addr: range.network().octets(),
+        },
+    )
+}
+
 impl Maps for PinnedMaps {
     fn read_programmed(&self) -> Programmed {
         assemble(
@@ -116,6 +134,15 @@ impl Maps for PinnedMaps {
             self.slots.iter().flatten(),
             self.members.keys().flatten(),
             self.services.iter().flatten(),
+            self.src_ranges.keys().flatten().filter_map(|k| {
+                let d = k.data();
+                let net = ipnet::Ipv4Net::new(
+                    std::net::Ipv4Addr::from(d.addr),
+                    u8::try_from(k.prefix_len().checked_sub(32)?).ok()?,
+                )
+                .ok()?;
+                Some((u32::from_be_bytes(d.svc_id_be), net))
+            }),
             |svc_id| {
                 self.labels
                     .get(&svc_id, 0)
@@ -170,6 +197,28 @@ impl Maps for PinnedMaps {
                 map_names::SERVICES,
                 "delete",
                 Frontend::from_key(&key).map_or_else(String::new, |f| f.to_string()),
+                e,
+            )
+        })
+    }
+    fn put_src_range(&mut self, svc_id: u32, range: ipnet::Ipv4Net) -> Result<(), MapWriteError> {
+        self.src_ranges
+            .insert(&src_range_key(svc_id, range), 1, 0)
+            .map_err(|e| {
+                werr(
+                    map_names::SRC_RANGES,
+                    "update",
+                    format!("svc {svc_id} {range}"),
+                    e,
+                )
+            })
+    }
+    fn del_src_range(&mut self, svc_id: u32, range: ipnet::Ipv4Net) -> Result<(), MapWriteError> {
+        del_ok(self.src_ranges.remove(&src_range_key(svc_id, range))).map_err(|e| {
+            werr(
+                map_names::SRC_RANGES,
+                "delete",
+                format!("svc {svc_id} {range}"),
                 e,
             )
         })

@@ -59,6 +59,12 @@ pub struct Controller<M: Maps> {
     last_sync: Option<Deadline>,
     /// The wait before the next retry of a failed sync.
     retry_after: Duration,
+    /// The `healthCheckNodePort` servers, kept equal to the model after every sync, and the
+    /// node-port addresses they bind (from the interface watcher).
+    health_checks: Option<(
+        crate::healthcheck::HealthCheckServers,
+        tokio::sync::watch::Receiver<Vec<std::net::IpAddr>>,
+    )>,
 }
 
 impl<M: Maps> Controller<M> {
@@ -73,9 +79,42 @@ impl<M: Maps> Controller<M> {
             first_sync_done: false,
             last_sync: None,
             retry_after: RETRY_AFTER,
+            health_checks: None,
         };
         ctl.report.programmed(ctl.sync.programmed());
         ctl
+    }
+
+    /// Runs the `healthCheckNodePort` servers of the services that ask for one, on the
+    /// addresses `addresses` holds (none yet: every address).
+    pub fn with_health_checks(
+        mut self,
+        addresses: tokio::sync::watch::Receiver<Vec<std::net::IpAddr>>,
+    ) -> Self {
+        let health = self.report.health.clone();
+        let servers = crate::healthcheck::HealthCheckServers::new(
+            addresses.borrow().clone(),
+            std::sync::Arc::new(move || health.healthy()),
+        );
+        self.health_checks = Some((servers, addresses));
+        self
+    }
+
+    /// Brings the health-check servers in line with the model and the node-port addresses;
+    /// a port that cannot be bound is reported, and tried again after the next sync.
+    fn sync_health_checks(&mut self) {
+        let Some((servers, addresses)) = &mut self.health_checks else {
+            return;
+        };
+        let mut failures = Vec::new();
+        if addresses.has_changed().unwrap_or(false) {
+            let now = addresses.borrow_and_update().clone();
+            failures.extend(servers.set_addresses(now));
+        }
+        failures.extend(servers.sync(crate::healthcheck::wanted(&self.ingest.model, &self.node)));
+        for f in &failures {
+            self.report.health_check_failed(f);
+        }
     }
 
     #[cfg(test)]
@@ -168,6 +207,7 @@ impl<M: Maps> Controller<M> {
             }
         };
         self.report.programmed(self.sync.programmed());
+        self.sync_health_checks();
         self.report.unserved(&self.sync.unserved_by_kind());
         self.report.conflicts(self.sync.conflicts());
         self.report.map_full(&self.sync.map_full());

@@ -176,6 +176,18 @@ impl Report {
     }
 
     fn post_node_event(&self, note: String) {
+        self.post_node_event_as("DataplaneProgrammingFailed", note);
+    }
+
+    /// A health-check server (`healthCheckNodePort`) that could not be started: a log line
+    /// and a Node Event with kube-proxy's reason; nothing else stops.
+    pub fn health_check_failed(&self, failure: &crate::healthcheck::BindFailure) {
+        let msg = crate::bpf::error_chain(failure);
+        tracing::warn!(service = %failure.service(), port = failure.port(), "health check server: {msg}");
+        self.post_node_event_as("FailedToStartServiceHealthcheck", msg);
+    }
+
+    fn post_node_event_as(&self, reason: &'static str, note: String) {
         let Some(recorder) = self.events.clone() else {
             return;
         };
@@ -189,7 +201,7 @@ impl Report {
         tokio::spawn(async move {
             let ev = kube::runtime::events::Event {
                 type_: kube::runtime::events::EventType::Warning,
-                reason: "DataplaneProgrammingFailed".into(),
+                reason: reason.into(),
                 note: Some(note),
                 action: "Sync".into(),
                 secondary: None,

@@ -488,47 +488,46 @@ fn unserved(m: &MemMaps) -> Vec<(u8, u16, String, String)> {
         .collect()
 }
 
-/// Kinds that are not served yet are written to the unserved map (what `inspect` and the
-/// metric show), follow their service's changes, and leave with it; the served ClusterIP
-/// frontend is programmed as always.
+/// Frontends that are not served yet (SCTP here) are written to the unserved map (what
+/// `inspect` and the metric show), follow their service's changes, and leave with it; the
+/// served frontends of every kind are programmed.
 #[tokio::test(start_paused = true)]
 async fn unserved_frontends_are_listed_and_follow_their_service() {
-    use lbproxy_common::{SVC_KIND_EXTERNAL_IP, SVC_KIND_NODE_PORT};
-    let spec = "{type: NodePort, clusterIP: 198.19.0.10, externalIPs: [203.0.113.7], ports: [{name: http, port: 80, nodePort: 30080}]}";
+    use lbproxy_common::{SVC_KIND_CLUSTER_IP, SVC_KIND_EXTERNAL_IP, SVC_KIND_NODE_PORT};
+    let spec = "{type: NodePort, clusterIP: 198.19.0.10, externalIPs: [203.0.113.7], ports: [{name: http, port: 80, nodePort: 30080}, {name: sig, port: 99, protocol: SCTP, nodePort: 30099}]}";
     let mut ctl = web_from(spec).await;
     assert_eq!(
         served(ctl.maps()),
-        want(&[("198.19.0.10:80", &["198.18.0.2:8080"])])
+        want(&[
+            ("0.0.0.0:30080", &["198.18.0.2:8080"]),
+            ("198.19.0.10:80", &["198.18.0.2:8080"]),
+            ("203.0.113.7:80", &["198.18.0.2:8080"]),
+        ])
     );
     let mut got = unserved(ctl.maps());
     got.sort();
-    assert_eq!(
-        got,
-        vec![
-            (
-                SVC_KIND_NODE_PORT,
-                30080,
-                "shop/web:http".to_string(),
-                "NodePort is not served yet".to_string()
-            ),
-            (
-                SVC_KIND_EXTERNAL_IP,
-                80,
-                "shop/web:http".to_string(),
-                "ExternalIP is not served yet".to_string()
-            ),
-        ]
-        .into_iter()
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect::<Vec<_>>()
-    );
+    let sctp = |kind, port| {
+        (
+            kind,
+            port,
+            "shop/web:sig".to_string(),
+            "SCTP is not served yet".to_string(),
+        )
+    };
+    let mut expected = vec![
+        sctp(SVC_KIND_CLUSTER_IP, 99),
+        sctp(SVC_KIND_NODE_PORT, 30099),
+        sctp(SVC_KIND_EXTERNAL_IP, 99),
+    ];
+    expected.sort();
+    assert_eq!(got, expected);
 
-    // The external IP goes: only the NodePort stays listed.
-    let spec = "{type: NodePort, clusterIP: 198.19.0.10, ports: [{name: http, port: 80, nodePort: 30080}]}";
+    // The external IP goes: the ClusterIP and NodePort SCTP frontends stay listed.
+    let spec = "{type: NodePort, clusterIP: 198.19.0.10, ports: [{name: http, port: 80, nodePort: 30080}, {name: sig, port: 99, protocol: SCTP, nodePort: 30099}]}";
     drive(&mut ctl, vec![service_yaml("web", "", spec)]).await;
-    let kinds: Vec<u8> = unserved(ctl.maps()).iter().map(|u| u.0).collect();
-    assert_eq!(kinds, vec![SVC_KIND_NODE_PORT]);
+    let mut kinds: Vec<u8> = unserved(ctl.maps()).iter().map(|u| u.0).collect();
+    kinds.sort();
+    assert_eq!(kinds, vec![SVC_KIND_CLUSTER_IP, SVC_KIND_NODE_PORT]);
 
     // The service goes: nothing is left.
     drive(

@@ -64,7 +64,7 @@ pub fn endpoint_set(
     node: &str,
     local_only: bool,
 ) -> EndpointSet {
-    let eligible = |e: &Endpoint| !local_only || e.node_name.as_deref() == Some(node);
+    let eligible = |e: &Endpoint| !local_only || e.on_node(node);
     let mut serving = model.endpoints_where(svc, port, |e| e.ready && eligible(e));
     if serving.is_empty() {
         serving = model.endpoints_where(svc, port, |e| e.serving && e.terminating && eligible(e));

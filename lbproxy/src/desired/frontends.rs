@@ -234,6 +234,15 @@ pub struct FrontendSpec {
     pub draining: Vec<BackendAddr>,
     /// Session affinity timeout in seconds, 0 for none.
     pub affinity_timeout_s: u32,
+    /// Its kind (`ServiceValue::kind`): the datapath serves ClusterIPs to pods only.
+    pub kind: FrontendKind,
+    /// `SVC_F_*` (`ServiceValue::flags`): `SVC_F_LOCAL_ONLY` when only this node's endpoints
+    /// may serve it and all of them are on other nodes; `SVC_F_SOURCE_RANGES` when only
+    /// sources in `src_ranges` may use it.
+    pub flags: u16,
+    /// A load-balancer IP's `loadBalancerSourceRanges` (IPv4, sorted, without duplicates);
+    /// empty for every other frontend and for `0.0.0.0/0`.
+    pub src_ranges: Vec<ipnet::Ipv4Net>,
 }
 
 pub type Desired = BTreeMap<Frontend, FrontendSpec>;
@@ -256,29 +265,25 @@ pub fn desired_for(model: &Model, svc: &Service, node: &str) -> Vec<(Frontend, F
 }
 
 /// The address the datapath serves a frontend on, or why it does not serve it yet. When
-/// several reasons apply, the first in this order is given: kind, then family, then
-/// protocol. Served today: IPv4 ClusterIPs, TCP and UDP.
+/// both reasons apply, the family's is given, then the protocol's. Served today: IPv4 ClusterIPs, NodePorts (at 0.0.0.0, any node address),
+/// externalIPs and load-balancer IPs, TCP and UDP.
 fn servable(
     kind: FrontendKind,
     family: Family,
     addr: Option<IpAddr>,
     proto: Protocol,
 ) -> Result<Ipv4Addr, &'static str> {
-    match kind {
-        FrontendKind::ClusterIp => {}
-        FrontendKind::NodePort => return Err("NodePort is not served yet"),
-        FrontendKind::ExternalIp => return Err("ExternalIP is not served yet"),
-        FrontendKind::LoadBalancerIp => return Err("LoadBalancerIP is not served yet"),
-    }
     if family == Family::V6 {
         return Err("IPv6 is not served yet");
     }
     if proto == Protocol::Sctp {
         return Err("SCTP is not served yet");
     }
-    match addr {
-        Some(IpAddr::V4(addr)) => Ok(addr),
-        // Not reached: a ClusterIP has an address, and an IPv4 one is of family V4.
+    match (kind, addr) {
+        (_, Some(IpAddr::V4(addr))) => Ok(addr),
+        // Every node address: the datapath's NodePort entry (see `Frontend::key`).
+        (FrontendKind::NodePort, None) => Ok(Ipv4Addr::UNSPECIFIED),
+        // Not reached: the other kinds have an address, and an IPv4 one is of family V4.
         _ => Err("IPv6 is not served yet"),
     }
 }
@@ -338,17 +343,68 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
             ));
         }
         let mut specs: BTreeMap<Scope, FrontendSpec> = BTreeMap::new();
+        // loadBalancerSourceRanges, for the load-balancer IPs only (as kube-proxy); a range
+        // of length 0 admits everyone, so the list then restricts nothing.
+        let mut ranges: Vec<ipnet::Ipv4Net> = svc
+            .load_balancer_source_ranges
+            .iter()
+            .filter_map(|n| match n {
+                ipnet::IpNet::V4(n) => Some(*n),
+                ipnet::IpNet::V6(_) => None,
+            })
+            .collect();
+        ranges.sort();
+        ranges.dedup();
+        if ranges.iter().any(|n| n.prefix_len() == 0) {
+            ranges.clear();
+        }
+        // Only IPv6 ranges: no IPv4 source is admitted.
+        let v6_only = ranges.is_empty()
+            && svc
+                .load_balancer_source_ranges
+                .iter()
+                .any(|n| matches!(n, ipnet::IpNet::V6(_)))
+            && !svc
+                .load_balancer_source_ranges
+                .iter()
+                .any(|n| n.prefix_len() == 0);
         for (kind, family, addr, frontend_port) in asked {
             match servable(kind, family, addr, port.protocol) {
                 Ok(addr) => {
                     let spec = specs
                         .entry(kind.scope())
                         .or_insert_with(|| {
-                            let set =
-                                endpoint_set(model, svc, port, node, local_only(svc, kind.scope()));
-                            spec_of(svc, port, &label, set)
+                            let local = local_only(svc, kind.scope());
+                            let set = endpoint_set(model, svc, port, node, local);
+                            // No endpoint here but some elsewhere: dropped, not rejected.
+                            let flags = if local
+                                && set.serving.is_empty()
+                                && !endpoint_set(model, svc, port, node, false)
+                                    .serving
+                                    .is_empty()
+                            {
+                                lbproxy_common::SVC_F_LOCAL_ONLY
+                            } else {
+                                0
+                            };
+                            FrontendSpec {
+                                flags,
+                                ..spec_of(svc, port, &label, set)
+                            }
                         })
                         .clone();
+                    let spec = if kind == FrontendKind::LoadBalancerIp
+                        && (!ranges.is_empty() || v6_only)
+                    {
+                        FrontendSpec {
+                            kind,
+                            flags: spec.flags | lbproxy_common::SVC_F_SOURCE_RANGES,
+                            src_ranges: ranges.clone(),
+                            ..spec
+                        }
+                    } else {
+                        FrontendSpec { kind, ..spec }
+                    };
                     out.served.push((
                         Frontend {
                             addr,
@@ -394,6 +450,9 @@ fn spec_of(svc: &Service, port: &ServicePort, label: &str, set: EndpointSet) -> 
         backends: v4(set.serving),
         draining: v4(set.draining),
         affinity_timeout_s: svc.affinity_timeout_s,
+        kind: FrontendKind::ClusterIp,
+        flags: 0,
+        src_ranges: Vec::new(),
     }
 }
 
@@ -455,11 +514,13 @@ mod tests {
         let m = model_of(&format!(
             "{svc}{}",
             slice_with(
-                "[{addresses: [198.18.0.2], nodeName: a}, {addresses: [198.18.0.3], nodeName: b}]"
+                "[{addresses: [198.18.0.2], nodeName: nodeA}, {addresses: [198.18.0.3], nodeName: b}]"
             )
         ));
+        // This node's name is lowercased (as kube-proxy does); nodeName matches it whatever
+        // its case.
         assert_eq!(
-            addrs(&desired(&m, "a").values().next().unwrap().backends),
+            addrs(&desired(&m, "nodea").values().next().unwrap().backends),
             vec!["198.18.0.2"]
         );
         assert!(
@@ -553,7 +614,15 @@ spec:
   externalTrafficPolicy: Local
 ",
         );
-        assert_eq!(served(&f), vec!["198.19.0.10:80/TCP", "198.19.0.10:53/UDP"]);
+        assert_eq!(
+            served(&f),
+            vec![
+                "198.19.0.10:80/TCP",
+                "203.0.113.7:80/TCP",
+                "198.19.0.10:53/UDP",
+                "203.0.113.7:53/UDP"
+            ]
+        );
         assert_eq!(
             rows(&f),
             vec![
@@ -561,9 +630,7 @@ spec:
                 "ClusterIP ipv6 [fd00::10]:53/UDP shop/web:dns: IPv6 is not served yet",
                 "ClusterIP ipv6 [fd00::10]:80/TCP shop/web:http: IPv6 is not served yet",
                 "ClusterIP ipv6 [fd00::10]:99/SCTP shop/web:sig: IPv6 is not served yet",
-                "ExternalIP ipv4 203.0.113.7:53/UDP shop/web:dns: ExternalIP is not served yet",
-                "ExternalIP ipv4 203.0.113.7:80/TCP shop/web:http: ExternalIP is not served yet",
-                "ExternalIP ipv4 203.0.113.7:99/SCTP shop/web:sig: ExternalIP is not served yet",
+                "ExternalIP ipv4 203.0.113.7:99/SCTP shop/web:sig: SCTP is not served yet",
             ]
         );
     }
@@ -588,17 +655,13 @@ spec:
             served(&f),
             vec![
                 "198.19.0.11:80/TCP",
+                "0.0.0.0:30080/TCP",
                 "198.19.0.11:53/UDP",
+                "0.0.0.0:30053/UDP",
                 "198.19.0.11:9100/TCP"
             ]
         );
-        assert_eq!(
-            rows(&f),
-            vec![
-                "NodePort ipv4 *:30053/UDP shop/np:dns: NodePort is not served yet",
-                "NodePort ipv4 *:30080/TCP shop/np:http: NodePort is not served yet",
-            ]
-        );
+        assert!(f.unserved.is_empty(), "{:?}", rows(&f));
     }
 
     const LB: &str = r"
@@ -628,30 +691,33 @@ status:
     #[test]
     fn dual_stack_load_balancer_asks_for_every_kind_in_both_families() {
         let f = frontends_of(LB);
-        assert_eq!(served(&f), vec!["198.19.0.12:80/TCP"]);
-        let np = "NodePort is not served yet";
-        let ext = "ExternalIP is not served yet";
-        let lb = "LoadBalancerIP is not served yet";
+        // 192.0.2.3 (ipMode Proxy) and the hostname-only ingress ask for nothing.
+        assert_eq!(
+            served(&f),
+            vec![
+                "198.19.0.12:80/TCP",
+                "0.0.0.0:30080/TCP",
+                "203.0.113.7:80/TCP",
+                "192.0.2.1:80/TCP"
+            ]
+        );
+        let sctp = "SCTP is not served yet";
         let v6 = "IPv6 is not served yet";
         assert_eq!(
             rows(&f),
             vec![
-                "ClusterIP ipv4 198.19.0.12:99/SCTP shop/lb:sig: SCTP is not served yet".into(),
+                format!("ClusterIP ipv4 198.19.0.12:99/SCTP shop/lb:sig: {sctp}"),
                 format!("ClusterIP ipv6 [fd00::12]:80/TCP shop/lb:http: {v6}"),
                 format!("ClusterIP ipv6 [fd00::12]:99/SCTP shop/lb:sig: {v6}"),
-                format!("NodePort ipv4 *:30080/TCP shop/lb:http: {np}"),
-                format!("NodePort ipv4 *:30099/SCTP shop/lb:sig: {np}"),
-                format!("NodePort ipv6 *:30080/TCP shop/lb:http: {np}"),
-                format!("NodePort ipv6 *:30099/SCTP shop/lb:sig: {np}"),
-                format!("ExternalIP ipv4 203.0.113.7:80/TCP shop/lb:http: {ext}"),
-                format!("ExternalIP ipv4 203.0.113.7:99/SCTP shop/lb:sig: {ext}"),
-                format!("ExternalIP ipv6 [2001:db8::7]:80/TCP shop/lb:http: {ext}"),
-                format!("ExternalIP ipv6 [2001:db8::7]:99/SCTP shop/lb:sig: {ext}"),
-                // 192.0.2.3 (ipMode Proxy) and the hostname-only ingress ask for nothing.
-                format!("LoadBalancerIP ipv4 192.0.2.1:80/TCP shop/lb:http: {lb}"),
-                format!("LoadBalancerIP ipv4 192.0.2.1:99/SCTP shop/lb:sig: {lb}"),
-                format!("LoadBalancerIP ipv6 [2001:db8::1]:80/TCP shop/lb:http: {lb}"),
-                format!("LoadBalancerIP ipv6 [2001:db8::1]:99/SCTP shop/lb:sig: {lb}"),
+                format!("NodePort ipv4 *:30099/SCTP shop/lb:sig: {sctp}"),
+                format!("NodePort ipv6 *:30080/TCP shop/lb:http: {v6}"),
+                format!("NodePort ipv6 *:30099/SCTP shop/lb:sig: {v6}"),
+                format!("ExternalIP ipv4 203.0.113.7:99/SCTP shop/lb:sig: {sctp}"),
+                format!("ExternalIP ipv6 [2001:db8::7]:80/TCP shop/lb:http: {v6}"),
+                format!("ExternalIP ipv6 [2001:db8::7]:99/SCTP shop/lb:sig: {v6}"),
+                format!("LoadBalancerIP ipv4 192.0.2.1:99/SCTP shop/lb:sig: {sctp}"),
+                format!("LoadBalancerIP ipv6 [2001:db8::1]:80/TCP shop/lb:http: {v6}"),
+                format!("LoadBalancerIP ipv6 [2001:db8::1]:99/SCTP shop/lb:sig: {v6}"),
             ]
         );
     }
@@ -661,10 +727,8 @@ status:
         let f = frontends_of(
             "apiVersion: v1\nkind: Service\nmetadata: {name: lb, namespace: shop}\nspec: {type: LoadBalancer, clusterIP: 198.19.0.12, ports: [{port: 80, nodePort: 30080}]}\nstatus: {loadBalancer: {ingress: [{ip: 192.0.2.3, ipMode: Proxy}, {hostname: lb.example}]}}\n",
         );
-        assert_eq!(
-            rows(&f),
-            vec!["NodePort ipv4 *:30080/TCP shop/lb: NodePort is not served yet"]
-        );
+        assert_eq!(served(&f), vec!["198.19.0.12:80/TCP", "0.0.0.0:30080/TCP"]);
+        assert!(f.unserved.is_empty(), "{:?}", rows(&f));
     }
 
     #[test]
@@ -680,16 +744,21 @@ status:
             "{:#?}",
             rows(&f)
         );
-        assert_eq!(f.unserved.len(), 7, "{:#?}", rows(&f));
+        // SCTP on each of the four kinds.
+        assert_eq!(f.unserved.len(), 4, "{:#?}", rows(&f));
     }
 
     #[test]
-    fn served_frontends_ignore_every_other_kind_and_the_external_policy() {
+    fn the_cluster_ip_ignores_every_other_kind_and_the_external_policy() {
         let slice = "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: lb-a, namespace: shop, labels: {kubernetes.io/service-name: lb}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints: [{addresses: [198.18.0.2], nodeName: node-a}, {addresses: [198.18.0.3], nodeName: node-b}]\n";
         let plain = "apiVersion: v1\nkind: Service\nmetadata: {name: lb, namespace: shop}\nspec: {clusterIPs: [198.19.0.12, 'fd00::12'], ports: [{name: http, port: 80}, {name: sig, port: 99, protocol: SCTP}]}\n";
         let base = frontends_of(&format!("{plain}{slice}"));
         let full = frontends_of(&format!("{LB}{slice}"));
-        assert_eq!(full.served, base.served);
+        assert_eq!(full.served[0], base.served[0]);
+        // externalTrafficPolicy: Local narrows the external frontends to this node's.
+        for (fe, spec) in &full.served[1..] {
+            assert_eq!(addrs(&spec.backends), vec!["198.18.0.2"], "{fe}");
+        }
         // externalTrafficPolicy: Local does not narrow the ClusterIP's backends.
         assert_eq!(
             addrs(&full.served[0].1.backends),
@@ -707,7 +776,7 @@ status:
     }
 
     #[test]
-    fn the_first_reason_that_applies_is_given_kind_then_family_then_protocol() {
+    fn the_first_reason_that_applies_is_given_family_then_protocol() {
         let v4 = Some(IpAddr::from([198, 19, 0, 1]));
         let v6 = Some("fd00::1".parse().unwrap());
         use FrontendKind::*;
@@ -718,21 +787,22 @@ status:
                 Family::V6,
                 None,
                 Sctp,
-                Err("NodePort is not served yet"),
+                Err("IPv6 is not served yet"),
             ),
+            (NodePort, Family::V4, None, Udp, Ok(Ipv4Addr::UNSPECIFIED)),
             (
                 ExternalIp,
                 Family::V6,
                 v6,
                 Sctp,
-                Err("ExternalIP is not served yet"),
+                Err("IPv6 is not served yet"),
             ),
             (
                 LoadBalancerIp,
                 Family::V4,
                 v4,
                 Tcp,
-                Err("LoadBalancerIP is not served yet"),
+                Ok(Ipv4Addr::new(198, 19, 0, 1)),
             ),
             (
                 ClusterIp,
@@ -762,6 +832,51 @@ status:
                 "{kind:?} {family:?} {proto:?}"
             );
         }
+    }
+
+    /// `loadBalancerSourceRanges` restrict the load-balancer IPs only (as kube-proxy), and
+    /// `0.0.0.0/0` restricts nothing.
+    #[test]
+    fn source_ranges_restrict_load_balancer_ips_only() {
+        let lb = |ranges: &str| {
+            frontends_of(&format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: lb, namespace: shop}}\nspec: {{type: LoadBalancer, clusterIP: 198.19.0.12, loadBalancerSourceRanges: {ranges}, ports: [{{port: 80, nodePort: 30080}}]}}\nstatus: {{loadBalancer: {{ingress: [{{ip: 192.0.2.1}}]}}}}\n"
+            ))
+        };
+        let f = lb("[203.0.113.0/24, 198.51.100.7/32, 203.0.113.0/24]");
+        assert_eq!(
+            served(&f),
+            vec![
+                "198.19.0.12:80/TCP",
+                "0.0.0.0:30080/TCP",
+                "192.0.2.1:80/TCP"
+            ]
+        );
+        let by_kind = |f: &ServiceFrontends, k: FrontendKind| {
+            f.served
+                .iter()
+                .find(|(_, s)| s.kind == k)
+                .map(|(_, s)| s.clone())
+                .unwrap()
+        };
+        let lbip = by_kind(&f, FrontendKind::LoadBalancerIp);
+        assert_eq!(
+            lbip.src_ranges
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
+            vec!["198.51.100.7/32", "203.0.113.0/24"]
+        );
+        assert_ne!(lbip.flags & lbproxy_common::SVC_F_SOURCE_RANGES, 0);
+        for k in [FrontendKind::ClusterIp, FrontendKind::NodePort] {
+            let s = by_kind(&f, k);
+            assert!(s.src_ranges.is_empty() && s.flags == 0, "{k:?}: {s:?}");
+        }
+        let open = by_kind(
+            &lb("[203.0.113.0/24, '0.0.0.0/0']"),
+            FrontendKind::LoadBalancerIp,
+        );
+        assert!(open.src_ranges.is_empty() && open.flags == 0, "{open:?}");
     }
 
     #[test]

@@ -28,6 +28,17 @@ pub struct Endpoint {
     pub node_name: Option<String>,
 }
 
+impl Endpoint {
+    /// Whether this endpoint is on node `node` (this node's name, which lbproxy lowercases as
+    /// kube-proxy does with `--hostname-override`). Compared without regard to case, so a
+    /// slice written with `nodeName: nodeA` matches `--hostname-override nodeA`.
+    pub fn on_node(&self, node: &str) -> bool {
+        self.node_name
+            .as_deref()
+            .is_some_and(|n| n.eq_ignore_ascii_case(node))
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EndpointSlice {
     pub id: NamespacedName,

@@ -103,6 +103,9 @@ pub trait Maps {
     fn del_service(&mut self, key: ServiceKey) -> Result<(), MapWriteError>;
     fn put_label(&mut self, svc_id: u32, label: &str) -> Result<(), MapWriteError>;
     fn del_label(&mut self, svc_id: u32) -> Result<(), MapWriteError>;
+    /// Adds one of frontend `svc_id`'s `loadBalancerSourceRanges` (`LB_SRCRANGES_V1`).
+    fn put_src_range(&mut self, svc_id: u32, range: ipnet::Ipv4Net) -> Result<(), MapWriteError>;
+    fn del_src_range(&mut self, svc_id: u32, range: ipnet::Ipv4Net) -> Result<(), MapWriteError>;
     /// The frontends not served yet, as listed for `lbproxy inspect`.
     fn read_unserved(&self) -> BTreeMap<UnservedKey, UnservedValue>;
     fn put_unserved(
@@ -126,8 +129,13 @@ pub fn assemble(
     slots: impl Iterator<Item = (SlotKey, u32)>,
     members: impl Iterator<Item = MemberKey>,
     services: impl Iterator<Item = (ServiceKey, ServiceValue)>,
+    src_ranges: impl Iterator<Item = (u32, ipnet::Ipv4Net)>,
     label: impl Fn(u32) -> String,
 ) -> Programmed {
+    let mut ranges_of: HashMap<u32, BTreeSet<ipnet::Ipv4Net>> = HashMap::new();
+    for (svc_id, r) in src_ranges {
+        ranges_of.entry(svc_id).or_default().insert(r);
+    }
     let mut p = Programmed::default();
     for (id, b) in backends {
         if let Some(addr) = BackendAddr::from_value(&b) {
@@ -166,6 +174,9 @@ pub fn assemble(
                 count: Some(v.count),
                 draining: Vec::new(),
                 affinity_timeout_s: v.affinity_timeout_s,
+                kind: v.kind,
+                flags: v.flags,
+                src_ranges: ranges_of.remove(&v.svc_id).unwrap_or_default(),
                 members: members_of.remove(&v.svc_id).unwrap_or_default(),
             },
         );
@@ -187,6 +198,7 @@ pub mod mem {
         pub labels: BTreeMap<u32, String>,
         pub members: std::collections::BTreeSet<(u32, u32)>,
         pub unserved: BTreeMap<UnservedKey, UnservedValue>,
+        pub src_ranges: std::collections::BTreeSet<(u32, ipnet::Ipv4Net)>,
         /// The persisted id cursor (`LB_CONFIG_V1`'s `next_id` in the real maps).
         pub id_cursor: u32,
         pub ops: usize,
@@ -267,6 +279,7 @@ pub mod mem {
                     backend_id: *backend_id,
                 }),
                 self.services.iter().map(|(k, v)| (*k, *v)),
+                self.src_ranges.iter().copied(),
                 |id| self.labels.get(&id).cloned().unwrap_or_default(),
             )
         }
@@ -319,6 +332,24 @@ pub mod mem {
             self.step("services")?;
             self.services.remove(&key);
             self.check();
+            Ok(())
+        }
+        fn put_src_range(
+            &mut self,
+            svc_id: u32,
+            range: ipnet::Ipv4Net,
+        ) -> Result<(), MapWriteError> {
+            self.step("src_ranges")?;
+            self.src_ranges.insert((svc_id, range));
+            Ok(())
+        }
+        fn del_src_range(
+            &mut self,
+            svc_id: u32,
+            range: ipnet::Ipv4Net,
+        ) -> Result<(), MapWriteError> {
+            self.step("src_ranges")?;
+            self.src_ranges.remove(&(svc_id, range));
             Ok(())
         }
         fn put_member(&mut self, svc_id: u32, backend_id: u32) -> Result<(), MapWriteError> {

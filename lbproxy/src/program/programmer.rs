@@ -34,6 +34,12 @@ pub struct ProgrammedFrontend {
     pub count: Option<u32>,
     /// The affinity timeout in the service entry.
     pub affinity_timeout_s: u32,
+    /// The kind in the service entry (`SVC_KIND_*`).
+    pub kind: u8,
+    /// The flags in the service entry (`SVC_F_*`).
+    pub flags: u16,
+    /// Its `loadBalancerSourceRanges` in `LB_SRCRANGES_V1`.
+    pub src_ranges: std::collections::BTreeSet<ipnet::Ipv4Net>,
     /// Backend ids written to `LB_MEMBERS_V1` for this service.
     pub members: std::collections::BTreeSet<u32>,
     /// Backends kept live for existing flows only (not in any slot).
@@ -309,7 +315,14 @@ impl Programmer {
         maps.del_service(fe.key())?;
         stats.deletes += 1;
         stats.frontends_changed += 1;
-        // From here on no packet reaches this frontend's slots.
+        // From here on no packet reaches this frontend's slots, nor its ranges.
+        for r in &cur.src_ranges {
+            maps.del_src_range(cur.svc_id, *r)?;
+            stats.deletes += 1;
+            if let Some(f) = self.state.frontends.get_mut(&fe) {
+                f.src_ranges.remove(r);
+            }
+        }
         for id in cur.members.iter().chain(cur.slots.iter()) {
             maps.del_member(cur.svc_id, *id)?;
             stats.deletes += 1;
@@ -423,6 +436,9 @@ impl Programmer {
                 c.label == spec.label
                     && c.count == Some(want_count)
                     && c.affinity_timeout_s == spec.affinity_timeout_s
+                    && c.kind == spec.kind.number()
+                    && c.flags == spec.flags
+                    && c.src_ranges.iter().eq(spec.src_ranges.iter())
                     && c.members == new_members
             })
         {
@@ -444,6 +460,9 @@ impl Programmer {
                     count: None,
                     draining,
                     affinity_timeout_s: 0,
+                    kind: spec.kind.number(),
+                    flags: 0,
+                    src_ranges: std::collections::BTreeSet::new(),
                     members: std::collections::BTreeSet::new(),
                 },
             );
@@ -497,21 +516,40 @@ impl Programmer {
             }
         }
 
-        // 4. The count: from here on new flows use the new arrangement.
-        let (programmed_count, programmed_affinity) = self
+        // Source ranges the new entry admits, before it names them (a range that stays is
+        // not rewritten; ones that go are removed after the entry).
+        let old_ranges = self
             .state
             .frontends
             .get(&fe)
-            .map_or((None, 0), |f| (f.count, f.affinity_timeout_s));
-        if programmed_count != Some(want_count) || programmed_affinity != spec.affinity_timeout_s {
+            .map(|f| f.src_ranges.clone())
+            .unwrap_or_default();
+        for r in spec.src_ranges.iter().filter(|r| !old_ranges.contains(r)) {
+            maps.put_src_range(svc_id, *r)?;
+            stats.writes += 1;
+            if let Some(f) = self.state.frontends.get_mut(&fe) {
+                f.src_ranges.insert(*r);
+            }
+        }
+
+        // 4. The count: from here on new flows use the new arrangement.
+        let (programmed_count, programmed_affinity, programmed_kind, programmed_flags) =
+            self.state.frontends.get(&fe).map_or((None, 0, 0, 0), |f| {
+                (f.count, f.affinity_timeout_s, f.kind, f.flags)
+            });
+        if programmed_count != Some(want_count)
+            || programmed_affinity != spec.affinity_timeout_s
+            || programmed_kind != spec.kind.number()
+            || programmed_flags != spec.flags
+        {
             maps.put_service(
                 fe.key(),
                 ServiceValue {
                     svc_id,
                     count: want_count,
                     affinity_timeout_s: spec.affinity_timeout_s,
-                    flags: 0,
-                    kind: 0,
+                    flags: spec.flags,
+                    kind: spec.kind.number(),
                     _pad: 0,
                 },
             )?;
@@ -519,6 +557,16 @@ impl Programmer {
             if let Some(f) = self.state.frontends.get_mut(&fe) {
                 f.count = Some(want_count);
                 f.affinity_timeout_s = spec.affinity_timeout_s;
+                f.kind = spec.kind.number();
+                f.flags = spec.flags;
+            }
+        }
+
+        for r in old_ranges.iter().filter(|r| !spec.src_ranges.contains(r)) {
+            maps.del_src_range(svc_id, *r)?;
+            stats.deletes += 1;
+            if let Some(f) = self.state.frontends.get_mut(&fe) {
+                f.src_ranges.remove(r);
             }
         }
 
@@ -565,6 +613,9 @@ mod tests {
             backends: backends.iter().map(|b| be(*b)).collect(),
             draining: vec![],
             affinity_timeout_s: 0,
+            kind: crate::desired::FrontendKind::ClusterIp,
+            flags: 0,
+            src_ranges: vec![],
         }
     }
 

@@ -55,6 +55,7 @@ pub mod bpf;
 pub mod connect;
 pub mod lbproxy;
 pub mod manifest;
+pub mod multinode;
 pub mod net;
 pub mod ns;
 
@@ -255,8 +256,8 @@ pub struct Lab {
     lbproxy_used: AtomicBool,
 }
 
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-static SWEEP: std::sync::Once = std::sync::Once::new();
+pub(crate) static COUNTER: AtomicU32 = AtomicU32::new(0);
+pub(crate) static SWEEP: std::sync::Once = std::sync::Once::new();
 
 impl Lab {
     /// A lab with default options. Panics (with the reason) if it cannot be built, e.g.
@@ -759,7 +760,7 @@ fn glob_prefix_matches(prefix: &str, name: &str) -> bool {
     name.starts_with(prefix)
 }
 
-fn netns_add(ns: &str) {
+pub(crate) fn netns_add(ns: &str) {
     let out = Command::new("ip").args(["netns", "add", ns]).output();
     match out {
         Ok(o) if o.status.success() => {}
@@ -773,13 +774,13 @@ fn netns_add(ns: &str) {
     }
 }
 
-fn netns_del(ns: &str) {
+pub(crate) fn netns_del(ns: &str) {
     if let Err(e) = netns_del_quiet(ns) {
         panic!("lab: ip netns del {ns}: {e}");
     }
 }
 
-fn netns_del_quiet(ns: &str) -> Result<(), String> {
+pub(crate) fn netns_del_quiet(ns: &str) -> Result<(), String> {
     let o = Command::new("ip")
         .args(["netns", "del", ns])
         .output()
@@ -791,7 +792,7 @@ fn netns_del_quiet(ns: &str) -> Result<(), String> {
     }
 }
 
-fn quiet_ip(ns: &str, args: &[&str]) -> Result<(), String> {
+pub(crate) fn quiet_ip(ns: &str, args: &[&str]) -> Result<(), String> {
     let o = Command::new("ip")
         .arg("-n")
         .arg(ns)
@@ -807,7 +808,7 @@ fn quiet_ip(ns: &str, args: &[&str]) -> Result<(), String> {
 
 /// Runs `ip -n NS -batch -` with `cmds`; panics with the commands and stderr on failure.
 /// Waits (up to 5 s) until `dev` in `ns` reports LOWER_UP (carrier); panics otherwise.
-fn wait_lower_up(ns: &str, dev: &str) {
+pub(crate) fn wait_lower_up(ns: &str, dev: &str) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
         let out = Command::new("ip")
@@ -826,7 +827,7 @@ fn wait_lower_up(ns: &str, dev: &str) {
     }
 }
 
-fn ip_batch(ns: &str, cmds: &[String]) {
+pub(crate) fn ip_batch(ns: &str, cmds: &[String]) {
     let mut child = Command::new("ip")
         .args(["-n", ns, "-batch", "-"])
         .stdin(Stdio::piped())
@@ -851,7 +852,7 @@ fn ip_batch(ns: &str, cmds: &[String]) {
     }
 }
 
-fn sysctl(ns: &str, key: &str, value: &str) {
+pub(crate) fn sysctl(ns: &str, key: &str, value: &str) {
     ns::sysctl_write(ns, key, value)
         .unwrap_or_else(|e| panic!("lab: [{ns}] sysctl {key}={value}: {e}"));
 }
@@ -862,7 +863,7 @@ fn sysctl(ns: &str, key: &str, value: &str) {
 const LOCK_DIR: &str = "/run/lbproxy-tests";
 
 /// Takes this process's liveness lock (`LOCK_DIR/<pid>.lock`), held until it exits.
-fn take_lock() {
+pub(crate) fn take_lock() {
     let _ = std::fs::create_dir_all(LOCK_DIR);
     let path = Path::new(LOCK_DIR).join(format!("{}.lock", std::process::id()));
     if let Ok(f) = std::fs::File::create(&path) {
@@ -898,7 +899,7 @@ fn holds_lock(pid: &str) -> bool {
 ///
 /// This runs before this process creates its first lab, so names carrying this process's own
 /// pid are stale too (left by an earlier process that had the same pid; pids wrap quickly).
-fn sweep_stale() {
+pub(crate) fn sweep_stale() {
     let me = std::process::id().to_string();
     let alive = |pid: &str| pid != me && (Path::new("/proc").join(pid).exists() || holds_lock(pid));
     if let Ok(rd) = std::fs::read_dir("/run/netns") {

@@ -23,6 +23,9 @@ pub const TCP_TARGET: u16 = 8080;
 pub const UDP_PORT: u16 = 53;
 pub const UDP_TARGET: u16 = 5353;
 pub const IPERF_PORT: u16 = 5201;
+/// The north-south benchmark's NodePorts: the target's TCP port and the iperf service.
+pub const TCP_NODE_PORT: u16 = 30080;
+pub const IPERF_NODE_PORT: u16 = 30201;
 
 /// One service port, as kube-proxy sees it ("servicePortName").
 #[derive(Clone, Debug)]
@@ -35,6 +38,8 @@ pub struct SvcPort {
     pub port: u16,
     pub target: u16,
     pub endpoints: Vec<Ipv4Addr>,
+    /// Its NodePort, when the service is of type NodePort (the north-south benchmark).
+    pub node_port: Option<u16>,
 }
 
 impl SvcPort {
@@ -52,6 +57,9 @@ impl SvcPort {
 pub struct Services {
     pub n: usize,
     pub ports: Vec<SvcPort>,
+    /// The node addresses that serve NodePorts (nftables' `nodeport-ips`); empty without
+    /// NodePorts.
+    pub node_ips: Vec<Ipv4Addr>,
 }
 
 /// VIP of service `i`: 198.19.0.16 + i.
@@ -86,6 +94,7 @@ impl Services {
                         port,
                         target,
                         endpoints: members.to_vec(),
+                        node_port: None,
                     });
                 }
             } else if i == t + 1 {
@@ -97,6 +106,7 @@ impl Services {
                     port: IPERF_PORT,
                     target: IPERF_PORT,
                     endpoints: vec![iperf_backend],
+                    node_port: None,
                 });
             } else {
                 ports.push(SvcPort {
@@ -107,10 +117,15 @@ impl Services {
                     port: TCP_PORT,
                     target: TCP_TARGET,
                     endpoints: vec![filler_ep(i, 0), filler_ep(i, 1)],
+                    node_port: None,
                 });
             }
         }
-        Services { n, ports }
+        Services {
+            n,
+            ports,
+            node_ips: Vec::new(),
+        }
     }
 
     pub fn target_index(n: usize) -> usize {
@@ -134,6 +149,80 @@ impl Services {
             }
         }
         s
+    }
+
+    /// The same services with NodePorts on the target's TCP port (`TCP_NODE_PORT`) and on
+    /// the iperf service (`IPERF_NODE_PORT`), and `node_ips` as the addresses that serve
+    /// them: the north-south benchmark's layout.
+    pub fn with_node_ports(&self, node_ips: &[Ipv4Addr]) -> Services {
+        let mut s = self.clone();
+        for p in &mut s.ports {
+            p.node_port = match (p.svc.as_str(), p.proto) {
+                ("target", "tcp") => Some(TCP_NODE_PORT),
+                ("iperf", _) => Some(IPERF_NODE_PORT),
+                _ => None,
+            };
+        }
+        s.node_ips = node_ips.to_vec();
+        s
+    }
+
+    /// Service and EndpointSlice YAML for lbproxy, with `type: NodePort` and the nodePort
+    /// on the ports that have one.
+    pub fn manifest_yaml(&self) -> String {
+        let mut out = String::new();
+        let mut i = 0;
+        while i < self.ports.len() {
+            let svc = &self.ports[i].svc;
+            let group: Vec<&SvcPort> = self.ports[i..]
+                .iter()
+                .take_while(|p| &p.svc == svc)
+                .collect();
+            i += group.len();
+            let node_port = group.iter().any(|p| p.node_port.is_some());
+            writeln!(
+                out,
+                "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {svc}, namespace: default}}\nspec:\n  type: {}\n  clusterIP: {}\n  ports:",
+                if node_port { "NodePort" } else { "ClusterIP" },
+                group[0].vip
+            )
+            .unwrap();
+            for p in &group {
+                let np = p
+                    .node_port
+                    .map(|n| format!(", nodePort: {n}"))
+                    .unwrap_or_default();
+                writeln!(
+                    out,
+                    "  - {{name: {}, port: {}, protocol: {}, targetPort: {}{np}}}",
+                    p.port_name,
+                    p.port,
+                    p.proto.to_uppercase(),
+                    p.target
+                )
+                .unwrap();
+            }
+            writeln!(
+                out,
+                "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {svc}-1, namespace: default, labels: {{kubernetes.io/service-name: {svc}}}}}\naddressType: IPv4\nports:"
+            )
+            .unwrap();
+            for p in &group {
+                writeln!(
+                    out,
+                    "- {{name: {}, port: {}, protocol: {}}}",
+                    p.port_name,
+                    p.target,
+                    p.proto.to_uppercase()
+                )
+                .unwrap();
+            }
+            out.push_str("endpoints:\n");
+            for e in &group[0].endpoints {
+                writeln!(out, "- {{addresses: ['{e}']}}").unwrap();
+            }
+        }
+        out
     }
 
     // ---- lbproxy ----
@@ -219,6 +308,9 @@ impl Services {
         }
         for p in &self.ports {
             writeln!(out, ":{} - [0:0]", ipt_svc(p)).unwrap();
+            if p.node_port.is_some() {
+                writeln!(out, ":{} - [0:0]", ipt_ext(p)).unwrap();
+            }
             for e in &p.endpoints {
                 writeln!(out, ":{} - [0:0]", ipt_sep(p, *e)).unwrap();
             }
@@ -288,6 +380,25 @@ impl Services {
                 .unwrap();
             }
         }
+        // NodePorts: KUBE-NODEPORTS -> KUBE-EXT-* (masquerade, then the service chain).
+        for p in &self.ports {
+            let Some(np) = p.node_port else { continue };
+            let ext = ipt_ext(p);
+            writeln!(
+                out,
+                "-A KUBE-NODEPORTS -m comment --comment {spn} -m {pr} -p {pr} --dport {np} -j {ext}",
+                spn = p.spn(),
+                pr = p.proto
+            )
+            .unwrap();
+            writeln!(
+                out,
+                "-A {ext} -m comment --comment \"masquerade traffic for {spn} external destinations\" -j KUBE-MARK-MASQ",
+                spn = p.spn()
+            )
+            .unwrap();
+            writeln!(out, "-A {ext} -j {}", ipt_svc(p)).unwrap();
+        }
         out.push_str(
             "-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\n",
         );
@@ -306,7 +417,9 @@ impl Services {
              \tmap no-endpoint-services { type ipv4_addr . inet_proto . inet_service : verdict ; comment \"vmap to drop or reject packets to services with no endpoints\" ; }\n\
              \tchain mark-for-masquerade { meta mark set meta mark or 0x4000 ; }\n\
              \tchain masquerading { meta mark & 0x4000 == 0 return ; meta mark set meta mark xor 0x4000 ; masquerade fully-random ; }\n\
-             \tchain services { ip daddr . meta l4proto . th dport vmap @service-ips ; }\n\
+             \tset nodeport-ips { type ipv4_addr ; comment \"IPs that accept NodePort traffic\" ; }\n\
+             \tmap service-nodeports { type inet_proto . inet_service : verdict ; comment \"NodePort traffic\" ; }\n\
+             \tchain services { ip daddr . meta l4proto . th dport vmap @service-ips ; ip daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports ; }\n\
              \tchain service-endpoints-check { ip daddr . meta l4proto . th dport vmap @no-endpoint-services ; }\n\
              \tchain filter-forward { type filter hook forward priority -110 ; policy accept ; ct state new jump service-endpoints-check ; }\n\
              \tchain filter-output { type filter hook output priority -110 ; policy accept ; ct state new jump service-endpoints-check ; }\n\
@@ -325,8 +438,37 @@ impl Services {
                 .unwrap();
             }
             writeln!(out, "\tchain {} {{ {} }}", nft_svc(p), nft_svc_rules(p)).unwrap();
+            if p.node_port.is_some() {
+                writeln!(
+                    out,
+                    "\tchain {} {{ jump mark-for-masquerade ; goto {} ; }}",
+                    nft_ext(p),
+                    nft_svc(p)
+                )
+                .unwrap();
+            }
         }
         out.push_str("}\n");
+        if !self.node_ips.is_empty() {
+            let ips: Vec<String> = self.node_ips.iter().map(ToString::to_string).collect();
+            writeln!(
+                out,
+                "add element ip kube-proxy nodeport-ips {{ {} }}",
+                ips.join(", ")
+            )
+            .unwrap();
+        }
+        for p in &self.ports {
+            if let Some(np) = p.node_port {
+                writeln!(
+                    out,
+                    "add element ip kube-proxy service-nodeports {{ {} . {np} : goto {} }}",
+                    p.proto,
+                    nft_ext(p)
+                )
+                .unwrap();
+            }
+        }
         // Elements in chunks, one transaction (the whole file is one).
         for chunk in self.ports.chunks(1000) {
             out.push_str("add element ip kube-proxy service-ips { ");
@@ -399,6 +541,16 @@ pub(crate) fn hash16(key: &str) -> String {
 
 fn ipt_svc(p: &SvcPort) -> String {
     format!("KUBE-SVC-{}", hash16(&format!("{}{}", p.spn(), p.proto)))
+}
+
+fn ipt_ext(p: &SvcPort) -> String {
+    format!("KUBE-EXT-{}", hash16(&format!("{}{}", p.spn(), p.proto)))
+}
+
+/// `external-HASH8-default/svc/tcp/port`.
+fn nft_ext(p: &SvcPort) -> String {
+    let base = format!("default/{}/{}/{}", p.svc, p.proto, p.port_name);
+    format!("external-{}-{base}", &hash16(&base)[..8])
 }
 
 fn ipt_sep(p: &SvcPort, e: Ipv4Addr) -> String {

@@ -1,0 +1,667 @@
+//! North-south traffic on two nodes (issue 11): NodePorts, externalIPs and load-balancer IPs
+//! reached from a client outside the cluster, answered by a backend on the node it reached
+//! (which sees the client's own address) or on the other node (which sees the node's
+//! address: SNAT), with every reply coming from the address and port the client used.
+//!
+//! Each node runs its own lbproxy, started exactly as other harnesses start it:
+//! `run --manifests FILE --pod-interfaces 'lxc*' --hostname-override nodeX
+//! --nodeport-addresses 198.18.80.0/24 --bpffs-dir DIR --healthz-bind-address
+//! 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249`.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use lbproxy_tests::lab::multinode::{MultiNodeLab, NodeId};
+use lbproxy_tests::lab::{Backend, Lbproxy, Pod, tcp_request, udp_request};
+
+const NODE_PORT_TCP: u16 = 30080;
+const NODE_PORT_UDP: u16 = 30053;
+const BACKEND_TCP: u16 = 8080;
+const BACKEND_UDP: u16 = 5353;
+const EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 50);
+const LB_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 60);
+const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 10);
+const TIMEOUT: Duration = Duration::from_secs(2);
+const HEALTHY_WITHIN: Duration = Duration::from_secs(20);
+
+struct Setup {
+    // Dropped last: servers and lbproxys go first.
+    lab: MultiNodeLab,
+    _servers: Vec<Backend>,
+    lbs: Vec<Lbproxy>,
+    a1: Pod,
+    b1: Pod,
+}
+
+/// A service `web` of type LoadBalancer over one backend on each node (a1 on nodeA, b1 on
+/// nodeB), with NodePorts, an externalIP and a load-balancer IP; `policy` is its
+/// externalTrafficPolicy.
+fn manifest(lab: &MultiNodeLab, pods: &[&Pod], policy: &str) -> String {
+    manifest_with(lab, pods, policy, "")
+}
+
+/// [`manifest`] with `extra` added to the Service's spec (e.g. `healthCheckNodePort: N`).
+fn manifest_with(lab: &MultiNodeLab, pods: &[&Pod], policy: &str, extra: &str) -> String {
+    let mut eps = String::new();
+    for p in pods {
+        eps.push_str(&format!(
+            "- {{addresses: [{}], nodeName: {}, conditions: {{ready: true}}}}\n",
+            p.ip,
+            lab.node_of(&p.name).name()
+        ));
+    }
+    format!(
+        "apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: default}}
+spec:
+  type: LoadBalancer
+  clusterIP: {CLUSTER_IP}
+  externalIPs: [{EXTERNAL_IP}]
+  externalTrafficPolicy: {policy}
+  {extra}
+  ports:
+  - {{name: http, port: 80, protocol: TCP, targetPort: {BACKEND_TCP}, nodePort: {NODE_PORT_TCP}}}
+  - {{name: dns, port: 53, protocol: UDP, targetPort: {BACKEND_UDP}, nodePort: {NODE_PORT_UDP}}}
+status:
+  loadBalancer:
+    ingress: [{{ip: {LB_IP}}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: web}}
+addressType: IPv4
+ports:
+- {{name: http, port: {BACKEND_TCP}, protocol: TCP}}
+- {{name: dns, port: {BACKEND_UDP}, protocol: UDP}}
+endpoints:{}
+{eps}",
+        if eps.is_empty() { " []" } else { "" }
+    )
+}
+
+impl Setup {
+    fn new(policy: &str) -> Setup {
+        Setup::with(policy, true, "")
+    }
+
+    /// `b1_listed`: whether b1 is in the slice (a1 always is); `extra` as in
+    /// [`manifest_with`].
+    fn with(policy: &str, b1_listed: bool, extra: &str) -> Setup {
+        let lab = MultiNodeLab::new();
+        let a1 = lab.add_pod(NodeId::A, "a1");
+        let b1 = lab.add_pod(NodeId::B, "b1");
+        let servers = vec![
+            a1.serve(&[BACKEND_TCP, BACKEND_UDP]),
+            b1.serve(&[BACKEND_TCP, BACKEND_UDP]),
+        ];
+        let pods: Vec<&Pod> = if b1_listed { vec![&a1, &b1] } else { vec![&a1] };
+        lab.write_manifest_text(&manifest_with(&lab, &pods, policy, extra));
+        let mut lbs = Vec::new();
+        for node in NodeId::ALL {
+            let mut lb = lab.start_lbproxy(node, &[]);
+            lb.expect_healthy(HEALTHY_WITHIN);
+            lbs.push(lb);
+        }
+        Setup {
+            lab,
+            _servers: servers,
+            lbs,
+            a1,
+            b1,
+        }
+    }
+
+    fn logs(&self) -> String {
+        let mut out = self.lab.diagnostics();
+        for node in NodeId::ALL {
+            for what in ["services", "flows", "drops"] {
+                out.push_str(&format!(
+                    "\n--- {node}: inspect {what}\n{:#}",
+                    inspect(&self.lab, node, what)
+                ));
+            }
+        }
+        for lb in &self.lbs {
+            out.push_str(&format!("\n--- lbproxy {:?}\n{}", lb.argv(), lb.log()));
+        }
+        out
+    }
+}
+
+/// What answered: backend -> (the client address it saw, count), and every failure.
+#[derive(Debug, Default)]
+struct Seen {
+    by_backend: BTreeMap<String, (Vec<String>, usize)>,
+    wrong_source: Vec<(String, SocketAddr)>,
+    errors: Vec<String>,
+}
+
+impl Seen {
+    fn replies(&self) -> usize {
+        self.by_backend.values().map(|e| e.1).sum()
+    }
+}
+
+/// `n` requests (new TCP connections, or UDP datagrams each from a new socket) from `ns` to
+/// `addr:port`; each reply must come from `addr:port`.
+fn requests(ns: &str, udp: bool, addr: Ipv4Addr, port: u16, n: usize) -> Seen {
+    let mut seen = Seen::default();
+    for i in 0..n {
+        let r = if udp {
+            udp_request(ns, addr, port, TIMEOUT, None)
+        } else {
+            tcp_request(ns, addr, port, TIMEOUT)
+        };
+        match r {
+            Ok((reply, from)) => {
+                if from != SocketAddr::from((addr, port)) {
+                    seen.wrong_source.push((reply.backend.clone(), from));
+                }
+                let client_ip = reply
+                    .client_seen
+                    .rsplit_once(':')
+                    .map_or(reply.client_seen.clone(), |(ip, _)| ip.to_string());
+                let e = seen.by_backend.entry(reply.backend).or_default();
+                if !e.0.contains(&client_ip) {
+                    e.0.push(client_ip);
+                }
+                e.1 += 1;
+            }
+            Err(e) => seen.errors.push(format!("#{i}: {e}")),
+        }
+    }
+    seen
+}
+
+/// Every request answered from the frontend, by both backends; a1 (on `via`) sees
+/// `local_sees`, b1 (on the other node) sees `remote_sees`, or the reverse when `via` is
+/// nodeB.
+fn assert_spread(s: &Setup, what: &str, seen: &Seen, via: NodeId, client: Ipv4Addr) {
+    let (local, remote) = match via {
+        NodeId::A => (&s.a1, &s.b1),
+        NodeId::B => (&s.b1, &s.a1),
+    };
+    let node_ip = s.lab.node(via).ip;
+    assert!(
+        seen.errors.is_empty() && seen.wrong_source.is_empty(),
+        "{what}: {seen:?}\n{}",
+        s.logs()
+    );
+    let sees = |p: &Pod| seen.by_backend.get(&p.name).map(|e| e.0.clone());
+    assert_eq!(
+        sees(local),
+        Some(vec![client.to_string()]),
+        "{what}: the backend on {via} sees the client's own address: {seen:?}\n{}",
+        s.logs()
+    );
+    assert_eq!(
+        sees(remote),
+        Some(vec![node_ip.to_string()]),
+        "{what}: the backend on the other node sees {via}'s address (SNAT): {seen:?}\n{}",
+        s.logs()
+    );
+}
+
+/// externalTrafficPolicy: Cluster. From a client outside the cluster, through either node:
+/// the NodePorts (TCP and UDP), the externalIP and the load-balancer IP are answered by both
+/// backends, always from the address and port the client used; the backend on the node
+/// reached sees the client, the other one sees that node's address.
+#[test]
+fn node_port_external_ip_and_lb_ip_through_either_node() {
+    let s = Setup::new("Cluster");
+    let client = s.lab.add_client("ext");
+    for via in NodeId::ALL {
+        let node_ip = s.lab.node(via).ip;
+        for (udp, port) in [(false, NODE_PORT_TCP), (true, NODE_PORT_UDP)] {
+            let seen = requests(&client.netns, udp, node_ip, port, 24);
+            let what = format!(
+                "{} NodePort {node_ip}:{port} via {via}",
+                if udp { "UDP" } else { "TCP" }
+            );
+            eprintln!("{what}: {seen:?}");
+            assert_spread(&s, &what, &seen, via, client.ip);
+        }
+        client.route_via("198.19.0.0/16", s.lab.node(via));
+        for vip in [EXTERNAL_IP, LB_IP] {
+            for (udp, port) in [(false, 80), (true, 53)] {
+                let seen = requests(&client.netns, udp, vip, port, 24);
+                let what = format!("{} {vip}:{port} via {via}", if udp { "UDP" } else { "TCP" });
+                eprintln!("{what}: {seen:?}");
+                assert_spread(&s, &what, &seen, via, client.ip);
+            }
+        }
+    }
+}
+
+/// A pod on nodeB reaches nodeA's NodePort (nodeA load-balances it as traffic from outside)
+/// and its own node's NodePort (its own node's pod interface translates it, without SNAT);
+/// every reply comes from the address the pod used.
+#[test]
+fn pods_reach_node_ports_on_either_node() {
+    let s = Setup::new("Cluster");
+    let c = s.lab.add_pod(NodeId::B, "podclient");
+    for via in NodeId::ALL {
+        let node_ip = s.lab.node(via).ip;
+        for (udp, port) in [(false, NODE_PORT_TCP), (true, NODE_PORT_UDP)] {
+            let seen = requests(&c.netns, udp, node_ip, port, 24);
+            let what = format!("pod on nodeB -> {node_ip}:{port}");
+            eprintln!("{what}: {seen:?}");
+            assert!(
+                seen.errors.is_empty() && seen.wrong_source.is_empty(),
+                "{what}: {seen:?}\n{}",
+                s.logs()
+            );
+            assert_eq!(
+                seen.by_backend.len(),
+                2,
+                "{what}: both backends answer: {seen:?}"
+            );
+        }
+    }
+}
+
+/// 400 concurrent connections from one client through nodeA's NodePort to the one backend
+/// on nodeB: each gets its own SNAT port (the backend sees 400 distinct source ports of
+/// nodeA's address), all at once.
+#[test]
+fn four_hundred_concurrent_connections_get_their_own_snat_ports() {
+    let s = Setup::new("Cluster");
+    let client = s.lab.add_client("ext");
+    only_b1(&s, &client.netns);
+    let node_ip = s.lab.node(NodeId::A).ip;
+    let mut conns = Vec::new();
+    for i in 0..400 {
+        let c = client
+            .connect(node_ip, NODE_PORT_TCP, TIMEOUT)
+            .unwrap_or_else(|e| panic!("connection #{i}: {e}\n{}", s.logs()));
+        conns.push(c);
+    }
+    let mut ports = std::collections::BTreeSet::new();
+    for (i, c) in conns.iter_mut().enumerate() {
+        let r = c
+            .request()
+            .unwrap_or_else(|e| panic!("request on connection #{i}: {e}\n{}", s.logs()));
+        assert_eq!(r.backend, "b1");
+        let (ip, port) = r.client_seen.rsplit_once(':').unwrap();
+        assert_eq!(ip, node_ip.to_string(), "SNAT to nodeA's address");
+        let port: u16 = port.parse().unwrap();
+        assert!(
+            (1024..=29_999).contains(&port),
+            "SNAT port {port} outside the default range"
+        );
+        ports.insert(port);
+    }
+    assert_eq!(ports.len(), 400, "each connection its own SNAT port");
+}
+
+/// A SNAT range of 4 ports: 4 connections to the remote backend hold them all, a 5th is
+/// dropped and counted (`snat_no_port`), while a connection to the backend on the node
+/// itself (no SNAT) still works.
+#[test]
+fn a_full_snat_range_drops_and_counts_while_local_backends_work() {
+    let lab = MultiNodeLab::new();
+    let a1 = lab.add_pod(NodeId::A, "a1");
+    let b1 = lab.add_pod(NodeId::B, "b1");
+    let _servers = [
+        a1.serve(&[BACKEND_TCP, BACKEND_UDP]),
+        b1.serve(&[BACKEND_TCP, BACKEND_UDP]),
+    ];
+    // Two services: "web" only on b1 (remote from nodeA), "local" only on a1.
+    let remote = manifest(&lab, &[&b1], "Cluster");
+    let local = manifest(&lab, &[&a1], "Cluster")
+        .replace("name: web,", "name: local,")
+        .replace("service-name: web", "service-name: local")
+        .replace("name: web-1", "name: local-1")
+        .replace(&CLUSTER_IP.to_string(), "198.19.0.11")
+        .replace(&EXTERNAL_IP.to_string(), "198.19.0.51")
+        .replace(&LB_IP.to_string(), "198.19.0.61")
+        .replace("nodePort: 30080", "nodePort: 30081")
+        .replace("nodePort: 30053", "nodePort: 30054");
+    lab.write_manifest_text(&format!("{remote}---\n{local}"));
+    let mut lbs = Vec::new();
+    for node in NodeId::ALL {
+        let mut lb = lab.start_lbproxy(node, &["--snat-port-range", "20000-20003"]);
+        lb.expect_healthy(HEALTHY_WITHIN);
+        lbs.push(lb);
+    }
+    let client = lab.add_client("ext");
+    let node_ip = lab.node(NodeId::A).ip;
+    let mut held = Vec::new();
+    for i in 0..4 {
+        let mut c = client
+            .connect(node_ip, NODE_PORT_TCP, TIMEOUT)
+            .unwrap_or_else(|e| panic!("connection #{i}: {e}\n{}", lbs[0].log()));
+        let r = c.request().unwrap();
+        assert_eq!(r.backend, "b1");
+        held.push(c);
+    }
+    let drops = || drop_count(&lab, NodeId::A, "snat_no_port");
+    let before = drops();
+    let fifth = client.connect(node_ip, NODE_PORT_TCP, Duration::from_millis(1500));
+    assert!(
+        fifth.is_err(),
+        "a 5th connection found no SNAT port and must not connect"
+    );
+    assert!(drops() > before, "snat_no_port counted");
+    let r = tcp_request(&client.netns, node_ip, 30081, TIMEOUT)
+        .unwrap_or_else(|e| panic!("the local backend still answers: {e}\n{}", lbs[0].log()));
+    assert_eq!(r.0.backend, "a1");
+    assert_eq!(
+        r.0.client_seen.rsplit_once(':').unwrap().0,
+        client.ip.to_string()
+    );
+}
+
+/// The drop counter `reason` of the lbproxy on `node`.
+fn drop_count(lab: &MultiNodeLab, node: NodeId, reason: &str) -> u64 {
+    inspect(lab, node, "drops")[reason].as_u64().unwrap_or(0)
+}
+
+/// `lbproxy inspect WHAT --json` for `node`'s pins.
+fn inspect(lab: &MultiNodeLab, node: NodeId, what: &str) -> serde_json::Value {
+    let out = std::process::Command::new(lbproxy_tests::lab::lbproxy_bin())
+        .args(["inspect", what, "--json", "--bpffs-dir"])
+        .arg(&lab.node(node).bpffs_dir)
+        .output()
+        .expect("lbproxy inspect");
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("inspect {what} --json: {e}: {out:?}"))
+}
+
+/// Rewrites the manifest so that only b1 (on nodeB) serves `web`, and waits until
+/// requests through nodeA get only b1.
+fn only_b1(s: &Setup, client_ns: &str) {
+    s.lab
+        .write_manifest_text(&manifest(&s.lab, &[&s.b1], "Cluster"));
+    let a = s.lab.node(NodeId::A).ip;
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let seen = requests(client_ns, false, a, NODE_PORT_TCP, 4);
+        if seen.by_backend.keys().all(|b| b == "b1") && seen.errors.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "only b1 should answer: {seen:?}\n{}",
+            s.logs()
+        );
+    }
+}
+
+const HC_PORT: u16 = 32000;
+
+/// externalTrafficPolicy: Local with its only endpoint (a1) on nodeA:
+/// - through nodeA, a1 answers and sees the client's own address (no SNAT);
+/// - through nodeB, which has no local endpoint, the traffic is dropped and counted
+///   (`no_local_endpoint`), not answered: a TCP connect times out rather than being refused;
+/// - the healthCheckNodePort says so on both nodes, with kube-proxy's body: 200 and one
+///   local endpoint on nodeA, 503 and none on nodeB;
+/// - with no endpoint at all, the client is rejected at once (connection refused).
+#[test]
+fn external_traffic_policy_local_and_health_check_node_port() {
+    let extra = format!("healthCheckNodePort: {HC_PORT}");
+    let s = Setup::with("Local", false, &extra);
+    let client = s.lab.add_client("ext");
+    let (a, b) = (s.lab.node(NodeId::A).ip, s.lab.node(NodeId::B).ip);
+    for (udp, port) in [(false, NODE_PORT_TCP), (true, NODE_PORT_UDP)] {
+        let seen = requests(&client.netns, udp, a, port, 12);
+        assert!(
+            seen.errors.is_empty() && seen.wrong_source.is_empty(),
+            "via nodeA: {seen:?}\n{}",
+            s.logs()
+        );
+        assert_eq!(
+            seen.by_backend.get("a1").map(|e| e.0.clone()),
+            Some(vec![client.ip.to_string()]),
+            "only a1, seeing the client's own address: {seen:?}"
+        );
+        assert_eq!(seen.by_backend.len(), 1, "{seen:?}");
+    }
+    let before = drop_count(&s.lab, NodeId::B, "no_local_endpoint");
+    let started = Instant::now();
+    let r = tcp_request(&client.netns, b, NODE_PORT_TCP, Duration::from_millis(700));
+    let e = r.expect_err("nodeB has no local endpoint: no answer");
+    assert!(
+        e.kind() == std::io::ErrorKind::TimedOut || e.kind() == std::io::ErrorKind::WouldBlock,
+        "dropped, not refused: {e} after {:?}",
+        started.elapsed()
+    );
+    let u = udp_request(
+        &client.netns,
+        b,
+        NODE_PORT_UDP,
+        Duration::from_millis(300),
+        None,
+    );
+    assert!(u.is_err(), "UDP through nodeB is not answered: {u:?}");
+    let dropped = drop_count(&s.lab, NodeId::B, "no_local_endpoint") - before;
+    assert!(
+        dropped >= 2,
+        "no_local_endpoint counted on nodeB: {dropped}\n{}",
+        s.logs()
+    );
+
+    for (node, ip, status, n) in [(NodeId::A, a, 200, 1), (NodeId::B, b, 503, 0)] {
+        let r = lbproxy_tests::lab::http_get_full(
+            &client.netns,
+            SocketAddr::from((ip, HC_PORT)),
+            "/any/path",
+            Duration::from_secs(2),
+        )
+        .unwrap_or_else(|e| panic!("health check on {node}: {e}\n{}", s.logs()));
+        assert_eq!(r.status, status, "health check on {node}: {}", r.body);
+        let body: serde_json::Value = serde_json::from_str(r.body.trim())
+            .unwrap_or_else(|e| panic!("health check body on {node} ({e}): {:?}", r.body));
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "service": {"namespace": "default", "name": "web"},
+                "localEndpoints": n,
+                "serviceProxyHealthy": true
+            }),
+            "on {node}"
+        );
+    }
+
+    // No endpoint at all: rejected at once.
+    s.lab
+        .write_manifest_text(&manifest_with(&s.lab, &[], "Local", &extra));
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let started = Instant::now();
+        match tcp_request(&client.netns, a, NODE_PORT_TCP, Duration::from_secs(1)) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                assert!(started.elapsed() < Duration::from_millis(500));
+                break;
+            }
+            other => assert!(
+                Instant::now() < until,
+                "no endpoint: want connection refused, got {other:?}\n{}",
+                s.logs()
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `lbproxy inspect snat` lists the destinations of source-NATed flows with their ports in
+/// use out of the range, and `inspect flows` shows the source the backend sees.
+#[test]
+fn inspect_shows_snat_ports_per_destination() {
+    let s = Setup::new("Cluster");
+    let client = s.lab.add_client("ext");
+    only_b1(&s, &client.netns);
+    let a = s.lab.node(NodeId::A).ip;
+    let mut conns = Vec::new();
+    for i in 0..5 {
+        let mut c = client
+            .connect(a, NODE_PORT_TCP, TIMEOUT)
+            .unwrap_or_else(|e| panic!("connection #{i}: {e}"));
+        c.request().unwrap();
+        conns.push(c);
+    }
+    let snat = inspect(&s.lab, NodeId::A, "snat");
+    let row = snat
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["destination"] == format!("{}:{BACKEND_TCP}", s.b1.ip).as_str())
+        .unwrap_or_else(|| panic!("b1 in inspect snat: {snat:#}"))
+        .clone();
+    assert_eq!(row["snat_address"], a.to_string().as_str(), "{row:#}");
+    assert_eq!(row["protocol"], "TCP", "{row:#}");
+    assert!(row["ports_in_use"].as_u64().unwrap() >= 5, "{row:#}");
+    assert_eq!(row["range_size"], 29_999 - 1024 + 1, "{row:#}");
+    let flows = inspect(&s.lab, NodeId::A, "flows");
+    let client_prefix = format!("{}:", client.ip);
+    let snat_prefix = format!("{a}:");
+    let snated = flows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| {
+            f["client"]
+                .as_str()
+                .is_some_and(|c| c.starts_with(&client_prefix))
+                && f["snat"]
+                    .as_str()
+                    .is_some_and(|x| x.starts_with(&snat_prefix))
+        })
+        .count();
+    assert!(
+        snated >= 5,
+        "inspect flows shows the SNAT source: {flows:#}"
+    );
+    drop(conns);
+}
+
+/// Restarting nodeA's lbproxy (SIGTERM, then a new run on the same pins) keeps an open
+/// source-NATed connection through it working, with the same SNAT port: the flow and the
+/// node's programs are adopted. New connections work too.
+#[test]
+fn restart_keeps_snat_flows() {
+    let mut s = Setup::new("Cluster");
+    let client = s.lab.add_client("ext");
+    only_b1(&s, &client.netns);
+    let a = s.lab.node(NodeId::A).ip;
+    let mut conn = client.connect(a, NODE_PORT_TCP, TIMEOUT).unwrap();
+    let first = conn.request().unwrap();
+    assert_eq!(first.backend, "b1");
+    let mut old = s.lbs.remove(0);
+    old.terminate(Duration::from_secs(5));
+    let mut lb = s.lab.start_lbproxy(NodeId::A, &[]);
+    lb.expect_healthy(HEALTHY_WITHIN);
+    s.lbs.insert(0, lb);
+    for i in 0..5 {
+        let r = conn
+            .request()
+            .unwrap_or_else(|e| panic!("request {i} after the restart: {e}\n{}", s.logs()));
+        assert_eq!(r.backend, "b1");
+        assert_eq!(
+            r.client_seen, first.client_seen,
+            "the same SNAT source port"
+        );
+    }
+    let seen = requests(&client.netns, false, a, NODE_PORT_TCP, 8);
+    assert!(seen.errors.is_empty(), "{seen:?}\n{}", s.logs());
+}
+
+/// `loadBalancerSourceRanges` apply to the load-balancer IP only: a client inside the range
+/// reaches it, one outside is dropped and counted (`source_range_denied`), and both reach
+/// the NodePort and the externalIP.
+#[test]
+fn load_balancer_source_ranges_filter_the_lb_ip_only() {
+    let inside = Ipv4Addr::new(198, 18, 80, 100);
+    let s = Setup::with(
+        "Cluster",
+        true,
+        &format!("loadBalancerSourceRanges: ['{inside}/32']"),
+    );
+    let ok = s.lab.add_client("ok");
+    let other = s.lab.add_client("other");
+    assert_eq!(ok.ip, inside, "the first client is the one in the range");
+    let a = s.lab.node(NodeId::A).ip;
+    for c in [&ok, &other] {
+        c.route_via("198.19.0.0/16", s.lab.node(NodeId::A));
+    }
+    let seen = requests(&ok.netns, false, LB_IP, 80, 8);
+    assert!(
+        seen.errors.is_empty() && seen.replies() == 8,
+        "inside the range: {seen:?}\n{}",
+        s.logs()
+    );
+    let before = drop_count(&s.lab, NodeId::A, "source_range_denied");
+    let r = tcp_request(&other.netns, LB_IP, 80, Duration::from_millis(700));
+    assert!(
+        r.is_err(),
+        "outside the range the LB IP must not answer: {r:?}"
+    );
+    let u = udp_request(&other.netns, LB_IP, 53, Duration::from_millis(300), None);
+    assert!(u.is_err(), "outside the range, UDP: {u:?}");
+    assert!(
+        drop_count(&s.lab, NodeId::A, "source_range_denied") >= before + 2,
+        "source_range_denied counted\n{}",
+        s.logs()
+    );
+    for (addr, port) in [(a, NODE_PORT_TCP), (EXTERNAL_IP, 80)] {
+        let seen = requests(&other.netns, false, addr, port, 4);
+        assert!(
+            seen.errors.is_empty() && seen.replies() == 4,
+            "the ranges do not apply to {addr}:{port}: {seen:?}"
+        );
+    }
+}
+
+/// The flow lifecycle holds for north-south flows as for ClusterIP ones: a UDP flow from a
+/// fixed source port through nodeA's NodePort moves to a live backend on its next datagram
+/// once its backend leaves the slice, and an open TCP connection to the backend that left
+/// is reset on its next segment instead of hanging.
+#[test]
+fn a_removed_backends_north_south_flows_move_or_reset() {
+    let s = Setup::new("Cluster");
+    let client = s.lab.add_client("ext");
+    let a = s.lab.node(NodeId::A).ip;
+    // A UDP flow from one source port, and a TCP connection, both on one backend.
+    let (first, _) = udp_request(&client.netns, a, NODE_PORT_UDP, TIMEOUT, Some(40_053))
+        .unwrap_or_else(|e| panic!("UDP: {e}\n{}", s.logs()));
+    let mut conn = loop {
+        let mut c = client.connect(a, NODE_PORT_TCP, TIMEOUT).unwrap();
+        if c.request().unwrap().backend == first.backend {
+            break c;
+        }
+    };
+    let keep = if first.backend == "a1" { &s.b1 } else { &s.a1 };
+    s.lab
+        .write_manifest_text(&manifest(&s.lab, &[keep], "Cluster"));
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = udp_request(
+            &client.netns,
+            a,
+            NODE_PORT_UDP,
+            Duration::from_millis(500),
+            Some(40_053),
+        );
+        match r {
+            Ok((reply, _)) if reply.backend == keep.name => break,
+            other => assert!(
+                Instant::now() < until,
+                "the UDP flow stays on {}: {other:?}\n{}",
+                first.backend,
+                s.logs()
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let r = conn.request();
+    assert!(
+        matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "the open TCP connection to {} is reset: {r:?}",
+        first.backend
+    );
+}
