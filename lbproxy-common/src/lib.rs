@@ -102,7 +102,7 @@ pub use labels::{ServiceLabel, nul_padded};
 pub use members::MemberKey;
 pub use node_addrs::{MAX_NODE_ADDRS, NODE_ADDR_F_NODEPORT, NodeAddr};
 pub use node_ifs::{DEFAULT_SNAT_PORT_MAX, DEFAULT_SNAT_PORT_MIN, MAX_NODE_IFS, NodeIf};
-pub use pod_ifs::{MAX_POD_IFS, POD_IF_NETKIT, POD_IF_VETH, PodIf};
+pub use pod_ifs::{MAX_POD_IFS, POD_IF_BRIDGE, POD_IF_NETKIT, POD_IF_VETH, PodIf};
 pub use services::{
     MAX_SERVICES, SCOPE_DEFAULT, SCOPE_INTERNAL, SVC_F_LOCAL_ONLY, SVC_F_SNAT, SVC_F_SOURCE_RANGES,
     SVC_F_SPLIT_SCOPE, SVC_KIND_CLUSTER_IP, SVC_KIND_EXTERNAL_IP, SVC_KIND_LOAD_BALANCER,

@@ -11,6 +11,10 @@ pub const MAX_POD_IFS: u32 = 4_096;
 pub const POD_IF_VETH: u32 = 1;
 /// The same for a netkit device.
 pub const POD_IF_NETKIT: u32 = 2;
+/// A bridge that pod interfaces are ports of (a `cni0`-like pod network): the route to a
+/// pod on this node may lead to it, so north-south traffic treats it as a pod interface
+/// (no SNAT). It is never a redirect target of the stack bypass.
+pub const POD_IF_BRIDGE: u32 = 3;
 
 /// Value of `LB_PODIFS_V1`, keyed by the host-side ifindex (`u32`).
 #[repr(C)]

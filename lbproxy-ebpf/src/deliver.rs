@@ -16,7 +16,7 @@ use aya_ebpf::{
     helpers::generated::{bpf_fib_lookup, bpf_redirect_peer},
     programs::TcContext,
 };
-use lbproxy_common::{CONFIG_F_STACK_BYPASS, DatapathConfig, Delivery, DropReason};
+use lbproxy_common::{CONFIG_F_STACK_BYPASS, DatapathConfig, Delivery, DropReason, POD_IF_BRIDGE};
 
 use crate::{
     maps::{LB_DELIVERY_V1, LB_PODIFS_V1},
@@ -107,9 +107,11 @@ fn try_route(
     if out == in_ifindex {
         return Err(Delivery::StackHairpin);
     }
-    // SAFETY: a plain lookup; the value is only tested for presence.
-    if unsafe { LB_PODIFS_V1.get(out) }.is_none() {
-        return Err(Delivery::StackNotPodInterface);
+    // SAFETY: a plain lookup, the value copied out at once. A pod bridge is listed for
+    // north-south's sake only: the bypass never redirects into it.
+    match unsafe { LB_PODIFS_V1.get(out) }.copied() {
+        Some(i) if i.kind != POD_IF_BRIDGE => {}
+        _ => return Err(Delivery::StackNotPodInterface),
     }
     Ok(Peer {
         ifindex: out,

@@ -576,7 +576,7 @@ fn delivery(maps: &PinnedMaps, json: bool) -> anyhow::Result<String> {
         .pod_ifs
         .iter()
         .flatten()
-        .filter(|_| bypass)
+        .filter(|(_, v)| bypass && v.kind != lbproxy_common::POD_IF_BRIDGE)
         .map(|(ifindex, v)| {
             let kind = match v.kind {
                 lbproxy_common::POD_IF_VETH => "veth",

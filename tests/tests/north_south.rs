@@ -665,3 +665,72 @@ fn a_removed_backends_north_south_flows_move_or_reset() {
         first.backend
     );
 }
+
+/// A NodePort answered by backends on the node itself, for both pod-network shapes (one
+/// node; the client is the lab's uplink namespace, outside the node): the backends see the
+/// client's own address, and replies come from the NodePort. On a bridged pod network the
+/// route to a local pod leads to the bridge, which must count as local (no SNAT), not as a
+/// route elsewhere.
+fn node_port_to_local_backends(shape: lbproxy_tests::lab::Shape) {
+    use lbproxy_tests::lab::{Lab, UPLINK_NODE_ADDR, UPLINK_PEER_ADDR};
+    let lab = Lab::new(shape);
+    let b1 = lab.add_pod("b1");
+    let b2 = lab.add_pod("b2");
+    let _servers = [
+        b1.serve(&[BACKEND_TCP, BACKEND_UDP]),
+        b2.serve(&[BACKEND_TCP, BACKEND_UDP]),
+    ];
+    let eps: String = [&b1, &b2]
+        .iter()
+        .map(|p| format!("- {{addresses: [{}]}}\n", p.ip))
+        .collect();
+    lab.write_manifest_text(&format!(
+        "apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: default}}
+spec:
+  type: NodePort
+  clusterIP: {CLUSTER_IP}
+  ports:
+  - {{name: http, port: 80, protocol: TCP, targetPort: {BACKEND_TCP}, nodePort: {NODE_PORT_TCP}}}
+  - {{name: dns, port: 53, protocol: UDP, targetPort: {BACKEND_UDP}, nodePort: {NODE_PORT_UDP}}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: web-1, namespace: default, labels: {{kubernetes.io/service-name: web}}}}
+addressType: IPv4
+ports: [{{name: http, port: {BACKEND_TCP}, protocol: TCP}}, {{name: dns, port: {BACKEND_UDP}, protocol: UDP}}]
+endpoints:
+{eps}"
+    ));
+    let mut lb = lab.start_lbproxy();
+    lb.expect_healthy(HEALTHY_WITHIN);
+    for (udp, port) in [(false, NODE_PORT_TCP), (true, NODE_PORT_UDP)] {
+        let seen = requests(lab.uplink_ns(), udp, UPLINK_NODE_ADDR, port, 16);
+        assert!(
+            seen.errors.is_empty() && seen.wrong_source.is_empty(),
+            "[{shape}] NodePort {port}: {seen:?}\n{}\n{}",
+            lab.diagnostics(),
+            lb.log()
+        );
+        assert_eq!(seen.by_backend.len(), 2, "[{shape}] both answer: {seen:?}");
+        for (b, (saw, _)) in &seen.by_backend {
+            assert_eq!(
+                saw,
+                &vec![UPLINK_PEER_ADDR.to_string()],
+                "[{shape}] {b} sees the client's own address"
+            );
+        }
+    }
+}
+
+mod node_port_to_local_backends {
+    #[test]
+    fn routed() {
+        super::node_port_to_local_backends(lbproxy_tests::lab::Shape::Routed)
+    }
+    #[test]
+    fn bridge() {
+        super::node_port_to_local_backends(lbproxy_tests::lab::Shape::Bridge)
+    }
+}

@@ -213,11 +213,24 @@ impl Attacher {
         // Listed whether or not the bypass is on: `north` asks it whether a backend's route
         // leads into a pod of this node. The bypass itself is gated by its own flag.
         let _ = self.stack_bypass;
-        let redirectable: BTreeMap<u32, PodIf> = present
+        let mut redirectable: BTreeMap<u32, PodIf> = present
             .iter()
             .filter(|l| pods.contains(&l.iface) && self.attached.contains(&l.iface))
             .filter_map(|l| Some((l.iface.index, PodIf { kind: l.peer_kind? })))
             .collect();
+        // The bridges of pod interfaces: a local backend's route leads there.
+        for l in present.iter().filter(|l| pods.contains(&l.iface)) {
+            if let Some(m) = l.master
+                && present.iter().any(|b| b.iface.index == m && b.is_bridge)
+            {
+                redirectable.insert(
+                    m,
+                    PodIf {
+                        kind: lbproxy_common::POD_IF_BRIDGE,
+                    },
+                );
+            }
+        }
         if let Err(e) = self.sync_pod_ifs(&redirectable) {
             errors.push(e);
         }
