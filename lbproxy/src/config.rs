@@ -502,6 +502,59 @@ mod tests {
         resolve(Some((p, f)), Flags::default())
     }
 
+    /// `nodePortAddresses` (CIDRs, empty for all, `primary` refused as not supported yet)
+    /// and `snatPortRange` (MIN-MAX, at least 1024), from the file and from flags, each
+    /// refused with the field's name.
+    #[test]
+    fn node_port_addresses_and_snat_port_range() {
+        let s = file("nodePortAddresses: ['198.18.80.0/24', 192.0.2.7/32]\nsnatPortRange: 20000-20003\nhostnameOverride: n\n").unwrap();
+        assert_eq!(
+            s.node_port_addresses,
+            NodePortAddresses::Cidrs(vec![
+                "198.18.80.0/24".parse().unwrap(),
+                "192.0.2.7/32".parse().unwrap()
+            ])
+        );
+        assert!(
+            s.node_port_addresses
+                .contains("198.18.80.9".parse().unwrap())
+        );
+        assert!(
+            !s.node_port_addresses
+                .contains("198.18.81.1".parse().unwrap())
+        );
+        assert_eq!(s.snat_port_range, (20000, 20003));
+        let d = file("hostnameOverride: n\n").unwrap();
+        assert_eq!(d.node_port_addresses, NodePortAddresses::All);
+        assert_eq!(d.snat_port_range, (1024, 29_999));
+        let flags = resolve(
+            None,
+            Flags {
+                hostname_override: Some("n".into()),
+                node_port_addresses: Some(vec!["198.18.80.0/24,198.18.90.0/24".into()]),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            flags.node_port_addresses,
+            NodePortAddresses::Cidrs(vec![
+                "198.18.80.0/24".parse().unwrap(),
+                "198.18.90.0/24".parse().unwrap()
+            ])
+        );
+        for (text, field) in [
+            ("nodePortAddresses: [primary]\n", "nodePortAddresses"),
+            ("nodePortAddresses: [eth0]\n", "nodePortAddresses"),
+            ("snatPortRange: 80-90\n", "snatPortRange"),
+            ("snatPortRange: 3000-2000\n", "snatPortRange"),
+            ("snatPortRange: lots\n", "snatPortRange"),
+        ] {
+            let e = file(&format!("hostnameOverride: n\n{text}")).unwrap_err();
+            assert_eq!(e.field, field, "{text}: {e}");
+        }
+    }
+
     #[test]
     fn defaults_and_full_file() {
         let s = resolve(
