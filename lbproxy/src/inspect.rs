@@ -251,7 +251,7 @@ pub fn snat(maps: &PinnedMaps) -> Vec<SnatRow> {
             }
         })
         .collect();
-    rows.sort_by(|a, b| b.ports_in_use.cmp(&a.ports_in_use));
+    rows.sort_by_key(|r| std::cmp::Reverse(r.ports_in_use));
     rows
 }
 
