@@ -51,19 +51,6 @@ fn next_hop(
     Err(NO_ROUTE)
 }
 
-/// The egress interface alone (see [`next_hop`]).
-#[inline(always)]
-fn egress(
-    ctx: &TcContext,
-    proto: u8,
-    src: [u8; 4],
-    dst: [u8; 4],
-    sport_be: u16,
-    dport_be: u16,
-) -> Result<u32, DropReason> {
-    next_hop(ctx, proto, src, dst, sport_be, dport_be).map(|(i, _)| i)
-}
-
 /// Whether a new flow from outside to the backend `addr:port_be` keeps the client's source
 /// address (the backend's route leads out of a pod interface of this node) or is
 /// source-NATed to the address of the node interface it leads out of, with that interface's
@@ -75,7 +62,7 @@ pub fn source_for(
     addr: [u8; 4],
     port_be: u16,
 ) -> Result<Source, DropReason> {
-    let out = egress(ctx, pkt.proto, pkt.src_addr, addr, pkt.src_port_be, port_be)?;
+    let (out, _) = next_hop(ctx, pkt.proto, pkt.src_addr, addr, pkt.src_port_be, port_be)?;
     // SAFETY: plain lookups, the values copied out at once.
     if unsafe { LB_PODIFS_V1.get(out) }.is_some() {
         return Ok(Source::CLIENT);
