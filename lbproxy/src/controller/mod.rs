@@ -65,6 +65,9 @@ pub struct Controller<M: Maps> {
         crate::healthcheck::HealthCheckServers,
         tokio::sync::watch::Receiver<Vec<std::net::IpAddr>>,
     )>,
+    /// Health-check ports that failed to start at the last try, by (port, service): each is
+    /// reported once per failure streak, not after every sync that retries it.
+    health_check_failing: std::collections::BTreeSet<(u16, String)>,
 }
 
 impl<M: Maps> Controller<M> {
@@ -80,6 +83,7 @@ impl<M: Maps> Controller<M> {
             last_sync: None,
             retry_after: RETRY_AFTER,
             health_checks: None,
+            health_check_failing: std::collections::BTreeSet::new(),
         };
         ctl.report.programmed(ctl.sync.programmed());
         ctl
@@ -112,9 +116,19 @@ impl<M: Maps> Controller<M> {
             failures.extend(servers.set_addresses(now));
         }
         failures.extend(servers.sync(crate::healthcheck::wanted(&self.ingest.model, &self.node)));
+        let now: std::collections::BTreeSet<(u16, String)> = failures
+            .iter()
+            .map(|f| (f.port(), f.service().to_string()))
+            .collect();
         for f in &failures {
-            self.report.health_check_failed(f);
+            if !self
+                .health_check_failing
+                .contains(&(f.port(), f.service().to_string()))
+            {
+                self.report.health_check_failed(f);
+            }
         }
+        self.health_check_failing = now;
     }
 
     #[cfg(test)]
