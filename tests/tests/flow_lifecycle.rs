@@ -859,6 +859,25 @@ fn assert_one_flow(lab: &Lab, client: SocketAddrV4, backend: &str, ctx: &str) {
     );
 }
 
+/// Waits until no TCP socket in `netns` has `peer` as its remote end (the backend saw the
+/// client's RST); `Err` after `within`, with what `ss` still lists.
+fn backend_closed(netns: &str, peer: SocketAddrV4, within: Duration) -> Result<(), String> {
+    let filter = format!("dst {peer}");
+    let deadline = Instant::now() + within;
+    loop {
+        let out = ns_run(netns, &["ss", "-Htan", &filter])?;
+        if out.trim().is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the backend still has a socket to {peer} {within:?} after the close:\n{out}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// 7. Connections one after another from one source port (each closed with a RST, as a
 ///    client hammering a service with short connections does) all succeed on the backend
 ///    the tuple hashes to, and the flow table holds one forward and one reply entry for the
@@ -887,6 +906,13 @@ fn source_port_reuse(shape: Shape) {
         reset_on_close(std::os::fd::AsRawFd::as_raw_fd(&stream))
             .unwrap_or_else(|e| panic!("[{shape}] SO_LINGER: {e}"));
         drop(stream);
+        // The RST reaches the backend through lbproxy and closes its socket. Waiting for that
+        // keeps the next SYN from overtaking the RST: a segment queued on one CPU's backlog
+        // (softirqs deferred to ksoftirqd under load) can be passed by the client's next one
+        // sent from another CPU, and a SYN that finds the old connection open gets a
+        // challenge ACK and a 1 s retransmission, with or without a load balancer.
+        backend_closed(&s.backend(&b).netns, me, T)
+            .unwrap_or_else(|e| panic!("[{shape}] {ctx}: the client's RST: {e}"));
         b
     };
     let first = connect_once("connection 1");
