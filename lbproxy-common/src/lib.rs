@@ -100,7 +100,7 @@ pub use flows::{
 pub use frags::{FragKey, FragPorts, MAX_FRAG_DATAGRAMS};
 pub use labels::{ServiceLabel, nul_padded};
 pub use members::MemberKey;
-pub use node_addrs::{MAX_NODE_ADDRS, NODE_ADDR_F_NODEPORT, NodeAddr};
+pub use node_addrs::{MAX_NODE_ADDRS, NODE_ADDR_F_NODEPORT, NODE_ADDR_F_SNAT, NodeAddr};
 pub use node_ifs::{DEFAULT_SNAT_PORT_MAX, DEFAULT_SNAT_PORT_MIN, MAX_NODE_IFS, NodeIf};
 pub use pod_ifs::{MAX_POD_IFS, POD_IF_BRIDGE, POD_IF_NETKIT, POD_IF_VETH, PodIf};
 pub use services::{

@@ -1,4 +1,5 @@
-//! `LB_NODEADDRS_V1`: the node's addresses that serve NodePorts (`--nodeport-addresses`).
+//! `LB_NODEADDRS_V1`: the node's own addresses that the datapath treats specially: those that
+//! serve NodePorts (`--nodeport-addresses`), and those flows are source-NATed to.
 //!
 //! A NodePort frontend is one entry in `LB_SERVICES_V2` with the address 0.0.0.0 (any node
 //! address), so a node address that comes or goes changes one entry here, not one per
@@ -12,6 +13,10 @@ pub const MAX_NODE_ADDRS: u32 = 1_024;
 
 /// [`NodeAddr::flags`]: NodePorts are served on this address.
 pub const NODE_ADDR_F_NODEPORT: u32 = 1;
+/// [`NodeAddr::flags`]: a node interface's SNAT address (`LB_NODEIFS_V1`). Only a packet
+/// arriving from outside the node addressed to one of these can be the reply of a
+/// source-NATed flow, so only those look the flow table up on the way in.
+pub const NODE_ADDR_F_SNAT: u32 = 2;
 
 /// Value of `LB_NODEADDRS_V1`, keyed by the address (`[u8; 4]`, network order).
 #[repr(C)]

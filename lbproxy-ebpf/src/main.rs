@@ -238,12 +238,17 @@ fn try_from_node(ctx: &TcContext) -> Result<i32, DropReason> {
 /// the frontend, addressed to the client, and redirected to it.
 #[inline(always)]
 fn reply_from_node(ctx: &TcContext, pkt: &parse::Packet) -> Result<i32, DropReason> {
+    if !north::to_snat_address(pkt.dst_addr) {
+        // Not for one of this node's SNAT addresses: not a reply of a source-NATed flow.
+        // A pod's flow answered from another node is translated by the pod's interface.
+        return Ok(TC_ACT_UNSPEC);
+    }
     let Some(to) = flow::reply(pkt) else {
         return Ok(TC_ACT_UNSPEC);
     };
     if to.peer_addr == pkt.dst_addr {
-        // A flow that is not source-NATed (a pod's, answered from another node): its
-        // client's interface translates it.
+        // A flow that is not source-NATed (a client on this node's own address): left to
+        // the interface it leaves by.
         return Ok(TC_ACT_UNSPEC);
     }
     nat::snat(ctx, pkt, to).map_err(|v| v.reason())?;

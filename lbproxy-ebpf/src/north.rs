@@ -17,16 +17,26 @@ use aya_ebpf::{
     helpers::generated::{bpf_redirect, bpf_redirect_neigh},
     programs::TcContext,
 };
-use lbproxy_common::DropReason;
+use lbproxy_common::{DropReason, NODE_ADDR_F_SNAT};
 
 use crate::{
     deliver,
     flow::{NatTarget, Source},
-    maps::{LB_NODEIFS_V1, LB_PODIFS_V1},
+    maps::{LB_NODEADDRS_V1, LB_NODEIFS_V1, LB_PODIFS_V1},
     parse::{IP_CSUM_OFF, IP_TTL_OFF, Packet, ptr_at},
 };
 
 const NO_ROUTE: DropReason = DropReason::NorthSouthNoRoute;
+
+/// Whether a packet arriving from outside the node and addressed to `dst` may be the reply
+/// of a source-NATed flow: `dst` is a SNAT address of this node (`NODE_ADDR_F_SNAT`). Every
+/// other packet that is not for a frontend (the traffic of this node's pods, answered from
+/// other nodes) passes without a flow lookup: the pod's own interface translates it.
+#[inline(always)]
+pub fn to_snat_address(dst: [u8; 4]) -> bool {
+    // SAFETY: a plain lookup; the value is copied out at once.
+    unsafe { LB_NODEADDRS_V1.get(dst) }.is_some_and(|a| a.flags & NODE_ADDR_F_SNAT != 0)
+}
 
 /// The next hop the FIB gives for `proto` from `src:sport` to `dst:dport`: the egress
 /// interface and, when the neighbour is known, the MACs (destination then source) to write;

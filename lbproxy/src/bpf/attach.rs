@@ -14,7 +14,7 @@ use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
 use aya::programs::{SchedClassifier, TcAttachType};
 use globset::GlobSet;
 use lbproxy_common::{
-    NODE_ADDR_F_NODEPORT, NodeAddr, NodeIf, PodIf, SrcCheck, map_names, program_names,
+    NODE_ADDR_F_NODEPORT, NODE_ADDR_F_SNAT, NodeAddr, NodeIf, PodIf, SrcCheck, map_names, program_names,
 };
 
 use crate::config::NodePortAddresses;
@@ -263,7 +263,8 @@ impl Attacher {
 
     /// Makes `LB_NODEIFS_V1` list each node interface with its primary IPv4 address (the
     /// SNAT source of flows leaving by it), and `LB_NODEADDRS_V1` the node's addresses
-    /// that serve NodePorts (`--nodeport-addresses`). Stale entries first.
+    /// that serve NodePorts (`--nodeport-addresses`) and those SNAT addresses. Stale entries
+    /// first.
     fn sync_node(
         &mut self,
         present: &[Link],
@@ -288,23 +289,20 @@ impl Attacher {
                 )
             })
             .collect();
-        let want_addrs: BTreeMap<[u8; 4], NodeAddr> = node_links
-            .iter()
-            .flat_map(|l| l.ipv4.iter())
-            .filter(|a| self.node_port_addresses.contains(std::net::IpAddr::V4(**a)))
-            .map(|a| {
-                (
-                    a.octets(),
-                    NodeAddr {
-                        flags: NODE_ADDR_F_NODEPORT,
-                    },
-                )
-            })
-            .collect();
+        let mut want_addrs: BTreeMap<[u8; 4], NodeAddr> = BTreeMap::new();
+        for a in node_links.iter().flat_map(|l| l.ipv4.iter()) {
+            if self.node_port_addresses.contains(std::net::IpAddr::V4(*a)) {
+                want_addrs.entry(a.octets()).or_default().flags |= NODE_ADDR_F_NODEPORT;
+            }
+        }
+        for v in want_ifs.values() {
+            want_addrs.entry(v.snat_addr).or_default().flags |= NODE_ADDR_F_SNAT;
+        }
         if matches!(self.node_port_addresses, NodePortAddresses::Cidrs(_)) {
             let hc: Vec<std::net::IpAddr> = want_addrs
-                .keys()
-                .map(|a| std::net::IpAddr::from(*a))
+                .iter()
+                .filter(|(_, v)| v.flags & NODE_ADDR_F_NODEPORT != 0)
+                .map(|(a, _)| std::net::IpAddr::from(*a))
                 .collect();
             self.hc_addresses.send_if_modified(|v| {
                 let changed = *v != hc;
@@ -344,7 +342,9 @@ impl Attacher {
                 self.node_addrs
                     .insert(k, v, 0)
                     .map_err(err(map_names::NODE_ADDRS))?;
-                tracing::info!(address = %std::net::Ipv4Addr::from(*k), "NodePorts served on this address");
+                if v.flags & NODE_ADDR_F_NODEPORT != 0 {
+                    tracing::info!(address = %std::net::Ipv4Addr::from(*k), "NodePorts served on this address");
+                }
             }
         }
         Ok(())
