@@ -6,6 +6,7 @@ mod bench;
 mod bench_churn;
 mod bench_datapath;
 mod bench_northsouth;
+mod bench_programs;
 mod demo;
 mod setup;
 mod test;
@@ -93,6 +94,9 @@ enum BenchWhat {
     /// North-south: an external client through node A's NodePort to a backend on node B,
     /// against kube-proxy's iptables/nftables NodePort layouts and the direct path (issue 11).
     Northsouth(bench_northsouth::NorthSouthArgs),
+    /// What each kind of packet costs each pod program (`BPF_PROG_TEST_RUN`, the kernel's
+    /// own timing), over N services: the low-noise way to compare two builds.
+    Programs(bench_programs::ProgramsArgs),
 }
 
 fn main() {
@@ -129,6 +133,7 @@ fn real_main() -> Result<()> {
             Some(BenchWhat::Churn(args)) => bench_churn::churn(&args),
             Some(BenchWhat::Datapath(args)) => bench_datapath::datapath(&args),
             Some(BenchWhat::Northsouth(args)) => bench_northsouth::northsouth(&args),
+            Some(BenchWhat::Programs(args)) => bench_programs::programs(&args),
             None => bench_datapath::datapath(&datapath),
         },
     }

@@ -235,25 +235,63 @@ const TEST_RUN_OUT_LEN: usize = 4096;
 pub fn prog_test_run(ns: &str, prog_id: u32, ifindex: u32, frame: &[u8]) -> io::Result<TestRun> {
     run_in_ns(ns, || {
         let fd = prog_fd(prog_id)?;
-        let mut ctx = [0u8; SK_BUFF_LEN];
-        ctx[SK_BUFF_IFINDEX_OFF..SK_BUFF_IFINDEX_OFF + 4].copy_from_slice(&ifindex.to_ne_bytes());
         let mut out = vec![0u8; TEST_RUN_OUT_LEN];
-        // The `test` member of union bpf_attr.
-        let mut attr = [0u8; 80];
-        attr[0..4].copy_from_slice(&(fd.as_raw_fd() as u32).to_ne_bytes());
-        attr[8..12].copy_from_slice(&(frame.len() as u32).to_ne_bytes());
-        attr[12..16].copy_from_slice(&(out.len() as u32).to_ne_bytes());
-        attr[16..24].copy_from_slice(&(frame.as_ptr() as u64).to_ne_bytes());
-        attr[24..32].copy_from_slice(&(out.as_mut_ptr() as u64).to_ne_bytes());
-        attr[32..36].copy_from_slice(&1u32.to_ne_bytes()); // repeat
-        attr[40..44].copy_from_slice(&(ctx.len() as u32).to_ne_bytes());
-        attr[48..56].copy_from_slice(&(ctx.as_ptr() as u64).to_ne_bytes());
-        bpf(BPF_PROG_TEST_RUN, &mut attr)?;
-        let retval = i32::from_ne_bytes(attr[4..8].try_into().unwrap());
-        let len = u32::from_ne_bytes(attr[12..16].try_into().unwrap()) as usize;
+        let (retval, len, _) = test_run_once(&fd, ifindex, frame, &mut out)?;
         out.truncate(len);
         Ok(TestRun { retval, data: out })
     })
+}
+
+/// Runs program `prog_id` on `frame(0)`, `frame(1)`, … `frame(n - 1)`, each a
+/// `BPF_PROG_TEST_RUN` of its own (a fresh copy of the frame, so a translating program
+/// never meets its own output), as [`prog_test_run`] does. Returns the last run's TC action
+/// and each run's duration in ns, as the kernel measured it around the program alone.
+pub fn prog_test_run_durations(
+    ns: &str,
+    prog_id: u32,
+    ifindex: u32,
+    frame: impl Fn(usize) -> Vec<u8> + Sync,
+    n: usize,
+) -> io::Result<(i32, Vec<u32>)> {
+    run_in_ns(ns, || {
+        let fd = prog_fd(prog_id)?;
+        let mut out = vec![0u8; TEST_RUN_OUT_LEN];
+        let mut durations = Vec::with_capacity(n);
+        let mut retval = 0;
+        for i in 0..n {
+            let (rc, _, d) = test_run_once(&fd, ifindex, &frame(i), &mut out)?;
+            retval = rc;
+            durations.push(d);
+        }
+        Ok((retval, durations))
+    })
+}
+
+/// One `BPF_PROG_TEST_RUN` (repeat 1) of program `fd` on `frame` with `__sk_buff.ifindex` =
+/// `ifindex`, the output frame into `out`: (retval, output length, duration in ns).
+fn test_run_once(
+    fd: &OwnedFd,
+    ifindex: u32,
+    frame: &[u8],
+    out: &mut [u8],
+) -> io::Result<(i32, usize, u32)> {
+    let mut ctx = [0u8; SK_BUFF_LEN];
+    ctx[SK_BUFF_IFINDEX_OFF..SK_BUFF_IFINDEX_OFF + 4].copy_from_slice(&ifindex.to_ne_bytes());
+    // The `test` member of union bpf_attr.
+    let mut attr = [0u8; 80];
+    attr[0..4].copy_from_slice(&(fd.as_raw_fd() as u32).to_ne_bytes());
+    attr[8..12].copy_from_slice(&(frame.len() as u32).to_ne_bytes());
+    attr[12..16].copy_from_slice(&(out.len() as u32).to_ne_bytes());
+    attr[16..24].copy_from_slice(&(frame.as_ptr() as u64).to_ne_bytes());
+    attr[24..32].copy_from_slice(&(out.as_mut_ptr() as u64).to_ne_bytes());
+    attr[32..36].copy_from_slice(&1u32.to_ne_bytes()); // repeat
+    attr[40..44].copy_from_slice(&(ctx.len() as u32).to_ne_bytes());
+    attr[48..56].copy_from_slice(&(ctx.as_ptr() as u64).to_ne_bytes());
+    bpf(BPF_PROG_TEST_RUN, &mut attr)?;
+    let retval = i32::from_ne_bytes(attr[4..8].try_into().unwrap());
+    let len = u32::from_ne_bytes(attr[12..16].try_into().unwrap()) as usize;
+    let duration = u32::from_ne_bytes(attr[36..40].try_into().unwrap());
+    Ok((retval, len.min(out.len()), duration))
 }
 
 /// Ids of all BPF links on the machine (`bpftool -j link show`).
