@@ -215,8 +215,9 @@ fn insert(key: &FlowKey, value: &FlowValue, flags: u32) -> Result<(), Verdict> {
 /// `verify` is the source check (`source::check`) of the packet, arriving on interface
 /// `ingress`. It runs before anything is created, changed or answered, except for a packet
 /// of a flow whose client packets already passed it on the same interface (the forward
-/// half's `ifindex`): a pod cannot send on another pod's interface, so the check is paid once
-/// per flow, not per packet.
+/// half's `ifindex`), or of a new flow on such a flow's tuple (a SYN retransmitted, a port
+/// reused): a pod cannot send on another pod's interface, so the check is paid once per
+/// tuple and interface, not per packet.
 #[inline(always)]
 pub fn forward(
     pkt: &Packet,
@@ -238,10 +239,13 @@ pub fn forward(
         let f = unsafe { *entry };
         if f.ifindex != ingress {
             verify().map_err(Verdict::Drop)?;
-            verified = true;
             // SAFETY: a single-field write to an entry from a successful lookup.
             unsafe { (*entry).ifindex = ingress };
         }
+        // Checked now, or passed before on this same interface with this same source (the
+        // key's): a new flow on this tuple (a SYN retransmitted, a port reused) is not
+        // checked again.
+        verified = true;
         let live = f.svc_id == svc.svc_id
             && matches!(select::backend(f.backend_id), Some(b) if b.addr == f.nat_addr && b.port_be == f.nat_port_be);
         let rkey = key.partner(&f);

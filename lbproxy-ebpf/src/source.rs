@@ -25,7 +25,7 @@
 //! `lbproxy/src/bpf/attach.rs`). Frames run with `BPF_PROG_TEST_RUN` on an interface lbproxy
 //! does not manage are therefore not checked either.
 //!
-//! Cost: one hash lookup and one FIB lookup (no neighbour lookup) per new flow. `flow`
+//! Cost: one hash lookup and one FIB lookup (no neighbour lookup) per new tuple. `flow`
 //! records in the forward half the interface whose check the flow's first packet passed, and
 //! runs the check again only for a packet of the flow that arrives on another interface (a
 //! pod sending with another pod's tuple), so packets of existing flows pay nothing. Packets
