@@ -319,3 +319,30 @@ fn table(r: &Value) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The harness itself on 3 services, a few runs: every case ran its program, which let
+    /// the packet go on to the stack (no bypass, so TC_ACT_UNSPEC), and has a median. Timings
+    /// are not checked. Needs root and LBPROXY_BIN (as `cargo xtask test` provides).
+    #[test]
+    fn programs_harness_smoke() {
+        let bin = lbproxy_tests::lab::lbproxy_bin();
+        let args = ProgramsArgs {
+            services: 3,
+            runs: 20,
+            rounds: 2,
+            json: true,
+        };
+        let r = run(&args, &bin).expect("bench programs");
+        let cases = r["cases"].as_array().expect("cases");
+        assert_eq!(cases.len(), 9, "{r:#}");
+        for c in cases {
+            assert_eq!(c["runs"], 40, "{c}");
+            assert_eq!(c["tc_action"], -1, "{c}");
+            assert!(c["median_ns"].as_f64().is_some_and(|m| m > 0.0), "{c}");
+        }
+    }
+}

@@ -107,8 +107,9 @@ impl TierArgs {
 const UNIT_INTEGRATION: [&str; 2] = ["apiserver_selftest", "deploy_manifests"];
 /// The integration tests that are packet tests.
 const BPF_INTEGRATION: [&str; 1] = ["packet"];
-/// xtask's own test that runs the datapath benchmark's harness in a namespace lab.
-const XTASK_LAB_TEST: &str = "datapath_harness_smoke";
+/// xtask's own tests that run the benchmarks' harnesses in namespace labs (a name filter:
+/// `datapath_harness_smoke`, `programs_harness_smoke`).
+const XTASK_LAB_TEST: &str = "harness_smoke";
 
 /// A `cargo test` run: its cargo arguments and extra test-harness arguments.
 type Selection = (Vec<String>, Vec<String>);
