@@ -2,7 +2,7 @@
 //!
 //! One module per pinned map ([`services`], [`slots`], [`backends`], [`members`], [`flows`],
 //! [`drops`], [`labels`], [`affinity`], [`config`], [`pod_ifs`], [`delivery`], [`frags`],
-//! [`src_check`]), each with its key and value types and one `SPEC` ([`MapSpec`]: name,
+//! [`src_check`], [`pod_addrs`], and the north-south maps), each with its key and value types and one `SPEC` ([`MapSpec`]: name,
 //! kind, sizes, capacity). [`MAPS`] lists every spec: the datapath declares its maps from
 //! them and userspace pins and checks them from the same table. The types are re-exported
 //! here.
@@ -79,6 +79,7 @@ pub mod labels;
 pub mod members;
 pub mod node_addrs;
 pub mod node_ifs;
+pub mod pod_addrs;
 pub mod pod_ifs;
 pub mod select;
 pub mod services;
@@ -102,6 +103,7 @@ pub use labels::{ServiceLabel, nul_padded};
 pub use members::MemberKey;
 pub use node_addrs::{MAX_NODE_ADDRS, NODE_ADDR_F_NODEPORT, NODE_ADDR_F_SNAT, NodeAddr};
 pub use node_ifs::{DEFAULT_SNAT_PORT_MAX, DEFAULT_SNAT_PORT_MIN, MAX_NODE_IFS, NodeIf};
+pub use pod_addrs::{MAX_POD_ADDRS, PodAddr};
 pub use pod_ifs::{MAX_POD_IFS, POD_IF_BRIDGE, POD_IF_NETKIT, POD_IF_VETH, PodIf};
 pub use services::{
     MAX_SERVICES, SCOPE_DEFAULT, SCOPE_INTERNAL, SVC_F_LOCAL_ONLY, SVC_F_SNAT, SVC_F_SOURCE_RANGES,
@@ -135,6 +137,7 @@ pod!(
     FragKey,
     FragPorts,
     SrcCheck,
+    PodAddr,
     NodeIf,
     NodeAddr,
     SrcRangeData,
@@ -160,6 +163,7 @@ pub const MAPS: &[MapSpec] = &[
     node_ifs::SPEC,
     node_addrs::SPEC,
     src_ranges::SPEC,
+    pod_addrs::SPEC,
 ];
 
 /// Earlier layouts a controller reads once at start, copies into their successor, then
@@ -222,6 +226,8 @@ pub mod map_names {
     pub const FRAGS: &str = crate::frags::SPEC.name;
     /// The interface each pod interface's sources must route back out of, by ifindex.
     pub const SRC_CHECK: &str = crate::src_check::SPEC.name;
+    /// A routed pod network's pod addresses, by address: the source check's fast path.
+    pub const POD_ADDRS: &str = crate::pod_addrs::SPEC.name;
     /// The node's own interfaces for north-south traffic (SNAT address, port range).
     pub const NODE_IFS: &str = crate::node_ifs::SPEC.name;
     /// The node's addresses that serve NodePorts.

@@ -78,7 +78,7 @@ fn translate(ctx: &TcContext, side: Side) -> Option<()> {
         return None;
     }
     let icmp_off = ETH_LEN + usize::from(outer[0] & 0x0f) * 4;
-    if icmp_off < ETH_LEN + Ipv4Hdr::LEN || icmp_off > ETH_LEN + 60 {
+    if !(ETH_LEN + Ipv4Hdr::LEN..=ETH_LEN + 60).contains(&icmp_off) {
         return None;
     }
     let icmp: [u8; ICMP_LEN] = ctx.load(icmp_off).ok()?;

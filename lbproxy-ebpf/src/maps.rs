@@ -9,9 +9,10 @@
 use aya_ebpf::btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key};
 use lbproxy_common::{
     AffinityKey, AffinityValue, Backend, DatapathConfig, FlowKey, FlowValue, FragKey, FragPorts,
-    MemberKey, NodeAddr, NodeIf, PodIf, ServiceKey, ServiceLabel, ServiceValue, SlotKey, SrcCheck,
-    SrcRangeData, UnservedKey, UnservedValue, affinity, backends, config, delivery, drops, flows,
-    frags, labels, members, node_addrs, node_ifs, pod_ifs, services, slots,
+    MemberKey, NodeAddr, NodeIf, PodAddr, PodIf, ServiceKey, ServiceLabel, ServiceValue, SlotKey,
+    SrcCheck, SrcRangeData, UnservedKey, UnservedValue, affinity, backends, config, delivery,
+    drops, flows, frags, labels, members, node_addrs, node_ifs, pod_addrs, pod_ifs, services,
+    slots,
     spec::{MapKind, MapSpec, size_u32, str_eq},
     src_check, src_ranges, unserved,
 };
@@ -152,6 +153,9 @@ map! {
     /// The interface each pod interface's sources must route back out of. Read by
     /// `source`.
     LB_SRCCHECK_V1: HashMap<u32, SrcCheck> = src_check::SPEC;
+    /// A routed pod network's pod addresses and their interfaces: the source check's fast
+    /// path. Written by the controller from the node's routes.
+    LB_PODADDRS_V1: HashMap<[u8; 4], PodAddr> = pod_addrs::SPEC;
     /// The node's own interfaces for north-south traffic: SNAT address and port range. Read
     /// by `north`.
     LB_NODEIFS_V1: HashMap<u32, NodeIf> = node_ifs::SPEC;

@@ -25,7 +25,16 @@
 //! `lbproxy/src/bpf/attach.rs`). Frames run with `BPF_PROG_TEST_RUN` on an interface lbproxy
 //! does not manage are therefore not checked either.
 //!
-//! Cost: one hash lookup and one FIB lookup (no neighbour lookup) per new tuple. `flow`
+//! On a routed pod network the controller also lists each pod interface's `/32` addresses
+//! in `LB_PODADDRS_V1` (from the node's routes): a source listed there for the interface the
+//! packet came in on passes with one hash lookup, without the FIB. A source not listed, or
+//! listed for another interface, gets the FIB check, so the list can only save time: a
+//! missing entry never drops a packet, and a spoofed source is never listed for the
+//! spoofer's interface. The list can lag a route change by the controller's reaction to it
+//! (a route event, or the 2 s re-list).
+//!
+//! Cost: two hash lookups (routed, listed source) or one hash lookup and one FIB lookup (no
+//! neighbour lookup) per new tuple. `flow`
 //! records in the forward half the interface whose check the flow's first packet passed, and
 //! runs the check again only for a packet of the flow that arrives on another interface (a
 //! pod sending with another pod's tuple), so packets of existing flows pay nothing. Packets
@@ -40,7 +49,10 @@ use aya_ebpf::{
 };
 use lbproxy_common::DropReason;
 
-use crate::{maps::LB_SRCCHECK_V1, parse::Packet};
+use crate::{
+    maps::{LB_PODADDRS_V1, LB_SRCCHECK_V1},
+    parse::Packet,
+};
 
 const AF_INET: u8 = 2;
 const _: () = assert!(size_of::<FibParams>() == 64);
@@ -66,6 +78,12 @@ pub fn check(ctx: &TcContext, pkt: &Packet) -> Result<(), DropReason> {
     else {
         return Ok(());
     };
+    // The fast path: a routed pod network's address, listed (`LB_PODADDRS_V1`) for the very
+    // interface the packet came in on. Anything else gets the FIB's answer.
+    // SAFETY: a plain lookup; the value is copied out at once.
+    if unsafe { LB_PODADDRS_V1.get(pkt.src_addr) }.is_some_and(|a| a.ifindex == in_ifindex) {
+        return Ok(());
+    }
     // The input, as bpf_fib_lookup's little-endian words (see `deliver::try_route`): family,
     // l4_protocol, sport and dport swapped (the way back), tot_len 1 (so the MTU is checked
     // against 1 byte, never failing: the route is what is checked, not the packet's size);

@@ -28,7 +28,7 @@ use common::*;
 use lbproxy_tests::lab::{Lab, Pod, Shape, bpf, ns_run, wait_for};
 use serde_json::Value;
 
-both_shapes!(spoofed_source_is_dropped);
+both_shapes!(spoofed_source_is_dropped, pod_addresses_follow_the_routes);
 
 #[test]
 fn spoofed_frame_verdicts() {
@@ -427,4 +427,79 @@ fn frame_verdicts(shape: Shape) {
         1,
         "unchecked interface: no flow"
     );
+}
+
+/// `LB_PODADDRS_V1` (the source check's fast path), read with bpftool: address -> ifindex.
+fn pod_addrs(lab: &Lab) -> std::collections::BTreeMap<Ipv4Addr, u64> {
+    let map = lab.bpffs_dir().join("LB_PODADDRS_V1").display().to_string();
+    let out = lab
+        .node_run(&["bpftool", "-j", "map", "dump", "pinned", &map])
+        .unwrap_or_else(|e| panic!("bpftool map dump {map}: {e}"));
+    let v: Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("bpftool JSON ({e}): {out}"));
+    v.as_array()
+        .unwrap_or_else(|| panic!("bpftool map dump: not an array: {out}"))
+        .iter()
+        .map(|e| {
+            let f = &e["formatted"];
+            let b: Vec<u8> = f["key"]
+                .as_array()
+                .unwrap_or_else(|| panic!("no formatted key: {e}"))
+                .iter()
+                .map(|x| x.as_u64().unwrap_or(0) as u8)
+                .collect();
+            let ifindex = f["value"]["ifindex"].as_u64().unwrap_or(0);
+            (Ipv4Addr::new(b[0], b[1], b[2], b[3]), ifindex)
+        })
+        .collect()
+}
+
+/// The source check's fast path follows the node's routes: on a routed pod network
+/// `LB_PODADDRS_V1` lists each pod's address with its host-side interface; a pod's route
+/// deleted takes its entry away within a second (a route event, well before the 2 s
+/// re-list), and the route put back brings it back, so traffic from that pod still works
+/// through the FIB check meanwhile. On a bridged network the map stays empty: those checks
+/// are the FIB's.
+fn pod_addresses_follow_the_routes(shape: Shape) {
+    let s = Setup::new(shape, &["b1", "b2"]);
+    let lab = &s.lab;
+    let pods: Vec<&Pod> = std::iter::once(&s.client).chain(&s.backends).collect();
+    let att = lab.tcx_attachments();
+    let ifindex = |p: &Pod| {
+        att.iter()
+            .find(|a| a.ifname == p.host_if)
+            .map(|a| u64::from(a.ifindex))
+            .unwrap_or_else(|| panic!("[{shape}] {} has no programs", p.host_if))
+    };
+    let all: std::collections::BTreeMap<Ipv4Addr, u64> = match shape {
+        Shape::Routed => pods.iter().map(|p| (p.ip, ifindex(p))).collect(),
+        Shape::Bridge => Default::default(),
+    };
+    let within = Duration::from_secs(1);
+    let expect = |want: &std::collections::BTreeMap<Ipv4Addr, u64>, ctx: &str| {
+        if let Err(t) = wait_for(within, Duration::from_millis(20), || {
+            (pod_addrs(lab) == *want).then_some(())
+        }) {
+            panic!(
+                "[{shape}] {ctx}: LB_PODADDRS_V1 after {t:?}: {:?}, want {want:?}",
+                pod_addrs(lab)
+            );
+        }
+    };
+    expect(&all, "at start");
+    if shape == Shape::Bridge {
+        // Traffic works without the fast path.
+        web_traffic_ok(&format!("[{shape}] no fast path"), &s.client, WEB_VIP, 4);
+        return;
+    }
+    let route = format!("{}/32", s.client.ip);
+    lab.node_run(&["ip", "route", "del", &route, "dev", &s.client.host_if])
+        .unwrap_or_else(|e| panic!("ip route del {route}: {e}"));
+    let mut without = all.clone();
+    without.remove(&s.client.ip);
+    expect(&without, "the client's route deleted");
+    lab.node_run(&["ip", "route", "add", &route, "dev", &s.client.host_if])
+        .unwrap_or_else(|e| panic!("ip route add {route}: {e}"));
+    expect(&all, "the client's route back");
+    web_traffic_ok(&format!("[{shape}] route back"), &s.client, WEB_VIP, 4);
 }

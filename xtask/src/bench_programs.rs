@@ -216,7 +216,9 @@ fn run(args: &ProgramsArgs, bin: &std::path::Path) -> Result<Value> {
     lab.write_manifest_text(&services.manifest_yaml());
     eprintln!("[{TAG}] {} with N = {}", bin.display(), args.services);
     let mut lb = lab.start_lbproxy_with(&[]);
-    let addr = lbproxy_tests::lab::HEALTHZ_ADDR.parse().expect("healthz address");
+    let addr = lbproxy_tests::lab::HEALTHZ_ADDR
+        .parse()
+        .expect("healthz address");
     let t = Instant::now();
     while !matches!(http_get(lab.node_ns(), addr, "/healthz"), Ok(200)) {
         if let Some(st) = lb.try_exit() {
@@ -248,7 +250,10 @@ fn run(args: &ProgramsArgs, bin: &std::path::Path) -> Result<Value> {
         let f = frame(client.ip, sport, vip, dport, tcp);
         let r = bpf::prog_test_run(&node, id, ifindex, &f).context("BPF_PROG_TEST_RUN")?;
         if r.data.get(30..34) != Some(&backend.ip.octets()[..]) {
-            bail!("the flow's first packet was not translated to {}", backend.ip);
+            bail!(
+                "the flow's first packet was not translated to {}",
+                backend.ip
+            );
         }
     }
     let mut samples: Vec<Vec<u32>> = vec![Vec::new(); cases.len()];
@@ -313,8 +318,12 @@ fn table(r: &Value) -> String {
             c["program"].as_str().unwrap_or("?"),
             c["on"].as_str().unwrap_or("?"),
             c["case"].as_str().unwrap_or("?"),
-            c["median_ns"].as_f64().map_or("-".into(), |v| format!("{v:.0}")),
-            c["p90_ns"].as_f64().map_or("-".into(), |v| format!("{v:.0}")),
+            c["median_ns"]
+                .as_f64()
+                .map_or("-".into(), |v| format!("{v:.0}")),
+            c["p90_ns"]
+                .as_f64()
+                .map_or("-".into(), |v| format!("{v:.0}")),
         ));
     }
     out

@@ -14,7 +14,8 @@ use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
 use aya::programs::{SchedClassifier, TcAttachType};
 use globset::GlobSet;
 use lbproxy_common::{
-    NODE_ADDR_F_NODEPORT, NODE_ADDR_F_SNAT, NodeAddr, NodeIf, PodIf, SrcCheck, map_names, program_names,
+    NODE_ADDR_F_NODEPORT, NODE_ADDR_F_SNAT, NodeAddr, NodeIf, PodAddr, PodIf, SrcCheck, map_names,
+    program_names,
 };
 
 use crate::config::NodePortAddresses;
@@ -100,7 +101,8 @@ pub fn pinned_interfaces(dir: &Path) -> BTreeMap<Interface, Vec<PathBuf>> {
 /// (and `lb_from_node`/`lb_to_node` to the node's own interfaces, see [`Role`]),
 /// `LB_PODIFS_V1` listing exactly the attached pod interfaces (the stack bypass's redirect
 /// targets when it is on; north-south asks it whether a backend is on this node), and `LB_SRCCHECK_V1` saying, for each of them, which
-/// interface the route to a packet's source must lead out of ([`src_check_for`]).
+/// interface the route to a packet's source must lead out of ([`src_check_for`]), and
+/// `LB_PODADDRS_V1` the addresses routed to each routed pod interface (the check's fast path).
 pub struct Attacher {
     globs: GlobSet,
     node_port_addresses: NodePortAddresses,
@@ -115,6 +117,7 @@ pub struct Attacher {
     /// either.
     absent: BTreeSet<Interface>,
     pod_ifs: BpfHashMap<MapData, u32, PodIf>,
+    pod_addrs: BpfHashMap<MapData, [u8; 4], PodAddr>,
     src_checks: BpfHashMap<MapData, u32, SrcCheck>,
     /// Matching interfaces already logged as not source-checked, so each is logged once.
     unchecked: BTreeSet<u32>,
@@ -140,6 +143,7 @@ impl Attacher {
             attached: BTreeSet::new(),
             absent: BTreeSet::new(),
             pod_ifs: open_pinned(dir, map_names::POD_IFS, Map::HashMap)?,
+            pod_addrs: open_pinned(dir, map_names::POD_ADDRS, Map::HashMap)?,
             src_checks: open_pinned(dir, map_names::SRC_CHECK, Map::HashMap)?,
             unchecked: BTreeSet::new(),
             stack_bypass,
@@ -187,6 +191,18 @@ impl Attacher {
         if let Err(e) = self.sync_src_checks(&checks, &keep) {
             errors.push(e);
         }
+        // The source check's fast path. An address missing here costs a FIB lookup, never
+        // a drop, so these follow the routes as they are listed now.
+        let addrs = pod_addrs_for(present, &checks);
+        match sync_exact(&mut self.pod_addrs, map_names::POD_ADDRS, &addrs) {
+            Ok(n) if n > 0 => tracing::debug!(
+                written = n,
+                addresses = addrs.len(),
+                "pod addresses for the source check"
+            ),
+            Ok(_) => {}
+            Err(e) => errors.push(e),
+        }
         // Node interfaces and addresses before the programs there, so a node interface's
         // first packet finds its SNAT address.
         if let Err(e) = self.sync_node(present, &roles) {
@@ -231,7 +247,7 @@ impl Attacher {
                 );
             }
         }
-        if let Err(e) = self.sync_pod_ifs(&redirectable) {
+        if let Err(e) = sync_exact(&mut self.pod_ifs, map_names::POD_IFS, &redirectable) {
             errors.push(e);
         }
         errors
@@ -419,31 +435,61 @@ impl Attacher {
         }
         first
     }
+}
 
-    /// Makes `LB_PODIFS_V1` hold exactly `want`: stale entries first, so an interface that
-    /// left is never a redirect target, then new ones.
-    fn sync_pod_ifs(&mut self, want: &BTreeMap<u32, PodIf>) -> Result<(), BpfError> {
-        let err = |source| BpfError::Map {
-            name: map_names::POD_IFS,
-            path: PathBuf::from(map_names::POD_IFS),
-            source,
-        };
-        let have: BTreeMap<u32, PodIf> = self.pod_ifs.iter().flatten().collect();
-        for ifindex in have.keys().filter(|i| !want.contains_key(i)) {
-            del_ok(self.pod_ifs.remove(ifindex)).map_err(err)?;
-        }
-        for (ifindex, v) in want {
-            if have.get(ifindex) != Some(v) {
-                self.pod_ifs.insert(ifindex, v, 0).map_err(err)?;
-                tracing::debug!(
-                    ifindex,
-                    kind = v.kind,
-                    "redirects into this interface's pod"
-                );
-            }
-        }
-        Ok(())
+/// Makes the pinned hash map `map` (named `name`) hold exactly `want`: stale entries first
+/// (so an interface or address that left is never used), then new and changed ones. Stops
+/// at the first failed write. Returns how many entries it wrote.
+fn sync_exact<K, V>(
+    map: &mut BpfHashMap<MapData, K, V>,
+    name: &'static str,
+    want: &BTreeMap<K, V>,
+) -> Result<usize, BpfError>
+where
+    K: aya::Pod + Ord,
+    V: aya::Pod + PartialEq,
+{
+    let err = |source| BpfError::Map {
+        name,
+        path: PathBuf::from(name),
+        source,
+    };
+    let have: BTreeMap<K, V> = map.iter().flatten().collect();
+    for k in have.keys().filter(|k| !want.contains_key(k)) {
+        del_ok(map.remove(k)).map_err(err)?;
     }
+    let mut written = 0;
+    for (k, v) in want {
+        if have.get(k) != Some(v) {
+            map.insert(k, v, 0).map_err(err)?;
+            written += 1;
+        }
+    }
+    Ok(written)
+}
+
+/// The `LB_PODADDRS_V1` entries of the source-checked interfaces `checks`: the `/32` routes
+/// out of each one checked against itself (a routed pod interface; a bridge port's checks
+/// stay with the FIB).
+fn pod_addrs_for(present: &[Link], checks: &BTreeMap<u32, SrcCheck>) -> BTreeMap<[u8; 4], PodAddr> {
+    present
+        .iter()
+        .filter(|l| {
+            checks
+                .get(&l.iface.index)
+                .is_some_and(|c| c.expected_ifindex == l.iface.index)
+        })
+        .flat_map(|l| {
+            l.routes_v4.iter().map(|a| {
+                (
+                    a.octets(),
+                    PodAddr {
+                        ifindex: l.iface.index,
+                    },
+                )
+            })
+        })
+        .collect()
 }
 
 /// The source check of pod interface `link` (`present` is every interface of the
@@ -561,6 +607,7 @@ mod tests {
             is_bridge,
             is_loopback: false,
             ipv4: Vec::new(),
+            routes_v4: Vec::new(),
         }
     }
 
@@ -592,6 +639,35 @@ mod tests {
         let p = link_pin(Path::new("/x"), &i, "ingress");
         let file = p.file_name().unwrap().to_string_lossy().to_string();
         assert_eq!(parse_link_pin(&file), Some((i, "ingress".to_string())));
+    }
+
+    /// The fast path lists the `/32` routes of routed pod interfaces only: not those of a
+    /// bridge port (checked against its bridge), nor of an interface that is not checked.
+    #[test]
+    fn pod_addrs_are_the_routes_of_routed_pod_interfaces() {
+        let a: std::net::Ipv4Addr = "198.18.0.2".parse().unwrap();
+        let b: std::net::Ipv4Addr = "198.18.0.3".parse().unwrap();
+        let c: std::net::Ipv4Addr = "198.18.0.4".parse().unwrap();
+        let mut routed = link(5, "cali1", None, false);
+        routed.routes_v4 = vec![a, b];
+        let mut port = link(6, "veth-br", Some(2), false);
+        port.routes_v4 = vec![c];
+        let mut unchecked = link(7, "cali2", None, false);
+        unchecked.routes_v4 = vec![c];
+        let present = [link(2, "cni0", None, true), routed, port, unchecked];
+        let checks: BTreeMap<u32, SrcCheck> = [5, 6]
+            .into_iter()
+            .filter_map(|i| {
+                let l = present.iter().find(|l| l.iface.index == i)?;
+                Some((i, src_check_for(l, &present)?))
+            })
+            .collect();
+        let got = pod_addrs_for(&present, &checks);
+        let want: BTreeMap<[u8; 4], PodAddr> = [a, b]
+            .iter()
+            .map(|x| (x.octets(), PodAddr { ifindex: 5 }))
+            .collect();
+        assert_eq!(got, want);
     }
 
     /// An interface missing from one listing keeps its pins (and so its programs); missing

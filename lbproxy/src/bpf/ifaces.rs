@@ -1,5 +1,6 @@
-//! Interfaces of this network namespace, from rtnetlink: a full listing, and a stream of
-//! "something changed" events from the link multicast group.
+//! Interfaces of this network namespace, from rtnetlink: a full listing (links, their IPv4
+//! addresses and the `/32` routes out of them), and a stream of "something changed" events
+//! from the link, IPv4 address and IPv4 route multicast groups.
 
 use futures::{StreamExt as _, TryStreamExt as _};
 use lbproxy_common::{POD_IF_NETKIT, POD_IF_VETH};
@@ -27,6 +28,9 @@ pub struct Link {
     pub is_loopback: bool,
     /// Its IPv4 addresses, primary first (the order the kernel lists them in).
     pub ipv4: Vec<std::net::Ipv4Addr>,
+    /// The addresses with a unicast `/32` route out of it in the main table (a routed pod
+    /// network's pod addresses), sorted.
+    pub routes_v4: Vec<std::net::Ipv4Addr>,
 }
 
 /// Lists every interface in this network namespace.
@@ -72,6 +76,7 @@ pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Link>, rtnetlink::Er
                 is_bridge,
                 is_loopback,
                 ipv4: Vec::new(),
+                routes_v4: Vec::new(),
             });
         }
     }
@@ -88,8 +93,47 @@ pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Link>, rtnetlink::Er
             }
         }
     }
+    let mut routes = handle
+        .route()
+        .get(rtnetlink::RouteMessageBuilder::<std::net::Ipv4Addr>::new().build())
+        .execute();
+    while let Some(msg) = routes.try_next().await? {
+        if let Some((dst, oif)) = host_route(&msg)
+            && let Some(l) = out.iter_mut().find(|l| l.iface.index == oif)
+        {
+            l.routes_v4.push(dst);
+        }
+    }
+    for l in &mut out {
+        l.routes_v4.sort();
+        l.routes_v4.dedup();
+    }
     out.sort();
     Ok(out)
+}
+
+/// A unicast IPv4 `/32` route of the main table with one output interface: (destination,
+/// ifindex).
+fn host_route(
+    msg: &netlink_packet_route::route::RouteMessage,
+) -> Option<(std::net::Ipv4Addr, u32)> {
+    use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteType};
+    let h = &msg.header;
+    if h.destination_prefix_length != 32 || h.kind != RouteType::Unicast {
+        return None;
+    }
+    let mut table = u32::from(h.table);
+    let (mut dst, mut oif) = (None, None);
+    for a in &msg.attributes {
+        match a {
+            RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = Some(*ip),
+            RouteAttribute::Oif(i) => oif = Some(*i),
+            RouteAttribute::Table(t) => table = *t,
+            _ => {}
+        }
+    }
+    (table == u32::from(RouteHeader::RT_TABLE_MAIN)).then_some(())?;
+    Some((dst?, oif?))
 }
 
 /// A handle for listing, and a receiver that gets `()` whenever a link is added, changed or
@@ -97,8 +141,11 @@ pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Link>, rtnetlink::Er
 pub fn watch() -> std::io::Result<(rtnetlink::Handle, mpsc::UnboundedReceiver<()>)> {
     let (conn, handle, _) = rtnetlink::new_connection()?;
     tokio::spawn(conn);
-    let (mconn, _mhandle, mut messages) =
-        rtnetlink::new_multicast_connection(&[MulticastGroup::Link, MulticastGroup::Ipv4Ifaddr])?;
+    let (mconn, _mhandle, mut messages) = rtnetlink::new_multicast_connection(&[
+        MulticastGroup::Link,
+        MulticastGroup::Ipv4Ifaddr,
+        MulticastGroup::Ipv4Route,
+    ])?;
     tokio::spawn(mconn);
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
