@@ -128,18 +128,24 @@ pub fn local_endpoints(
 pub fn wanted(model: &Model, node: &str) -> Vec<(u16, ServiceHealth)> {
     model
         .services
-        .values()
-        .filter_map(|svc| {
-            let port = health_check_port(svc)?;
-            Some((
-                port,
-                ServiceHealth {
-                    service: svc.id.clone(),
-                    local_endpoints: local_endpoints(model, &svc.id, node, Family::V4),
-                },
-            ))
-        })
+        .keys()
+        .filter_map(|id| wanted_for(model, node, id))
         .collect()
+}
+
+/// The health-check port service `id` asks for, with what it reports on `node`; `None` when
+/// it asks for none (or is gone). [`wanted`] for one service, so a sync of a few changed
+/// services updates only theirs.
+pub fn wanted_for(model: &Model, node: &str, id: &NamespacedName) -> Option<(u16, ServiceHealth)> {
+    let svc = model.services.get(id)?;
+    let port = health_check_port(svc)?;
+    Some((
+        port,
+        ServiceHealth {
+            service: svc.id.clone(),
+            local_endpoints: local_endpoints(model, &svc.id, node, Family::V4),
+        },
+    ))
 }
 
 /// The health-check servers, one per port, each listening on every bind address.

@@ -13,7 +13,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use lbproxy_tests::lab::multinode::{MultiNodeLab, NodeId};
-use lbproxy_tests::lab::{Backend, Lbproxy, Pod, tcp_request, udp_request};
+use lbproxy_tests::lab::{Backend, Lbproxy, Pod, tcp_request, udp_request, wait_for};
 
 const NODE_PORT_TCP: u16 = 30080;
 const NODE_PORT_UDP: u16 = 30053;
@@ -487,6 +487,24 @@ fn external_traffic_policy_local_and_health_check_node_port() {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    // The change reached node A's health check too (a sync of the changed service only):
+    // no local endpoint now, 503.
+    let r = wait_for(Duration::from_secs(2), Duration::from_millis(50), || {
+        lbproxy_tests::lab::http_get_full(
+            &client.netns,
+            SocketAddr::from((a, HC_PORT)),
+            "/",
+            Duration::from_secs(1),
+        )
+        .ok()
+        .filter(|r| r.status == 503 && r.body.contains("\"localEndpoints\": 0"))
+    });
+    assert!(
+        r.is_ok(),
+        "health check on {} after its endpoint left: want 503 with localEndpoints 0\n{}",
+        NodeId::A,
+        s.logs()
+    );
 }
 
 /// `lbproxy inspect snat` lists the destinations of source-NATed flows with their ports in

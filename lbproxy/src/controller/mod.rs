@@ -19,6 +19,7 @@ mod sync;
 #[cfg(test)]
 mod tests;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use tokio::time::Instant as Deadline;
@@ -27,6 +28,7 @@ use tokio::sync::mpsc;
 
 pub use report::Report;
 
+use crate::model::NamespacedName;
 use crate::program::Maps;
 use crate::source::SourceEvent;
 
@@ -68,6 +70,12 @@ pub struct Controller<M: Maps> {
     /// Health-check ports that failed to start at the last try, by (port, service): each is
     /// reported once per failure streak, not after every sync that retries it.
     health_check_failing: std::collections::BTreeSet<(u16, String)>,
+    /// What the health-check servers should serve, by service: updated for the services a
+    /// sync wrote (all of them on a full sync), so a sync of one change costs one service's
+    /// look, not a scan of every service.
+    health_check_wanted: BTreeMap<NamespacedName, (u16, crate::healthcheck::ServiceHealth)>,
+    /// `health_check_wanted` changed since the servers were last brought in line with it.
+    health_check_changed: bool,
 }
 
 impl<M: Maps> Controller<M> {
@@ -84,6 +92,8 @@ impl<M: Maps> Controller<M> {
             retry_after: RETRY_AFTER,
             health_checks: None,
             health_check_failing: std::collections::BTreeSet::new(),
+            health_check_wanted: BTreeMap::new(),
+            health_check_changed: true,
         };
         ctl.report.programmed(ctl.sync.programmed());
         ctl
@@ -104,18 +114,59 @@ impl<M: Maps> Controller<M> {
         self
     }
 
-    /// Brings the health-check servers in line with the model and the node-port addresses;
-    /// a port that cannot be bound is reported, and tried again after the next sync.
+    /// Updates what the health-check servers should serve for the services `changed` (every
+    /// service when `None`).
+    fn want_health_checks(&mut self, changed: Option<&BTreeSet<NamespacedName>>) {
+        if self.health_checks.is_none() {
+            return;
+        }
+        let model = &self.ingest.model;
+        let wanted = &mut self.health_check_wanted;
+        let before = wanted.len();
+        let mut changed_any = false;
+        match changed {
+            None => {
+                let all: BTreeMap<_, _> = crate::healthcheck::wanted(model, &self.node)
+                    .into_iter()
+                    .map(|(port, h)| (h.service.clone(), (port, h)))
+                    .collect();
+                changed_any = *wanted != all;
+                *wanted = all;
+            }
+            Some(ids) => {
+                for id in ids {
+                    let now = crate::healthcheck::wanted_for(model, &self.node, id);
+                    if wanted.get(id) != now.as_ref() {
+                        changed_any = true;
+                        match now {
+                            Some(w) => wanted.insert(id.clone(), w),
+                            None => wanted.remove(id),
+                        };
+                    }
+                }
+            }
+        }
+        self.health_check_changed |= changed_any || wanted.len() != before;
+    }
+
+    /// Brings the health-check servers in line with `health_check_wanted` and the node-port
+    /// addresses, when either changed or a port failed to start last time (it is tried
+    /// again after every sync until it starts); a failure is reported once per streak.
     fn sync_health_checks(&mut self) {
         let Some((servers, addresses)) = &mut self.health_checks else {
             return;
         };
         let mut failures = Vec::new();
-        if addresses.has_changed().unwrap_or(false) {
+        let moved = addresses.has_changed().unwrap_or(false);
+        if moved {
             let now = addresses.borrow_and_update().clone();
             failures.extend(servers.set_addresses(now));
         }
-        failures.extend(servers.sync(crate::healthcheck::wanted(&self.ingest.model, &self.node)));
+        if !(moved || self.health_check_changed || !self.health_check_failing.is_empty()) {
+            return;
+        }
+        self.health_check_changed = false;
+        failures.extend(servers.sync(self.health_check_wanted.values().cloned()));
         let now: std::collections::BTreeSet<(u16, String)> = failures
             .iter()
             .map(|f| (f.port(), f.service().to_string()))
@@ -163,6 +214,7 @@ impl<M: Maps> Controller<M> {
         self.ingest.dirty.clear();
         let result = self.sync.all(&self.ingest.model, &self.node);
         self.retry_all_if_failed(&result);
+        self.want_health_checks(None);
         let ok = self.record(what, started, result);
         release_freed_memory();
         ok
@@ -177,6 +229,7 @@ impl<M: Maps> Controller<M> {
         let started = Instant::now();
         let dirty = std::mem::take(&mut self.ingest.dirty);
         let result = self.sync.services(&self.ingest.model, &self.node, &dirty);
+        self.want_health_checks(Some(&dirty));
         if result.is_err() {
             self.ingest.dirty.extend(dirty);
         }
@@ -189,6 +242,7 @@ impl<M: Maps> Controller<M> {
         self.ingest.dirty.clear();
         let result = self.sync.reconcile(&self.ingest.model, &self.node);
         self.retry_all_if_failed(&result);
+        self.want_health_checks(None);
         self.record("reconcile", started, result)
     }
 
