@@ -195,8 +195,8 @@ impl Attacher {
         // a drop, so these follow the routes as they are listed now.
         let addrs = pod_addrs_for(present, &checks);
         match sync_exact(&mut self.pod_addrs, map_names::POD_ADDRS, &addrs) {
-            Ok(n) if n > 0 => tracing::debug!(
-                written = n,
+            Ok(w) if !w.is_empty() => tracing::debug!(
+                written = w.len(),
                 addresses = addrs.len(),
                 "pod addresses for the source check"
             ),
@@ -326,41 +326,16 @@ impl Attacher {
                 changed
             });
         }
-        let err = |name: &'static str| {
-            move |source| BpfError::Map {
-                name,
-                path: PathBuf::from(name),
-                source,
-            }
-        };
-        let have: BTreeMap<u32, NodeIf> = self.node_ifs.iter().flatten().collect();
-        for k in have.keys().filter(|k| !want_ifs.contains_key(k)) {
-            del_ok(self.node_ifs.remove(k)).map_err(err(map_names::NODE_IFS))?;
+        for (k, v) in sync_exact(&mut self.node_ifs, map_names::NODE_IFS, &want_ifs)? {
+            tracing::info!(
+                ifindex = k,
+                snat_address = %std::net::Ipv4Addr::from(v.snat_addr),
+                "node interface: flows to other nodes leaving by it are source-NATed to this address"
+            );
         }
-        for (k, v) in &want_ifs {
-            if have.get(k) != Some(v) {
-                self.node_ifs
-                    .insert(k, v, 0)
-                    .map_err(err(map_names::NODE_IFS))?;
-                tracing::info!(
-                    ifindex = k,
-                    snat_address = %std::net::Ipv4Addr::from(v.snat_addr),
-                    "node interface: flows to other nodes leaving by it are source-NATed to this address"
-                );
-            }
-        }
-        let have: BTreeMap<[u8; 4], NodeAddr> = self.node_addrs.iter().flatten().collect();
-        for k in have.keys().filter(|k| !want_addrs.contains_key(*k)) {
-            del_ok(self.node_addrs.remove(k)).map_err(err(map_names::NODE_ADDRS))?;
-        }
-        for (k, v) in &want_addrs {
-            if have.get(k) != Some(v) {
-                self.node_addrs
-                    .insert(k, v, 0)
-                    .map_err(err(map_names::NODE_ADDRS))?;
-                if v.flags & NODE_ADDR_F_NODEPORT != 0 {
-                    tracing::info!(address = %std::net::Ipv4Addr::from(*k), "NodePorts served on this address");
-                }
+        for (k, v) in sync_exact(&mut self.node_addrs, map_names::NODE_ADDRS, &want_addrs)? {
+            if v.flags & NODE_ADDR_F_NODEPORT != 0 {
+                tracing::info!(address = %std::net::Ipv4Addr::from(k), "NodePorts served on this address");
             }
         }
         Ok(())
@@ -439,12 +414,12 @@ impl Attacher {
 
 /// Makes the pinned hash map `map` (named `name`) hold exactly `want`: stale entries first
 /// (so an interface or address that left is never used), then new and changed ones. Stops
-/// at the first failed write. Returns how many entries it wrote.
+/// at the first failed write. Returns the entries it wrote.
 fn sync_exact<K, V>(
     map: &mut BpfHashMap<MapData, K, V>,
     name: &'static str,
     want: &BTreeMap<K, V>,
-) -> Result<usize, BpfError>
+) -> Result<Vec<(K, V)>, BpfError>
 where
     K: aya::Pod + Ord,
     V: aya::Pod + PartialEq,
@@ -458,11 +433,11 @@ where
     for k in have.keys().filter(|k| !want.contains_key(k)) {
         del_ok(map.remove(k)).map_err(err)?;
     }
-    let mut written = 0;
+    let mut written = Vec::new();
     for (k, v) in want {
         if have.get(k) != Some(v) {
             map.insert(k, v, 0).map_err(err)?;
-            written += 1;
+            written.push((*k, *v));
         }
     }
     Ok(written)

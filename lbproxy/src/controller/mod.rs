@@ -122,7 +122,6 @@ impl<M: Maps> Controller<M> {
         }
         let model = &self.ingest.model;
         let wanted = &mut self.health_check_wanted;
-        let before = wanted.len();
         let mut changed_any = false;
         match changed {
             None => {
@@ -146,7 +145,7 @@ impl<M: Maps> Controller<M> {
                 }
             }
         }
-        self.health_check_changed |= changed_any || wanted.len() != before;
+        self.health_check_changed |= changed_any;
     }
 
     /// Brings the health-check servers in line with `health_check_wanted` and the node-port
