@@ -802,32 +802,13 @@ fn restart_keeps_flows(shape: Shape) {
 /// The reply entries (`dir` 1) in the pinned flow map whose destination is `client`, as
 /// their source `ip:port` (the backend), read with bpftool.
 fn reply_entries_to(lab: &Lab, client: SocketAddrV4) -> Vec<String> {
-    let map = lab.bpffs_dir().join("LB_FLOWS_V3").display().to_string();
-    let out = lab
-        .node_run(&["bpftool", "-j", "map", "dump", "pinned", &map])
-        .unwrap_or_else(|e| panic!("bpftool map dump {map}: {e}"));
-    let v: Value =
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("bpftool JSON ({e}): {out}"));
-    let addr = |a: &Value| -> Option<Ipv4Addr> {
-        let b: Vec<u8> = a
-            .as_array()?
-            .iter()
-            .map(|x| x.as_u64().map(|n| n as u8))
-            .collect::<Option<_>>()?;
-        Some(Ipv4Addr::new(
-            *b.first()?,
-            *b.get(1)?,
-            *b.get(2)?,
-            *b.get(3)?,
-        ))
-    };
+    let addr = lbproxy_tests::lab::bpf::ipv4_of_json;
     // `port_be` fields are printed as the u16 in memory, read little-endian.
     let port = |p: &Value| p.as_u64().map(|n| (n as u16).swap_bytes());
-    v.as_array()
-        .unwrap_or_else(|| panic!("bpftool map dump: not an array: {out}"))
+    lab.map_dump("LB_FLOWS_V3")
         .iter()
         .filter_map(|e| {
-            let k = e.get("formatted").map_or(&e["key"], |f| &f["key"]);
+            let k = &e["key"];
             (k["dir"] == 1
                 && addr(&k["dst_addr"]) == Some(*client.ip())
                 && port(&k["dst_port_be"]) == Some(client.port()))

@@ -43,14 +43,22 @@ fn manifest(lab: &MultiNodeLab, pods: &[&Pod], policy: &str) -> String {
 
 /// [`manifest`] with `extra` added to the Service's spec (e.g. `healthCheckNodePort: N`).
 fn manifest_with(lab: &MultiNodeLab, pods: &[&Pod], policy: &str, extra: &str) -> String {
-    let mut eps = String::new();
-    for p in pods {
-        eps.push_str(&format!(
-            "- {{addresses: [{}], nodeName: {}, conditions: {{ready: true}}}}\n",
-            p.ip,
-            lab.node_of(&p.name).name()
-        ));
-    }
+    let eps: Vec<(Ipv4Addr, Option<&str>)> = pods
+        .iter()
+        .map(|p| (p.ip, Some(lab.node_of(&p.name).name())))
+        .collect();
+    web_manifest(&eps, policy, extra)
+}
+
+/// The `web` service of [`manifest_with`] over the endpoints `eps` (address, nodeName).
+fn web_manifest(eps: &[(Ipv4Addr, Option<&str>)], policy: &str, extra: &str) -> String {
+    let eps: String = eps
+        .iter()
+        .map(|(ip, node)| {
+            let node = node.map_or(String::new(), |n| format!(", nodeName: {n}"));
+            format!("- {{addresses: [{ip}]{node}, conditions: {{ready: true}}}}\n")
+        })
+        .collect();
     format!(
         "apiVersion: v1
 kind: Service
@@ -698,28 +706,11 @@ fn node_port_to_local_backends(shape: lbproxy_tests::lab::Shape) {
         b1.serve(&[BACKEND_TCP, BACKEND_UDP]),
         b2.serve(&[BACKEND_TCP, BACKEND_UDP]),
     ];
-    let eps: String = [&b1, &b2]
-        .iter()
-        .map(|p| format!("- {{addresses: [{}]}}\n", p.ip))
-        .collect();
-    lab.write_manifest_text(&format!(
-        "apiVersion: v1
-kind: Service
-metadata: {{name: web, namespace: default}}
-spec:
-  type: NodePort
-  clusterIP: {CLUSTER_IP}
-  ports:
-  - {{name: http, port: 80, protocol: TCP, targetPort: {BACKEND_TCP}, nodePort: {NODE_PORT_TCP}}}
-  - {{name: dns, port: 53, protocol: UDP, targetPort: {BACKEND_UDP}, nodePort: {NODE_PORT_UDP}}}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {{name: web-1, namespace: default, labels: {{kubernetes.io/service-name: web}}}}
-addressType: IPv4
-ports: [{{name: http, port: {BACKEND_TCP}, protocol: TCP}}, {{name: dns, port: {BACKEND_UDP}, protocol: UDP}}]
-endpoints:
-{eps}"
+    // The NodePorts of the LoadBalancer service the two-node tests use, over these two.
+    lab.write_manifest_text(&web_manifest(
+        &[(b1.ip, None), (b2.ip, None)],
+        "Cluster",
+        "",
     ));
     let mut lb = lab.start_lbproxy();
     lb.expect_healthy(HEALTHY_WITHIN);

@@ -431,25 +431,15 @@ fn frame_verdicts(shape: Shape) {
 
 /// `LB_PODADDRS_V1` (the source check's fast path), read with bpftool: address -> ifindex.
 fn pod_addrs(lab: &Lab) -> std::collections::BTreeMap<Ipv4Addr, u64> {
-    let map = lab.bpffs_dir().join("LB_PODADDRS_V1").display().to_string();
-    let out = lab
-        .node_run(&["bpftool", "-j", "map", "dump", "pinned", &map])
-        .unwrap_or_else(|e| panic!("bpftool map dump {map}: {e}"));
-    let v: Value =
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("bpftool JSON ({e}): {out}"));
-    v.as_array()
-        .unwrap_or_else(|| panic!("bpftool map dump: not an array: {out}"))
+    lab.map_dump("LB_PODADDRS_V1")
         .iter()
         .map(|e| {
-            let f = &e["formatted"];
-            let b: Vec<u8> = f["key"]
-                .as_array()
-                .unwrap_or_else(|| panic!("no formatted key: {e}"))
-                .iter()
-                .map(|x| x.as_u64().unwrap_or(0) as u8)
-                .collect();
-            let ifindex = f["value"]["ifindex"].as_u64().unwrap_or(0);
-            (Ipv4Addr::new(b[0], b[1], b[2], b[3]), ifindex)
+            let addr = bpf::ipv4_of_json(&e["key"])
+                .unwrap_or_else(|| panic!("LB_PODADDRS_V1: not an address key: {e}"));
+            let ifindex = e["value"]["ifindex"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("LB_PODADDRS_V1: no ifindex: {e}"));
+            (addr, ifindex)
         })
         .collect()
 }

@@ -204,6 +204,17 @@ pub fn tcx_attachments(ns: &str) -> Vec<TcxAttachment> {
     })
 }
 
+/// An IPv4 address as `bpftool -j` formats a `[u8; 4]` field: an array of four numbers.
+pub fn ipv4_of_json(v: &serde_json::Value) -> Option<std::net::Ipv4Addr> {
+    let b: Vec<u8> = v
+        .as_array()?
+        .iter()
+        .map(|x| x.as_u64().and_then(|n| u8::try_from(n).ok()))
+        .collect::<Option<_>>()?;
+    let b: [u8; 4] = b.try_into().ok()?;
+    Some(b.into())
+}
+
 /// What one `BPF_PROG_TEST_RUN` of a TC program gave back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TestRun {

@@ -548,6 +548,23 @@ impl Lab {
         ns_run(&self.node, argv)
     }
 
+    /// The entries of pinned map `name`, as `bpftool -j map dump` formats them from the
+    /// map's BTF: each `{"key": …, "value": …}`. Panics when bpftool fails or prints
+    /// something else.
+    pub fn map_dump(&self, name: &str) -> Vec<serde_json::Value> {
+        let map = self.bpffs_dir.join(name).display().to_string();
+        let out = self
+            .node_run(&["bpftool", "-j", "map", "dump", "pinned", &map])
+            .unwrap_or_else(|e| panic!("bpftool map dump {map}: {e}"));
+        let v: serde_json::Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("bpftool JSON ({e}): {out}"));
+        v.as_array()
+            .unwrap_or_else(|| panic!("bpftool map dump {map}: not an array: {out}"))
+            .iter()
+            .map(|e| e.get("formatted").cloned().unwrap_or_else(|| e.clone()))
+            .collect()
+    }
+
     /// The standard `lbproxy run` arguments for this lab: [`Lab::lbproxy_base_args`] with the
     /// lab's manifest as the source.
     pub fn lbproxy_run_args(&self) -> Vec<String> {
