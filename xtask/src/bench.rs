@@ -247,7 +247,7 @@ pub fn sync(args: &SyncArgs) -> Result<()> {
         bail!("--endpoints must be at least --services and at most 131000");
     }
     setup::setup()?;
-    let bin = util::build_lbproxy_release("bench")?;
+    let bin = util::bench_lbproxy("bench")?;
     // The lab runs `lbproxy cleanup` on drop with this binary.
     // SAFETY: set before any other thread of this process exists.
     unsafe { std::env::set_var("LBPROXY_BIN", &bin) };

@@ -644,7 +644,7 @@ pub fn churn(args: &ChurnArgs) -> Result<()> {
         bail!("--syn-clients must be in 1..=100");
     }
     setup::setup()?;
-    let bin = util::build_lbproxy_release("bench")?;
+    let bin = util::bench_lbproxy("bench")?;
     // The lab starts lbproxy, and runs `lbproxy cleanup` on drop, with this binary.
     // SAFETY: set before any other thread of this process exists.
     unsafe { std::env::set_var("LBPROXY_BIN", &bin) };

@@ -1144,7 +1144,7 @@ pub fn datapath(args: &DatapathArgs) -> Result<()> {
     let default_out = util::target_dir()?.join("bench").join("datapath");
     let cfg = Config::from_args(args, default_out)?;
     setup::setup()?;
-    let bin = util::build_lbproxy_release("bench")?;
+    let bin = util::bench_lbproxy("bench")?;
     // The lab starts lbproxy, and runs `lbproxy cleanup` on drop, with this binary.
     // SAFETY: set before any other thread of this process exists.
     unsafe { std::env::set_var("LBPROXY_BIN", &bin) };

@@ -397,7 +397,7 @@ pub fn northsouth(args: &NorthSouthArgs) -> Result<()> {
         None => util::target_dir()?.join("bench").join("northsouth"),
     };
     setup::setup()?;
-    let bin = util::build_lbproxy_release("bench")?;
+    let bin = util::bench_lbproxy("bench")?;
     // SAFETY: set before any other thread of this process exists.
     unsafe { std::env::set_var("LBPROXY_BIN", &bin) };
     util::catch_interrupts();

@@ -24,7 +24,6 @@
 //! the way to compare two builds on one machine, one after the other.
 
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -191,13 +190,10 @@ pub fn programs(args: &ProgramsArgs) -> Result<()> {
         bail!("--runs and --rounds must be at least 1");
     }
     setup::setup()?;
-    if std::env::var_os("LBPROXY_BIN").is_none() {
-        let bin = util::build_lbproxy_release("bench")?;
-        // SAFETY: set before any other thread of this process exists.
-        unsafe { std::env::set_var("LBPROXY_BIN", &bin) };
-    }
+    let bin = util::bench_lbproxy("bench")?;
+    // SAFETY: set before any other thread of this process exists.
+    unsafe { std::env::set_var("LBPROXY_BIN", &bin) };
     util::catch_interrupts();
-    let bin = PathBuf::from(std::env::var_os("LBPROXY_BIN").unwrap_or_default());
     let results = run(args, &bin)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&results)?);

@@ -146,6 +146,20 @@ pub fn build_lbproxy(tag: &str) -> Result<PathBuf> {
 }
 
 /// Builds lbproxy in release mode (benchmarks) and returns the binary's path.
+/// The lbproxy binary a benchmark measures: `LBPROXY_BIN` when it is set (another build,
+/// to compare two builds one after the other), else this tree's release build.
+pub fn bench_lbproxy(tag: &str) -> Result<PathBuf> {
+    if let Some(bin) = std::env::var_os("LBPROXY_BIN") {
+        let bin = PathBuf::from(bin);
+        if !bin.is_file() {
+            bail!("LBPROXY_BIN={} is not a file", bin.display());
+        }
+        eprintln!("[{tag}] measuring LBPROXY_BIN={}", bin.display());
+        return Ok(bin);
+    }
+    build_lbproxy_release(tag)
+}
+
 pub fn build_lbproxy_release(tag: &str) -> Result<PathBuf> {
     eprintln!("[{tag}] building lbproxy (release; its build.rs builds the eBPF object)");
     let mut cmd = cargo();
