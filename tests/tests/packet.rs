@@ -982,6 +982,93 @@ fn rev_nat_tcp() {
     .expect_untouched(TC_ACT_UNSPEC, &[]);
 }
 
+/// A client port reused after its flow closed (FINs both ways), towards the same backend:
+/// the new SYN starts a new flow in the old one's halves (`flow::reopen`). It is translated
+/// as before, the flow is syn_sent again with neither half's FIN left (else the collector
+/// would expire it as closed), its age starts over, and the new SYN-ACK makes it
+/// established, with no half recreated or replaced.
+#[test]
+fn port_reused_after_close_starts_over() {
+    let rig = Rig::new();
+    let c = rig.client_ip();
+    let port = 40061;
+    let syn = Frame::tcp(c, WEB_VIP, Tcp::linux_syn(port, WEB_TCP));
+    let mut sa = Tcp::linux_syn(BACKEND_TCP, port);
+    sa.flags = SYN | ACK;
+    let mut synack = Frame::tcp(BACKEND, c, sa);
+    (synack.dst_mac, synack.src_mac) = (POD_MAC, GW_MAC);
+    let fin = Frame::tcp(c, WEB_VIP, Tcp::new(port, WEB_TCP, FIN | ACK));
+    let mut back_fin = Frame::tcp(BACKEND, c, Tcp::new(BACKEND_TCP, port, FIN | ACK));
+    (back_fin.dst_mac, back_fin.src_mac) = (POD_MAC, GW_MAC);
+    let state = |want: &str| {
+        let flows = rig.flows_from(port);
+        assert!(
+            flows.len() == 1
+                && flows[0]["state"] == want
+                && flows[0]["reply_half"] == true
+                && flows[0]["backend"] == format!("{BACKEND}:{BACKEND_TCP}").as_str(),
+            "want one {want} flow to {BACKEND}:{BACKEND_TCP} with its reply half, got {flows:#?}"
+        );
+        flows[0]["age_seconds"].as_f64().unwrap_or(f64::NAN)
+    };
+
+    for (what, prog, frame, want) in [
+        (
+            "client SYN",
+            Prog::FromPod,
+            &syn,
+            syn.with_dest(BACKEND, BACKEND_TCP),
+        ),
+        (
+            "backend SYN-ACK",
+            Prog::ToPod,
+            &synack,
+            synack.with_source(WEB_VIP, WEB_TCP),
+        ),
+        (
+            "client FIN",
+            Prog::FromPod,
+            &fin,
+            fin.with_dest(BACKEND, BACKEND_TCP),
+        ),
+        (
+            "backend FIN",
+            Prog::ToPod,
+            &back_fin,
+            back_fin.with_source(WEB_VIP, WEB_TCP),
+        ),
+    ] {
+        rig.run(what, prog, &frame.bytes())
+            .expect(TC_ACT_UNSPEC, &want.bytes(), &[]);
+    }
+    let closed_age = state("closed");
+    std::thread::sleep(Duration::from_millis(600));
+
+    rig.run("client SYN on the reused port", Prog::FromPod, &syn.bytes())
+        .expect(
+            TC_ACT_UNSPEC,
+            &syn.with_dest(BACKEND, BACKEND_TCP).bytes(),
+            &[],
+        );
+    let age = state("syn_sent");
+    assert!(
+        age < closed_age + 0.5,
+        "the reopened flow's age did not start over: {age:.3} s, {closed_age:.3} s before the \
+         600 ms pause"
+    );
+    rig.run(
+        "backend SYN-ACK of the new connection",
+        Prog::ToPod,
+        &synack.bytes(),
+    )
+    .expect(
+        TC_ACT_UNSPEC,
+        &synack.with_source(WEB_VIP, WEB_TCP).bytes(),
+        &[],
+    );
+    state("established");
+}
+
 /// The same for UDP: the backend's answer comes out from VIP:53.
 #[test]
 fn rev_nat_udp() {
