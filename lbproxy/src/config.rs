@@ -114,14 +114,22 @@ pub enum NodePortAddresses {
     All,
     /// The addresses within these CIDRs.
     Cidrs(Vec<ipnet::IpNet>),
+    /// `primary`: the node's primary IPv4 address only. lbproxy reads it from the node's
+    /// routes (`bpf::ifaces::Link::primary_v4`: the preferred source of the main table's
+    /// default route, else the first address of the interface it leaves by), which is the
+    /// address kubelet takes as the node IP when `--node-ip` is not given; kube-proxy reads
+    /// it from the Node object. It follows route changes.
+    Primary,
 }
 
 impl NodePortAddresses {
-    /// Whether NodePorts are served on `addr`, one of the node's own addresses.
-    pub fn contains(&self, addr: std::net::IpAddr) -> bool {
+    /// Whether NodePorts are served on `addr`, one of the node's own addresses, when the
+    /// node's primary address is `primary` (see [`NodePortAddresses::Primary`]).
+    pub fn contains(&self, addr: std::net::IpAddr, primary: Option<std::net::IpAddr>) -> bool {
         match self {
             NodePortAddresses::All => true,
             NodePortAddresses::Cidrs(c) => c.iter().any(|n| n.contains(&addr)),
+            NodePortAddresses::Primary => primary == Some(addr),
         }
     }
 }
@@ -163,11 +171,14 @@ fn parse_node_port_addresses(
     if items.is_empty() {
         return Ok(NodePortAddresses::All);
     }
+    if items == ["primary"] {
+        return Ok(NodePortAddresses::Primary);
+    }
     if items.contains(&"primary") {
         return Err(err(
             origin,
             field,
-            "\"primary\" is not supported yet: give the node's CIDRs (e.g. 192.0.2.0/24)",
+            format!("can't use both \"primary\" and CIDRs (got {items:?})"),
         ));
     }
     let mut cidrs = Vec::new();
@@ -502,7 +513,7 @@ mod tests {
         resolve(Some((p, f)), Flags::default())
     }
 
-    /// `nodePortAddresses` (CIDRs, empty for all, `primary` refused as not supported yet)
+    /// `nodePortAddresses` (CIDRs, empty for all, `primary` alone but not beside CIDRs)
     /// and `snatPortRange` (MIN-MAX, at least 1024), from the file and from flags, each
     /// refused with the field's name.
     #[test]
@@ -517,11 +528,25 @@ mod tests {
         );
         assert!(
             s.node_port_addresses
-                .contains("198.18.80.9".parse().unwrap())
+                .contains("198.18.80.9".parse().unwrap(), None)
         );
         assert!(
             !s.node_port_addresses
-                .contains("198.18.81.1".parse().unwrap())
+                .contains("198.18.81.1".parse().unwrap(), None)
+        );
+        let p = file("nodePortAddresses: [primary]\nhostnameOverride: n\n").unwrap();
+        assert_eq!(p.node_port_addresses, NodePortAddresses::Primary);
+        let primary = Some("198.18.80.9".parse().unwrap());
+        assert!(
+            p.node_port_addresses
+                .contains("198.18.80.9".parse().unwrap(), primary)
+                && !p
+                    .node_port_addresses
+                    .contains("198.18.80.10".parse().unwrap(), primary)
+                && !p
+                    .node_port_addresses
+                    .contains("198.18.80.9".parse().unwrap(), None),
+            "primary: that one address only, and none while it is not known"
         );
         assert_eq!(s.snat_port_range, (20000, 20003));
         let d = file("hostnameOverride: n\n").unwrap();
@@ -544,7 +569,10 @@ mod tests {
             ])
         );
         for (text, field) in [
-            ("nodePortAddresses: [primary]\n", "nodePortAddresses"),
+            (
+                "nodePortAddresses: [primary, 192.0.2.0/24]\n",
+                "nodePortAddresses",
+            ),
             ("nodePortAddresses: [eth0]\n", "nodePortAddresses"),
             ("snatPortRange: 80-90\n", "snatPortRange"),
             ("snatPortRange: 3000-2000\n", "snatPortRange"),

@@ -126,8 +126,9 @@ struct RunArgs {
     /// Idle timeout of a TCP flow whose SYN was never answered [default: 30s]
     #[arg(long)]
     flow_tcp_timeout_syn_sent: Option<String>,
-    /// Node addresses that serve NodePorts: comma-separated CIDRs, or `primary`
-    /// [default: every IPv4 address of the node's non-pod interfaces except loopback]
+    /// Node addresses that serve NodePorts: comma-separated CIDRs, or `primary` (the address
+    /// the node's IPv4 default route prefers, followed as routes change) [default: every IPv4
+    /// address of the node's non-pod interfaces except loopback]
     #[arg(long, value_delimiter = ',')]
     nodeport_addresses: Option<Vec<String>>,
     /// Source ports for north-south flows source-NATed to a backend on another node, MIN-MAX

@@ -743,3 +743,85 @@ mod node_port_to_local_backends {
         super::node_port_to_local_backends(lbproxy_tests::lab::Shape::Bridge)
     }
 }
+
+/// `--nodeport-addresses primary`: NodePorts are served on the node's primary address only,
+/// the one its default route prefers, and follow it when the route changes. Node A gets a
+/// second address on its fabric interface: at first the default route has no preferred
+/// source, so the primary is the interface's first address (the node's own) and the second
+/// address refuses the NodePort (the node's stack answers: nothing listens there); once the
+/// default route prefers the second address, the two swap.
+#[test]
+fn node_port_addresses_primary_follows_the_default_route() {
+    let lab = MultiNodeLab::new();
+    let a1 = lab.add_pod(NodeId::A, "a1");
+    let _server = a1.serve(&[BACKEND_TCP, BACKEND_UDP]);
+    lab.write_manifest_text(&manifest(&lab, &[&a1], "Cluster"));
+    let first = lab.node(NodeId::A).ip;
+    let second = Ipv4Addr::new(198, 18, 80, 201);
+    lab.node_run(
+        NodeId::A,
+        &["ip", "addr", "add", &format!("{second}/24"), "dev", "eth0"],
+    )
+    .unwrap();
+    let mut args = lab.lbproxy_run_args(NodeId::A, &[]);
+    let at = args
+        .iter()
+        .position(|a| a == "--nodeport-addresses")
+        .expect("the lab passes --nodeport-addresses");
+    args[at + 1] = "primary".into();
+    let mut lb = lab.start_lbproxy_argv(NodeId::A, args, &[]);
+    lb.expect_healthy(HEALTHY_WITHIN);
+    let client = lab.add_client("ext");
+    let logs = |lb: &Lbproxy| format!("{}\n--- lbproxy\n{}", lab.diagnostics(), lb.log());
+    // Served on `on`, refused on `off`.
+    let serves = |on: Ipv4Addr, off: Ipv4Addr| {
+        let served = client.tcp_request(on, NODE_PORT_TCP, TIMEOUT);
+        let refused = client.tcp_request(off, NODE_PORT_TCP, TIMEOUT);
+        match (&served, &refused) {
+            (Ok((reply, from)), Err(e))
+                if reply.backend == "a1"
+                    && *from == SocketAddr::from((on, NODE_PORT_TCP))
+                    && e.kind() == std::io::ErrorKind::ConnectionRefused =>
+            {
+                Ok(())
+            }
+            _ => Err(format!("{on}: {served:?}; {off}: {refused:?}")),
+        }
+    };
+    serves(first, second).unwrap_or_else(|e| {
+        panic!(
+            "primary = the interface's first address: {e}\n{}",
+            logs(&lb)
+        )
+    });
+    lab.node_run(
+        NodeId::A,
+        &[
+            "ip",
+            "route",
+            "replace",
+            "default",
+            "dev",
+            "eth0",
+            "src",
+            &second.to_string(),
+        ],
+    )
+    .unwrap();
+    let moved = wait_for(Duration::from_secs(5), Duration::from_millis(100), || {
+        serves(second, first).ok()
+    });
+    assert!(
+        moved.is_ok(),
+        "primary = the default route's preferred source, within 5 s: {:?}\n{}",
+        serves(second, first),
+        logs(&lb)
+    );
+    assert!(
+        lb.log()
+            .lines()
+            .any(|l| l.contains("nodePortAddresses: primary") && l.contains(&second.to_string())),
+        "the new primary address is logged\n{}",
+        lb.log()
+    );
+}

@@ -109,8 +109,11 @@ pub struct Attacher {
     snat_port_range: (u16, u16),
     node_ifs: BpfHashMap<MapData, u32, NodeIf>,
     node_addrs: BpfHashMap<MapData, [u8; 4], NodeAddr>,
+    /// The node's primary address as last logged (`nodePortAddresses: primary`); `None`
+    /// before the first listing.
+    primary: Option<Option<std::net::IpAddr>>,
     /// The addresses health-check servers bind: the node-port addresses when
-    /// `--nodeport-addresses` names CIDRs, none (every address) by default.
+    /// `--nodeport-addresses` names CIDRs or `primary`, none (every address) by default.
     hc_addresses: tokio::sync::watch::Sender<Vec<std::net::IpAddr>>,
     attached: BTreeSet<Interface>,
     /// Pinned interfaces the last listing did not show; forgotten if the next one does not
@@ -134,6 +137,7 @@ impl Attacher {
         hc_addresses: tokio::sync::watch::Sender<Vec<std::net::IpAddr>>,
     ) -> Result<Self, BpfError> {
         Ok(Self {
+            primary: None,
             hc_addresses,
             globs,
             node_port_addresses,
@@ -306,15 +310,34 @@ impl Attacher {
             })
             .collect();
         let mut want_addrs: BTreeMap<[u8; 4], NodeAddr> = BTreeMap::new();
+        // The primary address counts only on a node interface (never a pod's).
+        let primary = node_links
+            .iter()
+            .find_map(|l| l.primary_v4)
+            .map(std::net::IpAddr::V4);
+        if self.node_port_addresses == NodePortAddresses::Primary && self.primary != Some(primary) {
+            match primary {
+                Some(a) => {
+                    tracing::info!(address = %a, "nodePortAddresses: primary is this address (the default route's)")
+                }
+                None => tracing::warn!(
+                    "nodePortAddresses: primary: no IPv4 default route leaves by a node interface, so no address serves NodePorts until one does"
+                ),
+            }
+            self.primary = Some(primary);
+        }
         for a in node_links.iter().flat_map(|l| l.ipv4.iter()) {
-            if self.node_port_addresses.contains(std::net::IpAddr::V4(*a)) {
+            if self
+                .node_port_addresses
+                .contains(std::net::IpAddr::V4(*a), primary)
+            {
                 want_addrs.entry(a.octets()).or_default().flags |= NODE_ADDR_F_NODEPORT;
             }
         }
         for v in want_ifs.values() {
             want_addrs.entry(v.snat_addr).or_default().flags |= NODE_ADDR_F_SNAT;
         }
-        if matches!(self.node_port_addresses, NodePortAddresses::Cidrs(_)) {
+        if self.node_port_addresses != NodePortAddresses::All {
             let hc: Vec<std::net::IpAddr> = want_addrs
                 .iter()
                 .filter(|(_, v)| v.flags & NODE_ADDR_F_NODEPORT != 0)
@@ -583,6 +606,7 @@ mod tests {
             is_loopback: false,
             ipv4: Vec::new(),
             routes_v4: Vec::new(),
+            primary_v4: None,
         }
     }
 

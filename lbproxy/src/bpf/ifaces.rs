@@ -31,6 +31,10 @@ pub struct Link {
     /// The addresses with a unicast `/32` route out of it in the main table (a routed pod
     /// network's pod addresses), sorted.
     pub routes_v4: Vec<std::net::Ipv4Addr>,
+    /// When the main table's IPv4 default route (the one of lowest metric) leaves by this
+    /// interface: the node's primary address, the route's preferred source if it has one,
+    /// else this interface's first address. `nodePortAddresses: primary` serves it.
+    pub primary_v4: Option<std::net::Ipv4Addr>,
 }
 
 /// Lists every interface in this network namespace.
@@ -77,6 +81,7 @@ pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Link>, rtnetlink::Er
                 is_loopback,
                 ipv4: Vec::new(),
                 routes_v4: Vec::new(),
+                primary_v4: None,
             });
         }
     }
@@ -97,12 +102,24 @@ pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Link>, rtnetlink::Er
         .route()
         .get(rtnetlink::RouteMessageBuilder::<std::net::Ipv4Addr>::new().build())
         .execute();
+    // (metric, ifindex, preferred source) of the best default route.
+    let mut default: Option<(u32, u32, Option<std::net::Ipv4Addr>)> = None;
     while let Some(msg) = routes.try_next().await? {
         if let Some((dst, oif)) = host_route(&msg)
             && let Some(l) = out.iter_mut().find(|l| l.iface.index == oif)
         {
             l.routes_v4.push(dst);
         }
+        if let Some(d) = default_route(&msg)
+            && default.is_none_or(|best| d.0 < best.0)
+        {
+            default = Some(d);
+        }
+    }
+    if let Some((_, oif, src)) = default
+        && let Some(l) = out.iter_mut().find(|l| l.iface.index == oif)
+    {
+        l.primary_v4 = src.or_else(|| l.ipv4.first().copied());
     }
     for l in &mut out {
         l.routes_v4.sort();
@@ -134,6 +151,31 @@ fn host_route(
     }
     (table == u32::from(RouteHeader::RT_TABLE_MAIN)).then_some(())?;
     Some((dst?, oif?))
+}
+
+/// A unicast IPv4 default route of the main table with one output interface: (metric,
+/// ifindex, preferred source).
+fn default_route(
+    msg: &netlink_packet_route::route::RouteMessage,
+) -> Option<(u32, u32, Option<std::net::Ipv4Addr>)> {
+    use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteType};
+    let h = &msg.header;
+    if h.destination_prefix_length != 0 || h.kind != RouteType::Unicast {
+        return None;
+    }
+    let mut table = u32::from(h.table);
+    let (mut oif, mut metric, mut src) = (None, 0, None);
+    for a in &msg.attributes {
+        match a {
+            RouteAttribute::Oif(i) => oif = Some(*i),
+            RouteAttribute::Priority(p) => metric = *p,
+            RouteAttribute::PrefSource(RouteAddress::Inet(ip)) => src = Some(*ip),
+            RouteAttribute::Table(t) => table = *t,
+            _ => {}
+        }
+    }
+    (table == u32::from(RouteHeader::RT_TABLE_MAIN)).then_some(())?;
+    Some((metric, oif?, src))
 }
 
 /// A handle for listing, and a receiver that gets `()` whenever a link is added, changed or
