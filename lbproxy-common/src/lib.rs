@@ -84,6 +84,7 @@ pub mod pod_ifs;
 pub mod select;
 pub mod services;
 pub mod slots;
+pub mod snat_tries;
 pub mod src_check;
 pub mod src_ranges;
 pub mod unserved;
@@ -164,6 +165,7 @@ pub const MAPS: &[MapSpec] = &[
     node_addrs::SPEC,
     src_ranges::SPEC,
     pod_addrs::SPEC,
+    snat_tries::SPEC,
 ];
 
 /// Earlier layouts a controller reads once at start, copies into their successor, then
@@ -234,6 +236,8 @@ pub mod map_names {
     pub const NODE_ADDRS: &str = crate::node_addrs::SPEC.name;
     /// Each load-balancer IP's `loadBalancerSourceRanges`, by (service id, prefix).
     pub const SRC_RANGES: &str = crate::src_ranges::SPEC.name;
+    /// Per-CPU counts of the tries each SNAT port allocation took.
+    pub const SNAT_TRIES: &str = crate::snat_tries::SPEC.name;
     /// Every map the controller pins: the names of [`MAPS`], in its order.
     pub const PINNED: [&str; MAPS.len()] = {
         let mut out = [""; MAPS.len()];

@@ -44,7 +44,7 @@ use lbproxy_common::{
 
 use crate::{
     lb::{affinity, select},
-    maps::LB_FLOWS_V3,
+    maps::{LB_FLOWS_V3, LB_SNAT_TRIES_V1},
     parse::{Packet, TCP_FLAG_FIN, TCP_FLAG_RST},
     reason::{Verdict, count},
 };
@@ -105,6 +105,8 @@ impl Source {
 
 /// Tries for a SNAT port: random ones first, then linear.
 const SNAT_ATTEMPTS: u32 = 16;
+// The histogram's slots cover every try count: the client's own port, then these.
+const _: () = assert!(lbproxy_common::snat_tries::MAX_SNAT_TRIES == SNAT_ATTEMPTS + 1);
 const SNAT_RANDOM_ATTEMPTS: u32 = 8;
 
 #[inline(always)]
@@ -392,8 +394,14 @@ pub fn forward(
     } else {
         insert(&rkey, &reply, BPF_NOEXIST).is_ok() || replace_if_stale(&rkey, &reply, &key)
     };
-    if !claimed && nat_source.snat {
-        rkey.dst_port_be = snat_port(&mut rkey, &reply, nat_source.min, nat_source.max)?;
+    if nat_source.snat && claimed {
+        // The client's own port (or this tuple's previous flow's): the first try.
+        count_snat_tries(1);
+    } else if nat_source.snat {
+        // The client's own port was tried above when it is in the range.
+        let port = u16::from_be(pkt.src_port_be);
+        let own_tried = u32::from(port >= nat_source.min && port <= nat_source.max);
+        rkey.dst_port_be = snat_port(&mut rkey, &reply, nat_source.min, nat_source.max, own_tried)?;
     } else if !claimed {
         let mut found = false;
         let mut attempt = 0;
@@ -455,13 +463,30 @@ fn reopen(old: &Reusable, state: u8, now: u64) {
     }
 }
 
+/// Counts one SNAT port allocation that took `tries` tries (0: it found no port) in
+/// `LB_SNAT_TRIES_V1`.
+#[inline(always)]
+fn count_snat_tries(tries: u32) {
+    if let Some(c) = LB_SNAT_TRIES_V1.get_ptr_mut(tries) {
+        // SAFETY: a per-CPU slot: no other writer.
+        unsafe { *c += 1 };
+    }
+}
+
 /// Claims a free SNAT port in `min..=max` for the reply half `reply` keyed `rkey` (whose
 /// destination port is changed while trying): [`SNAT_RANDOM_ATTEMPTS`] random ports, then a
 /// linear scan from the last one, [`SNAT_ATTEMPTS`] tries in all (one loop, which keeps the
-/// verifier's path short). Returns the port (network order); dropped as `SnatNoPort` when
-/// every try found its port taken.
+/// verifier's path short), after `own_tried` (0 or 1) tries of the client's own port.
+/// Returns the port (network order); dropped as `SnatNoPort` when every try found its port
+/// taken. The tries are counted in `LB_SNAT_TRIES_V1`.
 #[inline(always)]
-fn snat_port(rkey: &mut FlowKey, reply: &FlowValue, min: u16, max: u16) -> Result<u16, Verdict> {
+fn snat_port(
+    rkey: &mut FlowKey,
+    reply: &FlowValue,
+    min: u16,
+    max: u16,
+    own_tried: u32,
+) -> Result<u16, Verdict> {
     let span = u32::from(max.saturating_sub(min)) + 1;
     let mut port = min;
     let mut attempt = 0;
@@ -477,10 +502,12 @@ fn snat_port(rkey: &mut FlowKey, reply: &FlowValue, min: u16, max: u16) -> Resul
         };
         rkey.dst_port_be = port.to_be();
         if insert(rkey, reply, BPF_NOEXIST).is_ok() {
+            count_snat_tries(own_tried + attempt + 1);
             return Ok(port.to_be());
         }
         attempt += 1;
     }
+    count_snat_tries(0);
     Err(Verdict::Drop(DropReason::SnatNoPort))
 }
 

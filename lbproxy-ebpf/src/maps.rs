@@ -12,7 +12,7 @@ use lbproxy_common::{
     MemberKey, NodeAddr, NodeIf, PodAddr, PodIf, ServiceKey, ServiceLabel, ServiceValue, SlotKey,
     SrcCheck, SrcRangeData, UnservedKey, UnservedValue, affinity, backends, config, delivery,
     drops, flows, frags, labels, members, node_addrs, node_ifs, pod_addrs, pod_ifs, services,
-    slots,
+    slots, snat_tries,
     spec::{MapKind, MapSpec, size_u32, str_eq},
     src_check, src_ranges, unserved,
 };
@@ -163,6 +163,8 @@ map! {
     LB_NODEADDRS_V1: HashMap<[u8; 4], NodeAddr> = node_addrs::SPEC;
     /// Each load-balancer IP's source ranges. Read by `lb::service`.
     LB_SRCRANGES_V1: LpmTrie<SrcRangeData, u32> = src_ranges::SPEC;
+    /// Per-CPU counts of the tries each SNAT port allocation took. Written by `flow`.
+    LB_SNAT_TRIES_V1: PerCpuArray<u64> = snat_tries::SPEC;
 }
 
 /// The controller's settings (`LB_CONFIG_V1`, entry 0): the stack bypass flag (for

@@ -63,6 +63,68 @@ pub struct PathLabel {
 
 type FloatGauge = Gauge<f64, AtomicU64>;
 
+/// `lbproxy_snat_port_tries`: a histogram of the tries each successful SNAT port allocation
+/// took, kept by the datapath (`LB_SNAT_TRIES_V1`, one count per try number) and copied
+/// here whole on every read ([`SnatTries::set`]). Allocations that found no port are not in
+/// it: they are `lbproxy_datapath_drops{reason="snat_no_port"}`.
+#[derive(Clone, Debug, Default)]
+pub struct SnatTries(Arc<Mutex<Vec<u64>>>);
+
+/// The histogram's upper bounds, in tries (1 is the client's own port or the first random
+/// one; 17 is the last try there is).
+const SNAT_TRIES_BOUNDS: [u32; 6] = [1, 2, 4, 8, 16, lbproxy_common::snat_tries::MAX_SNAT_TRIES];
+
+impl SnatTries {
+    /// Replaces the counts with the datapath's: `by_tries[n]` allocations took `n` tries
+    /// (index 0, the failures, is left out).
+    pub fn set(&self, by_tries: Vec<u64>) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = by_tries;
+    }
+
+    /// (sum of tries, count, per-bucket counts with +Inf last), as the encoder wants them.
+    fn buckets(&self) -> (f64, u64, Vec<(f64, u64)>) {
+        let by = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let at = |n: u32| by.get(n as usize).copied().unwrap_or(0);
+        let (mut sum, mut count) = (0u64, 0u64);
+        let mut buckets = Vec::new();
+        let mut lower = 1;
+        for upper in SNAT_TRIES_BOUNDS {
+            let mut in_bucket = 0;
+            for n in lower..=upper {
+                in_bucket += at(n);
+                sum += u64::from(n) * at(n);
+            }
+            count += in_bucket;
+            buckets.push((f64::from(upper), in_bucket));
+            lower = upper + 1;
+        }
+        buckets.push((f64::INFINITY, 0));
+        (sum as f64, count, buckets)
+    }
+}
+
+impl prometheus_client::encoding::EncodeMetric for SnatTries {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::MetricEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        let (sum, count, buckets) = self.buckets();
+        encoder
+            .encode_histogram::<prometheus_client::encoding::NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        prometheus_client::metrics::MetricType::Histogram
+    }
+}
+
 /// Every metric lbproxy exports. Label sets are bounded: map names and drop reasons are
 /// fixed lists.
 pub struct Metrics {
@@ -83,6 +145,7 @@ pub struct Metrics {
     pub attached_interfaces: Gauge,
     pub flow_gc_deleted: Counter,
     pub snat_ports_max_ratio: Gauge<f64, std::sync::atomic::AtomicU64>,
+    pub snat_port_tries: SnatTries,
     pub frontends_not_served: Family<KindLabel, Gauge>,
     pub frontend_conflicts: Gauge,
     pub services_over_limit: Gauge,
@@ -188,6 +251,12 @@ impl Metrics {
             "The highest fraction of the SNAT port range in use towards one destination (SNAT address, backend, protocol), from the flow collector's last scan; alert at 0.8",
             snat_ports_max_ratio.clone(),
         );
+        let snat_port_tries = SnatTries::default();
+        r.register(
+            "lbproxy_snat_port_tries",
+            "Tries each successful SNAT port allocation took (the client's own port, then random, then linear); a shift to the higher buckets means a destination's port space is filling up",
+            snat_port_tries.clone(),
+        );
         let frontends_not_served = Family::<KindLabel, Gauge>::default();
         r.register(
             "lbproxy_frontends_not_served",
@@ -217,6 +286,7 @@ impl Metrics {
             services_map_full,
             flow_gc_deleted,
             snat_ports_max_ratio,
+            snat_port_tries,
             frontends_not_served,
             frontend_conflicts,
             registry: r,
@@ -426,6 +496,38 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The SNAT tries histogram, as Prometheus text: each try count in its bucket, buckets
+    /// cumulative, the sum in tries, failures (index 0) left out.
+    #[test]
+    fn snat_tries_histogram_encodes_the_datapath_counts() {
+        let t = SnatTries::default();
+        let mut by = vec![0u64; 18];
+        by[0] = 7; // failures: not observations
+        by[1] = 10;
+        by[3] = 2; // le 4
+        by[9] = 1; // le 16
+        by[17] = 1; // le 17
+        t.set(by);
+        let mut r = Registry::default();
+        r.register("snat_port_tries", "h", t);
+        let mut out = String::new();
+        encode(&mut out, &r).unwrap();
+        for line in [
+            "snat_port_tries_sum 42.0",
+            "snat_port_tries_count 14",
+            "snat_port_tries_bucket{le=\"1.0\"} 10",
+            "snat_port_tries_bucket{le=\"2.0\"} 10",
+            "snat_port_tries_bucket{le=\"4.0\"} 12",
+            "snat_port_tries_bucket{le=\"8.0\"} 12",
+            "snat_port_tries_bucket{le=\"16.0\"} 13",
+            "snat_port_tries_bucket{le=\"17.0\"} 14",
+            "snat_port_tries_bucket{le=\"+Inf\"} 14",
+        ] {
+            assert!(out.lines().any(|l| l == line), "want {line:?} in:\n{out}");
+        }
+        assert!(out.contains("# TYPE snat_port_tries histogram"), "{out}");
+    }
 
     #[test]
     fn health_follows_kube_proxy_rules() {

@@ -305,6 +305,22 @@ fn four_hundred_concurrent_connections_get_their_own_snat_ports() {
         ports.insert(port);
     }
     assert_eq!(ports.len(), 400, "each connection its own SNAT port");
+    // Every allocation is in the tries histogram, and in the default range of 28,976 ports
+    // the client's own port (in the range) or the first random one is nearly always free.
+    let count = metric_until(&s.lab, NodeId::A, "lbproxy_snat_port_tries_count", |v| {
+        v >= 400.0
+    });
+    let first = metric_until(
+        &s.lab,
+        NodeId::A,
+        "lbproxy_snat_port_tries_bucket{le=\"2.0\"}",
+        |v| v >= 390.0,
+    );
+    assert!(
+        count.is_some_and(|c| c >= 400.0) && first.is_some_and(|f| f >= 390.0),
+        "lbproxy_snat_port_tries: count {count:?} (want >= 400), within 2 tries {first:?} \
+         (want >= 390)"
+    );
 }
 
 /// A SNAT range of 4 ports: 4 connections to the remote backend hold them all, a 5th is
@@ -356,6 +372,25 @@ fn a_full_snat_range_drops_and_counts_while_local_backends_work() {
         "a 5th connection found no SNAT port and must not connect"
     );
     assert!(drops() > before, "snat_no_port counted");
+    // The tries histogram: the 4 allocations that got a port, each within the 17 tries
+    // there are (the client's ports are not in 20000-20003, so each starts at random and
+    // the last ones need more tries); the failed ones are not in it.
+    let count = metric_until(&lab, NodeId::A, "lbproxy_snat_port_tries_count", |v| {
+        v >= 4.0
+    });
+    let sum = metric_until(&lab, NodeId::A, "lbproxy_snat_port_tries_sum", |v| v >= 4.0);
+    let within = metric_until(
+        &lab,
+        NodeId::A,
+        "lbproxy_snat_port_tries_bucket{le=\"17.0\"}",
+        |v| v >= 4.0,
+    );
+    assert!(
+        count == Some(4.0) && within == Some(4.0) && sum.is_some_and(|s| (4.0..=68.0).contains(&s)),
+        "lbproxy_snat_port_tries: count {count:?} (want 4), le=17 {within:?} (want 4), sum \
+         {sum:?} (want 4..=68)\n{}",
+        lbs[0].log()
+    );
     let r = tcp_request(&client.netns, node_ip, 30081, TIMEOUT)
         .unwrap_or_else(|e| panic!("the local backend still answers: {e}\n{}", lbs[0].log()));
     assert_eq!(r.0.backend, "a1");
@@ -363,6 +398,40 @@ fn a_full_snat_range_drops_and_counts_while_local_backends_work() {
         r.0.client_seen.rsplit_once(':').unwrap().0,
         client.ip.to_string()
     );
+}
+
+/// The value of the sample `series` (name and labels, exactly as exported) on `node`'s
+/// `/metrics`; `None` when it is not there. The counters reach the metrics every 2 s, so
+/// this waits up to 5 s for `until` to hold.
+fn metric_until(
+    lab: &MultiNodeLab,
+    node: NodeId,
+    series: &str,
+    until: impl Fn(f64) -> bool,
+) -> Option<f64> {
+    let addr: SocketAddr = lbproxy_tests::lab::METRICS_ADDR.parse().unwrap();
+    let read = || {
+        let r = lbproxy_tests::lab::http_get_full(
+            lab.node_ns(node),
+            addr,
+            "/metrics",
+            Duration::from_secs(2),
+        )
+        .ok()?;
+        r.body.lines().find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+    };
+    match wait_for(Duration::from_secs(5), Duration::from_millis(200), || {
+        read().filter(|v| until(*v))
+    }) {
+        Ok((v, _)) => Some(v),
+        Err(_) => read(),
+    }
 }
 
 /// The drop counter `reason` of the lbproxy on `node`.

@@ -463,7 +463,7 @@ pub fn capacities(dir: &Path) -> Vec<(&'static str, i64)> {
         .collect()
 }
 
-/// Reads the datapath's drop and delivery counters every 2 s into their Prometheus
+/// Reads the datapath's drop, delivery and SNAT-tries counters every 2 s into their Prometheus
 /// counters, off the controller's loop.
 pub fn spawn_counters(maps: PinnedMaps, health: crate::http::Health) {
     tokio::spawn(async move {
@@ -486,6 +486,7 @@ pub fn spawn_counters(maps: PinnedMaps, health: crate::http::Health) {
                 });
                 advance(&c, delivery_seen.entry(path as u32).or_insert(0), n);
             }
+            m.snat_port_tries.set(maps.snat_tries());
         }
     });
 }

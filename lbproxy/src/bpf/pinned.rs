@@ -28,6 +28,7 @@ pub struct PinnedMaps {
     pub unserved: BpfHashMap<MapData, UnservedKey, UnservedValue>,
     pub node_ifs: BpfHashMap<MapData, u32, lbproxy_common::NodeIf>,
     pub src_ranges: aya::maps::LpmTrie<MapData, lbproxy_common::SrcRangeData, u32>,
+    pub snat_tries: PerCpuArray<MapData, u64>,
 }
 
 impl PinnedMaps {
@@ -47,6 +48,7 @@ impl PinnedMaps {
             unserved: open_pinned(dir, map_names::UNSERVED, Map::HashMap)?,
             node_ifs: open_pinned(dir, map_names::NODE_IFS, Map::HashMap)?,
             src_ranges: open_pinned(dir, map_names::SRC_RANGES, Map::LpmTrie)?,
+            snat_tries: open_pinned(dir, map_names::SNAT_TRIES, Map::PerCpuArray)?,
         })
     }
 
@@ -63,6 +65,15 @@ impl PinnedMaps {
         Delivery::ALL
             .iter()
             .map(|d| (*d, cpu_sum(&self.delivery, *d as u32)))
+            .collect()
+    }
+
+    /// SNAT port allocations by the tries they took, summed over CPUs: index 0 counts the
+    /// ones that found no port, index `n` those that found one on try `n`
+    /// (`lbproxy_common::snat_tries`).
+    pub fn snat_tries(&self) -> Vec<u64> {
+        (0..lbproxy_common::snat_tries::SLOTS)
+            .map(|i| cpu_sum(&self.snat_tries, i))
             .collect()
     }
 
