@@ -319,6 +319,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     bpf::write_config(&settings.bpffs_dir, settings.stack_bypass)?;
     tracing::info!(stack_bypass = settings.stack_bypass, "datapath configured");
     let (hc_tx, hc_addresses) = tokio::sync::watch::channel(Vec::new());
+    let (node_ips_tx, node_ips) = tokio::sync::watch::channel(Vec::new());
     let attacher = Attacher::new(
         globs,
         &settings.bpffs_dir,
@@ -326,6 +327,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         settings.node_port_addresses.clone(),
         settings.snat_port_range,
         hc_tx,
+        node_ips_tx,
     )?;
     bpf::ifaces::spawn_attach(dp, attacher, health.clone())
         .await
@@ -356,7 +358,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     // The controller, until SIGTERM or SIGINT.
     let mut ctl = Controller::new(PinnedMaps::open(&settings.bpffs_dir)?, report)
-        .with_health_checks(hc_addresses);
+        .with_health_checks(hc_addresses)
+        .with_node_addresses(node_ips);
     let timing = controller::Timing {
         sync_period: settings.sync_period,
         min_sync_period: settings.min_sync_period,

@@ -712,6 +712,110 @@ fn load_balancer_source_ranges_filter_the_lb_ip_only() {
     }
 }
 
+/// As kube-proxy: `loadBalancerSourceRanges` that hold one of the node's addresses also
+/// admit the load-balancer IP itself as a source (a load balancer that loops traffic back
+/// keeps it); ranges that hold none do not. The client sends from the LB IP to the LB IP
+/// through nodeA (the address on its loopback, a policy rule sending its own packets to it
+/// out through nodeA, `accept_local` for the answer); the backend is on nodeA, so it sees
+/// that source itself, and the answer comes back from the LB IP.
+#[test]
+fn source_ranges_holding_a_node_ip_admit_the_lb_ip_as_source() {
+    let node_a = NodeId::A.fabric_ip();
+    for (range, admitted) in [
+        (format!("{node_a}/32"), true),
+        ("198.18.80.250/32".to_string(), false),
+    ] {
+        let s = Setup::with(
+            "Cluster",
+            false,
+            &format!("loadBalancerSourceRanges: ['{range}']"),
+        );
+        let client = s.lab.add_client("loop");
+        let ns = client.netns.clone();
+        let run = |argv: &[&str]| {
+            lbproxy_tests::lab::ns::ns_run(&ns, argv)
+                .unwrap_or_else(|e| panic!("{argv:?} in {ns}: {e}"));
+        };
+        let lb_ip = LB_IP.to_string();
+        let via = s.lab.node(NodeId::A).ip.to_string();
+        run(&["ip", "addr", "add", &format!("{lb_ip}/32"), "dev", "lo"]);
+        // Its own packets to the LB IP leave through nodeA, from the LB IP; what arrives
+        // on eth0 is delivered locally (the local table, moved behind that rule).
+        run(&[
+            "ip",
+            "route",
+            "add",
+            &format!("{lb_ip}/32"),
+            "via",
+            &via,
+            "dev",
+            "eth0",
+            "src",
+            &lb_ip,
+            "table",
+            "200",
+        ]);
+        run(&[
+            "ip", "rule", "add", "pref", "10", "iif", "lo", "to", &lb_ip, "lookup", "200",
+        ]);
+        run(&["ip", "rule", "add", "pref", "100", "lookup", "local"]);
+        run(&["ip", "rule", "del", "pref", "0"]);
+        for dev in ["all", "eth0"] {
+            run(&[
+                "sysctl",
+                "-q",
+                "-w",
+                &format!("net.ipv4.conf.{dev}.accept_local=1"),
+            ]);
+        }
+        // nodeA sends the answer for the LB IP back to the client.
+        s.lab
+            .node_run(
+                NodeId::A,
+                &[
+                    "ip",
+                    "route",
+                    "add",
+                    &format!("{lb_ip}/32"),
+                    "via",
+                    &client.ip.to_string(),
+                    "dev",
+                    "eth0",
+                ],
+            )
+            .unwrap();
+        let before = drop_count(&s.lab, NodeId::A, "source_range_denied");
+        let r = udp_request(&ns, LB_IP, 53, Duration::from_millis(700), None);
+        if admitted {
+            let (reply, from) = r.unwrap_or_else(|e| {
+                panic!("range {range}: the LB IP as source: {e}\n{}", s.logs())
+            });
+            assert_eq!(reply.backend, "a1");
+            assert_eq!(
+                from,
+                SocketAddr::from((LB_IP, 53)),
+                "answered from the LB IP"
+            );
+            assert!(
+                reply.client_seen.starts_with(&format!("{lb_ip}:")),
+                "the backend sees the LB IP as the source: {}",
+                reply.client_seen
+            );
+            assert_eq!(drop_count(&s.lab, NodeId::A, "source_range_denied"), before);
+        } else {
+            assert!(
+                r.is_err(),
+                "range {range} holds no node IP: the LB IP as source is refused: {r:?}"
+            );
+            assert!(
+                drop_count(&s.lab, NodeId::A, "source_range_denied") > before,
+                "source_range_denied counted\n{}",
+                s.logs()
+            );
+        }
+    }
+}
+
 /// The flow lifecycle holds for north-south flows as for ClusterIP ones: a UDP flow from a
 /// fixed source port through nodeA's NodePort moves to a live backend on its next datagram
 /// once its backend leaves the slice, and an open TCP connection to the backend that left

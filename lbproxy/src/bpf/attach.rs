@@ -115,6 +115,8 @@ pub struct Attacher {
     /// The addresses health-check servers bind: the node-port addresses when
     /// `--nodeport-addresses` names CIDRs or `primary`, none (every address) by default.
     hc_addresses: tokio::sync::watch::Sender<Vec<std::net::IpAddr>>,
+    /// Every IPv4 address of the node's own interfaces, for the controller's model.
+    node_ips: tokio::sync::watch::Sender<Vec<std::net::Ipv4Addr>>,
     attached: BTreeSet<Interface>,
     /// Pinned interfaces the last listing did not show; forgotten if the next one does not
     /// either.
@@ -135,8 +137,10 @@ impl Attacher {
         node_port_addresses: NodePortAddresses,
         snat_port_range: (u16, u16),
         hc_addresses: tokio::sync::watch::Sender<Vec<std::net::IpAddr>>,
+        node_ips: tokio::sync::watch::Sender<Vec<std::net::Ipv4Addr>>,
     ) -> Result<Self, BpfError> {
         Ok(Self {
+            node_ips,
             primary: None,
             hc_addresses,
             globs,
@@ -337,6 +341,17 @@ impl Attacher {
         for v in want_ifs.values() {
             want_addrs.entry(v.snat_addr).or_default().flags |= NODE_ADDR_F_SNAT;
         }
+        let mut ips: Vec<std::net::Ipv4Addr> = node_links
+            .iter()
+            .flat_map(|l| l.ipv4.iter().copied())
+            .collect();
+        ips.sort();
+        ips.dedup();
+        self.node_ips.send_if_modified(|v| {
+            let changed = *v != ips;
+            *v = ips;
+            changed
+        });
         if self.node_port_addresses != NodePortAddresses::All {
             let hc: Vec<std::net::IpAddr> = want_addrs
                 .iter()

@@ -76,6 +76,8 @@ pub struct Controller<M: Maps> {
     health_check_wanted: BTreeMap<NamespacedName, (u16, crate::healthcheck::ServiceHealth)>,
     /// `health_check_wanted` changed since the servers were last brought in line with it.
     health_check_changed: bool,
+    /// This node's IPv4 addresses, from the interface watcher, for the model's `node_ips`.
+    node_addresses: Option<tokio::sync::watch::Receiver<Vec<std::net::Ipv4Addr>>>,
 }
 
 impl<M: Maps> Controller<M> {
@@ -94,6 +96,7 @@ impl<M: Maps> Controller<M> {
             health_check_failing: std::collections::BTreeSet::new(),
             health_check_wanted: BTreeMap::new(),
             health_check_changed: true,
+            node_addresses: None,
         };
         ctl.report.programmed(ctl.sync.programmed());
         ctl
@@ -112,6 +115,34 @@ impl<M: Maps> Controller<M> {
         );
         self.health_checks = Some((servers, addresses));
         self
+    }
+
+    /// Follows this node's IPv4 addresses as `addresses` sees them (the model's
+    /// `node_ips`): a change re-syncs the services it concerns.
+    pub fn with_node_addresses(
+        mut self,
+        addresses: tokio::sync::watch::Receiver<Vec<std::net::Ipv4Addr>>,
+    ) -> Self {
+        let now = addresses.borrow().clone();
+        self.ingest.model.set_node_ips(now);
+        self.node_addresses = Some(addresses);
+        self
+    }
+
+    /// Takes in this node's new addresses; the services they concern are marked dirty.
+    /// Returns whether any is.
+    fn on_node_addresses(&mut self, ips: Vec<std::net::Ipv4Addr>) -> bool {
+        let touched = self.ingest.model.set_node_ips(ips);
+        if touched.is_empty() {
+            return false;
+        }
+        tracing::info!(
+            services = touched.len(),
+            node_ips = ?self.ingest.model.node_ips,
+            "node addresses changed: syncing the services with loadBalancerSourceRanges"
+        );
+        self.ingest.dirty.extend(touched);
+        true
     }
 
     /// Updates what the health-check servers should serve for the services `changed` (every
@@ -324,10 +355,29 @@ impl<M: Maps> Controller<M> {
         let sync_timer = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(sync_timer);
         let mut armed = false;
+        let mut node_addresses = self.node_addresses.take();
         loop {
             self.report.health.beat();
+            let node_change = async {
+                match node_addresses.as_mut() {
+                    Some(rx) => rx.changed().await.map(|()| rx.borrow_and_update().clone()),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = &mut shutdown => return,
+                change = node_change => {
+                    match change {
+                        // The watcher is gone (shutting down): nothing more to follow.
+                        Err(_) => node_addresses = None,
+                        Ok(ips) => {
+                            if self.on_node_addresses(ips) && self.first_sync_done && !armed {
+                                sync_timer.as_mut().reset(Deadline::now());
+                                armed = true;
+                            }
+                        }
+                    }
+                }
                 ev = events.recv() => {
                     let Some(ev) = ev else {
                         if self.ready() && self.first_sync_done {

@@ -358,6 +358,23 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
         if ranges.iter().any(|n| n.prefix_len() == 0) {
             ranges.clear();
         }
+        // As kube-proxy: when a range holds one of this node's addresses, the service's
+        // load-balancer IPs are admitted as sources too (a load balancer that loops traffic
+        // back to the node keeps the LB IP as its source).
+        if ranges
+            .iter()
+            .any(|n| model.node_ips.iter().any(|ip| n.contains(ip)))
+        {
+            for ing in &svc.load_balancer_ingress {
+                if ing.ip_mode == IpMode::Vip
+                    && let IpAddr::V4(ip) = ing.ip
+                {
+                    ranges.push(ipnet::Ipv4Net::from(ip));
+                }
+            }
+            ranges.sort();
+            ranges.dedup();
+        }
         // Only IPv6 ranges: no IPv4 source is admitted.
         let v6_only = ranges.is_empty()
             && svc
@@ -877,6 +894,49 @@ status:
             FrontendKind::LoadBalancerIp,
         );
         assert!(open.src_ranges.is_empty() && open.flags == 0, "{open:?}");
+    }
+
+    /// As kube-proxy: ranges that hold one of this node's addresses admit the service's
+    /// load-balancer IPs as sources too; ranges that hold none do not. A change of the
+    /// node's addresses names the services it concerns.
+    #[test]
+    fn source_ranges_holding_a_node_ip_admit_the_lb_ips() {
+        let text = "apiVersion: v1\nkind: Service\nmetadata: {name: lb, namespace: shop}\nspec: {type: LoadBalancer, clusterIP: 198.19.0.12, loadBalancerSourceRanges: [10.0.0.0/24], ports: [{port: 80, nodePort: 30080}]}\nstatus: {loadBalancer: {ingress: [{ip: 192.0.2.1}, {ip: 192.0.2.2}, {ip: 192.0.2.3, ipMode: Proxy}]}}\n";
+        let mut m = model_of(text);
+        let ranges = |m: &Model| -> Vec<Vec<String>> {
+            let svc = m.services.values().next().unwrap();
+            frontends_for(m, svc, "node-a")
+                .served
+                .iter()
+                .filter(|(_, s)| s.kind == FrontendKind::LoadBalancerIp)
+                .map(|(_, s)| s.src_ranges.iter().map(ToString::to_string).collect())
+                .collect()
+        };
+        assert_eq!(ranges(&m), vec![vec!["10.0.0.0/24"]; 2]);
+        let touched = m.set_node_ips(vec!["10.0.1.5".parse().unwrap()]);
+        assert_eq!(touched.len(), 1, "the service with ranges is named");
+        assert_eq!(
+            ranges(&m),
+            vec![vec!["10.0.0.0/24"]; 2],
+            "no node IP in range"
+        );
+        m.set_node_ips(vec![
+            "10.0.0.5".parse().unwrap(),
+            "10.0.1.5".parse().unwrap(),
+        ]);
+        assert_eq!(
+            ranges(&m),
+            vec![vec!["10.0.0.0/24", "192.0.2.1/32", "192.0.2.2/32"]; 2],
+            "both VIP-mode LB IPs admitted on both LB frontends"
+        );
+        assert!(
+            m.set_node_ips(vec![
+                "10.0.1.5".parse().unwrap(),
+                "10.0.0.5".parse().unwrap()
+            ])
+            .is_empty(),
+            "the same addresses in another order change nothing"
+        );
     }
 
     #[test]

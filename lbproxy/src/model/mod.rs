@@ -147,6 +147,10 @@ pub struct Model {
     /// without scanning every slice. Each list is sorted: most services have one slice, and
     /// a `BTreeSet` would allocate room for eleven (17 MiB more at 50,000 services).
     by_service: BTreeMap<NamespacedName, Vec<NamespacedName>>,
+    /// This node's own IPv4 addresses (those of its non-pod interfaces, from the interface
+    /// watcher), sorted. `loadBalancerSourceRanges` that contain one of them also admit the
+    /// load-balancer IPs as sources (`desired::frontends`).
+    pub node_ips: Vec<std::net::Ipv4Addr>,
 }
 
 /// Why an object was rejected, naming the field.
@@ -198,6 +202,22 @@ fn identify(
 }
 
 impl Model {
+    /// Sets [`Model::node_ips`]; returns the services the change concerns (those with
+    /// `loadBalancerSourceRanges`), none when the addresses are the same.
+    pub fn set_node_ips(&mut self, mut ips: Vec<std::net::Ipv4Addr>) -> Vec<NamespacedName> {
+        ips.sort();
+        ips.dedup();
+        if ips == self.node_ips {
+            return Vec::new();
+        }
+        self.node_ips = ips;
+        self.services
+            .iter()
+            .filter(|(_, s)| !s.load_balancer_source_ranges.is_empty())
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
     /// The slices of a service, in name order.
     pub fn slices_of<'a>(
         &'a self,
