@@ -998,3 +998,120 @@ fn node_port_addresses_primary_follows_the_default_route() {
         lb.log()
     );
 }
+
+/// nodeA's lbproxy killed with SIGKILL and started again at once (the same command line)
+/// while an external client opens about 100 TCP connections and sends about 100 UDP
+/// requests a second through nodeA's NodePorts, to a1 on nodeA and, source-NATed, to b1 on
+/// nodeB: no request is lost (each must be answered from the NodePort within 1 s, which a
+/// dropped SYN would not be), and a connection source-NATed to b1 before the kill keeps its
+/// backend and its SNAT port through the restart.
+#[test]
+fn sigkill_under_node_port_load() {
+    use lbproxy_tests::lab::paced::{SinceKill, failures, paced, show};
+    use lbproxy_tests::lab::{tcp_request_here, udp_request_here};
+    const LOAD_FOR: Duration = Duration::from_secs(8);
+    const KILL_AT: Duration = Duration::from_secs(2);
+    const TICK: Duration = Duration::from_millis(10);
+    const T: Duration = Duration::from_secs(1);
+    let mut s = Setup::new("Cluster");
+    let client = s.lab.add_client("ext");
+    let a = s.lab.node(NodeId::A).ip;
+    let (mut conn, seen_before) = loop {
+        let mut c = client.connect(a, NODE_PORT_TCP, TIMEOUT).unwrap();
+        let r = c.request().unwrap();
+        if r.backend == "b1" {
+            break (c, r.client_seen);
+        }
+    };
+    // An answer from a1 or b1, from the NodePort the client used.
+    let answered = |r: std::io::Result<(lbproxy_tests::lab::Reply, SocketAddr)>, port: u16| match r
+    {
+        Ok((reply, from)) if from == SocketAddr::from((a, port)) => Ok(reply.backend),
+        Ok((reply, from)) => Err(format!("{} answered from {from}", reply.backend)),
+        Err(e) => Err(e.to_string()),
+    };
+    let start = Instant::now();
+    let lab = &s.lab;
+    let lb = &mut s.lbs[0];
+    // Killed and started again on this thread: the child dies with the thread that spawned
+    // it (PR_SET_PDEATHSIG).
+    let (tcp, udp, long, killed, lb2, healthy) = std::thread::scope(|sc| {
+        let tcp = sc.spawn(|| {
+            client.run(|| {
+                paced(start, LOAD_FOR, TICK, || {
+                    answered(tcp_request_here(a, NODE_PORT_TCP, T), NODE_PORT_TCP)
+                })
+            })
+        });
+        let udp = sc.spawn(|| {
+            client.run(|| {
+                paced(start, LOAD_FOR, TICK, || {
+                    answered(udp_request_here(a, NODE_PORT_UDP, T, None), NODE_PORT_UDP)
+                })
+            })
+        });
+        let long = sc.spawn(|| {
+            paced(start, LOAD_FOR, Duration::from_millis(200), || {
+                conn.request()
+                    .map(|r| format!("{} as {}", r.backend, r.client_seen))
+                    .map_err(|e| e.to_string())
+            })
+        });
+        std::thread::sleep((start + KILL_AT).saturating_duration_since(Instant::now()));
+        lb.kill();
+        let killed = start.elapsed();
+        let mut lb2 = lab.start_lbproxy(NodeId::A, &[]);
+        let healthy = lb2.wait_healthy(HEALTHY_WITHIN).map(|_| start.elapsed());
+        (
+            tcp.join().expect("TCP load"),
+            udp.join().expect("UDP load"),
+            long.join().expect("long-lived connection"),
+            killed,
+            lb2,
+            healthy,
+        )
+    });
+    let healthy_at = healthy.unwrap_or_else(|e| panic!("restart: {e}\n{}", lb2.log()));
+    let backend = |b: &str| b == "a1" || b == "b1";
+    let same = format!("b1 as {seen_before}");
+    for (what, v, ok) in [
+        (
+            "new TCP connections",
+            &tcp,
+            &backend as &dyn Fn(&str) -> bool,
+        ),
+        ("UDP requests", &udp, &backend),
+        (
+            "the SNAT connection opened before the kill",
+            &long,
+            &|b: &str| b == same,
+        ),
+    ] {
+        let failed = failures(v, ok);
+        let after = v.iter().filter(|x| x.at >= healthy_at).count();
+        eprintln!(
+            "{what}: {} tried, {} failed, {after} after the new lbproxy was healthy ({})",
+            v.len(),
+            failed.len(),
+            SinceKill(healthy_at, killed)
+        );
+        assert!(
+            failed.is_empty(),
+            "{what}: {} of {} failed (times relative to the SIGKILL; healthy again at {}):\n  \
+             {}\n{}",
+            failed.len(),
+            v.len(),
+            SinceKill(healthy_at, killed),
+            show(&failed, killed),
+            lb2.log()
+        );
+        assert!(after > 0, "{what}: nothing ran after the restart");
+    }
+    assert!(
+        tcp.len() >= 400 && udp.len() >= 400,
+        "the load did not run as planned: {} TCP, {} UDP (800 each scheduled)",
+        tcp.len(),
+        udp.len()
+    );
+    s.lbs[0] = lb2;
+}

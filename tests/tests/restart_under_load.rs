@@ -10,10 +10,10 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::fmt;
 use std::time::{Duration, Instant};
 
 use common::*;
+use lbproxy_tests::lab::paced::{SinceKill, failures, paced, show};
 use lbproxy_tests::lab::{Shape, TcpConn, tcp_request_here};
 
 both_shapes!(sigkill_under_load);
@@ -29,72 +29,6 @@ const LONG_TICK: Duration = Duration::from_millis(200);
 /// Fewer new connections than this means the load itself did not run as planned (the
 /// schedule allows `LOAD_FOR / TICK` = 800; a request takes well under a millisecond).
 const MIN_TRIED: usize = 400;
-
-/// One request: when it started (since the load began), how long it took, and the backend
-/// that answered or the error.
-struct Attempt {
-    at: Duration,
-    took: Duration,
-    result: Result<String, String>,
-}
-
-/// An instant since the load began, shown relative to the kill (`-12ms`, `+340ms`).
-struct SinceKill(Duration, Duration);
-
-impl fmt::Display for SinceKill {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (at, kill) = (self.0, self.1);
-        if at >= kill {
-            write!(f, "+{}ms", (at - kill).as_millis())
-        } else {
-            write!(f, "-{}ms", (kill - at).as_millis())
-        }
-    }
-}
-
-/// Runs `f` every `tick` from `start` until `start + dur` (late ticks are not made up in a
-/// burst), recording each result.
-fn paced(
-    start: Instant,
-    dur: Duration,
-    tick: Duration,
-    mut f: impl FnMut() -> Result<String, String>,
-) -> Vec<Attempt> {
-    let mut v = Vec::new();
-    let mut next = start;
-    while next < start + dur {
-        std::thread::sleep(next.saturating_duration_since(Instant::now()));
-        let t = Instant::now();
-        let result = f();
-        v.push(Attempt {
-            at: t - start,
-            took: t.elapsed(),
-            result,
-        });
-        next = (next + tick).max(Instant::now());
-    }
-    v
-}
-
-/// The failures among `v`: errors, and answers from anything but `ok`.
-fn failures<'a>(v: &'a [Attempt], ok: &dyn Fn(&str) -> bool) -> Vec<&'a Attempt> {
-    v.iter()
-        .filter(|a| a.result.as_deref().map_or(true, |b| !ok(b)))
-        .collect()
-}
-
-fn show(v: &[&Attempt], kill: Duration) -> String {
-    v.iter()
-        .map(|a| {
-            let r = match &a.result {
-                Ok(b) => format!("answered by {b:?}"),
-                Err(e) => e.clone(),
-            };
-            format!("at {} (took {:?}): {r}", SinceKill(a.at, kill), a.took)
-        })
-        .collect::<Vec<_>>()
-        .join("\n  ")
-}
 
 fn sigkill_under_load(shape: Shape) {
     let mut s = Setup::new(shape, &["b1", "b2", "b3"]);

@@ -58,6 +58,7 @@ pub mod manifest;
 pub mod multinode;
 pub mod net;
 pub mod ns;
+pub mod paced;
 
 use std::collections::BTreeMap;
 use std::fmt;
