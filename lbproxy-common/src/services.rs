@@ -18,8 +18,8 @@ pub const SCOPE_DEFAULT: u8 = 0;
 /// `ServiceKey::scope` of a frontend's second entry, for traffic from inside the cluster when
 /// it uses another endpoint set than external traffic (e.g. `externalTrafficPolicy: Local`
 /// with `internalTrafficPolicy: Cluster`). Looked up only when the default entry has
-/// [`SVC_F_SPLIT_SCOPE`] and the source is in the cluster. Cilium's `LB_LOOKUP_SCOPE_INT`.
-/// Reserved: no entry has it yet.
+/// [`SVC_F_SPLIT_SCOPE`] and the packet comes from one of this node's pods (`lb_from_pod`).
+/// Cilium's `LB_LOOKUP_SCOPE_INT`.
 pub const SCOPE_INTERNAL: u8 = 1;
 
 /// `ServiceValue::kind`: how the frontend is reached. Reserved for metrics and inspection; the
@@ -29,11 +29,11 @@ pub const SVC_KIND_NODE_PORT: u8 = 1;
 pub const SVC_KIND_EXTERNAL_IP: u8 = 2;
 pub const SVC_KIND_LOAD_BALANCER: u8 = 3;
 
-/// `ServiceValue::flags` bits. All are reserved: the datapath reads none of them yet, and no
-/// entry sets them. 0 means today's behaviour.
+/// `ServiceValue::flags` bits. 0 means a plain frontend.
 ///
-/// Look the frontend up again with [`SCOPE_INTERNAL`] when the source is in the cluster: this
-/// entry serves external clients only.
+/// Look the frontend up again with [`SCOPE_INTERNAL`] when the packet comes from one of this
+/// node's pods: this entry's endpoints are for external clients (`externalTrafficPolicy:
+/// Local`).
 pub const SVC_F_SPLIT_SCOPE: u16 = 1 << 0;
 /// Only node-local backends are in this entry's slots (`externalTrafficPolicy: Local`) and
 /// other nodes have endpoints: with none here (count 0), traffic is dropped
@@ -55,7 +55,8 @@ pub struct ServiceKey {
     pub addr: [u8; 4],
     pub port_be: u16,
     pub proto: u8,
-    /// `SCOPE_*`: [`SCOPE_DEFAULT`] for every entry today. (This byte was padding, always 0.)
+    /// `SCOPE_*`: [`SCOPE_DEFAULT`], or [`SCOPE_INTERNAL`] for the pods' entry of a split
+    /// frontend. (This byte was padding, always 0.)
     pub scope: u8,
 }
 const _: () = assert!(core::mem::size_of::<ServiceKey>() == 8);

@@ -73,7 +73,7 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
     };
     // One lookup of the settings per packet: the bypass flag and the flow-hash seed.
     let config = maps::config();
-    let Some(svc) = lb::service::lookup(&pkt) else {
+    let Some(svc) = lb::service::lookup_from_pod(&pkt) else {
         if pkt.l4 == L4::Bad {
             return Ok(pass_bad_l4());
         }

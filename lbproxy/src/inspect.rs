@@ -117,8 +117,10 @@ pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
         bes.sort_by(|a, b| (&a.addr, a.port).cmp(&(&b.addr, b.port)));
         rows.push(ServiceRow {
             // A NodePort's entry is at 0.0.0.0: every node-port address of the node.
+            // The pods' entry of a split frontend (`externalTrafficPolicy: Local`) says so.
             frontend: if v.kind == lbproxy_common::SVC_KIND_NODE_PORT {
-                format!("*:{}/{}", fe.port, fe.proto.as_str())
+                let pods = if fe.pods_only { " (pods)" } else { "" };
+                format!("*:{}/{}{pods}", fe.port, fe.proto.as_str())
             } else {
                 fe.to_string()
             },

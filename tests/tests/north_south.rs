@@ -253,6 +253,7 @@ fn node_port_external_ip_and_lb_ip_through_either_node() {
 fn pods_reach_node_ports_on_either_node() {
     let s = Setup::new("Cluster");
     let c = s.lab.add_pod(NodeId::B, "podclient");
+    s.lab.wait_programs_on(&c, HEALTHY_WITHIN);
     for via in NodeId::ALL {
         let node_ip = s.lab.node(via).ip;
         for (udp, port) in [(false, NODE_PORT_TCP), (true, NODE_PORT_UDP)] {
@@ -1114,4 +1115,65 @@ fn sigkill_under_node_port_load() {
         udp.len()
     );
     s.lbs[0] = lb2;
+}
+
+/// kube-proxy's short-circuit of `externalTrafficPolicy: Local`: this node's pods reach the
+/// service's external frontends (the NodePorts on their own node's address, the externalIP
+/// and the load-balancer IP) with every endpoint and their own address, not only the
+/// node's endpoints: from a pod on nodeB, which has no endpoint of its own, a1 on nodeA
+/// answers, sees the pod's address, and the answer comes from the frontend; with b1 listed
+/// as well, both answer. Outside clients through nodeB still get nodeB's endpoints only
+/// (none at first: dropped and counted).
+#[test]
+fn pods_reach_local_policy_frontends_through_every_endpoint() {
+    let s = Setup::with("Local", false, "");
+    let pb = s.lab.add_pod(NodeId::B, "pb");
+    s.lab.wait_programs_on(&pb, HEALTHY_WITHIN);
+    let b = s.lab.node(NodeId::B).ip;
+    let frontends = [
+        (false, b, NODE_PORT_TCP),
+        (true, b, NODE_PORT_UDP),
+        (false, LB_IP, 80),
+        (true, LB_IP, 53),
+        (false, EXTERNAL_IP, 80),
+    ];
+    for (udp, addr, port) in frontends {
+        let seen = requests(&pb.netns, udp, addr, port, 8);
+        let what = format!(
+            "pod on nodeB -> {addr}:{port} ({})",
+            if udp { "UDP" } else { "TCP" }
+        );
+        assert!(
+            seen.errors.is_empty() && seen.wrong_source.is_empty(),
+            "{what}: {seen:?}\n{}",
+            s.logs()
+        );
+        assert_eq!(
+            seen.by_backend.get("a1"),
+            Some(&(vec![pb.ip.to_string()], 8)),
+            "{what}: a1 on nodeA answers every request and sees the pod's own address: \
+             {seen:?}"
+        );
+    }
+    // Outside traffic through nodeB keeps the Local policy: no endpoint there, dropped.
+    let client = s.lab.add_client("ext");
+    let before = drop_count(&s.lab, NodeId::B, "no_local_endpoint");
+    let r = client.tcp_request(b, NODE_PORT_TCP, Duration::from_millis(700));
+    assert!(
+        r.is_err(),
+        "outside -> nodeB's NodePort, no local endpoint: {r:?}"
+    );
+    assert!(drop_count(&s.lab, NodeId::B, "no_local_endpoint") > before);
+    // Both endpoints listed: the pod gets both.
+    s.lab
+        .write_manifest_text(&manifest(&s.lab, &[&s.a1, &s.b1], "Local"));
+    let both = wait_for(Duration::from_secs(5), Duration::from_millis(100), || {
+        let seen = requests(&pb.netns, false, b, NODE_PORT_TCP, 16);
+        (seen.errors.is_empty() && seen.by_backend.len() == 2).then_some(seen)
+    });
+    assert!(
+        both.is_ok(),
+        "pod on nodeB -> nodeB's NodePort reaches a1 and b1 once both are listed\n{}",
+        s.logs()
+    );
 }

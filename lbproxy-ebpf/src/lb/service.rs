@@ -2,8 +2,8 @@
 
 use aya_ebpf::btf_maps::lpm_trie::Key;
 use lbproxy_common::{
-    DropReason, NODE_ADDR_F_NODEPORT, SCOPE_DEFAULT, SVC_F_SOURCE_RANGES, ServiceKey, ServiceValue,
-    SrcRangeData,
+    DropReason, NODE_ADDR_F_NODEPORT, SCOPE_DEFAULT, SCOPE_INTERNAL, SVC_F_SOURCE_RANGES,
+    SVC_F_SPLIT_SCOPE, ServiceKey, ServiceValue, SrcRangeData,
 };
 
 use crate::{
@@ -47,11 +47,37 @@ fn in_ranges(svc_id: u32, src: u32) -> u32 {
 /// looked up again as a NodePort: the entry at address 0.0.0.0 and the packet's port. Only
 /// a packet that misses the first lookup pays for the others.
 ///
-/// The key's scope is `SCOPE_DEFAULT`, the entry every frontend has. A second lookup with
-/// `SCOPE_INTERNAL` for in-cluster sources, when the entry has `SVC_F_SPLIT_SCOPE`, is
-/// reserved: no entry sets that flag yet.
+/// The key's scope is `SCOPE_DEFAULT`, the entry every frontend has; this node's pods use
+/// [`lookup_from_pod`].
 #[inline(always)]
 pub fn lookup(pkt: &Packet) -> Option<ServiceValue> {
+    lookup_keyed(pkt).map(|(_, svc)| svc)
+}
+
+/// [`lookup`] for a packet from one of this node's pods. An entry flagged
+/// `SVC_F_SPLIT_SCOPE` (an external frontend of an `externalTrafficPolicy: Local` service)
+/// has a second entry under `SCOPE_INTERNAL` for them, with the internal traffic policy's
+/// endpoints: kube-proxy's short-circuit, which lets pods reach a `Local` service's
+/// NodePort or LB IP on a node without a local endpoint. Only a split entry costs the
+/// second lookup; should it be missing (the controller writes it beside the default one),
+/// the default entry serves.
+#[inline(always)]
+pub fn lookup_from_pod(pkt: &Packet) -> Option<ServiceValue> {
+    let (key, svc) = lookup_keyed(pkt)?;
+    if svc.flags & SVC_F_SPLIT_SCOPE == 0 {
+        return Some(svc);
+    }
+    let key = ServiceKey {
+        scope: SCOPE_INTERNAL,
+        ..key
+    };
+    // SAFETY: as in `lookup_keyed`.
+    Some(unsafe { LB_SERVICES_V2.get(key) }.copied().unwrap_or(svc))
+}
+
+/// The frontend entry a packet is addressed to and the key it was found under.
+#[inline(always)]
+fn lookup_keyed(pkt: &Packet) -> Option<(ServiceKey, ServiceValue)> {
     let key = ServiceKey {
         addr: pkt.dst_addr,
         port_be: pkt.dst_port_be,
@@ -61,7 +87,7 @@ pub fn lookup(pkt: &Packet) -> Option<ServiceValue> {
     // SAFETY: the value is copied out at once; hash map values are not freed under RCU
     // while this program runs.
     if let Some(svc) = unsafe { LB_SERVICES_V2.get(key) } {
-        return Some(*svc);
+        return Some((key, *svc));
     }
     // SAFETY: as above.
     let node = unsafe { LB_NODEADDRS_V1.get(pkt.dst_addr) }?;
@@ -73,5 +99,5 @@ pub fn lookup(pkt: &Packet) -> Option<ServiceValue> {
         ..key
     };
     // SAFETY: as above.
-    unsafe { LB_SERVICES_V2.get(key) }.copied()
+    unsafe { LB_SERVICES_V2.get(key) }.map(|svc| (key, *svc))
 }

@@ -367,6 +367,7 @@ async fn ids_freed_before_a_restart_are_not_handed_out_after_it() {
             addr: std::net::Ipv4Addr::new(198, 19, 0, 20),
             port: 80,
             proto: model::Protocol::Tcp,
+            pods_only: false,
         };
         let v = ctl.maps().services[&fe.key()];
         let mut mine = vec![v.svc_id];

@@ -162,6 +162,11 @@ pub struct Frontend {
     pub addr: Ipv4Addr,
     pub port: u16,
     pub proto: Protocol,
+    /// The entry this node's pods get instead of the default one (`SCOPE_INTERNAL`): an
+    /// external frontend of an `externalTrafficPolicy: Local` service, which pods reach with
+    /// the internal traffic policy's endpoints (kube-proxy's short-circuit), while the
+    /// default entry, flagged `SVC_F_SPLIT_SCOPE`, keeps the local ones for outside traffic.
+    pub pods_only: bool,
 }
 
 impl Frontend {
@@ -170,7 +175,11 @@ impl Frontend {
             addr: self.addr.octets(),
             port_be: self.port.to_be(),
             proto: self.proto.number(),
-            scope: lbproxy_common::SCOPE_DEFAULT,
+            scope: if self.pods_only {
+                lbproxy_common::SCOPE_INTERNAL
+            } else {
+                lbproxy_common::SCOPE_DEFAULT
+            },
         }
     }
 
@@ -179,13 +188,18 @@ impl Frontend {
             addr: Ipv4Addr::from(k.addr),
             port: u16::from_be(k.port_be),
             proto: Protocol::from_number(k.proto)?,
+            pods_only: k.scope == lbproxy_common::SCOPE_INTERNAL,
         })
     }
 }
 
 impl std::fmt::Display for Frontend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}/{}", self.addr, self.port, self.proto.as_str())
+        write!(f, "{}:{}/{}", self.addr, self.port, self.proto.as_str())?;
+        if self.pods_only {
+            f.write_str(" (pods)")?;
+        }
+        Ok(())
     }
 }
 
@@ -410,7 +424,7 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
                             }
                         })
                         .clone();
-                    let spec = if kind == FrontendKind::LoadBalancerIp
+                    let mut spec = if kind == FrontendKind::LoadBalancerIp
                         && (!ranges.is_empty() || v6_only)
                     {
                         FrontendSpec {
@@ -422,14 +436,39 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
                     } else {
                         FrontendSpec { kind, ..spec }
                     };
-                    out.served.push((
-                        Frontend {
-                            addr,
-                            port: frontend_port,
-                            proto: port.protocol,
-                        },
-                        spec,
-                    ));
+                    let frontend = Frontend {
+                        addr,
+                        port: frontend_port,
+                        proto: port.protocol,
+                        pods_only: false,
+                    };
+                    // kube-proxy's short-circuit: this node's pods reach an external
+                    // frontend of an `externalTrafficPolicy: Local` service with the
+                    // internal policy's endpoints, not only the local ones, and keep their
+                    // own source (no SNAT: pod flows never get it).
+                    let split = kind.scope() == Scope::External
+                        && local_only(svc, Scope::External)
+                        && !local_only(svc, Scope::Internal);
+                    if split {
+                        spec.flags |= lbproxy_common::SVC_F_SPLIT_SCOPE;
+                        let pods = specs
+                            .entry(Scope::Internal)
+                            .or_insert_with(|| {
+                                let set = endpoint_set(model, svc, port, node, false);
+                                spec_of(svc, port, &label, set)
+                            })
+                            .clone();
+                        out.served.push((frontend, spec));
+                        out.served.push((
+                            Frontend {
+                                pods_only: true,
+                                ..frontend
+                            },
+                            FrontendSpec { kind, ..pods },
+                        ));
+                    } else {
+                        out.served.push((frontend, spec));
+                    }
                 }
                 Err(reason) => out.unserved.push(Unserved {
                     kind,
@@ -708,14 +747,18 @@ status:
     #[test]
     fn dual_stack_load_balancer_asks_for_every_kind_in_both_families() {
         let f = frontends_of(LB);
-        // 192.0.2.3 (ipMode Proxy) and the hostname-only ingress ask for nothing.
+        // 192.0.2.3 (ipMode Proxy) and the hostname-only ingress ask for nothing. Each
+        // external frontend of this `Local` service has an entry for this node's pods.
         assert_eq!(
             served(&f),
             vec![
                 "198.19.0.12:80/TCP",
                 "0.0.0.0:30080/TCP",
+                "0.0.0.0:30080/TCP (pods)",
                 "203.0.113.7:80/TCP",
-                "192.0.2.1:80/TCP"
+                "203.0.113.7:80/TCP (pods)",
+                "192.0.2.1:80/TCP",
+                "192.0.2.1:80/TCP (pods)"
             ]
         );
         let sctp = "SCTP is not served yet";
@@ -772,10 +815,23 @@ status:
         let base = frontends_of(&format!("{plain}{slice}"));
         let full = frontends_of(&format!("{LB}{slice}"));
         assert_eq!(full.served[0], base.served[0]);
-        // externalTrafficPolicy: Local narrows the external frontends to this node's.
+        // externalTrafficPolicy: Local narrows the external frontends to this node's, and
+        // flags them split; their entries for this node's pods keep every endpoint (as
+        // kube-proxy's short-circuit of pod traffic to the internal policy).
         for (fe, spec) in &full.served[1..] {
-            assert_eq!(addrs(&spec.backends), vec!["198.18.0.2"], "{fe}");
+            if fe.pods_only {
+                assert_eq!(
+                    addrs(&spec.backends),
+                    vec!["198.18.0.2", "198.18.0.3"],
+                    "{fe}"
+                );
+                assert_eq!(spec.flags & lbproxy_common::SVC_F_SPLIT_SCOPE, 0, "{fe}");
+            } else {
+                assert_eq!(addrs(&spec.backends), vec!["198.18.0.2"], "{fe}");
+                assert_ne!(spec.flags & lbproxy_common::SVC_F_SPLIT_SCOPE, 0, "{fe}");
+            }
         }
+        assert_eq!(full.served.iter().filter(|(fe, _)| fe.pods_only).count(), 3);
         // externalTrafficPolicy: Local does not narrow the ClusterIP's backends.
         assert_eq!(
             addrs(&full.served[0].1.backends),
@@ -790,6 +846,22 @@ status:
             )
         ));
         assert_eq!(addrs(&local.served[0].1.backends), vec!["198.18.0.2"]);
+        // Both policies Local: pods and outside traffic get the same local endpoints, so
+        // there is nothing to split.
+        let both = frontends_of(&format!(
+            "{}{slice}",
+            LB.replace(
+                "externalTrafficPolicy: Local",
+                "externalTrafficPolicy: Local\n  internalTrafficPolicy: Local"
+            )
+        ));
+        assert!(
+            both.served
+                .iter()
+                .all(|(fe, s)| !fe.pods_only && s.flags & lbproxy_common::SVC_F_SPLIT_SCOPE == 0),
+            "{:?}",
+            served(&both)
+        );
     }
 
     #[test]

@@ -598,6 +598,7 @@ mod tests {
             addr: Ipv4Addr::new(198, 19, 0, last),
             port,
             proto: Protocol::Tcp,
+            pods_only: false,
         }
     }
     fn be(last: u8) -> BackendAddr {

@@ -700,6 +700,29 @@ impl MultiNodeLab {
         lb
     }
 
+    /// Waits (up to `timeout`) until the lbproxy on `pod`'s node has attached both pod
+    /// programs to the pod's host-side interface, as a pod added after lbproxy started needs
+    /// before its traffic is served; panics with the attachments seen otherwise.
+    pub fn wait_programs_on(&self, pod: &Pod, timeout: Duration) {
+        let ns = &self.node(self.node_of(&pod.name)).netns;
+        let attached = || {
+            let att = super::bpf::tcx_attachments(ns);
+            let on = |prog: &str| {
+                att.iter()
+                    .any(|a| a.ifname == pod.host_if && a.prog_name == prog)
+            };
+            (on("lb_from_pod") && on("lb_to_pod")).then_some(())
+        };
+        if super::net::wait_for(timeout, Duration::from_millis(20), attached).is_err() {
+            panic!(
+                "lbproxy did not attach to {} ({}) within {timeout:?}: {:?}",
+                pod.host_if,
+                pod.name,
+                super::bpf::tcx_attachments(ns)
+            );
+        }
+    }
+
     /// A command running `program` inside `node`'s namespace (nsenter).
     pub fn node_command(&self, node: NodeId, program: &str) -> Command {
         ns_command(&self.node(node).netns, program)
