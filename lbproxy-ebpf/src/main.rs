@@ -195,10 +195,14 @@ pub fn lb_from_node(ctx: TcContext) -> i32 {
 /// Traffic arriving from outside the node: a frontend other than a ClusterIP (those are
 /// served to pods) is load-balanced; a reply of a source-NATed flow is translated back and
 /// sent to its client; anything else passes.
+// Inlined: as a BPF subprogram returning its `Result` through the caller's stack, LLVM may
+// leave that stack pointer in r0, which the verifier refuses ("cannot return stack pointer
+// to the caller").
+#[inline(always)]
 fn try_from_node(ctx: &TcContext) -> Result<i32, DropReason> {
     let pkt = match parse::parse(ctx) {
         Ok(Some(pkt)) => pkt,
-        Ok(None) => return Ok(TC_ACT_UNSPEC),
+        Ok(None) => return icmp_from_node(ctx),
         Err(v) => return Err(v.reason()),
     };
     if pkt.l4 == L4::Bad {
@@ -231,6 +235,27 @@ fn try_from_node(ctx: &TcContext) -> Result<i32, DropReason> {
     }
     let (from, dst) = north::forward_ends(&to);
     north::redirect(ctx, &pkt, from, dst)
+}
+
+/// Not TCP or UDP, from outside: an ICMP error about a translated flow is translated. One
+/// addressed to a SNAT address of this node (about a source-NATed packet to a backend on
+/// another node) is then addressed to the client and sent to it; one from a client about a
+/// reply it got goes on to the backend through the stack.
+#[inline(always)]
+fn icmp_from_node(ctx: &TcContext) -> Result<i32, DropReason> {
+    let Some(dst) = parse::ipv4_dst(ctx) else {
+        return Ok(TC_ACT_UNSPEC);
+    };
+    if !north::to_snat_address(dst) {
+        icmp::from_client(ctx);
+        return Ok(TC_ACT_UNSPEC);
+    }
+    match icmp::to_snat_client(ctx) {
+        Some((src, client)) if client != dst => {
+            north::redirect_ip(ctx, icmp::IPPROTO_ICMP, (src, 0), (client, 0))
+        }
+        _ => Ok(TC_ACT_UNSPEC),
+    }
 }
 
 /// A packet from outside that is not for a frontend: the reply of a source-NATed flow (a
@@ -276,7 +301,12 @@ pub fn lb_to_node(ctx: TcContext) -> i32 {
 fn try_to_node(ctx: &TcContext) -> Result<i32, DropReason> {
     let pkt = match parse::parse(ctx) {
         Ok(Some(pkt)) => pkt,
-        Ok(None) => return Ok(TC_ACT_UNSPEC),
+        Ok(None) => {
+            // Not TCP or UDP: an error of a backend on this node to a client outside, about
+            // the client's translated packet, is translated.
+            icmp::to_client(ctx);
+            return Ok(TC_ACT_UNSPEC);
+        }
         Err(v) => return Err(v.reason()),
     };
     if pkt.l4 == L4::Bad {

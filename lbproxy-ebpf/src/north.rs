@@ -99,7 +99,18 @@ pub fn redirect(
     src: ([u8; 4], u16),
     to: ([u8; 4], u16),
 ) -> Result<i32, DropReason> {
-    let (out, macs) = next_hop(ctx, pkt.proto, src.0, to.0, src.1, to.1)?;
+    redirect_ip(ctx, pkt.proto, src, to)
+}
+
+/// [`redirect`] of a packet of protocol `proto` (ports 0 when it has none, as ICMP).
+#[inline(always)]
+pub fn redirect_ip(
+    ctx: &TcContext,
+    proto: u8,
+    src: ([u8; 4], u16),
+    to: ([u8; 4], u16),
+) -> Result<i32, DropReason> {
+    let (out, macs) = next_hop(ctx, proto, src.0, to.0, src.1, to.1)?;
     let ttl: *const [u8; 2] = ptr_at(ctx, IP_TTL_OFF).ok_or(NO_ROUTE)?;
     // SAFETY: bounds-checked by ptr_at. TTL and protocol form one 16-bit checksum word.
     let old = unsafe { *ttl };

@@ -13,7 +13,9 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use lbproxy_tests::lab::multinode::{MultiNodeLab, NodeId};
-use lbproxy_tests::lab::{Backend, Lbproxy, Pod, tcp_request, udp_request, wait_for};
+use lbproxy_tests::lab::{
+    Backend, HEALTHZ_ADDR, Lbproxy, Pod, http_get, tcp_request, udp_request, wait_for,
+};
 
 const NODE_PORT_TCP: u16 = 30080;
 const NODE_PORT_UDP: u16 = 30053;
@@ -1175,5 +1177,225 @@ fn pods_reach_local_policy_frontends_through_every_endpoint() {
         both.is_ok(),
         "pod on nodeB -> nodeB's NodePort reaches a1 and b1 once both are listed\n{}",
         s.logs()
+    );
+}
+
+/// A UDP NodePort service `closed` (nodePort 30055 -> port 5555, where nothing listens) over
+/// `eps`, beside the `web` service over `web_eps`.
+fn closed_manifest(lab: &MultiNodeLab, web_eps: &[&Pod], eps: &[&Pod]) -> String {
+    let eps: String = eps
+        .iter()
+        .map(|p| {
+            format!(
+                "- {{addresses: [{}], nodeName: {}, conditions: {{ready: true}}}}\n",
+                p.ip,
+                lab.node_of(&p.name).name()
+            )
+        })
+        .collect();
+    format!(
+        "{}---
+apiVersion: v1
+kind: Service
+metadata: {{name: closed, namespace: default}}
+spec:
+  type: NodePort
+  clusterIP: 198.19.0.12
+  ports:
+  - {{name: dns, port: 55, protocol: UDP, targetPort: 5555, nodePort: 30055}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: closed-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: closed}}
+addressType: IPv4
+ports:
+- {{name: dns, port: 5555, protocol: UDP}}
+endpoints:
+{eps}",
+        manifest(lab, web_eps, "Cluster")
+    )
+}
+
+/// ICMP errors about north-south flows reach the outside client translated, so its socket
+/// sees them (issue 10's ICMP handling, for NodePorts):
+/// - the port unreachable of a backend on nodeB, about a datagram source-NATed by nodeA: the
+///   client's connected UDP socket to nodeA's NodePort gets "connection refused" at once
+///   (addressed to nodeA's SNAT address, it is translated and sent on to the client);
+/// - the same from a backend on nodeA itself (no SNAT; translated as it leaves the node);
+/// - PMTU: nodeB's link to b1 is narrower than the path before it, so nodeB answers the
+///   client's full-size segments, source-NATed by nodeA, with "fragmentation needed" to
+///   nodeA's address; translated and sent on, the client lowers its path MTU and a 256 KiB
+///   request through the NodePort is answered.
+#[test]
+fn icmp_errors_about_node_port_flows_reach_the_client() {
+    use std::io::{BufRead as _, Write as _};
+    let s = Setup::new("Cluster");
+    let client = s.lab.add_client("ext");
+    let a = s.lab.node(NodeId::A).ip;
+    for (backend, what) in [(&s.b1, "on nodeB, source-NATed"), (&s.a1, "on nodeA")] {
+        s.lab
+            .write_manifest_text(&closed_manifest(&s.lab, &[&s.a1, &s.b1], &[backend]));
+        // Programmed on nodeA first: until then nodeA's own stack would refuse the datagram.
+        let programmed = wait_for(Duration::from_secs(5), Duration::from_millis(50), || {
+            let services = inspect(&s.lab, NodeId::A, "services");
+            services
+                .as_array()?
+                .iter()
+                .any(|e| {
+                    e["service"] == "default/closed"
+                        && e["kind"] == "NodePort"
+                        && e["backends"].as_array().is_some_and(|b| {
+                            b.len() == 1 && b[0]["addr"] == backend.ip.to_string().as_str()
+                        })
+                })
+                .then_some(())
+        });
+        assert!(
+            programmed.is_ok(),
+            "nodeA serves closed's NodePort with {} only\n{}",
+            backend.name,
+            s.logs()
+        );
+        let refused = wait_for(Duration::from_secs(5), Duration::from_millis(200), || {
+            let u = client
+                .run(|| lbproxy_tests::lab::socket2_udp(0))
+                .expect("UDP socket");
+            u.connect((a, 30055)).unwrap();
+            u.set_read_timeout(Some(Duration::from_millis(900)))
+                .unwrap();
+            let started = Instant::now();
+            u.send(b"hello\n").unwrap();
+            let r = u.recv(&mut [0u8; 64]);
+            (matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused)
+                && started.elapsed() < Duration::from_secs(1))
+            .then_some(())
+        });
+        assert!(
+            refused.is_ok(),
+            "UDP through nodeA's NodePort to {} ({what}), where nothing listens: want \
+             connection refused within 1 s\n{}",
+            backend.name,
+            s.logs()
+        );
+    }
+    // PMTU, source-NATed to b1 on nodeB.
+    only_b1(&s, &client.netns);
+    s.lab
+        .node_run(
+            NodeId::B,
+            &["ip", "link", "set", "dev", &s.b1.host_if, "mtu", "1280"],
+        )
+        .unwrap();
+    let stream = client
+        .run(|| {
+            std::net::TcpStream::connect_timeout(&SocketAddr::from((a, NODE_PORT_TCP)), TIMEOUT)
+        })
+        .unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    stream
+        .set_write_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut line = vec![b'x'; 256 * 1024];
+    line.push(b'\n');
+    let started = Instant::now();
+    let w = (&stream).write_all(&line);
+    let mut answer = String::new();
+    let r = std::io::BufReader::new(&stream).read_line(&mut answer);
+    assert!(
+        w.is_ok() && r.is_ok() && answer.starts_with("b1 "),
+        "a 256 KiB request through nodeA's NodePort to b1 over a 1280-byte hop: write {w:?}, \
+         read {r:?}, answer {answer:?} after {:?}\n{}",
+        started.elapsed(),
+        s.logs()
+    );
+}
+
+/// A `healthCheckNodePort` that cannot be bound (another process holds it on nodeA's
+/// address) is reported once, a log line naming the service and the port, not once per
+/// sync that retries it; nothing else stops: the NodePort is served, nodeB's health check
+/// answers, lbproxy stays healthy. Once the port is free, the next sync's retry starts the
+/// server and it answers with a1 counted.
+#[test]
+fn a_health_check_port_that_cannot_be_bound_is_reported_once() {
+    let lab = MultiNodeLab::new();
+    let a1 = lab.add_pod(NodeId::A, "a1");
+    let _server = a1.serve(&[BACKEND_TCP, BACKEND_UDP]);
+    let extra = format!("healthCheckNodePort: {HC_PORT}");
+    lab.write_manifest_text(&manifest_with(&lab, &[&a1], "Local", &extra));
+    let (a, b) = (lab.node(NodeId::A).ip, lab.node(NodeId::B).ip);
+    let squatter = lbproxy_tests::lab::run_in_ns(lab.node_ns(NodeId::A), || {
+        std::net::TcpListener::bind((a, HC_PORT))
+    })
+    .expect("bind the health-check port first");
+    // Full syncs every second, each of which retries the port.
+    let mut lbs = Vec::new();
+    for node in NodeId::ALL {
+        let mut lb = lab.start_lbproxy(node, &["--sync-period", "1s"]);
+        lb.expect_healthy(HEALTHY_WITHIN);
+        lbs.push(lb);
+    }
+    let client = lab.add_client("ext");
+    std::thread::sleep(Duration::from_secs(4));
+    let failed_lines = |lb: &Lbproxy| {
+        lb.log()
+            .lines()
+            .filter(|l| {
+                l.contains("health check server")
+                    && l.contains("default/web")
+                    && l.contains(&HC_PORT.to_string())
+            })
+            .count()
+    };
+    assert_eq!(
+        failed_lines(&lbs[0]),
+        1,
+        "the bind failure is logged once over about 4 syncs\n{}",
+        lbs[0].log()
+    );
+    let seen = requests(&client.netns, false, a, NODE_PORT_TCP, 4);
+    assert!(
+        seen.errors.is_empty() && seen.by_backend.contains_key("a1"),
+        "the NodePort is still served: {seen:?}"
+    );
+    let hc = |ip: Ipv4Addr| {
+        lbproxy_tests::lab::http_get_full(
+            &client.netns,
+            SocketAddr::from((ip, HC_PORT)),
+            "/",
+            Duration::from_secs(1),
+        )
+    };
+    let on_b = hc(b);
+    assert!(
+        matches!(&on_b, Ok(r) if r.status == 503),
+        "nodeB's health check answers (no local endpoint there): {on_b:?}"
+    );
+    assert!(
+        matches!(
+            http_get(
+                lab.node_ns(NodeId::A),
+                HEALTHZ_ADDR.parse().unwrap(),
+                "/healthz"
+            ),
+            Ok(200)
+        ),
+        "nodeA's lbproxy stays healthy"
+    );
+    drop(squatter);
+    let started = wait_for(Duration::from_secs(5), Duration::from_millis(100), || {
+        hc(a)
+            .ok()
+            .filter(|r| r.status == 200 && r.body.contains("\"localEndpoints\": 1"))
+    });
+    assert!(
+        started.is_ok(),
+        "once the port is free, nodeA's health check starts and counts a1: {:?}\n{}",
+        hc(a),
+        lbs[0].log()
     );
 }

@@ -98,6 +98,17 @@ fn pull(ctx: &TcContext, len: usize) {
 ///   stack drops those too);
 /// - otherwise the packet, saying in [`Packet::l4`] whether its L4 header is all there.
 ///
+/// The destination address of an IPv4 packet (`None` for anything else), for a packet
+/// [`parse`] left alone (`Ok(None)`: neither TCP nor UDP).
+#[inline(always)]
+pub fn ipv4_dst(ctx: &TcContext) -> Option<[u8; 4]> {
+    let ether_type: u16 = ctx.load(12).ok()?;
+    if ether_type != EtherType::Ipv4 as u16 {
+        return None;
+    }
+    ctx.load(IP_DST_OFF).ok()
+}
+
 /// A first fragment (MF set, offset 0) is parsed like a whole datagram and its ports are
 /// recorded in `LB_FRAGS_V1`; a later fragment (offset > 0) gets the recorded ports.
 #[inline(always)]
