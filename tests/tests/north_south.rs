@@ -1399,3 +1399,147 @@ fn a_health_check_port_that_cannot_be_bound_is_reported_once() {
         lbs[0].log()
     );
 }
+
+/// Load-balancer ingress entries with `ipMode: Proxy` (KEP-1860) or only a hostname program
+/// nothing: nodeA does not answer for the Proxy-mode address, while the VIP-mode one is
+/// served; `inspect services` lists neither the Proxy address nor the hostname.
+#[test]
+fn lb_ingress_with_ip_mode_proxy_or_a_hostname_programs_nothing() {
+    let proxied = Ipv4Addr::new(198, 19, 0, 61);
+    let lab = MultiNodeLab::new();
+    let a1 = lab.add_pod(NodeId::A, "a1");
+    let _server = a1.serve(&[BACKEND_TCP, BACKEND_UDP]);
+    let text = manifest(&lab, &[&a1], "Cluster").replace(
+        &format!("ingress: [{{ip: {LB_IP}}}]"),
+        &format!(
+            "ingress: [{{ip: {LB_IP}}}, {{ip: {proxied}, ipMode: Proxy}}, {{hostname: lb.example}}]"
+        ),
+    );
+    assert!(text.contains("ipMode: Proxy"), "{text}");
+    lab.write_manifest_text(&text);
+    let mut lb = lab.start_lbproxy(NodeId::A, &[]);
+    lb.expect_healthy(HEALTHY_WITHIN);
+    let client = lab.add_client("ext");
+    client.route_via("198.19.0.0/16", lab.node(NodeId::A));
+    let served = requests(&client.netns, false, LB_IP, 80, 4);
+    assert!(
+        served.errors.is_empty() && served.replies() == 4,
+        "the VIP-mode LB IP is served: {served:?}\n{}",
+        lb.log()
+    );
+    let r = tcp_request(&client.netns, proxied, 80, Duration::from_millis(700));
+    assert!(
+        r.is_err(),
+        "the Proxy-mode LB IP is not served by lbproxy: {r:?}"
+    );
+    let services = inspect(&lab, NodeId::A, "services").to_string();
+    assert!(
+        services.contains(&LB_IP.to_string())
+            && !services.contains(&proxied.to_string())
+            && !services.contains("lb.example"),
+        "inspect services lists only the VIP-mode LB IP: {services}"
+    );
+}
+
+/// A node interface that appears while lbproxy runs gets the north-south programs, and
+/// source NAT picks the address of the interface towards the backend, not one address for
+/// the node: nodeA and nodeB get a second, direct link (198.18.81.0/24), and nodeA's route
+/// to nodeB's pods moves onto it, so b1 sees nodeA's address on that link; once the link is
+/// gone and the route is back on the fabric, b1 sees nodeA's fabric address again.
+#[test]
+fn snat_uses_the_address_of_the_interface_towards_the_backend() {
+    let s = Setup::new("Cluster");
+    let client = s.lab.add_client("ext");
+    only_b1(&s, &client.netns);
+    let a = s.lab.node(NodeId::A).ip;
+    let (a2, b2) = ("198.18.81.1", "198.18.81.2");
+    let b_ns = s.lab.node_ns(NodeId::B).to_owned();
+    let pods_b = NodeId::B.pod_cidr();
+    let sees = |want: &str| {
+        let seen = requests(&client.netns, false, a, NODE_PORT_TCP, 4);
+        (seen.errors.is_empty()
+            && seen.by_backend.get("b1").map(|e| e.0.clone()) == Some(vec![want.to_string()]))
+        .then_some(())
+        .ok_or(seen)
+    };
+    sees(&a.to_string()).unwrap_or_else(|e| panic!("over the fabric: {e:?}\n{}", s.logs()));
+    for argv in [
+        vec![
+            "ip", "link", "add", "eth1", "type", "veth", "peer", "name", "eth1", "netns", &b_ns,
+        ],
+        vec!["ip", "addr", "add", &format!("{a2}/24"), "dev", "eth1"],
+        vec!["ip", "link", "set", "eth1", "up"],
+    ] {
+        s.lab.node_run(NodeId::A, &argv).unwrap();
+    }
+    for argv in [
+        vec!["ip", "addr", "add", &format!("{b2}/24"), "dev", "eth1"],
+        vec!["ip", "link", "set", "eth1", "up"],
+    ] {
+        s.lab.node_run(NodeId::B, &argv).unwrap();
+    }
+    for (node, ns) in [
+        (NodeId::A, s.lab.node_ns(NodeId::A)),
+        (NodeId::B, b_ns.as_str()),
+    ] {
+        for key in [
+            "net/ipv4/conf/eth1/rp_filter",
+            "net/ipv4/conf/eth1/send_redirects",
+        ] {
+            lbproxy_tests::lab::run_in_ns(ns, || std::fs::write(format!("/proc/sys/{key}"), "0"))
+                .unwrap_or_else(|e| panic!("{node}: {key}: {e}"));
+        }
+    }
+    s.lab
+        .node_run(
+            NodeId::A,
+            &["ip", "route", "replace", &pods_b, "via", b2, "dev", "eth1"],
+        )
+        .unwrap();
+    let moved = wait_for(Duration::from_secs(5), Duration::from_millis(100), || {
+        sees(a2).ok()
+    });
+    assert!(
+        moved.is_ok(),
+        "over the new link b1 sees nodeA's address on it ({a2}): {:?}\n{}",
+        sees(a2),
+        s.logs()
+    );
+    let on_eth1: Vec<String> = lbproxy_tests::lab::bpf::tcx_attachments(s.lab.node_ns(NodeId::A))
+        .into_iter()
+        .filter(|t| t.ifname == "eth1")
+        .map(|t| t.prog_name)
+        .collect();
+    assert!(
+        on_eth1.contains(&"lb_from_node".to_string())
+            && on_eth1.contains(&"lb_to_node".to_string()),
+        "the new node interface has the north-south programs: {on_eth1:?}"
+    );
+    s.lab
+        .node_run(NodeId::A, &["ip", "link", "del", "eth1"])
+        .unwrap();
+    s.lab
+        .node_run(
+            NodeId::A,
+            &[
+                "ip",
+                "route",
+                "replace",
+                &pods_b,
+                "via",
+                &NodeId::B.fabric_ip().to_string(),
+                "dev",
+                "eth0",
+            ],
+        )
+        .unwrap();
+    let back = wait_for(Duration::from_secs(5), Duration::from_millis(100), || {
+        sees(&a.to_string()).ok()
+    });
+    assert!(
+        back.is_ok(),
+        "back over the fabric: {:?}\n{}",
+        sees(&a.to_string()),
+        s.logs()
+    );
+}
