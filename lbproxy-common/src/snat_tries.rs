@@ -1,4 +1,4 @@
-//! `LB_SNAT_TRIES_V1`: per-CPU counts of the tries each SNAT port allocation took, the
+//! `LB_SNATTRIES_V1`: per-CPU counts of the tries each SNAT port allocation took, the
 //! histogram of issue 11's "observable exhaustion".
 //!
 //! A try is one insert of the reply half with `BPF_NOEXIST`: the client's own port first
@@ -17,9 +17,5 @@ pub const MAX_SNAT_TRIES: u32 = 17;
 pub const SLOTS: u32 = MAX_SNAT_TRIES + 1;
 
 /// A per-CPU `u64` per slot.
-pub const SPEC: MapSpec = MapSpec::of::<u32, u64>(
-    "LB_SNAT_TRIES_V1",
-    "snat_tries",
-    MapKind::PerCpuArray,
-    SLOTS,
-);
+pub const SPEC: MapSpec =
+    MapSpec::of::<u32, u64>("LB_SNATTRIES_V1", "snat_tries", MapKind::PerCpuArray, SLOTS);

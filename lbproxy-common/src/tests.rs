@@ -55,7 +55,7 @@ fn sizes<K, V>() -> (u32, u32) {
 
 #[test]
 fn spec_sizes_are_their_types() {
-    let cases: [(MapSpec, (u32, u32)); 21] = [
+    let cases: [(MapSpec, (u32, u32)); 22] = [
         (services::SPEC, sizes::<ServiceKey, ServiceValue>()),
         (services::SPEC_V1, sizes::<ServiceKey, ServiceValueV1>()),
         (slots::SPEC, sizes::<SlotKey, u32>()),
@@ -77,6 +77,7 @@ fn spec_sizes_are_their_types() {
         (frags::SPEC, sizes::<FragKey, FragPorts>()),
         (src_check::SPEC, sizes::<u32, SrcCheck>()),
         (pod_addrs::SPEC, sizes::<[u8; 4], PodAddr>()),
+        (snat_tries::SPEC, sizes::<u32, u64>()),
     ];
     for (spec, (k, v)) in cases {
         assert_eq!((spec.key_size, spec.value_size), (k, v), "{}", spec.name);
@@ -96,7 +97,7 @@ fn spec_sizes_are_their_types() {
 #[test]
 fn layouts_are_unchanged() {
     use MapKind::*;
-    let expected: [(&str, &str, MapKind, u32, u32, u32); 18] = [
+    let expected: [(&str, &str, MapKind, u32, u32, u32); 19] = [
         ("LB_BACKENDS_V1", "backends", Hash, 4, 8, 262_144),
         ("LB_SLOTS_V1", "slots", Hash, 8, 4, 262_144),
         ("LB_SERVICES_V2", "services", Hash, 8, 16, 65_536),
@@ -115,6 +116,7 @@ fn layouts_are_unchanged() {
         ("LB_NODEADDRS_V1", "node_addrs", Hash, 4, 4, 1_024),
         ("LB_SRCRANGES_V1", "src_ranges", LpmTrie, 12, 4, 65_536),
         ("LB_PODADDRS_V1", "pod_addrs", Hash, 4, 4, 16_384),
+        ("LB_SNATTRIES_V1", "snat_tries", PerCpuArray, 4, 8, 18),
     ];
     let got: Vec<_> = MAPS
         .iter()

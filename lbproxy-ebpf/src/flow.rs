@@ -44,7 +44,7 @@ use lbproxy_common::{
 
 use crate::{
     lb::{affinity, select},
-    maps::{LB_FLOWS_V3, LB_SNAT_TRIES_V1},
+    maps::{LB_FLOWS_V3, LB_SNATTRIES_V1},
     parse::{Packet, TCP_FLAG_FIN, TCP_FLAG_RST},
     reason::{Verdict, count},
 };
@@ -464,10 +464,10 @@ fn reopen(old: &Reusable, state: u8, now: u64) {
 }
 
 /// Counts one SNAT port allocation that took `tries` tries (0: it found no port) in
-/// `LB_SNAT_TRIES_V1`.
+/// `LB_SNATTRIES_V1`.
 #[inline(always)]
 fn count_snat_tries(tries: u32) {
-    if let Some(c) = LB_SNAT_TRIES_V1.get_ptr_mut(tries) {
+    if let Some(c) = LB_SNATTRIES_V1.get_ptr_mut(tries) {
         // SAFETY: a per-CPU slot: no other writer.
         unsafe { *c += 1 };
     }
@@ -478,7 +478,7 @@ fn count_snat_tries(tries: u32) {
 /// linear scan from the last one, [`SNAT_ATTEMPTS`] tries in all (one loop, which keeps the
 /// verifier's path short), after `own_tried` (0 or 1) tries of the client's own port.
 /// Returns the port (network order); dropped as `SnatNoPort` when every try found its port
-/// taken. The tries are counted in `LB_SNAT_TRIES_V1`.
+/// taken. The tries are counted in `LB_SNATTRIES_V1`.
 #[inline(always)]
 fn snat_port(
     rkey: &mut FlowKey,

@@ -164,7 +164,7 @@ map! {
     /// Each load-balancer IP's source ranges. Read by `lb::service`.
     LB_SRCRANGES_V1: LpmTrie<SrcRangeData, u32> = src_ranges::SPEC;
     /// Per-CPU counts of the tries each SNAT port allocation took. Written by `flow`.
-    LB_SNAT_TRIES_V1: PerCpuArray<u64> = snat_tries::SPEC;
+    LB_SNATTRIES_V1: PerCpuArray<u64> = snat_tries::SPEC;
 }
 
 /// The controller's settings (`LB_CONFIG_V1`, entry 0): the stack bypass flag (for

@@ -64,7 +64,7 @@ pub struct PathLabel {
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// `lbproxy_snat_port_tries`: a histogram of the tries each successful SNAT port allocation
-/// took, kept by the datapath (`LB_SNAT_TRIES_V1`, one count per try number) and copied
+/// took, kept by the datapath (`LB_SNATTRIES_V1`, one count per try number) and copied
 /// here whole on every read ([`SnatTries::set`]). Allocations that found no port are not in
 /// it: they are `lbproxy_datapath_drops{reason="snat_no_port"}`.
 #[derive(Clone, Debug, Default)]

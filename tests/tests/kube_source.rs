@@ -1152,6 +1152,81 @@ fn healthz_503_while_changes_cannot_be_programmed() {
     k.wait_fes("second withdrawn", APPLY, &web_only);
 }
 
+/// A `healthCheckNodePort` that cannot be bound (another process holds it) gets a Warning
+/// Event on this Node with kube-proxy's reason, `FailedToStartServiceHealthcheck`, naming
+/// the port, once; lbproxy keeps serving the service.
+#[test]
+fn health_check_bind_failure_posts_a_node_event() {
+    const HC_PORT: u16 = 32011;
+    let mut k = Kube::new(Shape::Routed, &["client", "b1"]);
+    let b1 = k.ip("b1");
+    let (mut svc, slice) = web_json("web", WEB_VIP, ready_ips(&[b1]));
+    svc["spec"]["type"] = "LoadBalancer".into();
+    svc["spec"]["externalTrafficPolicy"] = "Local".into();
+    svc["spec"]["healthCheckNodePort"] = HC_PORT.into();
+    for (i, p) in svc["spec"]["ports"]
+        .as_array_mut()
+        .expect("ports")
+        .iter_mut()
+        .enumerate()
+    {
+        p["nodePort"] = (30_090 + i as u16).into();
+    }
+    let squatter = lbproxy_tests::lab::run_in_ns(k.lab.node_ns(), || {
+        std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, HC_PORT))
+    })
+    .expect("bind the health-check port first");
+    k.api.apply_all([svc, slice]);
+    k.start_with(&["--sync-period", "1s"]);
+    let start = Instant::now();
+    let failed = |posted: &[lbproxy_tests::apiserver::PostedEvent]| {
+        posted
+            .iter()
+            .filter(|e| {
+                e.regarding()["kind"] == "Node"
+                    && e.body["reason"] == "FailedToStartServiceHealthcheck"
+            })
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let ev = loop {
+        if let Some(e) = failed(&k.api.events_posted()).into_iter().next() {
+            break e;
+        }
+        assert!(k.lb().is_running(), "lbproxy exited\n{}", k.diag());
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no FailedToStartServiceHealthcheck Event within 20 s: {:?}\n{}",
+            k.api.events_posted(),
+            k.diag()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(ev.regarding()["name"], NODE, "{}", ev.body);
+    assert_eq!(ev.body["type"], "Warning", "{}", ev.body);
+    let note = ev.note().unwrap_or_default();
+    assert!(
+        note.contains(&HC_PORT.to_string()),
+        "the Event names the port: {note:?}"
+    );
+    // About 3 more syncs retry the port: still one Event, and the service is served.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        failed(&k.api.events_posted()).len(),
+        1,
+        "one Event per failure streak, not per retry"
+    );
+    let r = k
+        .pod("client")
+        .tcp_request(WEB_VIP, WEB_TCP, Duration::from_secs(2));
+    assert!(
+        matches!(&r, Ok((reply, _)) if reply.backend == "b1"),
+        "the service is still served: {r:?}\n{}",
+        k.diag()
+    );
+    drop(squatter);
+}
+
 /// Pins an `LB_SERVICES_V2` with room for `n` entries in the lab's bpffs dir before lbproxy
 /// creates its own (lbproxy reuses a pinned map whose type, key and value sizes match).
 fn small_services_map(k: &Kube, n: u32) {
