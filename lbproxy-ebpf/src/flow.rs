@@ -401,7 +401,14 @@ pub fn forward(
         // The client's own port was tried above when it is in the range.
         let port = u16::from_be(pkt.src_port_be);
         let own_tried = u32::from(port >= nat_source.min && port <= nat_source.max);
-        rkey.dst_port_be = snat_port(&mut rkey, &reply, nat_source.min, nat_source.max, own_tried)?;
+        rkey.dst_port_be = snat_port(
+            &mut rkey,
+            &reply,
+            &key,
+            nat_source.min,
+            nat_source.max,
+            own_tried,
+        )?;
     } else if !claimed {
         let mut found = false;
         let mut attempt = 0;
@@ -476,13 +483,18 @@ fn count_snat_tries(tries: u32) {
 /// Claims a free SNAT port in `min..=max` for the reply half `reply` keyed `rkey` (whose
 /// destination port is changed while trying): [`SNAT_RANDOM_ATTEMPTS`] random ports, then a
 /// linear scan from the last one, [`SNAT_ATTEMPTS`] tries in all (one loop, which keeps the
-/// verifier's path short), after `own_tried` (0 or 1) tries of the client's own port.
-/// Returns the port (network order); dropped as `SnatNoPort` when every try found its port
-/// taken. The tries are counted in `LB_SNATTRIES_V1`.
+/// verifier's path short), after `own_tried` (0 or 1) tries of the client's own port. A
+/// port held by a flow that is over (a RST, or FINs both ways) is taken over, as netfilter
+/// and Cilium reuse a closed connection's tuple: at tens of thousands of connections a
+/// second towards one backend, closed flows would otherwise hold most of the range until
+/// the collector removes them. `own` is the new flow's forward key. Returns the port
+/// (network order); dropped as `SnatNoPort` when every try found its port held by a live
+/// flow. The tries are counted in `LB_SNATTRIES_V1`.
 #[inline(always)]
 fn snat_port(
     rkey: &mut FlowKey,
     reply: &FlowValue,
+    own: &FlowKey,
     min: u16,
     max: u16,
     own_tried: u32,
@@ -501,7 +513,7 @@ fn snat_port(
             port + 1
         };
         rkey.dst_port_be = port.to_be();
-        if insert(rkey, reply, BPF_NOEXIST).is_ok() {
+        if insert(rkey, reply, BPF_NOEXIST).is_ok() || replace_if_stale(rkey, reply, own) {
             count_snat_tries(own_tried + attempt + 1);
             return Ok(port.to_be());
         }

@@ -397,6 +397,21 @@ fn a_full_snat_range_drops_and_counts_while_local_backends_work() {
     let r = tcp_request(&client.netns, node_ip, 30081, TIMEOUT)
         .unwrap_or_else(|e| panic!("the local backend still answers: {e}\n{}", lbs[0].log()));
     assert_eq!(r.0.backend, "a1");
+    // Closed flows give their ports back at once, as a closed conntrack entry's tuple may
+    // be reused: once the 4 connections are closed (FINs both ways), new connections get
+    // their ports long before the collector would remove the closed flows (10 s).
+    drop(held);
+    let reused = wait_for(Duration::from_secs(3), Duration::from_millis(100), || {
+        let seen = requests(&client.netns, false, node_ip, NODE_PORT_TCP, 4);
+        (seen.errors.is_empty() && seen.by_backend.get("b1").is_some_and(|e| e.1 == 4))
+            .then_some(seen)
+    });
+    assert!(
+        reused.is_ok(),
+        "after the 4 connections closed, 4 new ones through the 4-port range: {:?}\n{}",
+        requests(&client.netns, false, node_ip, NODE_PORT_TCP, 4),
+        lbs[0].log()
+    );
     assert_eq!(
         r.0.client_seen.rsplit_once(':').unwrap().0,
         client.ip.to_string()

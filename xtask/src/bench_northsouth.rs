@@ -150,9 +150,23 @@ impl Bench {
 
     fn deactivate(&self, p: Path, lb: Option<Lbproxy>) -> Result<()> {
         if let Some(mut lb) = lb {
-            lb.terminate(Duration::from_secs(20));
             let dir = self.lab.node(NodeId::A).bpffs_dir.clone();
             let bin = lbproxy_tests::lab::lbproxy_bin();
+            // What the datapath dropped or rejected during the path's load, so a connection
+            // error has a reason beside it.
+            let drops = ns_command(self.lab.node_ns(NodeId::A), &bin)
+                .args(["inspect", "drops", "--json", "--bpffs-dir"])
+                .arg(&dir)
+                .output()?;
+            if let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(&drops.stdout) {
+                let moved: Vec<String> = m
+                    .iter()
+                    .filter(|(_, v)| v.as_u64().is_some_and(|n| n > 0))
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                eprintln!("[{TAG}] lbproxy drop counters after the load: {moved:?}");
+            }
+            lb.terminate(Duration::from_secs(20));
             let out = ns_command(self.lab.node_ns(NodeId::A), &bin)
                 .args(["cleanup", "--bpffs-dir"])
                 .arg(&dir)
