@@ -246,16 +246,18 @@ fn icmp_from_node(ctx: &TcContext) -> Result<i32, DropReason> {
     let Some(dst) = parse::ipv4_dst(ctx) else {
         return Ok(TC_ACT_UNSPEC);
     };
-    if !north::to_snat_address(dst) {
-        icmp::from_client(ctx);
-        return Ok(TC_ACT_UNSPEC);
-    }
-    match icmp::to_snat_client(ctx) {
-        Some((src, client)) if client != dst => {
-            north::redirect_ip(ctx, icmp::IPPROTO_ICMP, (src, 0), (client, 0))
+    // A node address is often both a SNAT address and a NodePort frontend: an error that is
+    // not about a source-NATed packet may still be a client's about a reply.
+    if north::to_snat_address(dst)
+        && let Some((src, client)) = icmp::to_snat_client(ctx)
+    {
+        if client == dst {
+            return Ok(TC_ACT_UNSPEC);
         }
-        _ => Ok(TC_ACT_UNSPEC),
+        return north::redirect_ip(ctx, icmp::IPPROTO_ICMP, (src, 0), (client, 0));
     }
+    icmp::from_client(ctx);
+    Ok(TC_ACT_UNSPEC)
 }
 
 /// A packet from outside that is not for a frontend: the reply of a source-NATed flow (a

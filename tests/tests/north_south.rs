@@ -1558,3 +1558,65 @@ fn snat_uses_the_address_of_the_interface_towards_the_backend() {
         s.logs()
     );
 }
+
+/// An outside client's own ICMP error about a reply it got through a NodePort reaches the
+/// backend translated: b1 (on nodeB, source-NATed by nodeA) answers after the client has
+/// closed its socket, the client's kernel sends port unreachable to nodeA's NodePort
+/// address (which is also nodeA's SNAT address) quoting nodeA:30056 -> client, and nodeA
+/// readdresses it to b1 with the quote as b1 sent its reply, so b1's connected socket gets
+/// "connection refused".
+#[test]
+fn a_clients_icmp_error_about_a_node_port_reply_reaches_the_backend() {
+    let s = Setup::new("Cluster");
+    let client = s.lab.add_client("ext");
+    let a = s.lab.node(NodeId::A).ip;
+    let server =
+        s.b1.run(|| std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 5656)))
+            .expect("bind 5656 in b1");
+    let text = closed_manifest(&s.lab, &[&s.a1, &s.b1], &[&s.b1])
+        .replace(
+            "targetPort: 5555, nodePort: 30055",
+            "targetPort: 5656, nodePort: 30056",
+        )
+        .replace("port: 5555, protocol: UDP}", "port: 5656, protocol: UDP}");
+    assert!(
+        text.contains("nodePort: 30056") && text.contains("port: 5656,"),
+        "{text}"
+    );
+    s.lab.write_manifest_text(&text);
+    server
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    // Until nodeA serves 30056 (its own stack would refuse the first datagrams).
+    let from = wait_for(Duration::from_secs(5), Duration::from_millis(50), || {
+        let u = client
+            .run(|| lbproxy_tests::lab::socket2_udp(0))
+            .expect("UDP socket");
+        u.connect((a, 30056)).unwrap();
+        u.send(b"hello\n").unwrap();
+        server.recv_from(&mut buf).ok().map(|(_, from)| from)
+    });
+    let (from, _) =
+        from.unwrap_or_else(|t| panic!("b1 got no datagram through 30056 in {t:?}\n{}", s.logs()));
+    assert_eq!(
+        from.ip(),
+        std::net::IpAddr::V4(a),
+        "b1 sees nodeA's address (SNAT)"
+    );
+    // The client's sockets are closed by now.
+    server.connect(from).unwrap();
+    server.send(b"too late\n").unwrap();
+    server
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let started = Instant::now();
+    let r = server.recv(&mut buf);
+    assert!(
+        matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused),
+        "b1's connected socket after the client's port unreachable: {r:?} after {:?} (want \
+         connection refused)\n{}",
+        started.elapsed(),
+        s.logs()
+    );
+}
