@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use lbproxy_tests::lab::connect::PendingConnect;
-use lbproxy_tests::lab::{EndpointSlice, Manifest, Protocol, Service, Shape, socket2_udp, vip};
+use lbproxy_tests::lab::{
+    EndpointSlice, Manifest, Protocol, Service, Shape, answer_after_close, socket2_udp, vip,
+};
 
 mod pmtu_through_vip {
     #[test]
@@ -127,18 +129,11 @@ fn client_port_unreachable(shape: Shape) {
     let mut buf = [0u8; 64];
     let (_, from) = server.recv_from(&mut buf).expect("b1 gets the request");
     drop(u);
-    server.connect(from).unwrap();
-    server.send(b"too late\n").unwrap();
-    server
-        .set_read_timeout(Some(Duration::from_secs(2)))
-        .unwrap();
-    let started = Instant::now();
-    let r = server.recv(&mut buf);
+    let (r, took) = answer_after_close(&server, from);
     assert!(
         matches!(&r, Err(e) if e.kind() == ErrorKind::ConnectionRefused),
         "[{shape}] b1's connected socket after the client's port unreachable: {r:?} after \
-         {:?} (want connection refused)\n{}",
-        started.elapsed(),
+         {took:?} (want connection refused)\n{}",
         s.lb.log()
     );
 }

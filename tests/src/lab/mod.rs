@@ -76,8 +76,8 @@ pub use self::manifest::{
     write_atomic,
 };
 pub use self::net::{
-    Backend, Proto, Reply, Tally, TcpConn, set_rcvtimeo, socket2_udp, tally, tcp_request,
-    tcp_request_here, udp_request, udp_request_here, wait_for,
+    Backend, Proto, Reply, Tally, TcpConn, answer_after_close, set_rcvtimeo, socket2_udp, tally,
+    tcp_request, tcp_request_here, udp_request, udp_request_here, wait_for,
 };
 pub use self::ns::{http_get, http_get_full, netns_path, ns_command, ns_run, run_in_ns};
 

@@ -291,6 +291,23 @@ pub fn udp_request_here(
     }
 }
 
+/// From a UDP server socket that got a datagram from `from` after the sender closed its
+/// socket: connects to `from`, sends an answer and waits up to 2 s for what the kernel then
+/// reports (the sender's ICMP port unreachable, translated back, arrives as
+/// `ConnectionRefused`). Returns the receive's result and how long it took.
+pub fn answer_after_close(server: &UdpSocket, from: SocketAddr) -> (io::Result<usize>, Duration) {
+    let started = Instant::now();
+    let sent = server
+        .connect(from)
+        .and_then(|()| server.send(b"too late\n"))
+        .and_then(|_| server.set_read_timeout(Some(Duration::from_secs(2))));
+    if let Err(e) = sent {
+        return (Err(e), started.elapsed());
+    }
+    let mut buf = [0u8; 64];
+    (server.recv(&mut buf), started.elapsed())
+}
+
 /// An unconnected UDP socket on 0.0.0.0:`port` with SO_REUSEADDR (so a fixed source port can
 /// be reused right away). Unconnected, so replies from any source are seen as they came.
 pub fn socket2_udp(port: u16) -> io::Result<UdpSocket> {
