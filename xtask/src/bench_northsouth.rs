@@ -53,6 +53,10 @@ pub struct NorthSouthArgs {
     /// Output directory [default: <target>/bench/northsouth].
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Only these paths (comma-separated: iptables, nftables, lbproxy); direct, the
+    /// baseline, is always measured [default: all].
+    #[arg(long, value_delimiter = ',')]
+    pub paths: Option<Vec<String>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -166,6 +170,20 @@ impl Bench {
                     .collect();
                 eprintln!("[{TAG}] lbproxy drop counters after the load: {moved:?}");
             }
+            // The controller's own CPU over the path, and what its flow collector did: a
+            // collection competes with the load for the same cores.
+            if let Some(cpu) = process_cpu(lb.pid()) {
+                eprintln!(
+                    "[{TAG}] lbproxy CPU over the path: {:.2} s; flow gc: {:?}",
+                    cpu.as_secs_f64(),
+                    lb.stdout()
+                        .lines()
+                        .chain(lb.stderr().lines())
+                        .filter(|l| l.contains("flow gc"))
+                        .filter_map(|l| l.split_once("scanned").map(|(_, r)| format!("scanned{r}")))
+                        .collect::<Vec<_>>()
+                );
+            }
             lb.terminate(Duration::from_secs(20));
             let out = ns_command(self.lab.node_ns(NodeId::A), &bin)
                 .args(["cleanup", "--bpffs-dir"])
@@ -255,6 +273,7 @@ impl Bench {
 
 fn bench_n(
     n: usize,
+    paths: &[Path],
     rounds: u32,
     secs: Duration,
     workers: usize,
@@ -299,7 +318,7 @@ fn bench_n(
     std::thread::sleep(Duration::from_millis(200));
     let mut out: BTreeMap<Path, Vec<Sample>> = BTreeMap::new();
     for round in 1..=rounds {
-        for p in Path::ALL {
+        for &p in paths {
             let s = b.measure(p)?;
             eprintln!(
                 "[{TAG}] N={n} round {round} {:<8}: TCP {:>7.0} conn/s p50 {:>5.0} µs p99 {:>6.0} µs ({} err) | 1 worker p50 {:>4.0} µs | {:>5.2} Gbit/s | program {}",
@@ -406,6 +425,23 @@ pub fn northsouth(args: &NorthSouthArgs) -> Result<()> {
     if !(1..=256).contains(&args.workers) {
         bail!("--workers must be in 1..=256");
     }
+    let paths = match &args.paths {
+        None => Path::ALL.to_vec(),
+        Some(names) => {
+            let mut paths = vec![Path::Direct];
+            for name in names {
+                let p = Path::ALL
+                    .into_iter()
+                    .find(|p| p.key() == name.trim())
+                    .ok_or_else(|| anyhow!("--paths: unknown path {name:?}"))?;
+                if !paths.contains(&p) {
+                    paths.push(p);
+                }
+            }
+            paths.sort();
+            paths
+        }
+    };
     let out_dir = match &args.out {
         Some(d) => d.clone(),
         None => util::target_dir()?.join("bench").join("northsouth"),
@@ -422,7 +458,13 @@ pub fn northsouth(args: &NorthSouthArgs) -> Result<()> {
     let mut results = serde_json::Map::new();
     let mut tables = Vec::new();
     for n in &ns {
-        let samples = bench_n(*n, rounds, Duration::from_secs_f64(secs), args.workers)?;
+        let samples = bench_n(
+            *n,
+            &paths,
+            rounds,
+            Duration::from_secs_f64(secs),
+            args.workers,
+        )?;
         let mut r = serde_json::Map::new();
         for (p, v) in &samples {
             r.insert(p.key().into(), summarize(v));
@@ -449,4 +491,17 @@ pub fn northsouth(args: &NorthSouthArgs) -> Result<()> {
     }
     println!("results: {}", out_dir.join("results.json").display());
     Ok(())
+}
+
+/// User plus system CPU time of process `pid` so far, from `/proc/PID/stat`.
+fn process_cpu(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime and stime are the 14th and 15th
+    // fields of the line, the 12th and 13th after it.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
+    Some(Duration::from_millis(ticks * 1000 / hz.max(1)))
 }

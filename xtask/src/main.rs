@@ -93,7 +93,7 @@ enum BenchWhat {
     Datapath(bench_datapath::DatapathArgs),
     /// North-south: an external client through node A's NodePort to a backend on node B,
     /// against kube-proxy's iptables/nftables NodePort layouts and the direct path (issue 11).
-    Northsouth(bench_northsouth::NorthSouthArgs),
+    Northsouth(Box<bench_northsouth::NorthSouthArgs>),
     /// What each kind of packet costs each pod program (`BPF_PROG_TEST_RUN`, the kernel's
     /// own timing), over N services: the low-noise way to compare two builds.
     Programs(bench_programs::ProgramsArgs),

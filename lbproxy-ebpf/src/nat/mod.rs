@@ -23,8 +23,7 @@ const BPF_F_MARK_MANGLED_0: u64 = 0x20;
 #[inline(always)]
 pub fn dnat(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdict> {
     dnat_l4(ctx, pkt, to)?;
-    rewrite_l3(ctx, IP_DST_OFF, pkt.dst_addr, to.addr)?;
-    rewrite_l3(ctx, IP_SRC_OFF, pkt.src_addr, to.peer_addr)
+    rewrite_l3(ctx, pkt, [to.peer_addr, to.addr])
 }
 
 /// Rewrites the source (backend -> client becomes VIP -> client), and the destination back
@@ -32,8 +31,7 @@ pub fn dnat(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdict>
 #[inline(always)]
 pub fn snat(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdict> {
     snat_l4(ctx, pkt, to)?;
-    rewrite_l3(ctx, IP_SRC_OFF, pkt.src_addr, to.addr)?;
-    rewrite_l3(ctx, IP_DST_OFF, pkt.dst_addr, to.peer_addr)
+    rewrite_l3(ctx, pkt, [to.addr, to.peer_addr])
 }
 
 /// The L4 half of [`dnat`]: the destination port, the source port when the flow's tuple
@@ -44,11 +42,8 @@ pub fn dnat_l4(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdi
     rewrite_l4(
         ctx,
         pkt,
-        [(pkt.dst_addr, to.addr), (pkt.src_addr, to.peer_addr)],
-        [
-            (pkt.l4_off + L4_DPORT_OFF, pkt.dst_port_be, to.port_be),
-            (pkt.l4_off + L4_SPORT_OFF, pkt.src_port_be, to.peer_port_be),
-        ],
+        [to.peer_addr, to.addr],
+        [to.peer_port_be, to.port_be],
     )
 }
 
@@ -59,25 +54,58 @@ pub fn snat_l4(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdi
     rewrite_l4(
         ctx,
         pkt,
-        [(pkt.src_addr, to.addr), (pkt.dst_addr, to.peer_addr)],
-        [
-            (pkt.l4_off + L4_SPORT_OFF, pkt.src_port_be, to.port_be),
-            (pkt.l4_off + L4_DPORT_OFF, pkt.dst_port_be, to.peer_port_be),
-        ],
+        [to.addr, to.peer_addr],
+        [to.port_be, to.peer_port_be],
     )
 }
 
 const FAIL: Verdict = Verdict::Drop(DropReason::NatFailed);
 
-/// The ports (offset, old, new; unchanged ones are skipped), and the L4 checksum for them and
-/// for the addresses (old, new; part of the pseudo-header; unchanged ones are skipped). Nothing for a packet without its L4 header (a
-/// fragment after the first): only its IP header is translated.
+/// 32-bit one's-complement addition (end-around carry), the kernel's `csum_add`.
+#[inline(always)]
+fn add(a: u32, b: u32) -> u32 {
+    let (sum, carry) = a.overflowing_add(b);
+    sum.wrapping_add(u32::from(carry))
+}
+
+/// The checksum difference of 32-bit words changing from `old` to `new`, as
+/// `bpf_csum_diff` computes it (the sum of each old word's complement and each new word),
+/// counting only the words that change. The words are read from the packet as they lie
+/// in memory, as the checksum helpers read them. 0 when nothing changes.
+#[inline(always)]
+fn diff(old: [u32; 2], new: [u32; 2]) -> u32 {
+    let mut d = 0;
+    let mut i = 0;
+    while i < 2 {
+        if old[i] != new[i] {
+            d = add(add(d, !old[i]), new[i]);
+        }
+        i += 1;
+    }
+    d
+}
+
+/// The two 16-bit ports (source, destination) as the one 32-bit word they form in the L4
+/// header.
+#[inline(always)]
+fn port_word(src_be: u16, dst_be: u16) -> u32 {
+    let s = src_be.to_ne_bytes();
+    let d = dst_be.to_ne_bytes();
+    u32::from_ne_bytes([s[0], s[1], d[0], d[1]])
+}
+
+/// The ports to `ports` (source, destination; network order), and the L4 checksum for them
+/// and for the IP addresses changing to `addrs` (source, destination; part of the
+/// pseudo-header): one checksum update for the addresses and one for the ports, each by
+/// difference, and one 4-byte store of both ports. A checksum left alone when nothing it
+/// covers changes. Nothing for a packet without its L4 header (a fragment after the
+/// first): only its IP header is translated.
 #[inline(always)]
 fn rewrite_l4(
     ctx: &TcContext,
     pkt: &Packet,
-    addrs: [([u8; 4], [u8; 4]); 2],
-    ports: [(usize, u16, u16); 2],
+    addrs: [[u8; 4]; 2],
+    ports: [u16; 2],
 ) -> Result<(), Verdict> {
     if pkt.l4 != L4::Header {
         // A fragment after the first: no L4 header here. The first fragment's checksum
@@ -90,38 +118,61 @@ fn rewrite_l4(
         0
     };
     let csum_off = pkt.l4_csum_off();
-    for (old_addr, new_addr) in addrs {
-        let old_a = u64::from(u32::from_ne_bytes(old_addr));
-        let new_a = u64::from(u32::from_ne_bytes(new_addr));
-        if old_a != new_a {
-            ctx.l4_csum_replace(csum_off, old_a, new_a, l4_flags | BPF_F_PSEUDO_HDR | 4)
-                .map_err(|_| FAIL)?;
-        }
+    let addr_diff = diff(
+        [
+            u32::from_ne_bytes(pkt.src_addr),
+            u32::from_ne_bytes(pkt.dst_addr),
+        ],
+        [u32::from_ne_bytes(addrs[0]), u32::from_ne_bytes(addrs[1])],
+    );
+    let old_ports = port_word(pkt.src_port_be, pkt.dst_port_be);
+    let new_ports = port_word(ports[0], ports[1]);
+    if addr_diff != 0 {
+        // Size 0: `to` is a difference, from `diff`.
+        ctx.l4_csum_replace(
+            csum_off,
+            0,
+            u64::from(addr_diff),
+            l4_flags | BPF_F_PSEUDO_HDR,
+        )
+        .map_err(|_| FAIL)?;
     }
-    for (off, old, new) in ports {
-        if old != new {
-            ctx.l4_csum_replace(csum_off, u64::from(old), u64::from(new), l4_flags | 2)
-                .map_err(|_| FAIL)?;
-            ctx.store(off, &new, 0).map_err(|_| FAIL)?;
-        }
+    if old_ports != new_ports {
+        let d = diff([old_ports, 0], [new_ports, 0]);
+        ctx.l4_csum_replace(csum_off, 0, u64::from(d), l4_flags)
+            .map_err(|_| FAIL)?;
+        ctx.store(pkt.l4_off + L4_SPORT_OFF, &new_ports.to_ne_bytes(), 0)
+            .map_err(|_| FAIL)?;
     }
     Ok(())
 }
 
-/// The address in the IP header, and the header checksum.
+/// The IP addresses to `addrs` (source, destination), and the header checksum: one
+/// update by difference and one 8-byte store, or nothing when neither changes.
 #[inline(always)]
-fn rewrite_l3(
-    ctx: &TcContext,
-    addr_off: usize,
-    old_addr: [u8; 4],
-    new_addr: [u8; 4],
-) -> Result<(), Verdict> {
-    if old_addr == new_addr {
+fn rewrite_l3(ctx: &TcContext, pkt: &Packet, addrs: [[u8; 4]; 2]) -> Result<(), Verdict> {
+    if addrs == [pkt.src_addr, pkt.dst_addr] {
         return Ok(());
     }
-    let old_a = u64::from(u32::from_ne_bytes(old_addr));
-    let new_a = u64::from(u32::from_ne_bytes(new_addr));
-    ctx.l3_csum_replace(IP_CSUM_OFF, old_a, new_a, 4)
-        .map_err(|_| FAIL)?;
-    ctx.store(addr_off, &new_addr, 0).map_err(|_| FAIL)
+    let d = diff(
+        [
+            u32::from_ne_bytes(pkt.src_addr),
+            u32::from_ne_bytes(pkt.dst_addr),
+        ],
+        [u32::from_ne_bytes(addrs[0]), u32::from_ne_bytes(addrs[1])],
+    );
+    // A difference of 0 (a word that changes between the two encodings of zero) leaves
+    // the checksum as it is.
+    if d != 0 {
+        ctx.l3_csum_replace(IP_CSUM_OFF, 0, u64::from(d), 0)
+            .map_err(|_| FAIL)?;
+    }
+    let mut both = [0u8; 8];
+    both[..4].copy_from_slice(&addrs[0]);
+    both[4..].copy_from_slice(&addrs[1]);
+    ctx.store(IP_SRC_OFF, &both, 0).map_err(|_| FAIL)
 }
+
+// The two addresses are one 8-byte store, and the two ports one 4-byte store.
+const _: () = assert!(IP_DST_OFF == IP_SRC_OFF + 4);
+const _: () = assert!(L4_DPORT_OFF == L4_SPORT_OFF + 2);
