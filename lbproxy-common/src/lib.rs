@@ -85,6 +85,7 @@ pub mod select;
 pub mod services;
 pub mod slots;
 pub mod snat_tries;
+pub mod sock;
 pub mod src_check;
 pub mod src_ranges;
 pub mod unserved;
@@ -112,6 +113,7 @@ pub use services::{
     SVC_KIND_NODE_PORT, ServiceKey, ServiceValue, ServiceValueV1,
 };
 pub use slots::{MAX_SLOTS, SlotKey};
+pub use sock::{SOCK_F_ALL_NETNS, SOCK_F_ENABLED, SockConfig, SockEvent, SockRevKey, SockRevValue};
 pub use spec::{MapKind, MapSpec};
 pub use src_check::{MAX_SRC_CHECKS, SrcCheck};
 pub use src_ranges::{MAX_SRC_RANGES, SrcRangeData, SrcRangeKey, SrcRangeValue};
@@ -143,6 +145,9 @@ pod!(
     NodeAddr,
     SrcRangeData,
     SrcRangeKey,
+    SockConfig,
+    SockRevKey,
+    SockRevValue,
 );
 
 /// Every map the controller pins, and the datapath declares.
@@ -166,6 +171,9 @@ pub const MAPS: &[MapSpec] = &[
     src_ranges::SPEC,
     pod_addrs::SPEC,
     snat_tries::SPEC,
+    sock::CONFIG_SPEC,
+    sock::REV_SPEC,
+    sock::COUNT_SPEC,
 ];
 
 /// Earlier layouts a controller reads once at start, copies into their successor, then
@@ -238,6 +246,12 @@ pub mod map_names {
     pub const SRC_RANGES: &str = crate::src_ranges::SPEC.name;
     /// Per-CPU counts of the tries each SNAT port allocation took.
     pub const SNAT_TRIES: &str = crate::snat_tries::SPEC.name;
+    /// Socket-level load balancing: its settings (`SockConfig`, one entry).
+    pub const SOCK_CONFIG: &str = crate::sock::CONFIG_SPEC.name;
+    /// Socket-level load balancing: each translated socket's backend and frontend.
+    pub const SOCK_REV: &str = crate::sock::REV_SPEC.name;
+    /// Socket-level load balancing: per-CPU counters by `SockEvent`.
+    pub const SOCK_EVENTS: &str = crate::sock::COUNT_SPEC.name;
     /// Every map the controller pins: the names of [`MAPS`], in its order.
     pub const PINNED: [&str; MAPS.len()] = {
         let mut out = [""; MAPS.len()];
@@ -250,7 +264,7 @@ pub mod map_names {
     };
 }
 
-/// Names of the TC programs in the object file.
+/// Names of the programs in the object file.
 pub mod program_names {
     /// tcx ingress on the host side of a pod interface: traffic leaving the pod.
     pub const FROM_POD: &str = "lb_from_pod";
@@ -260,6 +274,18 @@ pub mod program_names {
     pub const FROM_NODE: &str = "lb_from_node";
     /// tcx egress on a node interface: traffic leaving the node.
     pub const TO_NODE: &str = "lb_to_node";
+    /// cgroup `connect4`: a socket of the node connecting to a frontend.
+    pub const CONNECT4: &str = "lb_connect4";
+    /// cgroup `sendmsg4`: a datagram of an unconnected UDP socket of the node.
+    pub const SENDMSG4: &str = "lb_sendmsg4";
+    /// cgroup `recvmsg4`: a datagram received by a translated UDP socket.
+    pub const RECVMSG4: &str = "lb_recvmsg4";
+    /// cgroup `getpeername4`: the peer of a translated socket.
+    pub const GETPEERNAME4: &str = "lb_getpeername4";
+    /// The tcx programs, each attached to interfaces.
+    pub const TC: [&str; 4] = [FROM_POD, TO_POD, FROM_NODE, TO_NODE];
+    /// The cgroup programs, each attached to the `--cgroup-root` cgroup.
+    pub const SOCK: [&str; 4] = [CONNECT4, SENDMSG4, RECVMSG4, GETPEERNAME4];
 }
 
 pub const IPPROTO_TCP: u8 = 6;

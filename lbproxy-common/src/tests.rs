@@ -55,7 +55,7 @@ fn sizes<K, V>() -> (u32, u32) {
 
 #[test]
 fn spec_sizes_are_their_types() {
-    let cases: [(MapSpec, (u32, u32)); 22] = [
+    let cases: [(MapSpec, (u32, u32)); 25] = [
         (services::SPEC, sizes::<ServiceKey, ServiceValue>()),
         (services::SPEC_V1, sizes::<ServiceKey, ServiceValueV1>()),
         (slots::SPEC, sizes::<SlotKey, u32>()),
@@ -78,6 +78,9 @@ fn spec_sizes_are_their_types() {
         (src_check::SPEC, sizes::<u32, SrcCheck>()),
         (pod_addrs::SPEC, sizes::<[u8; 4], PodAddr>()),
         (snat_tries::SPEC, sizes::<u32, u64>()),
+        (sock::CONFIG_SPEC, sizes::<u32, SockConfig>()),
+        (sock::REV_SPEC, sizes::<SockRevKey, SockRevValue>()),
+        (sock::COUNT_SPEC, sizes::<u32, u64>()),
     ];
     for (spec, (k, v)) in cases {
         assert_eq!((spec.key_size, spec.value_size), (k, v), "{}", spec.name);
@@ -97,7 +100,7 @@ fn spec_sizes_are_their_types() {
 #[test]
 fn layouts_are_unchanged() {
     use MapKind::*;
-    let expected: [(&str, &str, MapKind, u32, u32, u32); 19] = [
+    let expected: [(&str, &str, MapKind, u32, u32, u32); 22] = [
         ("LB_BACKENDS_V1", "backends", Hash, 4, 8, 262_144),
         ("LB_SLOTS_V1", "slots", Hash, 8, 4, 262_144),
         ("LB_SERVICES_V2", "services", Hash, 8, 16, 65_536),
@@ -117,6 +120,9 @@ fn layouts_are_unchanged() {
         ("LB_SRCRANGES_V1", "src_ranges", LpmTrie, 12, 4, 65_536),
         ("LB_PODADDRS_V1", "pod_addrs", Hash, 4, 4, 16_384),
         ("LB_SNATTRIES_V1", "snat_tries", PerCpuArray, 4, 8, 18),
+        ("LB_SOCKCFG_V1", "sock_config", Array, 4, 16, 1),
+        ("LB_SOCKREV_V1", "sock_rev", LruHash, 16, 16, 262_144),
+        ("LB_SOCKCNT_V1", "sock_events", PerCpuArray, 4, 8, 16),
     ];
     let got: Vec<_> = MAPS
         .iter()

@@ -21,6 +21,10 @@
 //! direction of a flow between two local pods passes the node's stack or `lb_to_pod`. When a
 //! packet cannot be redirected (see `deliver`), both directions fall back to the split above.
 //!
+//! Socket level (`sock`): `lb_connect4`, `lb_sendmsg4`, `lb_recvmsg4` and
+//! `lb_getpeername4` (cgroup programs on `--cgroup-root`) translate the node's own
+//! processes' sockets, which no interface program sees before the stack routes them.
+//!
 //! North-south (`north`): `lb_from_node` (tcx ingress on the node's own interfaces) serves
 //! NodePorts, externalIPs and load-balancer IPs to traffic from outside the node, and takes
 //! back the replies of source-NATed flows; `lb_to_node` (tcx egress there) reverse-NATs the
@@ -38,12 +42,16 @@ mod north;
 mod parse;
 mod reason;
 mod reject;
+mod sock;
 mod source;
 
-use aya_ebpf::{macros::classifier, programs::TcContext};
+use aya_ebpf::{
+    macros::{cgroup_sock_addr, classifier},
+    programs::{SockAddrContext, TcContext},
+};
 use aya_log_ebpf::debug;
 
-use lbproxy_common::{DatapathConfig, DropReason, SVC_KIND_CLUSTER_IP};
+use lbproxy_common::{DatapathConfig, DropReason, IPPROTO_UDP, SVC_KIND_CLUSTER_IP, SockEvent};
 
 use crate::{
     parse::L4,
@@ -323,6 +331,35 @@ fn try_to_node(ctx: &TcContext) -> Result<i32, DropReason> {
     }
     nat::snat(ctx, &pkt, to).map_err(|v| v.reason())?;
     Ok(TC_ACT_UNSPEC)
+}
+
+#[cgroup_sock_addr(connect4)]
+pub fn lb_connect4(ctx: SockAddrContext) -> i32 {
+    sock::forward(
+        &ctx,
+        SockEvent::ConnectTranslated,
+        SockEvent::ConnectRefused,
+    )
+}
+
+#[cgroup_sock_addr(sendmsg4)]
+pub fn lb_sendmsg4(ctx: SockAddrContext) -> i32 {
+    sock::forward(
+        &ctx,
+        SockEvent::SendmsgTranslated,
+        SockEvent::SendmsgRefused,
+    )
+}
+
+#[cgroup_sock_addr(recvmsg4)]
+pub fn lb_recvmsg4(ctx: SockAddrContext) -> i32 {
+    sock::reverse(&ctx, IPPROTO_UDP, SockEvent::RecvmsgRestored)
+}
+
+#[cgroup_sock_addr(getpeername4)]
+pub fn lb_getpeername4(ctx: SockAddrContext) -> i32 {
+    let proto = sock::protocol(&ctx);
+    sock::reverse(&ctx, proto, SockEvent::GetpeernameRestored)
 }
 
 #[cfg(not(test))]

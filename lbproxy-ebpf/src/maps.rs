@@ -10,9 +10,9 @@ use aya_ebpf::btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_t
 use lbproxy_common::{
     AffinityKey, AffinityValue, Backend, DatapathConfig, FlowKey, FlowValue, FragKey, FragPorts,
     MemberKey, NodeAddr, NodeIf, PodAddr, PodIf, ServiceKey, ServiceLabel, ServiceValue, SlotKey,
-    SrcCheck, SrcRangeData, UnservedKey, UnservedValue, affinity, backends, config, delivery,
-    drops, flows, frags, labels, members, node_addrs, node_ifs, pod_addrs, pod_ifs, services,
-    slots, snat_tries,
+    SockConfig, SockRevKey, SockRevValue, SrcCheck, SrcRangeData, UnservedKey, UnservedValue,
+    affinity, backends, config, delivery, drops, flows, frags, labels, members, node_addrs,
+    node_ifs, pod_addrs, pod_ifs, services, slots, snat_tries, sock,
     spec::{MapKind, MapSpec, size_u32, str_eq},
     src_check, src_ranges, unserved,
 };
@@ -165,6 +165,13 @@ map! {
     LB_SRCRANGES_V1: LpmTrie<SrcRangeData, u32> = src_ranges::SPEC;
     /// Per-CPU counts of the tries each SNAT port allocation took. Written by `flow`.
     LB_SNATTRIES_V1: PerCpuArray<u64> = snat_tries::SPEC;
+    /// Socket-level load balancing's settings, one entry. Read by `sock`.
+    LB_SOCKCFG_V1: Array<SockConfig> = sock::CONFIG_SPEC;
+    /// Each translated socket's backend and frontend. Owned by `sock`; the controller reads
+    /// it to find the sockets of a backend that left.
+    LB_SOCKREV_V1: LruHashMap<SockRevKey, SockRevValue> = sock::REV_SPEC;
+    /// Per-CPU counters by `SockEvent`. Written by `sock`.
+    LB_SOCKCNT_V1: PerCpuArray<u64> = sock::COUNT_SPEC;
 }
 
 /// The controller's settings (`LB_CONFIG_V1`, entry 0): the stack bypass flag (for

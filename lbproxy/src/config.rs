@@ -65,6 +65,8 @@ pub struct FileConfig {
     pub conntrack: Option<ConntrackConfig>,
     pub node_port_addresses: Option<Vec<String>>,
     pub snat_port_range: Option<String>,
+    pub cgroup_root: Option<String>,
+    pub socket_lb: Option<String>,
 }
 
 /// kube-proxy's `conntrack` block; here it sets lbproxy's own flow table timeouts.
@@ -104,6 +106,39 @@ pub struct Flags {
     pub tcp_syn_sent_timeout: Option<String>,
     pub node_port_addresses: Option<Vec<String>>,
     pub snat_port_range: Option<String>,
+    pub cgroup_root: Option<PathBuf>,
+    pub socket_lb: Option<String>,
+}
+
+/// Where socket-level load balancing applies (`--socket-lb`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SocketLb {
+    /// No cgroup programs: the node's own processes are not load-balanced.
+    Off,
+    /// The node's own processes (its network namespace): the default.
+    Host,
+    /// The node's processes and pods' alike (every network namespace under the cgroup).
+    Pods,
+}
+
+impl SocketLb {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SocketLb::Off => "off",
+            SocketLb::Host => "host",
+            SocketLb::Pods => "pods",
+        }
+    }
+}
+
+/// Where the cgroup programs attach (`--cgroup-root`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CgroupRoot {
+    /// Not given: `/sys/fs/cgroup` when that is cgroup v2, else lbproxy's own cgroup2
+    /// mount at `/run/lbproxy/cgroupv2` (see `bpf::sock::resolve_cgroup_root`).
+    Default,
+    /// This directory, which must be a cgroup v2 directory.
+    Path(PathBuf),
 }
 
 /// Which of the node's addresses serve NodePorts (kube-proxy's `nodePortAddresses`).
@@ -154,6 +189,8 @@ pub struct Settings {
     pub node_port_addresses: NodePortAddresses,
     /// Ports of source-NATed flows, inclusive.
     pub snat_port_range: (u16, u16),
+    pub cgroup_root: CgroupRoot,
+    pub socket_lb: SocketLb,
 }
 
 /// `--nodeport-addresses`: comma-separated CIDRs, or `primary`; empty means all.
@@ -485,7 +522,43 @@ pub fn resolve(file: Option<(&Path, FileConfig)>, flags: Flags) -> Result<Settin
             lbproxy_common::DEFAULT_SNAT_PORT_MAX,
         ),
     };
+    let (root, o) = match flags.cgroup_root {
+        Some(p) => (Some(p), "flag".to_string()),
+        None => (
+            f.cgroup_root
+                .clone()
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from),
+            forigin.clone(),
+        ),
+    };
+    let cgroup_root = match root {
+        Some(p) if !p.is_absolute() => {
+            return Err(err(
+                &o,
+                "cgroupRoot",
+                format!("{} is not an absolute path", p.display()),
+            ));
+        }
+        Some(p) => CgroupRoot::Path(p),
+        None => CgroupRoot::Default,
+    };
+    let (mode, o) = pick(flags.socket_lb, f.socket_lb.clone());
+    let socket_lb = match mode.as_deref().map(str::trim) {
+        None | Some("") | Some("host") => SocketLb::Host,
+        Some("off") => SocketLb::Off,
+        Some("pods") => SocketLb::Pods,
+        Some(other) => {
+            return Err(err(
+                &o,
+                "socketLb",
+                format!("{other:?} is not one of off, host, pods"),
+            ));
+        }
+    };
     Ok(Settings {
+        cgroup_root,
+        socket_lb,
         node_port_addresses,
         snat_port_range,
         flow_timeouts,

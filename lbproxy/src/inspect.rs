@@ -375,6 +375,8 @@ pub enum What {
     Delivery,
     /// Source NAT's port space: the destinations with the most ports in use.
     Snat,
+    /// Socket-level load balancing: its hooks, scope, and what they did.
+    Sockets,
 }
 
 /// `--service` and `--backend`.
@@ -529,6 +531,7 @@ pub fn run(dir: &Path, what: What, json: bool, filter: &Filter) -> anyhow::Resul
             }
         }
         What::Delivery => delivery(&maps, json)?,
+        What::Sockets => sockets(&maps, dir, json)?,
         What::Snat => {
             let rows = snat(&maps);
             if json {
@@ -567,6 +570,56 @@ pub fn run(dir: &Path, what: What, json: bool, filter: &Filter) -> anyhow::Resul
         println!();
     }
     Ok(())
+}
+
+/// `inspect sockets`.
+fn sockets(maps: &PinnedMaps, dir: &Path, json: bool) -> anyhow::Result<String> {
+    let cfg = maps.sock_config.get(&0, 0).unwrap_or_default();
+    let on = cfg.flags & lbproxy_common::SOCK_F_ENABLED != 0;
+    let scope = match (on, cfg.flags & lbproxy_common::SOCK_F_ALL_NETNS != 0) {
+        (false, _) => "off",
+        (true, false) => "host",
+        (true, true) => "pods",
+    };
+    let hooks: Vec<String> = crate::bpf::sock::pinned_links(dir)
+        .iter()
+        .filter_map(|p| Some(p.file_name()?.to_string_lossy().to_string()))
+        .collect();
+    let sockets = maps.sock_rev.keys().flatten().count();
+    let counts: Vec<(&'static str, u64)> = maps
+        .sock_counts()
+        .into_iter()
+        .map(|(e, n)| (e.label(), n))
+        .collect();
+    if json {
+        let v = serde_json::json!({
+            "mode": scope,
+            "netns_cookie": cfg.netns_cookie,
+            "hooks": hooks,
+            "translated_sockets": sockets,
+            "events": counts.iter().copied().collect::<BTreeMap<_, _>>(),
+        });
+        return Ok(serde_json::to_string_pretty(&v)?);
+    }
+    let mut out = format!(
+        "socket-level load balancing: {scope} (network namespace cookie {})
+hooks attached: {}
+sockets remembered (for recvmsg/getpeername): {sockets}
+
+",
+        cfg.netns_cookie,
+        if hooks.is_empty() {
+            "(none)".to_string()
+        } else {
+            hooks.join(", ")
+        }
+    );
+    let cells: Vec<Vec<String>> = counts
+        .iter()
+        .map(|(e, n)| vec![e.to_string(), n.to_string()])
+        .collect();
+    out.push_str(&table(&["EVENT", "COUNT"], &cells));
+    Ok(out)
 }
 
 /// `inspect delivery`.

@@ -135,6 +135,15 @@ struct RunArgs {
     /// [default: 1024-29999, clear of the NodePort and the node's ephemeral ranges]
     #[arg(long)]
     snat_port_range: Option<String>,
+    /// The cgroup v2 directory the socket-level programs attach to; they translate the
+    /// sockets of every process in it and below [default: /sys/fs/cgroup when that is cgroup
+    /// v2, else lbproxy's own cgroup2 mount at /run/lbproxy/cgroupv2]
+    #[arg(long)]
+    cgroup_root: Option<PathBuf>,
+    /// Socket-level load balancing: `host` (the node's own processes), `pods` (theirs and
+    /// pods'), or `off` [default: host]
+    #[arg(long)]
+    socket_lb: Option<String>,
 }
 
 fn parse_globs(globs: &[String]) -> anyhow::Result<GlobSet> {
@@ -282,6 +291,8 @@ fn settings(args: &RunArgs) -> anyhow::Result<config::Settings> {
         tcp_syn_sent_timeout: args.flow_tcp_timeout_syn_sent.clone(),
         node_port_addresses: args.nodeport_addresses.clone(),
         snat_port_range: args.snat_port_range.clone(),
+        cgroup_root: args.cgroup_root.clone(),
+        socket_lb: args.socket_lb.clone(),
     };
     Ok(config::resolve(file, flags)?)
 }
@@ -318,6 +329,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     spawn_datapath_logs(&mut dp);
     bpf::write_config(&settings.bpffs_dir, settings.stack_bypass)?;
     tracing::info!(stack_bypass = settings.stack_bypass, "datapath configured");
+    bpf::sock::attach(&mut dp, &settings.cgroup_root, settings.socket_lb)
+        .context("socket-level load balancing (cgroupRoot, socketLb)")?;
     let (hc_tx, hc_addresses) = tokio::sync::watch::channel(Vec::new());
     let (node_ips_tx, node_ips) = tokio::sync::watch::channel(Vec::new());
     let attacher = Attacher::new(

@@ -44,3 +44,38 @@ pub fn select(
     let _ = LB_AFFINITY_V1.insert(key, value, 0);
     Ok((backend_id, backend))
 }
+
+/// [`select`] for the client `client_addr`, with `pick` choosing when the client has no
+/// live choice to keep.
+#[inline(always)]
+pub fn select_for<E>(
+    svc: &ServiceValue,
+    client_addr: [u8; 4],
+    now: u64,
+    pick: impl FnOnce() -> Result<(u32, Backend), E>,
+) -> Result<(u32, Backend), E> {
+    let key = AffinityKey {
+        svc_id: svc.svc_id,
+        client_addr,
+    };
+    let timeout_ns = u64::from(svc.affinity_timeout_s) * 1_000_000_000;
+    if let Some(entry) = LB_AFFINITY_V1.get_ptr_mut(key) {
+        let (backend_id, last) = unsafe { ((*entry).backend_id, (*entry).last_ns) };
+        if now.wrapping_sub(last) <= timeout_ns
+            && select::is_member(svc, backend_id)
+            && let Some(b) = select::backend(backend_id)
+        {
+            unsafe { (*entry).last_ns = now };
+            return Ok((backend_id, b));
+        }
+    }
+    let (backend_id, backend) = pick()?;
+    let value = AffinityValue {
+        backend_id,
+        _pad: 0,
+        last_ns: now,
+    };
+    // Failing to remember only costs affinity for the next flow, not this one.
+    let _ = LB_AFFINITY_V1.insert(key, value, 0);
+    Ok((backend_id, backend))
+}

@@ -55,6 +55,24 @@ pub fn select(svc: &ServiceValue, pkt: &Packet, seed: u64) -> Result<(u32, Backe
     Ok((backend_id, backend))
 }
 
+/// The backend in slot `jump(hash, count)` of a service with at least one slot: its id and
+/// address (`SlotMissing`/`BackendMissing` when the maps are inconsistent). For socket-level
+/// load balancing; [`select`] keeps its own copy of these lines, as sharing them changes the
+/// packet programs' stack layout past the BPF limit.
+#[inline(always)]
+pub fn select_by_hash(svc: &ServiceValue, hash: u64) -> Result<(u32, Backend), DropReason> {
+    let slot = jump(hash, svc.count);
+    let key = SlotKey {
+        svc_id: svc.svc_id,
+        slot,
+    };
+    let backend_id = unsafe { LB_SLOTS_V1.get(key) }
+        .copied()
+        .ok_or(DropReason::SlotMissing)?;
+    let backend = backend(backend_id).ok_or(DropReason::BackendMissing)?;
+    Ok((backend_id, backend))
+}
+
 /// Whether `backend_id` is in one of the service's slots, i.e. still eligible for new flows
 /// (a backend that left, or turned not-ready, is not).
 #[inline(always)]

@@ -51,7 +51,7 @@ fn in_ranges(svc_id: u32, src: u32) -> u32 {
 /// [`lookup_from_pod`].
 #[inline(always)]
 pub fn lookup(pkt: &Packet) -> Option<ServiceValue> {
-    lookup_keyed(pkt).map(|(_, svc)| svc)
+    lookup_keyed(pkt.dst_addr, pkt.dst_port_be, pkt.proto).map(|(_, svc)| svc)
 }
 
 /// [`lookup`] for a packet from one of this node's pods. An entry flagged
@@ -63,7 +63,15 @@ pub fn lookup(pkt: &Packet) -> Option<ServiceValue> {
 /// the default entry serves.
 #[inline(always)]
 pub fn lookup_from_pod(pkt: &Packet) -> Option<ServiceValue> {
-    let (key, svc) = lookup_keyed(pkt)?;
+    lookup_local(pkt.dst_addr, pkt.dst_port_be, pkt.proto)
+}
+
+/// The frontend `(addr, port_be, proto)` names for a client on this node: one of its pods,
+/// or (socket-level load balancing) one of its own processes, which kube-proxy also sends to
+/// all of an `externalTrafficPolicy: Local` service's endpoints. See [`lookup_from_pod`].
+#[inline(always)]
+pub fn lookup_local(addr: [u8; 4], port_be: u16, proto: u8) -> Option<ServiceValue> {
+    let (key, svc) = lookup_keyed(addr, port_be, proto)?;
     if svc.flags & SVC_F_SPLIT_SCOPE == 0 {
         return Some(svc);
     }
@@ -75,13 +83,13 @@ pub fn lookup_from_pod(pkt: &Packet) -> Option<ServiceValue> {
     Some(unsafe { LB_SERVICES_V2.get(key) }.copied().unwrap_or(svc))
 }
 
-/// The frontend entry a packet is addressed to and the key it was found under.
+/// The frontend entry `(addr, port_be, proto)` names and the key it was found under.
 #[inline(always)]
-fn lookup_keyed(pkt: &Packet) -> Option<(ServiceKey, ServiceValue)> {
+fn lookup_keyed(addr: [u8; 4], port_be: u16, proto: u8) -> Option<(ServiceKey, ServiceValue)> {
     let key = ServiceKey {
-        addr: pkt.dst_addr,
-        port_be: pkt.dst_port_be,
-        proto: pkt.proto,
+        addr,
+        port_be,
+        proto,
         scope: SCOPE_DEFAULT,
     };
     // SAFETY: the value is copied out at once; hash map values are not freed under RCU
@@ -90,7 +98,7 @@ fn lookup_keyed(pkt: &Packet) -> Option<(ServiceKey, ServiceValue)> {
         return Some((key, *svc));
     }
     // SAFETY: as above.
-    let node = unsafe { LB_NODEADDRS_V1.get(pkt.dst_addr) }?;
+    let node = unsafe { LB_NODEADDRS_V1.get(addr) }?;
     if node.flags & NODE_ADDR_F_NODEPORT == 0 {
         return None;
     }

@@ -11,7 +11,7 @@ use super::attach::pinned_interfaces;
 /// table as it was. A connection from a source port that an old flow used could then have
 /// its SYN-ACK reverse-NATed, and be reset, right after `cleanup` returned (seen in the
 /// datapath benchmark).
-fn detach_pinned_link(pin: &Path) -> std::io::Result<()> {
+pub(super) fn detach_pinned_link(pin: &Path) -> std::io::Result<()> {
     use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
     use std::os::unix::ffi::OsStrExt as _;
     const BPF_OBJ_GET: libc::c_long = 7;
@@ -57,8 +57,14 @@ pub fn cleanup(dir: &Path) -> Result<Vec<String>, BpfError> {
         }
         removed.push(format!("links of {}@{}", iface.name, iface.index));
     }
-    let links = dir.join("links");
-    if links.exists() {
+    for program in super::sock::detach_all(dir)? {
+        removed.push(format!("cgroup link of {program}"));
+    }
+    for sub in ["links", super::sock::LINKS_DIR] {
+        let links = dir.join(sub);
+        if !links.exists() {
+            continue;
+        }
         // Anything else left there (e.g. a half-written pin) goes too.
         std::fs::remove_dir_all(&links).map_err(|source| BpfError::Io {
             path: links.clone(),

@@ -4,13 +4,15 @@
 //!
 //! Layout under `--bpffs-dir`:
 //! - `LB_*_V<n>`: the maps, pinned by name (see `lbproxy_common`'s map specs);
-//! - `links/`: one pinned tcx link per program and interface (see [`attach`]).
+//! - `links/`: one pinned tcx link per program and interface (see [`attach`]);
+//! - `cgroup-links/`: one pinned cgroup link per socket-level program (see [`sock`]).
 
 pub mod attach;
 pub mod cleanup;
 pub mod flow_gc;
 pub mod ifaces;
 pub mod pinned;
+pub mod sock;
 
 pub use attach::Attacher;
 pub use pinned::{PinnedMaps, label_str};
@@ -21,7 +23,7 @@ use std::path::{Path, PathBuf};
 use aya::Ebpf;
 use aya::EbpfLoader;
 use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError};
-use aya::programs::SchedClassifier;
+use aya::programs::{CgroupSockAddr, SchedClassifier};
 use lbproxy_common::{
     CONFIG_F_STACK_BYPASS, DatapathConfig, ServiceKey, ServiceValue, map_names, program_names,
 };
@@ -202,13 +204,20 @@ impl Datapath {
         let mut ebpf = loader.load(OBJECT)?;
         migrate_services_v1(dir)?;
         migrate_flows(dir)?;
-        for name in [
-            program_names::FROM_POD,
-            program_names::TO_POD,
-            program_names::FROM_NODE,
-            program_names::TO_NODE,
-        ] {
+        for name in program_names::TC {
             let prog: &mut SchedClassifier = ebpf
+                .program_mut(name)
+                .ok_or_else(|| BpfError::Program {
+                    name,
+                    source: aya::programs::ProgramError::UnexpectedProgramType,
+                })?
+                .try_into()
+                .map_err(|source| BpfError::Program { name, source })?;
+            prog.load()
+                .map_err(|source| BpfError::Program { name, source })?;
+        }
+        for name in program_names::SOCK {
+            let prog: &mut CgroupSockAddr = ebpf
                 .program_mut(name)
                 .ok_or_else(|| BpfError::Program {
                     name,

@@ -29,6 +29,9 @@ pub struct PinnedMaps {
     pub node_ifs: BpfHashMap<MapData, u32, lbproxy_common::NodeIf>,
     pub src_ranges: aya::maps::LpmTrie<MapData, lbproxy_common::SrcRangeData, u32>,
     pub snat_tries: PerCpuArray<MapData, u64>,
+    pub sock_config: Array<MapData, lbproxy_common::SockConfig>,
+    pub sock_events: PerCpuArray<MapData, u64>,
+    pub sock_rev: BpfHashMap<MapData, lbproxy_common::SockRevKey, lbproxy_common::SockRevValue>,
 }
 
 impl PinnedMaps {
@@ -49,6 +52,9 @@ impl PinnedMaps {
             node_ifs: open_pinned(dir, map_names::NODE_IFS, Map::HashMap)?,
             src_ranges: open_pinned(dir, map_names::SRC_RANGES, Map::LpmTrie)?,
             snat_tries: open_pinned(dir, map_names::SNAT_TRIES, Map::PerCpuArray)?,
+            sock_config: open_pinned(dir, map_names::SOCK_CONFIG, Map::Array)?,
+            sock_events: open_pinned(dir, map_names::SOCK_EVENTS, Map::PerCpuArray)?,
+            sock_rev: open_pinned(dir, map_names::SOCK_REV, Map::LruHashMap)?,
         })
     }
 
@@ -74,6 +80,14 @@ impl PinnedMaps {
     pub fn snat_tries(&self) -> Vec<u64> {
         (0..lbproxy_common::snat_tries::SLOTS)
             .map(|i| cpu_sum(&self.snat_tries, i))
+            .collect()
+    }
+
+    /// What the socket-level programs did, summed over CPUs.
+    pub fn sock_counts(&self) -> Vec<(lbproxy_common::SockEvent, u64)> {
+        lbproxy_common::SockEvent::ALL
+            .iter()
+            .map(|e| (*e, cpu_sum(&self.sock_events, *e as u32)))
             .collect()
     }
 

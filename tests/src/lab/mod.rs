@@ -52,6 +52,7 @@
 //! dir (kept, and its path printed, if the thread is panicking).
 
 pub mod bpf;
+pub mod cgroup;
 pub mod connect;
 pub mod lbproxy;
 pub mod manifest;
@@ -70,7 +71,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-pub use self::lbproxy::{HEALTHZ_ADDR, Lbproxy, METRICS_ADDR, lbproxy_bin, lbproxy_bin_if_present};
+pub use self::lbproxy::{
+    HEALTHZ_ADDR, Lbproxy, METRICS_ADDR, lbproxy_bin, lbproxy_bin_if_present, run_lbproxy_cmd,
+};
 pub use self::manifest::{
     Conditions, Endpoint, EndpointSlice, Manifest, Object, Protocol, Service, TargetPort,
     write_atomic,
@@ -255,6 +258,9 @@ pub struct Lab {
     bpffs_dir: PathBuf,
     state: Mutex<LabState>,
     lbproxy_used: AtomicBool,
+    /// The cgroup2 group lbproxy's socket-level programs attach to (`--cgroup-root` in
+    /// [`Lab::lbproxy_base_args`]), so they never see a process outside the lab.
+    cgroup: std::sync::OnceLock<cgroup::CgroupGroup>,
 }
 
 pub(crate) static COUNTER: AtomicU32 = AtomicU32::new(0);
@@ -303,6 +309,7 @@ impl Lab {
                 lbproxy_starts: 0,
             }),
             lbproxy_used: AtomicBool::new(false),
+            cgroup: std::sync::OnceLock::new(),
         };
         // From here on a panic drops `lab`, which removes whatever was created.
         lab.setup();
@@ -358,6 +365,12 @@ impl Lab {
                 sysctl(node, key, "1");
             }
         }
+        let _ = self.cgroup.set(cgroup::CgroupGroup::new(&self.id));
+    }
+
+    /// The lab's cgroup2 group (see [`Lab::lbproxy_base_args`]).
+    pub fn cgroup(&self) -> &Path {
+        self.cgroup.get().expect("set up with the lab").path()
     }
 
     pub fn shape(&self) -> Shape {
@@ -587,6 +600,8 @@ impl Lab {
             self.pod_glob(),
             "--bpffs-dir".into(),
             self.bpffs_dir.display().to_string(),
+            "--cgroup-root".into(),
+            self.cgroup().display().to_string(),
             "--healthz-bind-address".into(),
             HEALTHZ_ADDR.into(),
             "--metrics-bind-address".into(),
@@ -757,6 +772,7 @@ impl Drop for Lab {
             let _ = quiet_ip(&self.node, &["link", "del", &p.host_if]);
             let _ = netns_del_quiet(&p.netns);
         }
+        drop(self.cgroup.take());
         let _ = quiet_ip(&self.node, &["link", "del", UPLINK_IF]);
         let _ = quiet_ip(&self.node, &["link", "del", BRIDGE_IF]);
         let _ = netns_del_quiet(&self.uplink);

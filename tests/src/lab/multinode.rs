@@ -65,6 +65,7 @@ use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use super::cgroup::{CgroupGroup, HostClient, Mode, Outcome};
 use super::lbproxy::{HEALTHZ_ADDR, Lbproxy, METRICS_ADDR, lbproxy_bin_if_present};
 use super::manifest::{Endpoint, Manifest, write_atomic};
 use super::net::{Proto, Reply, Tally, TcpConn, tally, tcp_request, udp_request};
@@ -277,6 +278,9 @@ pub struct MultiNodeLab {
     nodes: [Node; 2],
     workdir: PathBuf,
     state: Mutex<State>,
+    /// The cgroup2 group the nodes' lbproxies attach to (`--cgroup-root`) and host clients
+    /// run in; made at the end of setup.
+    cgroup: std::sync::OnceLock<CgroupGroup>,
 }
 
 impl Default for MultiNodeLab {
@@ -308,6 +312,7 @@ impl MultiNodeLab {
             nodes: [node(NodeId::A), node(NodeId::B)],
             workdir: std::env::temp_dir().join(format!("lbt-{id}")),
             state: Mutex::new(State::default()),
+            cgroup: std::sync::OnceLock::new(),
             id,
         };
         // From here on a panic drops `lab`, which removes whatever was created.
@@ -380,6 +385,54 @@ impl MultiNodeLab {
             wait_lower_up(&node.netns, NODE_IF);
             wait_lower_up(fab, node.id.fabric_port());
         }
+        let _ = self.cgroup.set(CgroupGroup::new(&self.id));
+    }
+
+    /// The cgroup2 group given to every lbproxy of the lab as `--cgroup-root`.
+    pub fn cgroup(&self) -> &Path {
+        self.cgroup.get().expect("set up with the lab").path()
+    }
+
+    /// Runs `count` requests from `node`'s own network namespace to `target`, from a process
+    /// in the lab's cgroup (so lbproxy's socket-level programs see it): see
+    /// [`HostClient::run`].
+    pub fn host_requests(
+        &self,
+        node: NodeId,
+        mode: Mode,
+        target: SocketAddr,
+        count: usize,
+        timeout: Duration,
+    ) -> Vec<Outcome> {
+        HostClient::run(
+            &self.node(node).netns,
+            Some(self.cgroup()),
+            mode,
+            target,
+            count,
+            timeout,
+        )
+    }
+
+    /// A long-running [`HostClient`] of `node` in the lab's cgroup.
+    pub fn host_client(
+        &self,
+        node: NodeId,
+        mode: Mode,
+        target: SocketAddr,
+        count: usize,
+        interval: Duration,
+        timeout: Duration,
+    ) -> HostClient {
+        HostClient::spawn(
+            &self.node(node).netns,
+            Some(self.cgroup()),
+            mode,
+            target,
+            count,
+            interval,
+            timeout,
+        )
     }
 
     /// `<pid>-<counter>`, unique per lab on this machine.
@@ -627,7 +680,7 @@ impl MultiNodeLab {
     /// The `lbproxy` arguments [`Self::start_lbproxy`] uses for `node`, `extra` appended:
     ///
     /// `run --manifests FILE --pod-interfaces lxc* --hostname-override nodeA
-    /// --nodeport-addresses 198.18.80.0/24 --bpffs-dir DIR --healthz-bind-address
+    /// --nodeport-addresses 198.18.80.0/24 --cgroup-root CGROUP --bpffs-dir DIR --healthz-bind-address
     /// 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249 EXTRA...`
     pub fn lbproxy_run_args(&self, node: NodeId, extra: &[&str]) -> Vec<String> {
         let mut args: Vec<String> = vec![
@@ -640,6 +693,8 @@ impl MultiNodeLab {
             node.name().into(),
             "--nodeport-addresses".into(),
             NODEPORT_ADDRESSES.into(),
+            "--cgroup-root".into(),
+            self.cgroup().display().to_string(),
             "--bpffs-dir".into(),
             self.node(node).bpffs_dir.display().to_string(),
             "--healthz-bind-address".into(),
@@ -876,6 +931,8 @@ impl Drop for MultiNodeLab {
             let _ = quiet_ip(&c.netns, &["link", "del", "eth0"]);
             let _ = netns_del_quiet(&c.netns);
         }
+        // 4. The cgroup group (killing any client left in it), before the namespaces go.
+        drop(self.cgroup.take());
         for node in &self.nodes {
             let _ = quiet_ip(&node.netns, &["link", "del", NODE_IF]);
             let _ = netns_del_quiet(&node.netns);

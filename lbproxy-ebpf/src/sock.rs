@@ -1,0 +1,233 @@
+//! Socket-level load balancing for the node's own processes (Cilium's `bpf_sock.c`): cgroup
+//! programs that translate at the socket, so the packets of a translated socket are never
+//! translated at all.
+//!
+//! - `connect4`: a TCP or UDP socket connecting to a frontend is connected to a backend
+//!   instead; with no usable endpoint, `connect()` fails with ECONNREFUSED.
+//! - `sendmsg4`: a datagram an unconnected UDP socket sends to a frontend goes to a backend.
+//! - `recvmsg4`, `getpeername4`: a translated socket sees the frontend as its peer, never the
+//!   backend (`LB_SOCKREV_V1`, written by the two above).
+//!
+//! Only sockets of the node's network namespace are translated (`LB_SOCKCFG_V1`'s netns
+//! cookie): pods keep the per-packet path and its flow lifecycle, unless `--socket-lb pods`
+//! sets `SOCK_F_ALL_NETNS`.
+//!
+//! A backend is chosen by jump hashing a hash of the socket's cookie and the frontend, keyed
+//! by the node's seed: one socket's datagrams to a frontend stay on one backend while it is
+//! in the service's slots, and move by themselves when it leaves. Session affinity keys host
+//! clients by 0.0.0.0: every process of the node is one client, as its packets all come
+//! from the node's addresses under kube-proxy.
+
+use aya_ebpf::{
+    EbpfContext as _,
+    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_set_retval},
+    programs::SockAddrContext,
+};
+use lbproxy_common::{
+    Backend, IPPROTO_TCP, IPPROTO_UDP, SOCK_F_ALL_NETNS, SOCK_F_ENABLED, ServiceValue, SockEvent,
+    SockRevKey, SockRevValue, select::flow_hash,
+};
+
+use crate::{
+    lb::{affinity, select, service},
+    maps::{self, LB_SOCKCFG_V1, LB_SOCKCNT_V1, LB_SOCKREV_V1},
+};
+
+/// Let the syscall go on (with the address as the program left it).
+pub const ALLOW: i32 = 1;
+/// Fail the syscall, with the error set by `bpf_set_retval`.
+const DENY: i32 = 0;
+const ECONNREFUSED: i32 = 111;
+
+/// Counts one `event`.
+#[inline(always)]
+fn count(event: SockEvent) {
+    if let Some(c) = LB_SOCKCNT_V1.get_ptr_mut(event as u32) {
+        // Per-CPU slot: no other writer.
+        unsafe { *c += 1 };
+    }
+}
+
+/// Whether this socket is one to translate: the hooks are on and it is in the node's network
+/// namespace (or `SOCK_F_ALL_NETNS`).
+#[inline(always)]
+fn in_scope(ctx: &SockAddrContext) -> Result<(), Scope> {
+    let Some(cfg) = LB_SOCKCFG_V1.get(0) else {
+        return Err(Scope::Off);
+    };
+    if cfg.flags & SOCK_F_ENABLED == 0 {
+        return Err(Scope::Off);
+    }
+    if cfg.flags & SOCK_F_ALL_NETNS != 0 {
+        return Ok(());
+    }
+    // SAFETY: a helper every cgroup sock_addr program may call, with its own context.
+    let netns = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    if netns == cfg.netns_cookie {
+        Ok(())
+    } else {
+        Err(Scope::OtherNetns)
+    }
+}
+
+enum Scope {
+    Off,
+    OtherNetns,
+}
+
+/// The destination the syscall names: (address, port in network order, protocol), for TCP
+/// and UDP only.
+#[inline(always)]
+fn destination(ctx: &SockAddrContext) -> Option<([u8; 4], u16, u8)> {
+    let sa = ctx.sock_addr;
+    // SAFETY: the kernel's bpf_sock_addr for this program; the verifier rewrites these
+    // loads into reads of the socket and the syscall's address.
+    let (proto, ip, port) = unsafe { ((*sa).protocol, (*sa).user_ip4, (*sa).user_port) };
+    let proto = proto as u8;
+    if proto != IPPROTO_TCP && proto != IPPROTO_UDP {
+        return None;
+    }
+    // `user_port` holds the port in network order in its first two bytes.
+    Some((ip.to_ne_bytes(), port as u16, proto))
+}
+
+/// Rewrites the syscall's address.
+#[inline(always)]
+fn set_destination(ctx: &SockAddrContext, addr: [u8; 4], port_be: u16) {
+    let sa = ctx.sock_addr;
+    // SAFETY: as in `destination`; 4-byte stores, the only size the verifier takes here.
+    unsafe {
+        (*sa).user_ip4 = u32::from_ne_bytes(addr);
+        (*sa).user_port = u32::from(port_be);
+    }
+}
+
+/// Why a socket addressed to a frontend was not translated.
+enum Refuse {
+    /// No usable endpoint: the syscall fails with ECONNREFUSED.
+    NoEndpoint,
+    /// The maps were inconsistent: the socket goes on untranslated.
+    Inconsistent,
+}
+
+/// A backend for `cookie`'s socket to the frontend `svc` at `(addr, port_be, proto)`.
+#[inline(always)]
+fn choose(
+    svc: &ServiceValue,
+    cookie: u64,
+    addr: [u8; 4],
+    port_be: u16,
+    proto: u8,
+) -> Result<(u32, Backend), Refuse> {
+    if svc.count == 0 {
+        return Err(Refuse::NoEndpoint);
+    }
+    let seed = maps::config().hash_seed();
+    let pick = || {
+        // The cookie stands in for the client's address and port.
+        let hash = flow_hash(
+            seed,
+            (cookie as u32).to_ne_bytes(),
+            addr,
+            (cookie >> 32) as u16,
+            port_be,
+            proto,
+        );
+        select::select_by_hash(svc, hash).map_err(|_| Refuse::Inconsistent)
+    };
+    if svc.affinity_timeout_s == 0 {
+        return pick();
+    }
+    // SAFETY: a helper with no arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    affinity::select_for(svc, [0; 4], now, pick)
+}
+
+/// `connect4` and `sendmsg4`: translates a socket addressed to a frontend. `refused` and
+/// `translated` are the events to count.
+#[inline(always)]
+pub fn forward(ctx: &SockAddrContext, translated: SockEvent, refused: SockEvent) -> i32 {
+    let Some((addr, port_be, proto)) = destination(ctx) else {
+        return ALLOW;
+    };
+    let Some(svc) = service::lookup_local(addr, port_be, proto) else {
+        return ALLOW;
+    };
+    match in_scope(ctx) {
+        Ok(()) => {}
+        Err(Scope::Off) => return ALLOW,
+        Err(Scope::OtherNetns) => {
+            count(SockEvent::OtherNetns);
+            return ALLOW;
+        }
+    }
+    // SAFETY: a helper every cgroup sock_addr program may call, with its own context.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    let (backend_id, backend) = match choose(&svc, cookie, addr, port_be, proto) {
+        Ok(b) => b,
+        Err(Refuse::NoEndpoint) => {
+            count(refused);
+            // SAFETY: a helper of cgroup programs; the error is what the syscall returns.
+            unsafe { bpf_set_retval(-ECONNREFUSED) };
+            return DENY;
+        }
+        Err(Refuse::Inconsistent) => {
+            count(SockEvent::Inconsistent);
+            return ALLOW;
+        }
+    };
+    let key = SockRevKey {
+        cookie,
+        backend_addr: backend.addr,
+        backend_port_be: backend.port_be,
+        proto,
+        _pad: 0,
+    };
+    let value = SockRevValue {
+        frontend_addr: addr,
+        frontend_port_be: port_be,
+        _pad: 0,
+        svc_id: svc.svc_id,
+        backend_id,
+    };
+    if LB_SOCKREV_V1.insert(key, value, 0).is_err() {
+        count(SockEvent::RevWriteFailed);
+    }
+    set_destination(ctx, backend.addr, backend.port_be);
+    count(translated);
+    ALLOW
+}
+
+/// `recvmsg4` and `getpeername4`: a translated socket's peer is shown as the frontend it
+/// asked for. Always lets the syscall go on (these hooks cannot fail it).
+#[inline(always)]
+pub fn reverse(ctx: &SockAddrContext, proto: u8, restored: SockEvent) -> i32 {
+    if in_scope(ctx).is_err() {
+        return ALLOW;
+    }
+    let sa = ctx.sock_addr;
+    // SAFETY: as in `destination`.
+    let (ip, port) = unsafe { ((*sa).user_ip4, (*sa).user_port) };
+    // SAFETY: as in `forward`.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    let key = SockRevKey {
+        cookie,
+        backend_addr: ip.to_ne_bytes(),
+        backend_port_be: port as u16,
+        proto,
+        _pad: 0,
+    };
+    // SAFETY: copied out at once.
+    if let Some(v) = unsafe { LB_SOCKREV_V1.get(key) }.copied() {
+        set_destination(ctx, v.frontend_addr, v.frontend_port_be);
+        count(restored);
+    }
+    ALLOW
+}
+
+/// The protocol of the socket (for `getpeername4`, which may run on TCP or UDP).
+#[inline(always)]
+pub fn protocol(ctx: &SockAddrContext) -> u8 {
+    // SAFETY: as in `destination`.
+    unsafe { (*ctx.sock_addr).protocol as u8 }
+}

@@ -1,0 +1,263 @@
+//! Socket-level load balancing: the cgroup programs (`lb_connect4`, `lb_sendmsg4`,
+//! `lb_recvmsg4`, `lb_getpeername4`) on `--cgroup-root`, and their settings.
+//!
+//! Links are pinned under `--bpffs-dir` as `cgroup-links/<program>`, so the programs stay
+//! attached while the controller restarts. A new controller attaches its own programs first
+//! and then detaches the pinned ones: for that moment both run, which is harmless (the
+//! second sees the backend address the first wrote, which is no frontend).
+
+use std::os::fd::AsRawFd as _;
+use std::path::{Path, PathBuf};
+
+use aya::maps::{Array, Map, MapData};
+use aya::programs::links::FdLink;
+use aya::programs::{CgroupAttachMode, CgroupSockAddr};
+use lbproxy_common::{SOCK_F_ALL_NETNS, SOCK_F_ENABLED, SockConfig, map_names, program_names};
+
+use super::{BpfError, Datapath, open_pinned};
+use crate::config::{CgroupRoot, SocketLb};
+
+/// The directory under `--bpffs-dir` that holds the cgroup links' pins.
+pub const LINKS_DIR: &str = "cgroup-links";
+/// Where lbproxy mounts its own cgroup2 hierarchy when `/sys/fs/cgroup` is not cgroup v2.
+pub const OWN_MOUNT: &str = "/run/lbproxy/cgroupv2";
+const SYS_FS_CGROUP: &str = "/sys/fs/cgroup";
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+/// `SO_NETNS_COOKIE` (asm-generic; Linux 5.14).
+const SO_NETNS_COOKIE: libc::c_int = 71;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SockError {
+    #[error(
+        "cgroupRoot {0}: not a cgroup v2 directory; give a directory of a cgroup2 mount (`mount -t cgroup2 none DIR`), or leave cgroupRoot unset to use /sys/fs/cgroup or lbproxy's own mount at {OWN_MOUNT}"
+    )]
+    NotCgroup2(PathBuf),
+    #[error("cgroupRoot {path}: {step}: {source}")]
+    Io {
+        path: PathBuf,
+        step: &'static str,
+        source: std::io::Error,
+    },
+    #[error("this network namespace's cookie (SO_NETNS_COOKIE, Linux 5.14+): {0}")]
+    NetnsCookie(std::io::Error),
+    #[error("program {name} on cgroup {cgroup}: {step}: {reason}")]
+    Attach {
+        name: &'static str,
+        cgroup: PathBuf,
+        step: &'static str,
+        reason: String,
+    },
+    #[error(transparent)]
+    Bpf(#[from] BpfError),
+}
+
+#[expect(
+    clippy::useless_conversion,
+    reason = "statfs.f_type is i64 on x86_64 but another width on other architectures"
+)]
+fn is_cgroup2(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt as _;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs writes into the zeroed struct; the path is NUL-terminated.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statfs(c.as_ptr(), &raw mut st) };
+    rc == 0 && i64::from(st.f_type) == CGROUP2_SUPER_MAGIC
+}
+
+/// The cgroup v2 directory to attach to: the one given, which must be cgroup v2; by default
+/// `/sys/fs/cgroup` when that is cgroup v2, else [`OWN_MOUNT`], mounted here when it is not
+/// yet (as Cilium does on cgroup v1 hosts: a new cgroup2 hierarchy's root holds every
+/// process of the node).
+pub fn resolve_cgroup_root(root: &CgroupRoot) -> Result<PathBuf, SockError> {
+    match root {
+        CgroupRoot::Path(p) if is_cgroup2(p) => Ok(p.clone()),
+        CgroupRoot::Path(p) => Err(SockError::NotCgroup2(p.clone())),
+        CgroupRoot::Default if is_cgroup2(Path::new(SYS_FS_CGROUP)) => {
+            Ok(PathBuf::from(SYS_FS_CGROUP))
+        }
+        CgroupRoot::Default => {
+            let path = PathBuf::from(OWN_MOUNT);
+            if is_cgroup2(&path) {
+                return Ok(path);
+            }
+            let io = |step, source| SockError::Io {
+                path: path.clone(),
+                step,
+                source,
+            };
+            std::fs::create_dir_all(&path).map_err(|e| io("creating the mount point", e))?;
+            let target = std::ffi::CString::new(OWN_MOUNT).expect("no NUL");
+            // SAFETY: NUL-terminated strings that outlive the call; no data.
+            let rc = unsafe {
+                libc::mount(
+                    c"none".as_ptr(),
+                    target.as_ptr(),
+                    c"cgroup2".as_ptr(),
+                    0,
+                    std::ptr::null(),
+                )
+            };
+            if rc != 0 {
+                return Err(io(
+                    "mounting cgroup2 (/sys/fs/cgroup is not cgroup v2)",
+                    std::io::Error::last_os_error(),
+                ));
+            }
+            tracing::info!(
+                path = OWN_MOUNT,
+                "mounted a cgroup2 hierarchy for the socket-level programs (/sys/fs/cgroup is not cgroup v2)"
+            );
+            Ok(path)
+        }
+    }
+}
+
+/// The cookie of the network namespace this process runs in.
+pub fn netns_cookie() -> std::io::Result<u64> {
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0")
+        .or_else(|_| std::net::UdpSocket::bind("0.0.0.0:0"))?;
+    let mut cookie = 0u64;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: the buffer and its length describe `cookie`.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&raw mut cookie).cast(),
+            &raw mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cookie)
+}
+
+/// Writes `LB_SOCKCFG_V1`.
+fn write_config(dir: &Path, config: SockConfig) -> Result<(), BpfError> {
+    let mut map: Array<MapData, SockConfig> = open_pinned(dir, map_names::SOCK_CONFIG, Map::Array)?;
+    map.set(0, config, 0).map_err(|source| BpfError::Map {
+        name: map_names::SOCK_CONFIG,
+        path: dir.join(map_names::SOCK_CONFIG),
+        source,
+    })
+}
+
+/// The pins of the cgroup links under `dir`.
+pub fn pinned_links(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir.join(LINKS_DIR)) else {
+        return Vec::new();
+    };
+    let mut out: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+    out.sort();
+    out
+}
+
+/// Detaches and unpins every cgroup link under `dir`. Returns the programs detached.
+pub fn detach_all(dir: &Path) -> Result<Vec<String>, BpfError> {
+    let mut out = Vec::new();
+    for p in pinned_links(dir) {
+        if let Err(e) = super::cleanup::detach_pinned_link(&p) {
+            tracing::warn!(pin = %p.display(), "detaching at once failed ({e}); the link goes when its pin is removed");
+        }
+        std::fs::remove_file(&p).map_err(|source| BpfError::Io {
+            path: p.clone(),
+            source,
+        })?;
+        out.push(
+            p.file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into()),
+        );
+    }
+    Ok(out)
+}
+
+/// Applies `--socket-lb` and `--cgroup-root`: writes the settings, then attaches the four
+/// programs to the cgroup (replacing links an earlier run pinned), or with `off` detaches
+/// them. Returns the cgroup attached to.
+pub fn attach(
+    dp: &mut Datapath,
+    root: &CgroupRoot,
+    mode: SocketLb,
+) -> Result<Option<PathBuf>, SockError> {
+    let dir = dp.dir.clone();
+    if mode == SocketLb::Off {
+        write_config(&dir, SockConfig::default())?;
+        let detached = detach_all(&dir)?;
+        tracing::info!(
+            ?detached,
+            "socket-level load balancing off: the node's own processes are not load-balanced"
+        );
+        return Ok(None);
+    }
+    let cgroup = resolve_cgroup_root(root)?;
+    let netns_cookie = netns_cookie().map_err(SockError::NetnsCookie)?;
+    let flags = SOCK_F_ENABLED
+        | if mode == SocketLb::Pods {
+            SOCK_F_ALL_NETNS
+        } else {
+            0
+        };
+    // The settings before the programs, so their first socket finds them.
+    write_config(
+        &dir,
+        SockConfig {
+            netns_cookie,
+            flags,
+            _pad: 0,
+        },
+    )?;
+    let cg = std::fs::File::open(&cgroup).map_err(|source| SockError::Io {
+        path: cgroup.clone(),
+        step: "opening",
+        source,
+    })?;
+    let links = dir.join(LINKS_DIR);
+    std::fs::create_dir_all(&links).map_err(|source| BpfError::Io {
+        path: links.clone(),
+        source,
+    })?;
+    for name in program_names::SOCK {
+        let err = |step, reason: String| SockError::Attach {
+            name,
+            cgroup: cgroup.clone(),
+            step,
+            reason,
+        };
+        let prog: &mut CgroupSockAddr = dp
+            .ebpf
+            .program_mut(name)
+            .ok_or_else(|| err("finding it", "missing from the object".into()))?
+            .try_into()
+            .map_err(|e| err("finding it", super::error_chain(&e)))?;
+        // Links from BPF_LINK_CREATE always allow other programs beside them: no flags.
+        let id = prog
+            .attach(&cg, CgroupAttachMode::Single)
+            .map_err(|e| err("attaching", super::error_chain(&e)))?;
+        let link: FdLink = prog
+            .take_link(id)
+            .map_err(|e| err("taking the link", super::error_chain(&e)))?
+            .try_into()
+            .map_err(|e| err("not an fd link", super::error_chain(&e)))?;
+        let pin = links.join(name);
+        if pin.exists() {
+            // The earlier run's link: ours is attached, so it can go.
+            if let Err(e) = super::cleanup::detach_pinned_link(&pin) {
+                tracing::warn!(pin = %pin.display(), "detaching the earlier link failed ({e}); it goes with its pin");
+            }
+            let _ = std::fs::remove_file(&pin);
+        }
+        link.pin(&pin)
+            .map_err(|e| err("pinning the link", super::error_chain(&e)))?;
+    }
+    tracing::info!(
+        cgroup = %cgroup.display(),
+        mode = mode.as_str(),
+        netns_cookie,
+        "socket-level load balancing attached (connect4, sendmsg4, recvmsg4, getpeername4)"
+    );
+    Ok(Some(cgroup))
+}

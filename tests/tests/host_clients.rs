@@ -1,0 +1,289 @@
+//! Clients on the node itself (issue 12): processes in a node's own network namespace, in
+//! the cgroup lbproxy's socket-level programs are attached to, reach every frontend kind the
+//! node serves, see the frontend as their peer, are refused at once without endpoints, keep
+//! session affinity, and lose a connected socket whose backend leaves.
+//!
+//! Each node runs its own lbproxy, started exactly as other harnesses start it:
+//! `run --manifests FILE --pod-interfaces 'lxc*' --hostname-override nodeX
+//! --nodeport-addresses 198.18.80.0/24 --cgroup-root CGROUP --bpffs-dir DIR
+//! --healthz-bind-address 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249`; the
+//! clients are `lbt-client` processes in CGROUP (a group of a cgroup2 hierarchy the lab
+//! mounts and removes itself) and in the node's network namespace.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use lbproxy_tests::lab::cgroup::{HostClient, Mode, Outcome};
+use lbproxy_tests::lab::multinode::{MultiNodeLab, NodeId};
+use lbproxy_tests::lab::{Backend, Lbproxy, Pod, run_lbproxy_cmd};
+
+const NODE_PORT_TCP: u16 = 30080;
+const NODE_PORT_UDP: u16 = 30053;
+const BACKEND_TCP: u16 = 8080;
+const BACKEND_UDP: u16 = 5353;
+const EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 50);
+const LB_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 60);
+const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 10);
+const EMPTY_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 11);
+const TIMEOUT: Duration = Duration::from_secs(2);
+const HEALTHY_WITHIN: Duration = Duration::from_secs(20);
+
+/// The `web` service (type LoadBalancer: ClusterIP, NodePorts, an externalIP, an LB IP; TCP
+/// port 80 and UDP port 53) over `eps`, with `extra` in its spec, and `empty`, a ClusterIP
+/// service without endpoints.
+fn manifest(lab: &MultiNodeLab, eps: &[&Pod], policy: &str, extra: &str) -> String {
+    let eps: String = eps
+        .iter()
+        .map(|p| {
+            format!(
+                "- {{addresses: [{}], nodeName: {}, conditions: {{ready: true}}}}\n",
+                p.ip,
+                lab.node_of(&p.name).name()
+            )
+        })
+        .collect();
+    format!(
+        "apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: default}}
+spec:
+  type: LoadBalancer
+  clusterIP: {CLUSTER_IP}
+  externalIPs: [{EXTERNAL_IP}]
+  externalTrafficPolicy: {policy}
+  {extra}
+  ports:
+  - {{name: http, port: 80, protocol: TCP, targetPort: {BACKEND_TCP}, nodePort: {NODE_PORT_TCP}}}
+  - {{name: dns, port: 53, protocol: UDP, targetPort: {BACKEND_UDP}, nodePort: {NODE_PORT_UDP}}}
+status:
+  loadBalancer:
+    ingress: [{{ip: {LB_IP}}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: web}}
+addressType: IPv4
+ports:
+- {{name: http, port: {BACKEND_TCP}, protocol: TCP}}
+- {{name: dns, port: {BACKEND_UDP}, protocol: UDP}}
+endpoints:{}
+{eps}---
+apiVersion: v1
+kind: Service
+metadata: {{name: empty, namespace: default}}
+spec:
+  clusterIP: {EMPTY_IP}
+  ports:
+  - {{name: http, port: 80, protocol: TCP, targetPort: {BACKEND_TCP}}}
+  - {{name: dns, port: 53, protocol: UDP, targetPort: {BACKEND_UDP}}}
+",
+        if eps.is_empty() { " []" } else { "" }
+    )
+}
+
+struct Setup {
+    // Dropped last: servers and lbproxys go first.
+    lab: MultiNodeLab,
+    _servers: Vec<Backend>,
+    lbs: Vec<Lbproxy>,
+    a1: Pod,
+    b1: Pod,
+}
+
+impl Setup {
+    fn new(policy: &str, extra: &str) -> Setup {
+        let lab = MultiNodeLab::new();
+        let a1 = lab.add_pod(NodeId::A, "a1");
+        let b1 = lab.add_pod(NodeId::B, "b1");
+        let servers = vec![
+            a1.serve(&[BACKEND_TCP, BACKEND_UDP]),
+            b1.serve(&[BACKEND_TCP, BACKEND_UDP]),
+        ];
+        lab.write_manifest_text(&manifest(&lab, &[&a1, &b1], policy, extra));
+        let mut lbs = Vec::new();
+        for node in NodeId::ALL {
+            let mut lb = lab.start_lbproxy(node, &[]);
+            lb.expect_healthy(HEALTHY_WITHIN);
+            lbs.push(lb);
+        }
+        Setup {
+            lab,
+            _servers: servers,
+            lbs,
+            a1,
+            b1,
+        }
+    }
+
+    fn requests(&self, node: NodeId, mode: Mode, to: SocketAddr, n: usize) -> Vec<Outcome> {
+        self.lab.host_requests(node, mode, to, n, TIMEOUT)
+    }
+
+    fn logs(&self) -> String {
+        self.lbs
+            .iter()
+            .map(|l| l.log())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+fn sa(ip: Ipv4Addr, port: u16) -> SocketAddr {
+    SocketAddr::from((ip, port))
+}
+
+/// Counts of each backend among `out`, panicking (with `ctx`) on any failed request or on a
+/// peer other than `peer`.
+fn tally(out: &[Outcome], peer: SocketAddr, ctx: &str) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for o in out {
+        assert!(o.ok, "{ctx}: request failed: {o:?}");
+        assert_eq!(
+            o.peer,
+            peer.to_string(),
+            "{ctx}: the client must see the frontend as its peer: {o:?}"
+        );
+        *m.entry(o.backend.clone()).or_insert(0) += 1;
+    }
+    m
+}
+
+/// The address a backend saw, without the port.
+fn seen_ip(o: &Outcome) -> Ipv4Addr {
+    o.client_seen
+        .rsplit_once(':')
+        .and_then(|(ip, _)| ip.parse().ok())
+        .unwrap_or_else(|| panic!("client_seen {:?}", o.client_seen))
+}
+
+/// TCP and UDP from node A's own namespace to the ClusterIP, the externalIP and the LB IP
+/// reach both backends (one on each node), and `getpeername` / `recvfrom` show the
+/// frontend. The backends see node A's address: the socket connects from the node itself.
+#[test]
+fn node_processes_reach_every_frontend_kind() {
+    let s = Setup::new("Cluster", "");
+    let node_a = s.lab.node(NodeId::A).ip;
+    for ip in [CLUSTER_IP, EXTERNAL_IP, LB_IP] {
+        for (mode, port) in [(Mode::Tcp, 80), (Mode::Udp, 53)] {
+            let to = sa(ip, port);
+            let out = s.requests(NodeId::A, mode, to, 16);
+            let ctx = format!("{mode:?} to {to}\n{}", s.logs());
+            let m = tally(&out, to, &ctx);
+            assert!(
+                m.contains_key(&s.a1.name) && m.contains_key(&s.b1.name),
+                "{ctx}: 16 sockets should reach both backends: {m:?}"
+            );
+            for o in &out {
+                assert_eq!(seen_ip(o), node_a, "{ctx}: {o:?}");
+            }
+        }
+    }
+}
+
+/// NodePorts on node A's own address and on node B's, TCP and UDP, from node A's own
+/// namespace: every request is answered from the address and port asked for.
+#[test]
+fn node_processes_reach_node_ports_on_both_nodes() {
+    let s = Setup::new("Cluster", "");
+    for node in NodeId::ALL {
+        let ip = s.lab.node(node).ip;
+        for (mode, port) in [(Mode::Tcp, NODE_PORT_TCP), (Mode::Udp, NODE_PORT_UDP)] {
+            let to = sa(ip, port);
+            let out = s.requests(NodeId::A, mode, to, 16);
+            let ctx = format!("{mode:?} from nodeA to {to}\n{}", s.logs());
+            let m = tally(&out, to, &ctx);
+            assert!(
+                m.contains_key(&s.a1.name) && m.contains_key(&s.b1.name),
+                "{ctx}: 16 sockets should reach both backends: {m:?}"
+            );
+        }
+    }
+}
+
+/// A frontend without endpoints: `connect()` fails at once with ECONNREFUSED, for TCP and
+/// for a UDP socket being connected, and an unconnected UDP `sendto` fails the same way.
+#[test]
+fn node_processes_are_refused_at_once_without_endpoints() {
+    let s = Setup::new("Cluster", "");
+    for (mode, port) in [(Mode::Tcp, 80), (Mode::UdpConnected, 53), (Mode::Udp, 53)] {
+        let out = s.requests(NodeId::A, mode, sa(EMPTY_IP, port), 3);
+        for o in &out {
+            assert!(!o.ok, "{mode:?}: answered without endpoints: {o:?}");
+            assert_eq!(o.errno, Some(libc::ECONNREFUSED), "{mode:?}: {o:?}");
+            assert!(o.ms < 100.0, "{mode:?}: refused only after {} ms", o.ms);
+        }
+    }
+}
+
+/// `sessionAffinity: ClientIP` holds for the node's own processes: every socket, TCP or
+/// UDP, gets the backend the first one got.
+#[test]
+fn node_processes_keep_session_affinity() {
+    let s = Setup::new(
+        "Cluster",
+        "sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}",
+    );
+    for (mode, port) in [(Mode::Tcp, 80), (Mode::Udp, 53)] {
+        let to = sa(CLUSTER_IP, port);
+        let out = s.requests(NodeId::A, mode, to, 12);
+        let m = tally(&out, to, &format!("{mode:?}\n{}", s.logs()));
+        assert_eq!(m.len(), 1, "{mode:?}: affinity broken: {m:?}");
+    }
+}
+
+/// Scope: pods keep the per-packet path. A process of a pod, in the same cgroup as the
+/// node's clients, reaches the ClusterIP; the socket-level programs see its `connect()` as
+/// another namespace's and leave it alone, and its flow is in the per-packet flow table.
+#[test]
+fn pods_keep_the_per_packet_path() {
+    let s = Setup::new("Cluster", "");
+    let client = s.lab.add_pod(NodeId::A, "client");
+    s.lab.wait_programs_on(&client, Duration::from_secs(10));
+    let dir = s.lab.node(NodeId::A).bpffs_dir.display().to_string();
+    let ns = s.lab.node_ns(NodeId::A).to_string();
+    let events = || -> serde_json::Value {
+        let out = run_lbproxy_cmd(&ns, &["inspect", "sockets", "--json", "--bpffs-dir", &dir]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("json")["events"].clone()
+    };
+    let before = events();
+    let to = sa(CLUSTER_IP, 80);
+    let out = HostClient::run(
+        &client.netns,
+        Some(s.lab.cgroup()),
+        Mode::Tcp,
+        to,
+        4,
+        TIMEOUT,
+    );
+    let m = tally(&out, to, &format!("pod to ClusterIP\n{}", s.logs()));
+    for o in &out {
+        assert_eq!(seen_ip(o), client.ip, "the backend must see the pod: {o:?}");
+    }
+    let after = events();
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or(0);
+    assert_eq!(
+        n(&after, "connect_translated"),
+        n(&before, "connect_translated"),
+        "a pod's connect() was translated at the socket ({m:?})"
+    );
+    assert!(
+        n(&after, "other_netns") >= n(&before, "other_netns") + 4,
+        "the pod's 4 connect() calls were not seen as another namespace's: {after}"
+    );
+    let flows = run_lbproxy_cmd(&ns, &["inspect", "flows", "--json", "--bpffs-dir", &dir]);
+    let flows = String::from_utf8_lossy(&flows.stdout);
+    assert!(
+        flows.contains(&client.ip.to_string()),
+        "no per-packet flow of the pod {}: {flows}",
+        client.ip
+    );
+}
