@@ -61,6 +61,11 @@ pub struct PathLabel {
     pub path: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabel {
+    pub event: String,
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// `lbproxy_snat_port_tries`: a histogram of the tries each successful SNAT port allocation
@@ -144,6 +149,8 @@ pub struct Metrics {
     pub datapath_delivered: Family<PathLabel, Counter>,
     pub attached_interfaces: Gauge,
     pub flow_gc_deleted: Counter,
+    pub sock_destroyed: Counter,
+    pub sock_events: Family<EventLabel, Counter>,
     pub snat_ports_max_ratio: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub snat_port_tries: SnatTries,
     pub frontends_not_served: Family<KindLabel, Gauge>,
@@ -239,6 +246,18 @@ impl Metrics {
             "Pod interfaces with the datapath attached",
             attached_interfaces.clone(),
         );
+        let sock_destroyed = Counter::default();
+        r.register(
+            "lbproxy_socket_lb_destroyed_sockets",
+            "Node sockets that socket-level load balancing connected to a backend that then left, destroyed so their owners reconnect",
+            sock_destroyed.clone(),
+        );
+        let sock_events = Family::<EventLabel, Counter>::default();
+        r.register(
+            "lbproxy_socket_lb_events",
+            "What the socket-level programs did (connect/sendmsg translated or refused, recvmsg/getpeername restored, other network namespaces left alone)",
+            sock_events.clone(),
+        );
         let flow_gc_deleted = Counter::default();
         r.register(
             "lbproxy_flow_gc_deleted",
@@ -285,6 +304,8 @@ impl Metrics {
             services_over_limit,
             services_map_full,
             flow_gc_deleted,
+            sock_destroyed,
+            sock_events,
             snat_ports_max_ratio,
             snat_port_tries,
             frontends_not_served,

@@ -329,7 +329,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     spawn_datapath_logs(&mut dp);
     bpf::write_config(&settings.bpffs_dir, settings.stack_bypass)?;
     tracing::info!(stack_bypass = settings.stack_bypass, "datapath configured");
-    bpf::sock::attach(&mut dp, &settings.cgroup_root, settings.socket_lb)
+    let sock_cgroup = bpf::sock::attach(&mut dp, &settings.cgroup_root, settings.socket_lb)
         .context("socket-level load balancing (cgroupRoot, socketLb)")?;
     let (hc_tx, hc_addresses) = tokio::sync::watch::channel(Vec::new());
     let (node_ips_tx, node_ips) = tokio::sync::watch::channel(Vec::new());
@@ -373,6 +373,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut ctl = Controller::new(PinnedMaps::open(&settings.bpffs_dir)?, report)
         .with_health_checks(hc_addresses)
         .with_node_addresses(node_ips);
+    if sock_cgroup.is_some() {
+        let (tx, rx) = tokio::sync::watch::channel(0);
+        bpf::sock::spawn_reaper(settings.bpffs_dir.clone(), rx, health.clone());
+        ctl = ctl.with_sync_notify(tx);
+    }
     let timing = controller::Timing {
         sync_period: settings.sync_period,
         min_sync_period: settings.min_sync_period,

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lbproxy_tests::lab::cgroup::{HostClient, Mode, Outcome};
 use lbproxy_tests::lab::multinode::{MultiNodeLab, NodeId};
@@ -286,4 +286,76 @@ fn pods_keep_the_per_packet_path() {
         "no per-packet flow of the pod {}: {flows}",
         client.ip
     );
+}
+
+/// Churn: a node process's connected UDP socket (a resolver's to a DNS ClusterIP) whose
+/// backend leaves the service is destroyed by lbproxy; the process sees an error on its next
+/// query, reconnects, and is answered by the live backend. Measures how long after the
+/// change that takes.
+#[test]
+fn a_connected_udp_socket_moves_when_its_backend_leaves() {
+    let s = Setup::new("Cluster", "");
+    let to = sa(CLUSTER_IP, 53);
+    let mut c = s.lab.host_client(
+        NodeId::A,
+        Mode::UdpConnected,
+        to,
+        100,
+        Duration::from_millis(50),
+        Duration::from_millis(500),
+    );
+    // The backend this socket was given.
+    let mut first = None;
+    for _ in 0..5 {
+        let o = c.next_outcome().expect("client running");
+        assert!(o.ok, "before the change: {o:?}\n{}", s.logs());
+        assert_eq!(o.peer, to.to_string());
+        if let Some(f) = &first {
+            assert_eq!(&o.backend, f, "a connected socket must keep its backend");
+        }
+        first = Some(o.backend.clone());
+    }
+    let gone = first.unwrap();
+    let stays = if gone == s.a1.name { &s.b1 } else { &s.a1 };
+    s.lab
+        .write_manifest_text(&manifest(&s.lab, &[stays], "Cluster", ""));
+    let changed = Instant::now();
+    let mut errors = Vec::new();
+    let moved = loop {
+        let Some(o) = c.next_outcome() else {
+            panic!(
+                "client ended before its socket moved; errors {errors:?}\n{}",
+                s.logs()
+            );
+        };
+        if !o.ok {
+            errors.push((changed.elapsed(), o.error.clone(), o.errno));
+            continue;
+        }
+        if o.backend == stays.name {
+            break changed.elapsed();
+        }
+        assert!(
+            changed.elapsed() < Duration::from_secs(3),
+            "still answered by {gone} 3 s after it left\n{}",
+            s.logs()
+        );
+    };
+    println!("socket moved {moved:?} after the change; errors seen: {errors:?}");
+    assert!(
+        !errors.is_empty(),
+        "the socket moved without being destroyed?\n{}",
+        s.logs()
+    );
+    assert!(
+        moved < Duration::from_secs(2),
+        "the socket moved only {moved:?} after the change\n{}",
+        s.logs()
+    );
+    // From then on, only the live backend.
+    for _ in 0..5 {
+        let o = c.next_outcome().expect("client running");
+        assert!(o.ok && o.backend == stays.name, "after the move: {o:?}");
+        assert_eq!(o.peer, to.to_string());
+    }
 }

@@ -13,6 +13,7 @@ pub mod flow_gc;
 pub mod ifaces;
 pub mod pinned;
 pub mod sock;
+pub mod sock_diag;
 
 pub use attach::Attacher;
 pub use pinned::{PinnedMaps, label_str};
@@ -472,12 +473,13 @@ pub fn capacities(dir: &Path) -> Vec<(&'static str, i64)> {
         .collect()
 }
 
-/// Reads the datapath's drop, delivery and SNAT-tries counters every 2 s into their Prometheus
+/// Reads the datapath's drop, delivery, SNAT-tries and socket-level counters every 2 s into their Prometheus
 /// counters, off the controller's loop.
 pub fn spawn_counters(maps: PinnedMaps, health: crate::http::Health) {
     tokio::spawn(async move {
         let mut drops_seen: HashMap<u32, u64> = HashMap::new();
         let mut delivery_seen: HashMap<u32, u64> = HashMap::new();
+        let mut sock_seen: HashMap<u32, u64> = HashMap::new();
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -496,6 +498,12 @@ pub fn spawn_counters(maps: PinnedMaps, health: crate::http::Health) {
                 advance(&c, delivery_seen.entry(path as u32).or_insert(0), n);
             }
             m.snat_port_tries.set(maps.snat_tries());
+            for (event, n) in maps.sock_counts() {
+                let c = m.sock_events.get_or_create(&crate::http::EventLabel {
+                    event: event.label().to_string(),
+                });
+                advance(&c, sock_seen.entry(event as u32).or_insert(0), n);
+            }
         }
     });
 }

@@ -47,6 +47,8 @@ pub enum SockError {
         step: &'static str,
         reason: String,
     },
+    #[error("sock_diag {0}: {1}")]
+    Diag(&'static str, std::io::Error),
     #[error(transparent)]
     Bpf(#[from] BpfError),
 }
@@ -260,4 +262,123 @@ pub fn attach(
         "socket-level load balancing attached (connect4, sendmsg4, recvmsg4, getpeername4)"
     );
     Ok(Some(cgroup))
+}
+
+/// What one [`reap`] did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Reaped {
+    /// Translated sockets whose backend is gone (their reverse entries are removed).
+    pub stale: usize,
+    /// Of those, the sockets still open, destroyed.
+    pub destroyed: usize,
+    /// Destroys the kernel refused (the socket closed meanwhile, say).
+    pub failed: usize,
+}
+
+/// Destroys the node's sockets translated to a backend that is gone: one whose id is no
+/// longer in `LB_BACKENDS_V1`, or now names another address (the per-packet path's test of
+/// a live flow). A terminating endpoint that still serves keeps its backend, and so its
+/// sockets, until it goes. The reverse entries of those sockets go too.
+pub fn reap(dir: &Path) -> Result<Reaped, SockError> {
+    use aya::maps::HashMap as BpfHashMap;
+    use lbproxy_common::{Backend, SockRevKey, SockRevValue};
+    let mut rev: BpfHashMap<MapData, SockRevKey, SockRevValue> =
+        open_pinned(dir, map_names::SOCK_REV, Map::LruHashMap)?;
+    let backends: BpfHashMap<MapData, u32, Backend> =
+        open_pinned(dir, map_names::BACKENDS, Map::HashMap)?;
+    let mut stale: std::collections::BTreeSet<SockRevKey> = std::collections::BTreeSet::new();
+    for (k, v) in rev.iter().flatten() {
+        let live = backends
+            .get(&v.backend_id, 0)
+            .is_ok_and(|b| b.addr == k.backend_addr && b.port_be == k.backend_port_be);
+        if !live {
+            stale.insert(k);
+        }
+    }
+    let mut out = Reaped {
+        stale: stale.len(),
+        ..Reaped::default()
+    };
+    if stale.is_empty() {
+        return Ok(out);
+    }
+    for proto in [lbproxy_common::IPPROTO_TCP, lbproxy_common::IPPROTO_UDP] {
+        if !stale.iter().any(|k| k.proto == proto) {
+            continue;
+        }
+        let socks = super::sock_diag::dump(proto).map_err(|e| SockError::Diag("dump", e))?;
+        for s in socks {
+            let Some((addr, port)) = s.remote() else {
+                continue;
+            };
+            let key = SockRevKey {
+                cookie: s.cookie,
+                backend_addr: addr,
+                backend_port_be: port.to_be(),
+                proto,
+                _pad: 0,
+            };
+            if !stale.contains(&key) {
+                continue;
+            }
+            match super::sock_diag::destroy(proto, &s) {
+                Ok(()) => {
+                    out.destroyed += 1;
+                    tracing::info!(
+                        cookie = s.cookie,
+                        backend = %std::net::SocketAddrV4::new(addr.into(), port),
+                        proto,
+                        "destroyed a node socket whose backend left"
+                    );
+                }
+                Err(e) => {
+                    out.failed += 1;
+                    tracing::warn!(
+                        cookie = s.cookie,
+                        "destroying a node socket whose backend left: {e}"
+                    );
+                }
+            }
+        }
+    }
+    for k in &stale {
+        let _ = rev.remove(k);
+    }
+    Ok(out)
+}
+
+/// Runs [`reap`] at start, whenever `synced` moves (a sync deleted something), and every
+/// 30 s, off the controller's loop; counts destroyed sockets in `health`'s metrics.
+pub fn spawn_reaper(
+    dir: PathBuf,
+    mut synced: tokio::sync::watch::Receiver<u64>,
+    health: crate::http::Health,
+) {
+    tokio::spawn(async move {
+        loop {
+            let d = dir.clone();
+            let started = std::time::Instant::now();
+            match tokio::task::spawn_blocking(move || reap(&d)).await {
+                Ok(Ok(r)) => {
+                    health.metrics.sock_destroyed.inc_by(r.destroyed as u64);
+                    if r.stale > 0 {
+                        tracing::info!(
+                            stale = r.stale,
+                            destroyed = r.destroyed,
+                            failed = r.failed,
+                            took_us =
+                                u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+                            "node sockets of backends that left"
+                        );
+                    }
+                }
+                Ok(Err(e)) => tracing::warn!("socket reaper: {e}"),
+                Err(e) => tracing::warn!("socket reaper task: {e}"),
+            }
+            tokio::select! {
+                r = synced.changed() => if r.is_err() { return },
+                _ = tokio::time::sleep(std::time::Duration::from_secs(30)) => {}
+            }
+        }
+    });
 }

@@ -74,6 +74,9 @@ pub struct Controller<M: Maps> {
     /// sync wrote (all of them on a full sync), so a sync of one change costs one service's
     /// look, not a scan of every service.
     health_check_wanted: BTreeMap<NamespacedName, (u16, crate::healthcheck::ServiceHealth)>,
+    /// Moved on after every sync that deleted something from the maps (a backend may have
+    /// left): the socket reaper's cue (`bpf::sock::spawn_reaper`).
+    synced_deletes: Option<tokio::sync::watch::Sender<u64>>,
     /// `health_check_wanted` changed since the servers were last brought in line with it.
     health_check_changed: bool,
     /// This node's IPv4 addresses, from the interface watcher, for the model's `node_ips`.
@@ -96,6 +99,7 @@ impl<M: Maps> Controller<M> {
             health_check_failing: std::collections::BTreeSet::new(),
             health_check_wanted: BTreeMap::new(),
             health_check_changed: true,
+            synced_deletes: None,
             node_addresses: None,
         };
         ctl.report.programmed(ctl.sync.programmed());
@@ -114,6 +118,12 @@ impl<M: Maps> Controller<M> {
             std::sync::Arc::new(move || health.healthy()),
         );
         self.health_checks = Some((servers, addresses));
+        self
+    }
+
+    /// Moves `tx` on after every sync that deleted map entries.
+    pub fn with_sync_notify(mut self, tx: tokio::sync::watch::Sender<u64>) -> Self {
+        self.synced_deletes = Some(tx);
         self
     }
 
@@ -294,6 +304,11 @@ impl<M: Maps> Controller<M> {
         };
         let ok = match result {
             Ok(stats) => {
+                if stats.deletes > 0
+                    && let Some(tx) = &self.synced_deletes
+                {
+                    tx.send_modify(|n| *n += 1);
+                }
                 let triggers = self.ingest.written();
                 self.report.sync_ok(&s, stats, &triggers);
                 self.retry_after = RETRY_AFTER;
