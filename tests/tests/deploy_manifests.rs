@@ -335,6 +335,10 @@ struct LbproxyConfig {
     #[serde(default)]
     flow_map_size: Option<u64>,
     #[serde(default)]
+    socket_lb: Option<String>,
+    #[serde(default)]
+    cgroup_root: Option<String>,
+    #[serde(default)]
     stack_bypass: Option<bool>,
     #[serde(default)]
     manifests: Option<String>,
@@ -724,6 +728,34 @@ fn config_problems(docs: &[Doc]) -> (Vec<String>, String) {
         p.push(format!(
             "{at}: bpffsDir {dir:?} is not under the mounted bpffs {BPFFS}"
         ));
+    }
+    // The socket-level programs need the host's cgroup2 root: inside the container,
+    // /sys/fs/cgroup is only the container's own cgroup.
+    let c = lbproxy_container(&ds);
+    match value["cgroupRoot"].as_str() {
+        Some(root) if root.starts_with("/sys/fs/cgroup") => p.push(format!(
+            "{at}: cgroupRoot {root:?} is the container's own cgroup, not the host's"
+        )),
+        Some(root) => {
+            let mounted = c.volume_mounts.iter().flatten().any(|m| {
+                m.mount_path == root
+                    && ds.spec.as_ref().and_then(|s| s.template.spec.as_ref()).is_some_and(|s| {
+                        s.volumes.iter().flatten().any(|v| {
+                            v.name == m.name
+                                && v.host_path.as_ref().is_some_and(|h| h.path.starts_with("/sys/fs/cgroup") || h.path.starts_with("/run/lbproxy/cgroupv2"))
+                        })
+                    })
+            });
+            if !mounted {
+                p.push(format!(
+                    "{at}: cgroupRoot {root:?} is not a mount of the host's cgroup2 hierarchy"
+                ));
+            }
+        }
+        None if value["socketLb"].as_str() != Some("off") => p.push(format!(
+            "{at}: socket-level load balancing is on but cgroupRoot is not set to the host's cgroup2 mount"
+        )),
+        None => {}
     }
     if let Some(addr) = value["healthzBindAddress"].as_str()
         && !addr.ends_with(&format!(":{HEALTHZ_PORT}"))
