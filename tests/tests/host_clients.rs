@@ -359,3 +359,42 @@ fn a_connected_udp_socket_moves_when_its_backend_leaves() {
         assert_eq!(o.peer, to.to_string());
     }
 }
+
+/// `lbproxy cleanup` detaches the socket-level programs: before it, a node process's
+/// `connect()` to a frontend without endpoints is refused at once by them; after it, the
+/// same `connect()` is an ordinary one to an address nobody answers (it times out).
+#[test]
+fn cleanup_detaches_the_socket_programs() {
+    let mut s = Setup::new("Cluster", "");
+    let to = sa(EMPTY_IP, 80);
+    let before = s.requests(NodeId::A, Mode::Tcp, to, 1);
+    assert_eq!(before[0].errno, Some(libc::ECONNREFUSED), "{before:?}");
+    for lb in &mut s.lbs {
+        lb.kill();
+    }
+    let dir = s.lab.node(NodeId::A).bpffs_dir.display().to_string();
+    let out = run_lbproxy_cmd(s.lab.node_ns(NodeId::A), &["cleanup", "--bpffs-dir", &dir]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for p in [
+        "lb_connect4",
+        "lb_sendmsg4",
+        "lb_recvmsg4",
+        "lb_getpeername4",
+    ] {
+        assert!(text.contains(p), "cleanup did not report {p}: {text}");
+    }
+    let after = s
+        .lab
+        .host_requests(NodeId::A, Mode::Tcp, to, 1, Duration::from_millis(500));
+    assert_ne!(
+        after[0].errno,
+        Some(libc::ECONNREFUSED),
+        "still refused by a socket program after cleanup: {after:?}"
+    );
+    assert!(!after[0].ok, "{after:?}");
+}
