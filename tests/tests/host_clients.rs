@@ -18,60 +18,25 @@ use lbproxy_tests::lab::cgroup::{HostClient, Mode, Outcome};
 use lbproxy_tests::lab::multinode::{MultiNodeLab, NodeId};
 use lbproxy_tests::lab::{Backend, Lbproxy, Pod, run_lbproxy_cmd};
 
-const NODE_PORT_TCP: u16 = 30080;
-const NODE_PORT_UDP: u16 = 30053;
-const BACKEND_TCP: u16 = 8080;
-const BACKEND_UDP: u16 = 5353;
-const EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 50);
-const LB_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 60);
-const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 10);
+use lbproxy_tests::lab::multinode::{
+    WEB_BACKEND_TCP as BACKEND_TCP, WEB_BACKEND_UDP as BACKEND_UDP, WEB_CLUSTER_IP as CLUSTER_IP,
+    WEB_EXTERNAL_IP as EXTERNAL_IP, WEB_LB_IP as LB_IP, WEB_NODE_PORT_TCP as NODE_PORT_TCP,
+    WEB_NODE_PORT_UDP as NODE_PORT_UDP, web_manifest,
+};
+
 const EMPTY_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 11);
 const TIMEOUT: Duration = Duration::from_secs(2);
 const HEALTHY_WITHIN: Duration = Duration::from_secs(20);
 
-/// The `web` service (type LoadBalancer: ClusterIP, NodePorts, an externalIP, an LB IP; TCP
-/// port 80 and UDP port 53) over `eps`, with `extra` in its spec, and `empty`, a ClusterIP
-/// service without endpoints.
+/// The lab's `web` service ([`web_manifest`]) over `eps`, and `empty`, a ClusterIP service
+/// without endpoints.
 fn manifest(lab: &MultiNodeLab, eps: &[&Pod], policy: &str, extra: &str) -> String {
-    let eps: String = eps
+    let eps: Vec<(Ipv4Addr, Option<&str>)> = eps
         .iter()
-        .map(|p| {
-            format!(
-                "- {{addresses: [{}], nodeName: {}, conditions: {{ready: true}}}}\n",
-                p.ip,
-                lab.node_of(&p.name).name()
-            )
-        })
+        .map(|p| (p.ip, Some(lab.node_of(&p.name).name())))
         .collect();
     format!(
-        "apiVersion: v1
-kind: Service
-metadata: {{name: web, namespace: default}}
-spec:
-  type: LoadBalancer
-  clusterIP: {CLUSTER_IP}
-  externalIPs: [{EXTERNAL_IP}]
-  externalTrafficPolicy: {policy}
-  {extra}
-  ports:
-  - {{name: http, port: 80, protocol: TCP, targetPort: {BACKEND_TCP}, nodePort: {NODE_PORT_TCP}}}
-  - {{name: dns, port: 53, protocol: UDP, targetPort: {BACKEND_UDP}, nodePort: {NODE_PORT_UDP}}}
-status:
-  loadBalancer:
-    ingress: [{{ip: {LB_IP}}}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: web-1
-  namespace: default
-  labels: {{kubernetes.io/service-name: web}}
-addressType: IPv4
-ports:
-- {{name: http, port: {BACKEND_TCP}, protocol: TCP}}
-- {{name: dns, port: {BACKEND_UDP}, protocol: UDP}}
-endpoints:{}
-{eps}---
+        "{}---
 apiVersion: v1
 kind: Service
 metadata: {{name: empty, namespace: default}}
@@ -81,7 +46,7 @@ spec:
   - {{name: http, port: 80, protocol: TCP, targetPort: {BACKEND_TCP}}}
   - {{name: dns, port: 53, protocol: UDP, targetPort: {BACKEND_UDP}}}
 ",
-        if eps.is_empty() { " []" } else { "" }
+        web_manifest(&eps, policy, extra)
     )
 }
 

@@ -17,13 +17,12 @@ use lbproxy_tests::lab::{
     Backend, HEALTHZ_ADDR, Lbproxy, Pod, http_get, tcp_request, udp_request, wait_for,
 };
 
-const NODE_PORT_TCP: u16 = 30080;
-const NODE_PORT_UDP: u16 = 30053;
-const BACKEND_TCP: u16 = 8080;
-const BACKEND_UDP: u16 = 5353;
-const EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 50);
-const LB_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 60);
-const CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 10);
+use lbproxy_tests::lab::multinode::{
+    WEB_BACKEND_TCP as BACKEND_TCP, WEB_BACKEND_UDP as BACKEND_UDP, WEB_CLUSTER_IP as CLUSTER_IP,
+    WEB_EXTERNAL_IP as EXTERNAL_IP, WEB_LB_IP as LB_IP, WEB_NODE_PORT_TCP as NODE_PORT_TCP,
+    WEB_NODE_PORT_UDP as NODE_PORT_UDP, web_manifest,
+};
+
 const TIMEOUT: Duration = Duration::from_secs(2);
 const HEALTHY_WITHIN: Duration = Duration::from_secs(20);
 
@@ -50,48 +49,6 @@ fn manifest_with(lab: &MultiNodeLab, pods: &[&Pod], policy: &str, extra: &str) -
         .map(|p| (p.ip, Some(lab.node_of(&p.name).name())))
         .collect();
     web_manifest(&eps, policy, extra)
-}
-
-/// The `web` service of [`manifest_with`] over the endpoints `eps` (address, nodeName).
-fn web_manifest(eps: &[(Ipv4Addr, Option<&str>)], policy: &str, extra: &str) -> String {
-    let eps: String = eps
-        .iter()
-        .map(|(ip, node)| {
-            let node = node.map_or(String::new(), |n| format!(", nodeName: {n}"));
-            format!("- {{addresses: [{ip}]{node}, conditions: {{ready: true}}}}\n")
-        })
-        .collect();
-    format!(
-        "apiVersion: v1
-kind: Service
-metadata: {{name: web, namespace: default}}
-spec:
-  type: LoadBalancer
-  clusterIP: {CLUSTER_IP}
-  externalIPs: [{EXTERNAL_IP}]
-  externalTrafficPolicy: {policy}
-  {extra}
-  ports:
-  - {{name: http, port: 80, protocol: TCP, targetPort: {BACKEND_TCP}, nodePort: {NODE_PORT_TCP}}}
-  - {{name: dns, port: 53, protocol: UDP, targetPort: {BACKEND_UDP}, nodePort: {NODE_PORT_UDP}}}
-status:
-  loadBalancer:
-    ingress: [{{ip: {LB_IP}}}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: web-1
-  namespace: default
-  labels: {{kubernetes.io/service-name: web}}
-addressType: IPv4
-ports:
-- {{name: http, port: {BACKEND_TCP}, protocol: TCP}}
-- {{name: dns, port: {BACKEND_UDP}, protocol: UDP}}
-endpoints:{}
-{eps}",
-        if eps.is_empty() { " []" } else { "" }
-    )
 }
 
 impl Setup {

@@ -950,3 +950,64 @@ impl Drop for MultiNodeLab {
         }
     }
 }
+
+/// The `web` service's ClusterIP ([`web_manifest`]).
+pub const WEB_CLUSTER_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 10);
+/// The `web` service's externalIP.
+pub const WEB_EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 50);
+/// The `web` service's load-balancer IP.
+pub const WEB_LB_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 60);
+/// The `web` service's TCP NodePort.
+pub const WEB_NODE_PORT_TCP: u16 = 30080;
+/// The `web` service's UDP NodePort.
+pub const WEB_NODE_PORT_UDP: u16 = 30053;
+/// The `web` backends' TCP port.
+pub const WEB_BACKEND_TCP: u16 = 8080;
+/// The `web` backends' UDP port.
+pub const WEB_BACKEND_UDP: u16 = 5353;
+
+/// The two-node labs' `web` service: type LoadBalancer with ClusterIP [`WEB_CLUSTER_IP`],
+/// externalIP [`WEB_EXTERNAL_IP`], LB IP [`WEB_LB_IP`], TCP port 80 (NodePort
+/// [`WEB_NODE_PORT_TCP`], target [`WEB_BACKEND_TCP`]) and UDP port 53 (NodePort
+/// [`WEB_NODE_PORT_UDP`], target [`WEB_BACKEND_UDP`]), externalTrafficPolicy `policy`,
+/// `extra` added to its spec, over the endpoints `eps` (address, nodeName).
+pub fn web_manifest(eps: &[(Ipv4Addr, Option<&str>)], policy: &str, extra: &str) -> String {
+    let eps: String = eps
+        .iter()
+        .map(|(ip, node)| {
+            let node = node.map_or(String::new(), |n| format!(", nodeName: {n}"));
+            format!("- {{addresses: [{ip}]{node}, conditions: {{ready: true}}}}\n")
+        })
+        .collect();
+    format!(
+        "apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: default}}
+spec:
+  type: LoadBalancer
+  clusterIP: {WEB_CLUSTER_IP}
+  externalIPs: [{WEB_EXTERNAL_IP}]
+  externalTrafficPolicy: {policy}
+  {extra}
+  ports:
+  - {{name: http, port: 80, protocol: TCP, targetPort: {WEB_BACKEND_TCP}, nodePort: {WEB_NODE_PORT_TCP}}}
+  - {{name: dns, port: 53, protocol: UDP, targetPort: {WEB_BACKEND_UDP}, nodePort: {WEB_NODE_PORT_UDP}}}
+status:
+  loadBalancer:
+    ingress: [{{ip: {WEB_LB_IP}}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: web}}
+addressType: IPv4
+ports:
+- {{name: http, port: {WEB_BACKEND_TCP}, protocol: TCP}}
+- {{name: dns, port: {WEB_BACKEND_UDP}, protocol: UDP}}
+endpoints:{}
+{eps}",
+        if eps.is_empty() { " []" } else { "" }
+    )
+}
