@@ -166,6 +166,12 @@ fn topology_is_as_documented() {
     let manifest = lab.manifest_path().display().to_string();
     let bpffs = format!("/sys/fs/bpf/lbproxy-test-{}-b", lab.id());
     assert_eq!(lab.node(NodeId::B).bpffs_dir, Path::new(&bpffs));
+    // Issue 12's line: the node's clients run inside this cgroup2 group.
+    let cgroup = lab.cgroup().display().to_string();
+    assert!(
+        lab.cgroup().join("cgroup.procs").is_file(),
+        "--cgroup-root {cgroup} is not a cgroup2 group"
+    );
     assert_eq!(
         args,
         [
@@ -178,6 +184,8 @@ fn topology_is_as_documented() {
             "nodeB",
             "--nodeport-addresses",
             "198.18.80.0/24",
+            "--cgroup-root",
+            cgroup.as_str(),
             "--bpffs-dir",
             bpffs.as_str(),
             "--healthz-bind-address",
