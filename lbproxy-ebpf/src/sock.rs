@@ -190,7 +190,11 @@ pub fn forward(ctx: &SockAddrContext, translated: SockEvent, refused: SockEvent)
         svc_id: svc.svc_id,
         backend_id,
     };
-    if LB_SOCKREV_V1.insert(key, value, 0).is_err() {
+    // An unconnected UDP socket's datagrams to one frontend keep their backend, so after its
+    // first datagram the entry is already there: a lookup, not an LRU update, per datagram.
+    // SAFETY: copied out at once.
+    let known = unsafe { LB_SOCKREV_V1.get(key) }.copied();
+    if known != Some(value) && LB_SOCKREV_V1.insert(key, value, 0).is_err() {
         count(SockEvent::RevWriteFailed);
     }
     set_destination(ctx, backend.addr, backend.port_be);

@@ -19,34 +19,11 @@ pub fn select(
     now: u64,
     seed: u64,
 ) -> Result<(u32, Backend), Verdict> {
-    let key = AffinityKey {
-        svc_id: svc.svc_id,
-        client_addr: pkt.src_addr,
-    };
-    let timeout_ns = u64::from(svc.affinity_timeout_s) * 1_000_000_000;
-    if let Some(entry) = LB_AFFINITY_V1.get_ptr_mut(key) {
-        let (backend_id, last) = unsafe { ((*entry).backend_id, (*entry).last_ns) };
-        if now.wrapping_sub(last) <= timeout_ns
-            && select::is_member(svc, backend_id)
-            && let Some(b) = select::backend(backend_id)
-        {
-            unsafe { (*entry).last_ns = now };
-            return Ok((backend_id, b));
-        }
-    }
-    let (backend_id, backend) = select::select(svc, pkt, seed)?;
-    let value = AffinityValue {
-        backend_id,
-        _pad: 0,
-        last_ns: now,
-    };
-    // Failing to remember only costs affinity for the next flow, not this one.
-    let _ = LB_AFFINITY_V1.insert(key, value, 0);
-    Ok((backend_id, backend))
+    select_for(svc, pkt.src_addr, now, || select::select(svc, pkt, seed))
 }
 
-/// [`select`] for the client `client_addr`, with `pick` choosing when the client has no
-/// live choice to keep.
+/// [`select`] for the client `client_addr` (the socket programs' too), with `pick` choosing
+/// when the client has no live choice to keep.
 #[inline(always)]
 pub fn select_for<E>(
     svc: &ServiceValue,
@@ -54,28 +31,54 @@ pub fn select_for<E>(
     now: u64,
     pick: impl FnOnce() -> Result<(u32, Backend), E>,
 ) -> Result<(u32, Backend), E> {
-    let key = AffinityKey {
-        svc_id: svc.svc_id,
-        client_addr,
-    };
-    let timeout_ns = u64::from(svc.affinity_timeout_s) * 1_000_000_000;
-    if let Some(entry) = LB_AFFINITY_V1.get_ptr_mut(key) {
-        let (backend_id, last) = unsafe { ((*entry).backend_id, (*entry).last_ns) };
-        if now.wrapping_sub(last) <= timeout_ns
-            && select::is_member(svc, backend_id)
-            && let Some(b) = select::backend(backend_id)
-        {
-            unsafe { (*entry).last_ns = now };
-            return Ok((backend_id, b));
-        }
+    let client = u32::from_ne_bytes(client_addr);
+    let kept = kept(svc.svc_id, client, svc.affinity_timeout_s, now);
+    if kept != 0
+        && let Some(b) = select::backend(kept)
+    {
+        return Ok((kept, b));
     }
     let (backend_id, backend) = pick()?;
+    remember(svc.svc_id, client, backend_id, now);
+    Ok((backend_id, backend))
+}
+
+/// The backend `client` (an address as read, network order) last got for service `svc_id`,
+/// if that was at most `timeout_s` ago and the backend is still eligible for new flows; its
+/// entry is refreshed. 0 otherwise (never a backend id). Its own BPF function with scalar
+/// arguments and result, so the key and entry stay out of the callers' frames.
+#[inline(never)]
+fn kept(svc_id: u32, client: u32, timeout_s: u32, now: u64) -> u32 {
+    let key = AffinityKey {
+        svc_id,
+        client_addr: client.to_ne_bytes(),
+    };
+    let Some(entry) = LB_AFFINITY_V1.get_ptr_mut(key) else {
+        return 0;
+    };
+    // SAFETY: a successful lookup; single-field reads and writes.
+    let (backend_id, last) = unsafe { ((*entry).backend_id, (*entry).last_ns) };
+    if now.wrapping_sub(last) > u64::from(timeout_s) * 1_000_000_000
+        || !select::is_member(svc_id, backend_id)
+    {
+        return 0;
+    }
+    unsafe { (*entry).last_ns = now };
+    backend_id
+}
+
+/// Remembers `backend_id` as `client`'s choice for service `svc_id`. Failing to remember
+/// only costs affinity for the next flow, not this one.
+#[inline(never)]
+fn remember(svc_id: u32, client: u32, backend_id: u32, now: u64) {
+    let key = AffinityKey {
+        svc_id,
+        client_addr: client.to_ne_bytes(),
+    };
     let value = AffinityValue {
         backend_id,
         _pad: 0,
         last_ns: now,
     };
-    // Failing to remember only costs affinity for the next flow, not this one.
     let _ = LB_AFFINITY_V1.insert(key, value, 0);
-    Ok((backend_id, backend))
 }

@@ -43,47 +43,41 @@ pub fn select(svc: &ServiceValue, pkt: &Packet, seed: u64) -> Result<(u32, Backe
         pkt.dst_port_be,
         pkt.proto,
     );
-    let slot = jump(hash, svc.count);
-    let key = SlotKey {
-        svc_id: svc.svc_id,
-        slot,
-    };
-    let backend_id = unsafe { LB_SLOTS_V1.get(key) }
-        .copied()
-        .ok_or(Verdict::Drop(DropReason::SlotMissing))?;
-    let backend = backend(backend_id).ok_or(Verdict::Drop(DropReason::BackendMissing))?;
-    Ok((backend_id, backend))
+    select_by_hash(svc, hash).map_err(Verdict::Drop)
 }
 
 /// The backend in slot `jump(hash, count)` of a service with at least one slot: its id and
-/// address (`SlotMissing`/`BackendMissing` when the maps are inconsistent). For socket-level
-/// load balancing; [`select`] keeps its own copy of these lines, as sharing them changes the
-/// packet programs' stack layout past the BPF limit.
+/// address (`SlotMissing`/`BackendMissing` when the maps are inconsistent). The packet
+/// programs come here through [`select`], the socket programs directly.
 #[inline(always)]
 pub fn select_by_hash(svc: &ServiceValue, hash: u64) -> Result<(u32, Backend), DropReason> {
-    let slot = jump(hash, svc.count);
-    let key = SlotKey {
-        svc_id: svc.svc_id,
-        slot,
-    };
-    let backend_id = unsafe { LB_SLOTS_V1.get(key) }
-        .copied()
-        .ok_or(DropReason::SlotMissing)?;
+    let backend_id = slot_backend(svc.svc_id, svc.count, hash);
+    if backend_id == 0 {
+        return Err(DropReason::SlotMissing);
+    }
     let backend = backend(backend_id).ok_or(DropReason::BackendMissing)?;
     Ok((backend_id, backend))
+}
+
+/// The backend id in slot `jump(hash, count)` of service `svc_id`, or 0 (never an id: the
+/// controller hands out ids from 1) when the slot is missing. Its own BPF function, taking
+/// and returning scalars only, so the hash loop and the slot key stay out of the callers'
+/// frames (the north-south program is close to the 512-byte stack limit).
+#[inline(never)]
+fn slot_backend(svc_id: u32, count: u32, hash: u64) -> u32 {
+    let key = SlotKey {
+        svc_id,
+        slot: jump(hash, count),
+    };
+    // SAFETY: the value is copied out at once.
+    unsafe { LB_SLOTS_V1.get(key) }.copied().unwrap_or(0)
 }
 
 /// Whether `backend_id` is in one of the service's slots, i.e. still eligible for new flows
 /// (a backend that left, or turned not-ready, is not).
 #[inline(always)]
-pub fn is_member(svc: &ServiceValue, backend_id: u32) -> bool {
-    unsafe {
-        LB_MEMBERS_V1.get(MemberKey {
-            svc_id: svc.svc_id,
-            backend_id,
-        })
-    }
-    .is_some()
+pub fn is_member(svc_id: u32, backend_id: u32) -> bool {
+    unsafe { LB_MEMBERS_V1.get(MemberKey { svc_id, backend_id }) }.is_some()
 }
 
 /// The backend with this id, if it is still live.
