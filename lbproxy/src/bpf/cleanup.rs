@@ -11,7 +11,7 @@ use super::attach::pinned_interfaces;
 /// table as it was. A connection from a source port that an old flow used could then have
 /// its SYN-ACK reverse-NATed, and be reset, right after `cleanup` returned (seen in the
 /// datapath benchmark).
-pub(super) fn detach_pinned_link(pin: &Path) -> std::io::Result<()> {
+fn detach_pinned_link(pin: &Path) -> std::io::Result<()> {
     use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
     use std::os::unix::ffi::OsStrExt as _;
     const BPF_OBJ_GET: libc::c_long = 7;
@@ -38,6 +38,18 @@ pub(super) fn detach_pinned_link(pin: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Detaches the link pinned at `pin` now ([`detach_pinned_link`]; failing that, it goes
+/// with its pin, logged) and removes the pin.
+pub(super) fn detach_and_unpin(pin: &Path) -> Result<(), BpfError> {
+    if let Err(e) = detach_pinned_link(pin) {
+        tracing::warn!(pin = %pin.display(), "detaching at once failed ({e}); the link goes when its pin is removed");
+    }
+    std::fs::remove_file(pin).map_err(|source| BpfError::Io {
+        path: pin.to_path_buf(),
+        source,
+    })
+}
+
 /// `lbproxy cleanup`: detaches and unpins every link, unpins every map, then removes the
 /// directory. Returns what it removed.
 pub fn cleanup(dir: &Path) -> Result<Vec<String>, BpfError> {
@@ -47,13 +59,7 @@ pub fn cleanup(dir: &Path) -> Result<Vec<String>, BpfError> {
     }
     for (iface, paths) in pinned_interfaces(dir) {
         for p in paths {
-            if let Err(e) = detach_pinned_link(&p) {
-                tracing::warn!(pin = %p.display(), "detaching at once failed ({e}); the link goes when its pin is removed");
-            }
-            std::fs::remove_file(&p).map_err(|source| BpfError::Io {
-                path: p.clone(),
-                source,
-            })?;
+            detach_and_unpin(&p)?;
         }
         removed.push(format!("links of {}@{}", iface.name, iface.index));
     }

@@ -100,11 +100,16 @@ pub fn prepare_dir(dir: &Path) -> Result<(), BpfError> {
     })
 }
 
+fn is_bpffs(path: &Path) -> bool {
+    fs_type_is(path, BPF_FS_MAGIC)
+}
+
+/// Whether `path` is on a filesystem of type `magic` (statfs `f_type`).
 #[expect(
     clippy::useless_conversion,
     reason = "statfs.f_type is i64 on x86_64 but another width on other architectures"
 )]
-fn is_bpffs(path: &Path) -> bool {
+fn fs_type_is(path: &Path, magic: i64) -> bool {
     use std::os::unix::ffi::OsStrExt as _;
     let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
         return false;
@@ -112,7 +117,7 @@ fn is_bpffs(path: &Path) -> bool {
     // SAFETY: statfs writes into the zeroed struct; the path is NUL-terminated.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     let rc = unsafe { libc::statfs(c.as_ptr(), &raw mut st) };
-    rc == 0 && i64::from(st.f_type) == BPF_FS_MAGIC
+    rc == 0 && i64::from(st.f_type) == magic
 }
 
 /// Checks every existing pin under `dir` against the layout this binary was built with, so
@@ -205,35 +210,36 @@ impl Datapath {
         let mut ebpf = loader.load(OBJECT)?;
         migrate_services_v1(dir)?;
         migrate_flows(dir)?;
-        for name in program_names::TC {
-            let prog: &mut SchedClassifier = ebpf
-                .program_mut(name)
-                .ok_or_else(|| BpfError::Program {
-                    name,
-                    source: aya::programs::ProgramError::UnexpectedProgramType,
-                })?
-                .try_into()
-                .map_err(|source| BpfError::Program { name, source })?;
-            prog.load()
-                .map_err(|source| BpfError::Program { name, source })?;
-        }
-        for name in program_names::SOCK {
-            let prog: &mut CgroupSockAddr = ebpf
-                .program_mut(name)
-                .ok_or_else(|| BpfError::Program {
-                    name,
-                    source: aya::programs::ProgramError::UnexpectedProgramType,
-                })?
-                .try_into()
-                .map_err(|source| BpfError::Program { name, source })?;
-            prog.load()
-                .map_err(|source| BpfError::Program { name, source })?;
-        }
+        load_programs::<SchedClassifier>(&mut ebpf, &program_names::TC, SchedClassifier::load)?;
+        load_programs::<CgroupSockAddr>(&mut ebpf, &program_names::SOCK, CgroupSockAddr::load)?;
         Ok(Self {
             ebpf,
             dir: dir.to_path_buf(),
         })
     }
+}
+
+/// Loads the programs `names`, each of type `P`, into the kernel.
+fn load_programs<P>(
+    ebpf: &mut Ebpf,
+    names: &[&'static str],
+    load: fn(&mut P) -> Result<(), aya::programs::ProgramError>,
+) -> Result<(), BpfError>
+where
+    for<'a> &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    for &name in names {
+        let prog: &mut P = ebpf
+            .program_mut(name)
+            .ok_or(BpfError::Program {
+                name,
+                source: aya::programs::ProgramError::UnexpectedProgramType,
+            })?
+            .try_into()
+            .map_err(|source| BpfError::Program { name, source })?;
+        load(prog).map_err(|source| BpfError::Program { name, source })?;
+    }
+    Ok(())
 }
 
 /// Copies a `LB_SERVICES_V1` pinned by an earlier version into `LB_SERVICES_V2`, keeping

@@ -53,19 +53,8 @@ pub enum SockError {
     Bpf(#[from] BpfError),
 }
 
-#[expect(
-    clippy::useless_conversion,
-    reason = "statfs.f_type is i64 on x86_64 but another width on other architectures"
-)]
 fn is_cgroup2(path: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt as _;
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: statfs writes into the zeroed struct; the path is NUL-terminated.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::statfs(c.as_ptr(), &raw mut st) };
-    rc == 0 && i64::from(st.f_type) == CGROUP2_SUPER_MAGIC
+    super::fs_type_is(path, CGROUP2_SUPER_MAGIC)
 }
 
 /// The cgroup v2 directory to attach to: the one given, which must be cgroup v2; by default
@@ -162,13 +151,7 @@ pub fn pinned_links(dir: &Path) -> Vec<PathBuf> {
 pub fn detach_all(dir: &Path) -> Result<Vec<String>, BpfError> {
     let mut out = Vec::new();
     for p in pinned_links(dir) {
-        if let Err(e) = super::cleanup::detach_pinned_link(&p) {
-            tracing::warn!(pin = %p.display(), "detaching at once failed ({e}); the link goes when its pin is removed");
-        }
-        std::fs::remove_file(&p).map_err(|source| BpfError::Io {
-            path: p.clone(),
-            source,
-        })?;
+        super::cleanup::detach_and_unpin(&p)?;
         out.push(
             p.file_name()
                 .map_or_else(String::new, |n| n.to_string_lossy().into()),
@@ -247,10 +230,7 @@ pub fn attach(
         let pin = links.join(name);
         if pin.exists() {
             // The earlier run's link: ours is attached, so it can go.
-            if let Err(e) = super::cleanup::detach_pinned_link(&pin) {
-                tracing::warn!(pin = %pin.display(), "detaching the earlier link failed ({e}); it goes with its pin");
-            }
-            let _ = std::fs::remove_file(&pin);
+            super::cleanup::detach_and_unpin(&pin)?;
         }
         link.pin(&pin)
             .map_err(|e| err("pinning the link", super::error_chain(&e)))?;
@@ -302,11 +282,12 @@ pub fn reap(dir: &Path) -> Result<Reaped, SockError> {
     if stale.is_empty() {
         return Ok(out);
     }
+    let diag = super::sock_diag::SockDiag::open().map_err(|e| SockError::Diag("open", e))?;
     for proto in [lbproxy_common::IPPROTO_TCP, lbproxy_common::IPPROTO_UDP] {
         if !stale.iter().any(|k| k.proto == proto) {
             continue;
         }
-        let socks = super::sock_diag::dump(proto).map_err(|e| SockError::Diag("dump", e))?;
+        let socks = diag.dump(proto).map_err(|e| SockError::Diag("dump", e))?;
         for s in socks {
             let Some((addr, port)) = s.remote() else {
                 continue;
@@ -321,7 +302,7 @@ pub fn reap(dir: &Path) -> Result<Reaped, SockError> {
             if !stale.contains(&key) {
                 continue;
             }
-            match super::sock_diag::destroy(proto, &s) {
+            match diag.destroy(proto, &s) {
                 Ok(()) => {
                     out.destroyed += 1;
                     tracing::info!(

@@ -46,100 +46,95 @@ fn cookie_of(id: &SocketId) -> u64 {
     u64::from(hi) << 32 | u64::from(lo)
 }
 
-fn open() -> std::io::Result<Socket> {
-    let mut s = Socket::new(NETLINK_SOCK_DIAG)?;
-    s.bind_auto()?;
-    s.connect(&SocketAddr::new(0, 0))?;
-    Ok(s)
-}
+/// A `NETLINK_SOCK_DIAG` socket: one per reap, for its dumps and destroys alike.
+pub struct SockDiag(Socket);
 
-fn send(
-    s: &Socket,
-    flags: u16,
-    message_type: Option<u16>,
-    req: InetRequest,
-) -> std::io::Result<()> {
-    let mut hdr = NetlinkHeader::default();
-    hdr.flags = flags;
-    let mut msg = NetlinkMessage::new(hdr, SockDiagMessage::InetRequest(req).into());
-    msg.finalize();
-    if let Some(t) = message_type {
-        msg.header.message_type = t;
+impl SockDiag {
+    pub fn open() -> std::io::Result<Self> {
+        let mut s = Socket::new(NETLINK_SOCK_DIAG)?;
+        s.bind_auto()?;
+        s.connect(&SocketAddr::new(0, 0))?;
+        Ok(Self(s))
     }
-    let mut buf = vec![0; msg.buffer_len()];
-    msg.serialize(&mut buf);
-    s.send(&buf, 0)?;
-    Ok(())
-}
 
-/// Reads messages until `Done` or an ack/error, handing each response to `each`.
-fn receive(s: &Socket, mut each: impl FnMut(SockInfo)) -> std::io::Result<()> {
-    loop {
-        let (buf, _) = s.recv_from_full()?;
-        let mut off = 0;
-        while off < buf.len() {
-            let msg = <NetlinkMessage<SockDiagMessage>>::deserialize(&buf[off..])
-                .map_err(|e| std::io::Error::other(format!("sock_diag: {e}")))?;
-            let len = msg.header.length as usize;
-            match msg.payload {
-                NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => {
-                    let id = r.header.socket_id.clone();
-                    each(SockInfo {
-                        cookie: cookie_of(&id),
-                        id,
-                    });
+    /// Every IPv4 socket of protocol `proto` (TCP or UDP) in this network namespace.
+    pub fn dump(&self, proto: u8) -> std::io::Result<Vec<SockInfo>> {
+        self.send(
+            NLM_F_REQUEST | NLM_F_DUMP,
+            None,
+            request(proto, SocketId::new_v4()),
+        )?;
+        let mut out = Vec::new();
+        self.receive(|i| out.push(i))?;
+        Ok(out)
+    }
+
+    /// Destroys the socket `info` names (its addresses, ports and cookie, as dumped).
+    pub fn destroy(&self, proto: u8, info: &SockInfo) -> std::io::Result<()> {
+        self.send(
+            NLM_F_REQUEST | NLM_F_ACK,
+            Some(SOCK_DESTROY),
+            request(proto, info.id.clone()),
+        )?;
+        self.receive(|_| {})
+    }
+
+    fn send(&self, flags: u16, message_type: Option<u16>, req: InetRequest) -> std::io::Result<()> {
+        let mut hdr = NetlinkHeader::default();
+        hdr.flags = flags;
+        let mut msg = NetlinkMessage::new(hdr, SockDiagMessage::InetRequest(req).into());
+        msg.finalize();
+        if let Some(t) = message_type {
+            msg.header.message_type = t;
+        }
+        let mut buf = vec![0; msg.buffer_len()];
+        msg.serialize(&mut buf);
+        self.0.send(&buf, 0)?;
+        Ok(())
+    }
+
+    /// Reads messages until `Done` or an ack/error, handing each response to `each`.
+    fn receive(&self, mut each: impl FnMut(SockInfo)) -> std::io::Result<()> {
+        loop {
+            let (buf, _) = self.0.recv_from_full()?;
+            let mut off = 0;
+            while off < buf.len() {
+                let msg = <NetlinkMessage<SockDiagMessage>>::deserialize(&buf[off..])
+                    .map_err(|e| std::io::Error::other(format!("sock_diag: {e}")))?;
+                let len = msg.header.length as usize;
+                match msg.payload {
+                    NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => {
+                        let id = r.header.socket_id.clone();
+                        each(SockInfo {
+                            cookie: cookie_of(&id),
+                            id,
+                        });
+                    }
+                    NetlinkPayload::Done(_) => return Ok(()),
+                    NetlinkPayload::Error(e) => {
+                        return match e.code {
+                            None => Ok(()),
+                            Some(code) => Err(std::io::Error::from_raw_os_error(-code.get())),
+                        };
+                    }
+                    _ => {}
                 }
-                NetlinkPayload::Done(_) => return Ok(()),
-                NetlinkPayload::Error(e) => {
-                    return match e.code {
-                        None => Ok(()),
-                        Some(code) => Err(std::io::Error::from_raw_os_error(-code.get())),
-                    };
+                if len == 0 {
+                    break;
                 }
-                _ => {}
+                off += (len + 3) & !3;
             }
-            if len == 0 {
-                break;
-            }
-            off += (len + 3) & !3;
         }
     }
 }
 
-/// Every IPv4 socket of protocol `proto` (TCP or UDP) in this network namespace.
-pub fn dump(proto: u8) -> std::io::Result<Vec<SockInfo>> {
-    let s = open()?;
-    send(
-        &s,
-        NLM_F_REQUEST | NLM_F_DUMP,
-        None,
-        InetRequest {
-            family: AF_INET,
-            protocol: proto,
-            extensions: ExtensionFlags::empty(),
-            states: StateFlags::all(),
-            socket_id: SocketId::new_v4(),
-        },
-    )?;
-    let mut out = Vec::new();
-    receive(&s, |i| out.push(i))?;
-    Ok(out)
-}
-
-/// Destroys the socket `info` names (its addresses, ports and cookie, as dumped).
-pub fn destroy(proto: u8, info: &SockInfo) -> std::io::Result<()> {
-    let s = open()?;
-    send(
-        &s,
-        NLM_F_REQUEST | NLM_F_ACK,
-        Some(SOCK_DESTROY),
-        InetRequest {
-            family: AF_INET,
-            protocol: proto,
-            extensions: ExtensionFlags::empty(),
-            states: StateFlags::all(),
-            socket_id: info.id.clone(),
-        },
-    )?;
-    receive(&s, |_| {})
+/// An `inet_diag_req_v2` for IPv4 sockets of `proto` in any state, naming `id`.
+fn request(proto: u8, socket_id: SocketId) -> InetRequest {
+    InetRequest {
+        family: AF_INET,
+        protocol: proto,
+        extensions: ExtensionFlags::empty(),
+        states: StateFlags::all(),
+        socket_id,
+    }
 }
