@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use lbproxy_tests::lab::cgroup::{HostClient, Mode, Outcome};
+use lbproxy_tests::lab::cgroup::{HostClient, Mode, Outcome, Requests};
 use lbproxy_tests::lab::multinode::{MultiNodeLab, NodeId};
 use lbproxy_tests::lab::{Backend, Lbproxy, Pod, run_lbproxy_cmd};
 
@@ -85,7 +85,9 @@ impl Setup {
     }
 
     fn requests(&self, node: NodeId, mode: Mode, to: SocketAddr, n: usize) -> Vec<Outcome> {
-        self.lab.host_requests(node, mode, to, n, TIMEOUT)
+        self.lab
+            .host_client(node, &Requests::new(mode, to, n).timeout(TIMEOUT))
+            .all()
     }
 
     fn logs(&self) -> String {
@@ -221,14 +223,12 @@ fn pods_keep_the_per_packet_path() {
     };
     let before = events();
     let to = sa(CLUSTER_IP, 80);
-    let out = HostClient::run(
+    let out = HostClient::spawn(
         &client.netns,
         Some(s.lab.cgroup()),
-        Mode::Tcp,
-        to,
-        4,
-        TIMEOUT,
-    );
+        &Requests::new(Mode::Tcp, to, 4).timeout(TIMEOUT),
+    )
+    .all();
     let m = tally(&out, to, &format!("pod to ClusterIP\n{}", s.logs()));
     for o in &out {
         assert_eq!(seen_ip(o), client.ip, "the backend must see the pod: {o:?}");
@@ -263,11 +263,9 @@ fn a_connected_udp_socket_moves_when_its_backend_leaves() {
     let to = sa(CLUSTER_IP, 53);
     let mut c = s.lab.host_client(
         NodeId::A,
-        Mode::UdpConnected,
-        to,
-        100,
-        Duration::from_millis(50),
-        Duration::from_millis(500),
+        &Requests::new(Mode::UdpConnected, to, 100)
+            .interval(Duration::from_millis(50))
+            .timeout(Duration::from_millis(500)),
     );
     // The backend this socket was given.
     let mut first = None;
@@ -355,7 +353,11 @@ fn cleanup_detaches_the_socket_programs() {
     }
     let after = s
         .lab
-        .host_requests(NodeId::A, Mode::Tcp, to, 1, Duration::from_millis(500));
+        .host_client(
+            NodeId::A,
+            &Requests::new(Mode::Tcp, to, 1).timeout(Duration::from_millis(500)),
+        )
+        .all();
     assert_ne!(
         after[0].errno,
         Some(libc::ECONNREFUSED),

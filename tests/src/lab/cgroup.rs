@@ -158,26 +158,50 @@ impl Mode {
     }
 }
 
+/// The requests a [`HostClient`] makes: `count` of `mode` to `target`, `interval` apart,
+/// each bounded by `timeout`.
+#[derive(Clone, Copy, Debug)]
+pub struct Requests {
+    pub mode: Mode,
+    pub target: SocketAddr,
+    pub count: usize,
+    pub interval: Duration,
+    pub timeout: Duration,
+}
+
+impl Requests {
+    /// `count` requests back to back, each bounded by 2 s.
+    pub fn new(mode: Mode, target: SocketAddr, count: usize) -> Requests {
+        Requests {
+            mode,
+            target,
+            count,
+            interval: Duration::ZERO,
+            timeout: Duration::from_secs(2),
+        }
+    }
+
+    pub fn interval(self, interval: Duration) -> Requests {
+        Requests { interval, ..self }
+    }
+
+    pub fn timeout(self, timeout: Duration) -> Requests {
+        Requests { timeout, ..self }
+    }
+}
+
 impl HostClient {
-    /// Starts `count` requests to `target`, `interval` apart, each bounded by `timeout`.
-    pub fn spawn(
-        ns: &str,
-        cgroup: Option<&Path>,
-        mode: Mode,
-        target: SocketAddr,
-        count: usize,
-        interval: Duration,
-        timeout: Duration,
-    ) -> HostClient {
+    /// Starts `lbt-client` making `req` from `ns` (in `cgroup`, if given).
+    pub fn spawn(ns: &str, cgroup: Option<&Path>, req: &Requests) -> HostClient {
         let mut cmd = Command::new(client_bin());
         cmd.arg("--netns").arg(netns_path(ns));
         if let Some(cg) = cgroup {
             cmd.arg("--cgroup").arg(cg);
         }
-        cmd.args([mode.arg(), &target.to_string()])
-            .args(["--count", &count.to_string()])
-            .args(["--interval-ms", &interval.as_millis().to_string()])
-            .args(["--timeout-ms", &timeout.as_millis().to_string()])
+        cmd.args([req.mode.arg(), &req.target.to_string()])
+            .args(["--count", &req.count.to_string()])
+            .args(["--interval-ms", &req.interval.as_millis().to_string()])
+            .args(["--timeout-ms", &req.timeout.as_millis().to_string()])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         let mut child = cmd
@@ -196,21 +220,13 @@ impl HostClient {
         }
     }
 
-    /// Runs `count` requests to completion and returns their outcomes.
-    pub fn run(
-        ns: &str,
-        cgroup: Option<&Path>,
-        mode: Mode,
-        target: SocketAddr,
-        count: usize,
-        timeout: Duration,
-    ) -> Vec<Outcome> {
-        let mut c = HostClient::spawn(ns, cgroup, mode, target, count, Duration::ZERO, timeout);
+    /// Every outcome, once the client has made all its requests; panics if it failed.
+    pub fn all(mut self) -> Vec<Outcome> {
         let mut out = Vec::new();
-        while let Some(o) = c.next_outcome() {
+        while let Some(o) = self.next_outcome() {
             out.push(o);
         }
-        let status = c.child.wait().expect("wait lbt-client");
+        let status = self.child.wait().expect("wait lbt-client");
         assert!(status.success(), "lbt-client exited {status}");
         out
     }

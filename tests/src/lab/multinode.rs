@@ -65,7 +65,7 @@ use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::cgroup::{CgroupGroup, HostClient, Mode, Outcome};
+use super::cgroup::{CgroupGroup, HostClient, Requests};
 use super::lbproxy::{HEALTHZ_ADDR, Lbproxy, METRICS_ADDR, lbproxy_bin_if_present};
 use super::manifest::{Endpoint, Manifest, write_atomic};
 use super::net::{Proto, Reply, Tally, TcpConn, tally, tcp_request, udp_request};
@@ -393,46 +393,10 @@ impl MultiNodeLab {
         self.cgroup.get().expect("set up with the lab").path()
     }
 
-    /// Runs `count` requests from `node`'s own network namespace to `target`, from a process
-    /// in the lab's cgroup (so lbproxy's socket-level programs see it): see
-    /// [`HostClient::run`].
-    pub fn host_requests(
-        &self,
-        node: NodeId,
-        mode: Mode,
-        target: SocketAddr,
-        count: usize,
-        timeout: Duration,
-    ) -> Vec<Outcome> {
-        HostClient::run(
-            &self.node(node).netns,
-            Some(self.cgroup()),
-            mode,
-            target,
-            count,
-            timeout,
-        )
-    }
-
-    /// A long-running [`HostClient`] of `node` in the lab's cgroup.
-    pub fn host_client(
-        &self,
-        node: NodeId,
-        mode: Mode,
-        target: SocketAddr,
-        count: usize,
-        interval: Duration,
-        timeout: Duration,
-    ) -> HostClient {
-        HostClient::spawn(
-            &self.node(node).netns,
-            Some(self.cgroup()),
-            mode,
-            target,
-            count,
-            interval,
-            timeout,
-        )
+    /// A client process of `node`'s own network namespace, in the lab's cgroup (so lbproxy's
+    /// socket-level programs see it), making `req`.
+    pub fn host_client(&self, node: NodeId, req: &Requests) -> HostClient {
+        HostClient::spawn(&self.node(node).netns, Some(self.cgroup()), req)
     }
 
     /// `<pid>-<counter>`, unique per lab on this machine.
