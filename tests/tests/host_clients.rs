@@ -69,12 +69,7 @@ impl Setup {
             b1.serve(&[BACKEND_TCP, BACKEND_UDP]),
         ];
         lab.write_manifest_text(&manifest(&lab, &[&a1, &b1], policy, extra));
-        let mut lbs = Vec::new();
-        for node in NodeId::ALL {
-            let mut lb = lab.start_lbproxy(node, &[]);
-            lb.expect_healthy(HEALTHY_WITHIN);
-            lbs.push(lb);
-        }
+        let lbs = lab.start_lbproxy_on_both(&[], HEALTHY_WITHIN);
         Setup {
             lab,
             _servers: servers,

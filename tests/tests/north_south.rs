@@ -68,12 +68,7 @@ impl Setup {
         ];
         let pods: Vec<&Pod> = if b1_listed { vec![&a1, &b1] } else { vec![&a1] };
         lab.write_manifest_text(&manifest_with(&lab, &pods, policy, extra));
-        let mut lbs = Vec::new();
-        for node in NodeId::ALL {
-            let mut lb = lab.start_lbproxy(node, &[]);
-            lb.expect_healthy(HEALTHY_WITHIN);
-            lbs.push(lb);
-        }
+        let lbs = lab.start_lbproxy_on_both(&[], HEALTHY_WITHIN);
         Setup {
             lab,
             _servers: servers,
@@ -307,12 +302,7 @@ fn a_full_snat_range_drops_and_counts_while_local_backends_work() {
         .replace("nodePort: 30080", "nodePort: 30081")
         .replace("nodePort: 30053", "nodePort: 30054");
     lab.write_manifest_text(&format!("{remote}---\n{local}"));
-    let mut lbs = Vec::new();
-    for node in NodeId::ALL {
-        let mut lb = lab.start_lbproxy(node, &["--snat-port-range", "20000-20003"]);
-        lb.expect_healthy(HEALTHY_WITHIN);
-        lbs.push(lb);
-    }
+    let lbs = lab.start_lbproxy_on_both(&["--snat-port-range", "20000-20003"], HEALTHY_WITHIN);
     let client = lab.add_client("ext");
     let node_ip = lab.node(NodeId::A).ip;
     let mut held = Vec::new();
@@ -1305,12 +1295,7 @@ fn a_health_check_port_that_cannot_be_bound_is_reported_once() {
     })
     .expect("bind the health-check port first");
     // Full syncs every second, each of which retries the port.
-    let mut lbs = Vec::new();
-    for node in NodeId::ALL {
-        let mut lb = lab.start_lbproxy(node, &["--sync-period", "1s"]);
-        lb.expect_healthy(HEALTHY_WITHIN);
-        lbs.push(lb);
-    }
+    let lbs = lab.start_lbproxy_on_both(&["--sync-period", "1s"], HEALTHY_WITHIN);
     let client = lab.add_client("ext");
     std::thread::sleep(Duration::from_secs(4));
     let failed_lines = |lb: &Lbproxy| {

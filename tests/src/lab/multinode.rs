@@ -677,6 +677,19 @@ impl MultiNodeLab {
         self.start_lbproxy_argv(node, self.lbproxy_run_args(node, extra), &[])
     }
 
+    /// [`Self::start_lbproxy`] on both nodes, A first, each waited for until healthy (up to
+    /// `healthy_within`).
+    pub fn start_lbproxy_on_both(&self, extra: &[&str], healthy_within: Duration) -> Vec<Lbproxy> {
+        NodeId::ALL
+            .iter()
+            .map(|&node| {
+                let mut lb = self.start_lbproxy(node, extra);
+                lb.expect_healthy(healthy_within);
+                lb
+            })
+            .collect()
+    }
+
     /// Starts `lbproxy ARGS` (exactly `args`) inside `node`'s namespace with extra
     /// environment variables `env`; the lab kills it and cleans up `node`'s bpffs dir on
     /// drop as for [`Self::start_lbproxy`].
