@@ -22,6 +22,9 @@ counter_enum! {
         StackTtl = 5 => "stack_ttl",
         /// The destination pod is the sender itself (hairpin).
         StackHairpin = 6 => "stack_hairpin",
+        /// A packet of a pod's flow to itself through a frontend (hairpin, either
+        /// direction), translated and sent straight back into the pod.
+        RedirectHairpin = 7 => "redirect_hairpin",
     }
 }
 

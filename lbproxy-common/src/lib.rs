@@ -75,6 +75,7 @@ pub mod delivery;
 pub mod drops;
 pub mod flows;
 pub mod frags;
+pub mod hairpin;
 pub mod labels;
 pub mod members;
 pub mod node_addrs;
@@ -101,6 +102,7 @@ pub use flows::{
     FlowValue, FlowValueV1, FlowValueV2,
 };
 pub use frags::{FragKey, FragPorts, MAX_FRAG_DATAGRAMS};
+pub use hairpin::HAIRPIN_ADDR;
 pub use labels::{ServiceLabel, nul_padded};
 pub use members::MemberKey;
 pub use node_addrs::{MAX_NODE_ADDRS, NODE_ADDR_F_NODEPORT, NODE_ADDR_F_SNAT, NodeAddr};

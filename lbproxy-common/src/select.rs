@@ -72,6 +72,9 @@ fn fmix64(mut k: u64) -> u64 {
 /// taken (a tuple clash), before the packet is dropped.
 pub const CLASH_PORT_ATTEMPTS: u32 = 8;
 
+/// The lowest port [`clash_port`] gives; the highest is 65535.
+pub const CLASH_PORT_MIN: u16 = 1024;
+
 /// The source port (network order) to try for attempt `attempt` when a client's flow
 /// `src:sport -> backend` clashes with a live flow through another VIP. Spread over
 /// 1024..=65535 by the seeded hash, as netfilter picks a free port in that range for the
@@ -82,6 +85,6 @@ pub fn clash_port(seed: u64, src: [u8; 4], backend: [u8; 4], sport_be: u16, atte
         flow_hash(seed, src, backend, sport_be, 0, 0)
             ^ u64::from(attempt + 1).wrapping_mul(0x9e37_79b9),
     );
-    let port = 1024 + (h % (65536 - 1024)) as u16;
+    let port = CLASH_PORT_MIN + (h % (65536 - u64::from(CLASH_PORT_MIN))) as u16;
     port.to_be()
 }

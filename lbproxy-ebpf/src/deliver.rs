@@ -39,13 +39,23 @@ pub struct Peer {
     macs: [u8; 12],
 }
 
-/// Which IP address the translation replaces.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Side {
-    /// The destination: a client's packet to a VIP, now to a backend.
-    Destination,
-    /// The source: a backend's reply, now from the VIP.
-    Source,
+impl Peer {
+    /// The pod the packet came from, for a packet sent back to it (hairpin): its own
+    /// interface, with the frame's MACs swapped (the pod's MAC as destination, its
+    /// gateway's as source), as the stack's hop back out of that interface would write them.
+    #[inline(always)]
+    pub fn sender(ctx: &TcContext) -> Option<Peer> {
+        let eth: *const [u8; 12] = ptr_at(ctx, 0)?;
+        // SAFETY: bounds-checked by ptr_at.
+        let m = unsafe { *eth };
+        Some(Peer {
+            // SAFETY: the context pointer is valid for the whole program run.
+            ifindex: unsafe { (*ctx.skb.skb).ifindex },
+            macs: [
+                m[6], m[7], m[8], m[9], m[10], m[11], m[0], m[1], m[2], m[3], m[4], m[5],
+            ],
+        })
+    }
 }
 
 #[inline(always)]
@@ -171,49 +181,52 @@ pub fn fib(
     (rc, p, in_ifindex)
 }
 
-/// Finishes the translation's L3 half (`side`'s address becomes `new_addr`) and the hop the
-/// stack would have made (MACs, TTL), all in one store with the header checksum updated
-/// incrementally, then redirects into the pod. The L4 half (`nat::dnat_l4`/`snat_l4`) is
-/// the caller's. Everything rewritten is in the first `L2_L3_LEN` bytes (the Ethernet header
-/// and the fixed part of the IPv4 header), written back in one store. Returns the TC action.
+/// Finishes a translation's L3 half (the addresses become `addrs`, source then destination)
+/// and the hop the stack would have made (MACs, TTL), all in one store with the header
+/// checksum updated incrementally, then redirects into the pod and counts the packet under
+/// `counted`. The L4 half (`nat::dnat_l4`/`snat_l4`) is the caller's. Everything rewritten is
+/// in the first `L2_L3_LEN` bytes (the Ethernet header and the fixed part of the IPv4
+/// header), written back in one store. A TTL of 1 is left as it is (the bypass checked it
+/// before; a hairpin packet goes back into the pod it came from). Returns the TC action.
 #[inline(always)]
 pub fn redirect(
     ctx: &TcContext,
     peer: Peer,
-    side: Side,
-    new_addr: [u8; 4],
+    addrs: [[u8; 4]; 2],
+    counted: Delivery,
 ) -> Result<i32, Verdict> {
     const FAIL: Verdict = Verdict::Drop(DropReason::NatFailed);
     let hdr: *const [u8; L2_L3_LEN] = ptr_at(ctx, 0).ok_or(FAIL)?;
     // SAFETY: bounds-checked by ptr_at.
     let mut h = unsafe { *hdr };
     let word = |h: &[u8; L2_L3_LEN], at: usize| u16::from_ne_bytes([h[at], h[at + 1]]);
-    let old_ttl = word(&h, IP_TTL_OFF);
-    let (a0, a1) = match side {
-        Side::Destination => (word(&h, IP_DST_OFF), word(&h, IP_DST_OFF + 2)),
-        Side::Source => (word(&h, IP_SRC_OFF), word(&h, IP_SRC_OFF + 2)),
-    };
+    let old = [
+        word(&h, IP_TTL_OFF),
+        word(&h, IP_SRC_OFF),
+        word(&h, IP_SRC_OFF + 2),
+        word(&h, IP_DST_OFF),
+        word(&h, IP_DST_OFF + 2),
+    ];
     h[..12].copy_from_slice(&peer.macs);
-    h[IP_TTL_OFF] = h[IP_TTL_OFF].wrapping_sub(1);
-    match side {
-        Side::Destination => h[IP_DST_OFF..IP_DST_OFF + 4].copy_from_slice(&new_addr),
-        Side::Source => h[IP_SRC_OFF..IP_SRC_OFF + 4].copy_from_slice(&new_addr),
+    if h[IP_TTL_OFF] > 1 {
+        h[IP_TTL_OFF] -= 1;
     }
+    h[IP_SRC_OFF..IP_SRC_OFF + 4].copy_from_slice(&addrs[0]);
+    h[IP_DST_OFF..IP_DST_OFF + 4].copy_from_slice(&addrs[1]);
     let csum = csum::update(
         word(&h, IP_CSUM_OFF),
-        &[old_ttl, a0, a1],
+        &old,
         &[
             word(&h, IP_TTL_OFF),
-            u16::from_ne_bytes([new_addr[0], new_addr[1]]),
-            u16::from_ne_bytes([new_addr[2], new_addr[3]]),
+            word(&h, IP_SRC_OFF),
+            word(&h, IP_SRC_OFF + 2),
+            word(&h, IP_DST_OFF),
+            word(&h, IP_DST_OFF + 2),
         ],
     );
     h[IP_CSUM_OFF..IP_CSUM_OFF + 2].copy_from_slice(&csum.to_ne_bytes());
     ctx.store(0, &h, 0).map_err(|_| FAIL)?;
-    count(match side {
-        Side::Destination => Delivery::RedirectToBackend,
-        Side::Source => Delivery::RedirectToClient,
-    });
+    count(counted);
     // SAFETY: a helper call with no pointer arguments.
     Ok(unsafe { bpf_redirect_peer(peer.ifindex, 0) } as i32)
 }

@@ -80,15 +80,19 @@ impl NatTarget {
 }
 
 /// Where a new flow's packets come from as the backend sees them: the client itself
-/// ([`Source::CLIENT`]), or, source-NATed, the node's address `addr` on the interface
-/// towards the backend with a port of the SNAT range (`min..=max`, host order).
+/// ([`Source::CLIENT`]); source-NATed (`snat`) to the node's address `addr` on the interface
+/// towards the backend with a port of the SNAT range (`min..=max`, host order); or, without
+/// `snat`, from another address `addr` with the client's own port (a pod's flow to itself,
+/// `hairpin`), moved like a clashing tuple's when another flow holds it.
 ///
 /// A struct whose every field is always set, not an enum with payload: the fields of an
 /// enum variant not taken are undefined, and LLVM may then compute with whatever register
-/// it likes, a map pointer included, which the verifier refuses.
+/// it likes, a map pointer included, which the verifier refuses. A caller whose sources
+/// never set `snat` (`lb_from_pod`) has the SNAT port search folded away.
 #[derive(Clone, Copy)]
 pub struct Source {
     pub snat: bool,
+    /// The source address the backend sees; `0.0.0.0`: the client's own.
     pub addr: [u8; 4],
     pub min: u16,
     pub max: u16,
@@ -348,10 +352,10 @@ pub fn forward(
         _reserved: 0,
     };
     let nat_source = source(backend.addr, backend.port_be).map_err(Verdict::Drop)?;
-    let peer_addr = if nat_source.snat {
-        nat_source.addr
-    } else {
+    let peer_addr = if nat_source.addr == [0; 4] {
         pkt.src_addr
+    } else {
+        nat_source.addr
     };
     let mut rkey = reply_key(
         backend.addr,

@@ -12,9 +12,10 @@
 //! Stages, one module each: `parse` -> `lb::service` (frontend lookup) -> `flow` (flow
 //! table, calling `lb::select` or `lb::affinity` for new flows) -> `nat` (translate) ->
 //! `deliver` (to the stack, or with the stack bypass straight into the destination pod), or
-//! `reject` (answer the client at once) when there is no usable backend. Drops and rejects
-//! are counted per reason in `reason`. Every map is declared in `maps`, from
-//! `lbproxy_common`'s specs.
+//! `reject` (answer the client at once) when there is no usable backend. A pod's flow to
+//! itself (`hairpin`) is source-NATed to a link-local address and sent straight back into
+//! the pod, both ways. Drops and rejects are counted per reason in `reason`. Every map is
+//! declared in `maps`, from `lbproxy_common`'s specs.
 //!
 //! With the stack bypass, `lb_from_pod` also handles the reply direction: a backend's reply
 //! is reverse-NATed at its own interface and redirected into the client's pod, so neither
@@ -34,6 +35,7 @@
 
 mod deliver;
 mod flow;
+mod hairpin;
 mod icmp;
 mod lb;
 mod maps;
@@ -51,7 +53,9 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 
-use lbproxy_common::{DatapathConfig, DropReason, IPPROTO_UDP, SVC_KIND_CLUSTER_IP, SockEvent};
+use lbproxy_common::{
+    DatapathConfig, Delivery, DropReason, HAIRPIN_ADDR, IPPROTO_UDP, SVC_KIND_CLUSTER_IP, SockEvent,
+};
 
 use crate::{
     parse::L4,
@@ -69,6 +73,9 @@ pub fn lb_from_pod(ctx: TcContext) -> i32 {
     }
 }
 
+// Inlined, as `try_from_node` is: as a BPF subprogram returning its `Result` through the
+// caller's stack, LLVM may leave that stack pointer in r0, which the verifier refuses.
+#[inline(always)]
 fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
     let pkt = match parse::parse(ctx) {
         Ok(Some(pkt)) => pkt,
@@ -84,6 +91,9 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
     let Some(svc) = lb::service::lookup_from_pod(&pkt) else {
         if pkt.l4 == L4::Bad {
             return Ok(pass_bad_l4());
+        }
+        if pkt.dst_addr == HAIRPIN_ADDR {
+            return hairpin::reply(ctx, &pkt);
         }
         if pkt.l4 == L4::Header {
             flow::direct(&pkt);
@@ -101,7 +111,7 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
         config.hash_seed(),
         source::ingress(ctx),
         || source::check(ctx, &pkt),
-        |_, _| Ok(flow::Source::CLIENT),
+        |backend, _| Ok(hairpin::source_for(&pkt, backend)),
     ) {
         Ok(to) => to,
         Err(Verdict::Drop(reason)) => return Err(reason),
@@ -109,6 +119,9 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
             return reject::answer(ctx, &pkt, reason).map_err(|v| v.reason());
         }
     };
+    if hairpin::is_hairpin(&to) {
+        return hairpin::forward(ctx, &pkt, to).map_err(|v| v.reason());
+    }
     let peer = if deliver::enabled(&config) {
         deliver::route(ctx, &pkt, to.addr, to.port_be)
     } else {
@@ -117,8 +130,13 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
     match peer {
         Some(peer) => {
             nat::dnat_l4(ctx, &pkt, to).map_err(|v| v.reason())?;
-            deliver::redirect(ctx, peer, deliver::Side::Destination, to.addr)
-                .map_err(|v| v.reason())
+            deliver::redirect(
+                ctx,
+                peer,
+                [to.peer_addr, to.addr],
+                Delivery::RedirectToBackend,
+            )
+            .map_err(|v| v.reason())
         }
         None => {
             nat::dnat(ctx, &pkt, to).map_err(|v| v.reason())?;
@@ -147,7 +165,13 @@ fn reply_from_pod(
         return Ok(TC_ACT_UNSPEC);
     };
     nat::snat_l4(ctx, pkt, to).map_err(|v| v.reason())?;
-    deliver::redirect(ctx, peer, deliver::Side::Source, to.addr).map_err(|v| v.reason())
+    deliver::redirect(
+        ctx,
+        peer,
+        [to.addr, to.peer_addr],
+        Delivery::RedirectToClient,
+    )
+    .map_err(|v| v.reason())
 }
 
 /// A TCP or UDP header cut short (or a TCP data offset below 5) that is not addressed to a

@@ -212,18 +212,19 @@ pub struct SnatRow {
 /// The SNAT port space per (SNAT address, backend, protocol), most used first: a port only
 /// needs to be unique per destination, so each destination has the whole range. Read from
 /// the reply halves of source-NATed flows in `LB_FLOWS_V3` and the range in
-/// `LB_NODEIFS_V1`.
+/// `LB_NODEIFS_V1`. Pods' flows to themselves (hairpin) are listed under
+/// `lbproxy_common::HAIRPIN_ADDR`, whose ports are the clash ports' range.
 pub fn snat(maps: &PinnedMaps) -> Vec<SnatRow> {
+    let span = |min: u16, max: u16| u32::from(max.saturating_sub(min)) + 1;
     let range: BTreeMap<[u8; 4], u32> = maps
         .node_ifs
         .iter()
         .flatten()
-        .map(|(_, n)| {
-            (
-                n.snat_addr,
-                u32::from(n.snat_port_max.saturating_sub(n.snat_port_min)) + 1,
-            )
-        })
+        .map(|(_, n)| (n.snat_addr, span(n.snat_port_min, n.snat_port_max)))
+        .chain([(
+            lbproxy_common::HAIRPIN_ADDR,
+            span(lbproxy_common::select::CLASH_PORT_MIN, u16::MAX),
+        )])
         .collect();
     let mut used: BTreeMap<([u8; 4], [u8; 4], u16, u8), usize> = BTreeMap::new();
     for (k, v) in maps.flows.iter().flatten() {

@@ -55,6 +55,12 @@ const BACKEND: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 99);
 fn empty_vip() -> Ipv4Addr {
     vip(20)
 }
+/// A service whose only endpoint is the client pod itself: its flows are hairpin flows.
+fn self_vip() -> Ipv4Addr {
+    vip(21)
+}
+/// The source a pod sees on its hairpin flows (`lbproxy_common::HAIRPIN_ADDR`).
+const HAIRPIN: Ipv4Addr = Ipv4Addr::new(169, 254, 42, 1);
 /// Not a service and not a pod.
 const ELSEWHERE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 77);
 
@@ -628,6 +634,7 @@ impl Rig {
         lab.write_manifest(&merge([
             web_objects("web", WEB_VIP, vec![Endpoint::ready(BACKEND)]),
             web_objects("empty", empty_vip(), vec![]),
+            web_objects("self", self_vip(), vec![Endpoint::ready(client.ip)]),
         ]));
         let mut lb = lab.start_lbproxy();
         lb.expect_healthy(HEALTHY_WITHIN);
@@ -980,6 +987,59 @@ fn rev_nat_tcp() {
         &synack.bytes(),
     )
     .expect_untouched(TC_ACT_UNSPEC, &[]);
+}
+
+/// Hairpin (issue 12): the client is its own backend. Its SYN comes out as a packet from
+/// `HAIRPIN` (its own port) to itself, and its SYN-ACK to `HAIRPIN` comes out from the VIP
+/// to the client's port: each with the MACs swapped and the TTL one less, as the node's hop
+/// back out of the pod's interface would leave them, checksums exact, and redirected
+/// (`TC_ACT_REDIRECT`, `bpf_redirect_peer`) back into the pod instead of going to the stack.
+/// The same reply to `HAIRPIN` from another source, or on a port with no flow, is left alone.
+#[test]
+fn hairpin_sent_back_into_the_pod() {
+    let rig = Rig::new();
+    let c = rig.client_ip();
+    let port = 40071;
+    let back = |f: Frame| {
+        let mut f = f;
+        (f.dst_mac, f.src_mac) = (f.src_mac, f.dst_mac);
+        f.ip.ttl -= 1;
+        f
+    };
+
+    let syn = Frame::tcp(c, self_vip(), Tcp::linux_syn(port, WEB_TCP));
+    let want = back(syn.with_dest(c, BACKEND_TCP).with_source(HAIRPIN, port));
+    rig.run("hairpin SYN", Prog::FromPod, &syn.bytes())
+        .expect(TC_ACT_REDIRECT, &want.bytes(), &[]);
+    let flows = rig.flows_from(port);
+    assert!(
+        flows.len() == 1
+            && flows[0]["backend"] == format!("{c}:{BACKEND_TCP}").as_str()
+            && flows[0]["snat"] == format!("{HAIRPIN}:{port}").as_str(),
+        "after the hairpin SYN: want one flow to {c}:{BACKEND_TCP} seen from {HAIRPIN}:{port}, \
+         got {flows:#?}"
+    );
+
+    let mut sa = Tcp::linux_syn(BACKEND_TCP, port);
+    sa.flags = SYN | ACK;
+    sa.ack = syn.tcp_hdr().seq.wrapping_add(1);
+    let synack = Frame::tcp(c, HAIRPIN, sa);
+    let want = back(synack.with_source(self_vip(), WEB_TCP).with_dest(c, port));
+    rig.run("hairpin SYN-ACK", Prog::FromPod, &synack.bytes())
+        .expect(TC_ACT_REDIRECT, &want.bytes(), &[]);
+
+    rig.run(
+        "a packet to HAIRPIN on a port with no flow",
+        Prog::FromPod,
+        &synack.with_dest(HAIRPIN, port + 1).bytes(),
+    )
+    .expect_untouched(TC_ACT_UNSPEC, &[]);
+    rig.run(
+        "the hairpin SYN-ACK from an address the node does not route to the pod",
+        Prog::FromPod,
+        &synack.with_source(ELSEWHERE, BACKEND_TCP).bytes(),
+    )
+    .expect_untouched(TC_ACT_SHOT, &[("spoofed_source", 1)]);
 }
 
 /// A client port reused after its flow closed (FINs both ways), towards the same backend:

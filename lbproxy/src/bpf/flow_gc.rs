@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use lbproxy_common::{
-    FLOW_DIR_FORWARD, FLOW_F_FIN, FLOW_STATE_SYN_SENT, FlowKey, FlowValue, IPPROTO_TCP, map_names,
+    FLOW_DIR_FORWARD, FLOW_F_FIN, FLOW_STATE_SYN_SENT, FlowKey, FlowValue, HAIRPIN_ADDR,
+    IPPROTO_TCP, map_names,
 };
 
 /// Idle timeouts by state.
@@ -187,7 +188,8 @@ pub fn collect(dir: &Path, capacity: u32, t: Timeouts, batch: usize) -> anyhow::
             .iter()
             .filter_map(|k| {
                 let v = flows.get(k, 0).ok()?;
-                if k.dir != FLOW_DIR_FORWARD && v.snat(k) {
+                // The node's SNAT port use; hairpin flows have a port space of their own.
+                if k.dir != FLOW_DIR_FORWARD && v.snat(k) && k.dst_addr != HAIRPIN_ADDR {
                     *snat_in_use
                         .entry((k.dst_addr, k.src_addr, k.src_port_be, k.proto))
                         .or_default() += 1;
