@@ -15,7 +15,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::time::Instant;
 
 use common::*;
-use lbproxy_tests::lab::{Lab, Pod, Proto, Reply, Shape, socket2_udp};
+use lbproxy_tests::lab::{Lab, Pod, Proto, Reply, Shape, UPLINK_NODE_ADDR, socket2_udp};
 
 both_shapes!(
     a_pod_reaches_itself_through_every_frontend,
@@ -27,6 +27,9 @@ both_shapes!(
 const HAIRPIN: Ipv4Addr = Ipv4Addr::new(169, 254, 42, 1);
 /// An externalIP of the web service, in the lab's service range.
 const EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 7, 7);
+/// The web service's NodePorts, served on the node's uplink address.
+const NODE_PORT_TCP: u16 = 30080;
+const NODE_PORT_UDP: u16 = 30053;
 
 /// The web service's YAML over `members`, with `extra` spec lines (two-space indented)
 /// added.
@@ -120,14 +123,31 @@ fn a_pod_reaches_itself_through_every_frontend(shape: Shape) {
     let s = Setup::new(shape, &["b1", "b2"]);
     let b1 = s.backend("b1");
     let members: Vec<&Pod> = s.backends.iter().collect();
-    s.lab.write_manifest_text(&web_yaml(
+    // The web service as type NodePort, with an externalIP: every frontend kind a pod can
+    // call (its ClusterIP, the externalIP, and the NodePorts on the node's address).
+    let yaml = web_yaml(
         &members,
         &format!("  externalIPs: [{EXTERNAL_IP}]\n{NO_AFFINITY}"),
-    ));
+    )
+    .replace("  type: ClusterIP\n", "  type: NodePort\n")
+    .replace(
+        &format!("    port: {WEB_TCP}\n"),
+        &format!("    port: {WEB_TCP}\n    nodePort: {NODE_PORT_TCP}\n"),
+    )
+    .replace(
+        &format!("    port: {WEB_UDP}\n"),
+        &format!("    port: {WEB_UDP}\n    nodePort: {NODE_PORT_UDP}\n"),
+    );
+    s.lab.write_manifest_text(&yaml);
     std::thread::sleep(APPLY_WITHIN);
     let before = hairpin_packets(&s.lab);
-    for addr in [WEB_VIP, EXTERNAL_IP] {
-        for (proto, port) in [(Proto::Tcp, WEB_TCP), (Proto::Udp, WEB_UDP)] {
+    let frontends = [
+        (WEB_VIP, WEB_TCP, WEB_UDP),
+        (EXTERNAL_IP, WEB_TCP, WEB_UDP),
+        (UPLINK_NODE_ADDR, NODE_PORT_TCP, NODE_PORT_UDP),
+    ];
+    for (addr, tcp, udp) in frontends {
+        for (proto, port) in [(Proto::Tcp, tcp), (Proto::Udp, udp)] {
             let ctx = format!("[{shape}] {proto} from b1 to {addr}:{port}");
             let answers = requests(&s.lab, b1, proto, addr, port, 16);
             assert_sources(&ctx, b1, &answers);
