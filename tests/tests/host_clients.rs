@@ -61,6 +61,11 @@ struct Setup {
 
 impl Setup {
     fn new(policy: &str, extra: &str) -> Setup {
+        Setup::with_args(policy, extra, &[])
+    }
+
+    /// [`Setup::new`], lbproxy started with `args` added to the contract command line.
+    fn with_args(policy: &str, extra: &str, args: &[&str]) -> Setup {
         let lab = MultiNodeLab::new();
         let a1 = lab.add_pod(NodeId::A, "a1");
         let b1 = lab.add_pod(NodeId::B, "b1");
@@ -69,7 +74,7 @@ impl Setup {
             b1.serve(&[BACKEND_TCP, BACKEND_UDP]),
         ];
         lab.write_manifest_text(&manifest(&lab, &[&a1, &b1], policy, extra));
-        let lbs = lab.start_lbproxy_on_both(&[], HEALTHY_WITHIN);
+        let lbs = lab.start_lbproxy_on_both(args, HEALTHY_WITHIN);
         Setup {
             lab,
             _servers: servers,
@@ -83,6 +88,26 @@ impl Setup {
         self.lab
             .host_client(node, &Requests::new(mode, to, n).timeout(TIMEOUT))
             .all()
+    }
+
+    /// Node A's `lbproxy inspect sockets --json` events.
+    fn socket_events(&self) -> serde_json::Value {
+        self.inspect_a("sockets")["events"].clone()
+    }
+
+    /// Node A's `lbproxy inspect WHAT --json`.
+    fn inspect_a(&self, what: &str) -> serde_json::Value {
+        let dir = self.lab.node(NodeId::A).bpffs_dir.display().to_string();
+        let out = run_lbproxy_cmd(
+            self.lab.node_ns(NodeId::A),
+            &["inspect", what, "--json", "--bpffs-dir", &dir],
+        );
+        assert!(
+            out.status.success(),
+            "inspect {what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("json")
     }
 
     fn logs(&self) -> String {
@@ -205,18 +230,7 @@ fn pods_keep_the_per_packet_path() {
     let s = Setup::new("Cluster", "");
     let client = s.lab.add_pod(NodeId::A, "client");
     s.lab.wait_programs_on(&client, Duration::from_secs(10));
-    let dir = s.lab.node(NodeId::A).bpffs_dir.display().to_string();
-    let ns = s.lab.node_ns(NodeId::A).to_string();
-    let events = || -> serde_json::Value {
-        let out = run_lbproxy_cmd(&ns, &["inspect", "sockets", "--json", "--bpffs-dir", &dir]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("json")["events"].clone()
-    };
-    let before = events();
+    let before = s.socket_events();
     let to = sa(CLUSTER_IP, 80);
     let out = HostClient::spawn(
         &client.netns,
@@ -228,8 +242,7 @@ fn pods_keep_the_per_packet_path() {
     for o in &out {
         assert_eq!(seen_ip(o), client.ip, "the backend must see the pod: {o:?}");
     }
-    let after = events();
-    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or(0);
+    let after = s.socket_events();
     assert_eq!(
         n(&after, "connect_translated"),
         n(&before, "connect_translated"),
@@ -239,11 +252,64 @@ fn pods_keep_the_per_packet_path() {
         n(&after, "other_netns") >= n(&before, "other_netns") + 4,
         "the pod's 4 connect() calls were not seen as another namespace's: {after}"
     );
-    let flows = run_lbproxy_cmd(&ns, &["inspect", "flows", "--json", "--bpffs-dir", &dir]);
-    let flows = String::from_utf8_lossy(&flows.stdout);
+    let flows = s.inspect_a("flows").to_string();
     assert!(
         flows.contains(&client.ip.to_string()),
         "no per-packet flow of the pod {}: {flows}",
+        client.ip
+    );
+}
+
+/// An event counter of `lbproxy inspect sockets --json`.
+fn n(events: &serde_json::Value, k: &str) -> u64 {
+    events[k].as_u64().unwrap_or(0)
+}
+
+/// `--socket-lb pods`: a pod's process (in the group) is translated at the socket like the
+/// node's own: `connect()` and an unconnected `sendto()` go straight to a backend, which
+/// sees the pod's address, `getpeername`/`recvfrom` show the frontend, the events count the
+/// translations (none as another namespace's), and the per-packet path keeps no flow of it.
+#[test]
+fn socket_lb_pods_translates_pods_at_the_socket() {
+    let s = Setup::with_args("Cluster", "", &["--socket-lb", "pods"]);
+    let client = s.lab.add_pod(NodeId::A, "client");
+    s.lab.wait_programs_on(&client, Duration::from_secs(10));
+    let before = s.socket_events();
+    for (mode, port) in [(Mode::Tcp, 80), (Mode::Udp, 53)] {
+        let to = sa(CLUSTER_IP, port);
+        let out = HostClient::spawn(
+            &client.netns,
+            Some(s.lab.cgroup()),
+            &Requests::new(mode, to, 4).timeout(TIMEOUT),
+        )
+        .all();
+        tally(
+            &out,
+            to,
+            &format!("pod {mode:?} to ClusterIP\n{}", s.logs()),
+        );
+        for o in &out {
+            assert_eq!(seen_ip(o), client.ip, "the backend must see the pod: {o:?}");
+        }
+    }
+    let after = s.socket_events();
+    for (event, least) in [("connect_translated", 4), ("sendmsg_translated", 4)] {
+        assert!(
+            n(&after, event) >= n(&before, event) + least,
+            "{event}: {} -> {}, want at least {least} more\n{after}",
+            n(&before, event),
+            n(&after, event)
+        );
+    }
+    assert_eq!(
+        n(&after, "other_netns"),
+        n(&before, "other_netns"),
+        "a pod's socket was left to the per-packet path: {after}"
+    );
+    let flows = s.inspect_a("flows").to_string();
+    assert!(
+        !flows.contains(&client.ip.to_string()),
+        "a per-packet flow of the pod {}: {flows}",
         client.ip
     );
 }

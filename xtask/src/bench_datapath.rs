@@ -4,8 +4,9 @@
 //! For each N, one namespace lab (node, a client pod, backend pods b1..b4 running the tiny
 //! servers of [`load`]) carries N services ([`rules::Services`]): the target service in the
 //! middle (TCP 80 and UDP 53 over b1, b2, b3), an iperf service next to it (b1 only), and
-//! N−2 filler services. Each round measures the five paths in a fixed order (direct,
-//! iptables, nftables, lbproxy, lbproxy-bypass), with only one path active at a time:
+//! N−2 filler services. Each round measures the six paths in a fixed order (direct,
+//! iptables, nftables, lbproxy, lbproxy-bypass, lbproxy-socket), with only one path active
+//! at a time:
 //! - **direct**: the client talks to b1's pod IP;
 //! - **iptables**: kube-proxy's iptables-mode ruleset, one `iptables-restore` in the node ns;
 //! - **nftables**: kube-proxy's nftables-mode table `ip kube-proxy`, one `nft -f`;
@@ -13,6 +14,11 @@
 //!   settings: translated packets still cross the node's stack;
 //! - **lbproxy-bypass**: the same with `--stack-bypass`: packets are redirected straight into
 //!   the destination pod.
+//! - **lbproxy-socket**: the same with `--socket-lb pods`: the client's `connect()` (and
+//!   unconnected `sendto`) is translated by the cgroup programs, so its packets go to the
+//!   backend's address untranslated. The load runs in this process's threads, so for this
+//!   path the process joins the lab's cgroup2 group (lbproxy's `--cgroup-root`), and leaves
+//!   it before the next path.
 //!
 //! Between paths the node namespace's whole nftables ruleset (which holds iptables-nft's
 //! tables too) is flushed, its conntrack table emptied, and lbproxy stopped and cleaned up.
@@ -71,7 +77,8 @@ pub struct DatapathArgs {
     /// Use the bridge-shaped pod network (cni0-like) instead of routed veths (Calico-like).
     #[arg(long)]
     pub bridge: bool,
-    /// Only these paths (comma-separated: iptables, nftables, lbproxy, lbproxy-bypass); direct, the baseline,
+    /// Only these paths (comma-separated: iptables, nftables, lbproxy, lbproxy-bypass,
+    /// lbproxy-socket); direct, the baseline,
     /// is always measured [default: all].
     #[arg(long, value_delimiter = ',')]
     pub paths: Option<Vec<String>>,
@@ -162,18 +169,20 @@ enum Path {
     Nftables,
     Lbproxy,
     LbproxyBypass,
+    LbproxySocket,
 }
 
 impl Path {
-    const ALL: [Path; 5] = [
+    const ALL: [Path; 6] = [
         Path::Direct,
         Path::Iptables,
         Path::Nftables,
         Path::Lbproxy,
         Path::LbproxyBypass,
+        Path::LbproxySocket,
     ];
     /// The lbproxy configurations, judged against issue 5's targets.
-    const LBPROXY: [Path; 2] = [Path::Lbproxy, Path::LbproxyBypass];
+    const LBPROXY: [Path; 3] = [Path::Lbproxy, Path::LbproxyBypass, Path::LbproxySocket];
 
     fn key(self) -> &'static str {
         match self {
@@ -182,6 +191,50 @@ impl Path {
             Path::Nftables => "nftables",
             Path::Lbproxy => "lbproxy",
             Path::LbproxyBypass => "lbproxy-bypass",
+            Path::LbproxySocket => "lbproxy-socket",
+        }
+    }
+
+    /// The `lbproxy run` arguments that make this configuration.
+    fn lbproxy_args(self) -> &'static [&'static str] {
+        match self {
+            Path::LbproxyBypass => &["--stack-bypass"],
+            Path::LbproxySocket => &["--socket-lb", "pods"],
+            _ => &[],
+        }
+    }
+}
+
+/// This process, moved into a cgroup2 group for as long as it lives, and back to the
+/// hierarchy's root when dropped: the socket-level programs on `--cgroup-root` see only the
+/// sockets of processes in that group, and the load runs in this process's threads.
+struct InCgroup {
+    root: PathBuf,
+}
+
+impl InCgroup {
+    fn join(group: &std::path::Path) -> Result<InCgroup> {
+        let root = group
+            .parent()
+            .ok_or_else(|| anyhow!("cgroup {} has no parent", group.display()))?
+            .to_path_buf();
+        let me = std::process::id().to_string();
+        std::fs::write(group.join("cgroup.procs"), &me)
+            .with_context(|| format!("moving this process into {}", group.display()))?;
+        Ok(InCgroup { root })
+    }
+}
+
+impl Drop for InCgroup {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::write(
+            self.root.join("cgroup.procs"),
+            std::process::id().to_string(),
+        ) {
+            eprintln!(
+                "[{TAG}] cannot move this process back to {}: {e}",
+                self.root.display()
+            );
         }
     }
 }
@@ -354,14 +407,10 @@ impl Bench<'_> {
                 )?),
                 None,
             )),
-            Path::Lbproxy | Path::LbproxyBypass => {
+            Path::Lbproxy | Path::LbproxyBypass | Path::LbproxySocket => {
                 self.lab.write_manifest_text(&self.yaml);
                 let t = Instant::now();
-                let mut lb = self.lab.start_lbproxy_with(if p == Path::LbproxyBypass {
-                    &["--stack-bypass"]
-                } else {
-                    &[]
-                });
+                let mut lb = self.lab.start_lbproxy_with(p.lbproxy_args());
                 let addr: SocketAddr = lbproxy_tests::lab::HEALTHZ_ADDR.parse().unwrap();
                 let node = self.lab.node_ns().to_owned();
                 loop {
@@ -456,7 +505,7 @@ impl Bench<'_> {
                 let apply = pipe(c, &self.nft_change)?;
                 Ok((self.probe_new_backend(t0)?, apply))
             }
-            Path::Lbproxy | Path::LbproxyBypass => {
+            Path::Lbproxy | Path::LbproxyBypass | Path::LbproxySocket => {
                 let lb = lb.context("lbproxy handle")?;
                 let off = lb.stderr_len();
                 let off_out = lb.stdout().len();
@@ -537,7 +586,15 @@ impl Bench<'_> {
 
     fn measure(&self, p: Path, last_round: bool) -> Result<Sample> {
         let (programming, lb) = self.activate(p)?;
+        // The socket-level path translates only the sockets of processes in its group.
+        let in_group = match p {
+            Path::LbproxySocket => Some(InCgroup::join(self.lab.cgroup())),
+            _ => None,
+        };
         let r = (|| -> Result<Sample> {
+            if let Some(Err(e)) = &in_group {
+                bail!("{e:#}");
+            }
             self.wait_reachable(p)?;
             // Warm-up, discarded: the first connections after a path change can meet the
             // previous path's leftovers, and one lost SYN costs a worker a whole second of
@@ -592,6 +649,7 @@ impl Bench<'_> {
             }
             Ok(s)
         })();
+        drop(in_group);
         let d = self.deactivate(p, lb);
         let s = r?;
         d?;
