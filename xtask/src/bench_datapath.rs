@@ -3,8 +3,8 @@
 //!
 //! For each N, one namespace lab (node, a client pod, backend pods b1..b4 running the tiny
 //! servers of [`load`]) carries N services ([`rules::Services`]): the target service in the
-//! middle (TCP 80 and UDP 53 over b1, b2, b3), an iperf service next to it (b1 only), and
-//! N−2 filler services. Each round measures the six paths in a fixed order (direct,
+//! middle (TCP 80 and UDP 53 over b1, b2, b3, or b1..bK with `--target-backends K`), an
+//! iperf service next to it (b1 only), and N−2 filler services. Each round measures the six paths in a fixed order (direct,
 //! iptables, nftables, lbproxy, lbproxy-bypass, lbproxy-socket), with only one path active
 //! at a time:
 //! - **direct**: the client talks to b1's pod IP;
@@ -77,6 +77,10 @@ pub struct DatapathArgs {
     /// Use the bridge-shaped pod network (cni0-like) instead of routed veths (Calico-like).
     #[arg(long)]
     pub bridge: bool,
+    /// The target service's endpoints: b1..bK [default: 3]. The direct path always talks to
+    /// b1 alone, so with K = 1 every path loads one server, and only the proxy differs.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=3))]
+    pub target_backends: Option<u8>,
     /// Only these paths (comma-separated: iptables, nftables, lbproxy, lbproxy-bypass,
     /// lbproxy-socket); direct, the baseline,
     /// is always measured [default: all].
@@ -97,6 +101,7 @@ struct Config {
     out: PathBuf,
     quick: bool,
     paths: Vec<Path>,
+    target_backends: usize,
 }
 
 impl Config {
@@ -154,6 +159,7 @@ impl Config {
             },
             out: a.out.clone().unwrap_or(default_out),
             quick: a.quick,
+            target_backends: usize::from(a.target_backends.unwrap_or(3)),
         })
     }
 }
@@ -488,7 +494,7 @@ impl Bench<'_> {
         })
     }
 
-    /// One endpoint change (b3 out, b4 in) on an active path.
+    /// One endpoint change (the last target backend out, b4 in) on an active path.
     fn change(&self, p: Path, lb: Option<&Lbproxy>) -> Result<(Duration, Duration)> {
         match p {
             Path::Direct => bail!("no change on the direct path"),
@@ -689,9 +695,15 @@ fn bench_n(cfg: &Config, n: usize) -> Result<BTreeMap<Path, Vec<Sample>>> {
     if !existing.trim().is_empty() {
         bail!("the lab's node namespace already has nftables rules:\n{existing}");
     }
-    let members = [pods["b1"].ip, pods["b2"].ip, pods["b3"].ip];
+    // The target's endpoints b1..bK; the change replaces bK with b4.
+    let members: Vec<Ipv4Addr> = BACKENDS[..cfg.target_backends]
+        .iter()
+        .map(|b| pods[b].ip)
+        .collect();
     let services = Services::new(n, &members, pods["b1"].ip);
-    let changed = services.with_target(&[pods["b1"].ip, pods["b2"].ip, pods["b4"].ip]);
+    let mut changed_members = members.clone();
+    *changed_members.last_mut().expect("at least one backend") = pods["b4"].ip;
+    let changed = services.with_target(&changed_members);
     let t = Instant::now();
     let bench = Bench {
         cfg,
@@ -1117,8 +1129,9 @@ fn machine() -> Value {
 fn run(cfg: &Config) -> Result<Value> {
     std::fs::create_dir_all(&cfg.out).with_context(|| format!("creating {}", cfg.out.display()))?;
     eprintln!(
-        "[{TAG}] {} pods, N = {:?}, {} round(s), TCP {:.1} s / UDP {:.1} s / iperf3 {} s per path, {} workers",
+        "[{TAG}] {} pods, target over {} backend(s), N = {:?}, {} round(s), TCP {:.1} s / UDP {:.1} s / iperf3 {} s per path, {} workers",
         cfg.shape,
+        cfg.target_backends,
         cfg.services,
         cfg.rounds,
         cfg.tcp.as_secs_f64(),
@@ -1149,6 +1162,7 @@ fn run(cfg: &Config) -> Result<Value> {
             "iperf_secs": cfg.iperf_secs,
             "workers": cfg.workers,
             "quick": cfg.quick,
+            "target_backends": cfg.target_backends,
         },
         "paths": Path::ALL.iter().map(|p| p.key()).collect::<Vec<_>>(),
         "results": results,
@@ -1238,7 +1252,8 @@ mod tests {
                 .unwrap();
         // Same document (floats may differ in the last bit after the round trip).
         assert_eq!(on_disk["paths"], doc["paths"]);
-        assert_eq!(on_disk["targets"].as_array().map(Vec::len), Some(18));
+        // 9 targets for each of the three lbproxy configurations.
+        assert_eq!(on_disk["targets"].as_array().map(Vec::len), Some(27));
         let r = &on_disk["results"]["3"];
         for p in Path::ALL {
             let v = &r[p.key()];
