@@ -260,6 +260,62 @@ fn pods_keep_the_per_packet_path() {
     );
 }
 
+/// Scope with `--socket-lb off`: no cgroup program is attached, and a pod's process in the
+/// group is still served, per packet: the backend sees the pod, and its flow is in the
+/// per-packet flow table.
+#[test]
+fn socket_lb_off_leaves_pods_to_the_per_packet_path() {
+    let s = Setup::with_args("Cluster", "", &["--socket-lb", "off"]);
+    let client = s.lab.add_pod(NodeId::A, "client");
+    s.lab.wait_programs_on(&client, Duration::from_secs(10));
+    let sockets = s.inspect_a("sockets");
+    assert!(
+        sockets["mode"] == "off" && sockets["hooks"].as_array().is_some_and(Vec::is_empty),
+        "inspect sockets with --socket-lb off: {sockets:#}"
+    );
+    for (mode, port) in [(Mode::Tcp, 80), (Mode::Udp, 53)] {
+        let to = sa(CLUSTER_IP, port);
+        let out = HostClient::spawn(
+            &client.netns,
+            Some(s.lab.cgroup()),
+            &Requests::new(mode, to, 4).timeout(TIMEOUT),
+        )
+        .all();
+        tally(
+            &out,
+            to,
+            &format!("pod {mode:?} to ClusterIP\n{}", s.logs()),
+        );
+        for o in &out {
+            assert_eq!(seen_ip(o), client.ip, "the backend must see the pod: {o:?}");
+        }
+    }
+    let events = s.socket_events();
+    assert!(
+        events
+            .as_object()
+            .is_some_and(|m| m.values().all(|v| v.as_u64() == Some(0))),
+        "a socket-level program ran with --socket-lb off: {events}"
+    );
+    let flows = s.inspect_a("flows");
+    let ours = flows
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|f| {
+                    f["client"]
+                        .as_str()
+                        .is_some_and(|c| c.starts_with(&format!("{}:", client.ip)))
+                })
+                .count()
+        })
+        .unwrap_or(0);
+    assert!(
+        ours >= 8,
+        "want the pod's 8 flows in the per-packet table, found {ours}: {flows:#}"
+    );
+}
+
 /// An event counter of `lbproxy inspect sockets --json`.
 fn n(events: &serde_json::Value, k: &str) -> u64 {
     events[k].as_u64().unwrap_or(0)
