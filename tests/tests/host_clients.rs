@@ -376,11 +376,27 @@ fn socket_lb_pods_translates_pods_at_the_socket() {
 /// change that takes.
 #[test]
 fn a_connected_udp_socket_moves_when_its_backend_leaves() {
+    connected_socket_moves_when_its_backend_leaves(Mode::UdpConnected, 53);
+}
+
+/// Churn, TCP: a node process's open connection to a ClusterIP whose backend leaves is
+/// destroyed by lbproxy (the old backend still serves, so without that the connection
+/// would go on talking to it); the next request fails, and the process's new connection is
+/// answered by the live backend.
+#[test]
+fn an_open_tcp_connection_moves_when_its_backend_leaves() {
+    connected_socket_moves_when_its_backend_leaves(Mode::TcpConnected, 80);
+}
+
+/// A node process sends a request every 50 ms on one socket of `mode` to the ClusterIP's
+/// `port`; its backend leaves the service; the socket must fail at least once (destroyed)
+/// and the process be answered by the other backend within 2 s.
+fn connected_socket_moves_when_its_backend_leaves(mode: Mode, port: u16) {
     let s = Setup::new("Cluster", "");
-    let to = sa(CLUSTER_IP, 53);
+    let to = sa(CLUSTER_IP, port);
     let mut c = s.lab.host_client(
         NodeId::A,
-        &Requests::new(Mode::UdpConnected, to, 100)
+        &Requests::new(mode, to, 100)
             .interval(Duration::from_millis(50))
             .timeout(Duration::from_millis(500)),
     );
@@ -421,7 +437,7 @@ fn a_connected_udp_socket_moves_when_its_backend_leaves() {
             s.logs()
         );
     };
-    println!("socket moved {moved:?} after the change; errors seen: {errors:?}");
+    println!("{mode:?}: socket moved {moved:?} after the change; errors seen: {errors:?}");
     assert!(
         !errors.is_empty(),
         "the socket moved without being destroyed?\n{}",

@@ -16,6 +16,9 @@
 //! - `udp-connected`: one connected socket for all requests; `peer` is `recvfrom`'s source.
 //!   A request whose send or receive fails reconnects the socket (a new socket) before the
 //!   next, as a resolver does.
+//! - `tcp-connected`: one connection for all requests, a request line and its answer each;
+//!   `peer` is `getpeername()`. A request that fails drops the connection, and the next one
+//!   connects again, as a client library's pool does.
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -110,6 +113,22 @@ fn tcp(target: SocketAddr, timeout: Duration) -> Outcome {
     Ok((b, c, peer))
 }
 
+/// One request on a connection that stays open.
+fn tcp_on(s: &TcpStream, timeout: Duration) -> Outcome {
+    s.set_read_timeout(Some(timeout))?;
+    let peer = s.peer_addr()?;
+    (&*s).write_all(b"hello\n")?;
+    let mut line = String::new();
+    if BufReader::new(s).read_line(&mut line)? == 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "connection closed",
+        ));
+    }
+    let (b, c) = parse_reply(line.as_bytes()).map_err(std::io::Error::other)?;
+    Ok((b, c, peer))
+}
+
 fn udp_once(sock: &UdpSocket, target: Option<SocketAddr>, timeout: Duration) -> Outcome {
     match target {
         Some(t) => sock.send_to(b"hello\n", t)?,
@@ -148,6 +167,7 @@ fn main() {
         std::process::exit(2);
     }
     let mut sock: Option<UdpSocket> = None;
+    let mut conn: Option<TcpStream> = None;
     let out = std::io::stdout();
     for i in 0..args.count {
         if i > 0 {
@@ -168,6 +188,22 @@ fn main() {
                         let r = udp_once(&s, None, args.timeout);
                         if r.is_ok() {
                             sock = Some(s);
+                        }
+                        r
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            "tcp-connected" => {
+                let c = match conn.take() {
+                    Some(c) => Ok(c),
+                    None => TcpStream::connect_timeout(&args.target, args.timeout),
+                };
+                match c {
+                    Ok(c) => {
+                        let r = tcp_on(&c, args.timeout);
+                        if r.is_ok() {
+                            conn = Some(c);
                         }
                         r
                     }

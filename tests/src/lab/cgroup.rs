@@ -140,12 +140,14 @@ pub struct HostClient {
     out: BufReader<ChildStdout>,
 }
 
-/// What [`HostClient`] does: `tcp`, `udp` or `udp-connected` (see `lbt-client`).
+/// What [`HostClient`] does: `tcp`, `udp`, `udp-connected` or `tcp-connected` (see
+/// `lbt-client`).
 #[derive(Clone, Copy, Debug)]
 pub enum Mode {
     Tcp,
     Udp,
     UdpConnected,
+    TcpConnected,
 }
 
 impl Mode {
@@ -154,6 +156,7 @@ impl Mode {
             Mode::Tcp => "tcp",
             Mode::Udp => "udp",
             Mode::UdpConnected => "udp-connected",
+            Mode::TcpConnected => "tcp-connected",
         }
     }
 }
