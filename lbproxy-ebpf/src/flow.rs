@@ -357,13 +357,25 @@ pub fn forward(
     } else {
         nat_source.addr
     };
-    let mut rkey = reply_key(
-        backend.addr,
-        backend.port_be,
-        peer_addr,
-        pkt.src_port_be,
-        pkt.proto,
-    );
+    // The port the backend sees: the client's own, or, when this tuple's previous flow went
+    // to the same backend from the same address, that flow's (a source-NATed or clash
+    // port), so that the new flow can start in its halves below instead of searching for a
+    // port and allocating both halves again. At tens of thousands of connections a second
+    // from one client, its ports come round again within a second or two.
+    let port_be = match old_reply {
+        Some(o)
+            if o.src_addr == backend.addr
+                && o.src_port_be == backend.port_be
+                && o.dst_addr == peer_addr
+                && (!nat_source.snat
+                    || (u16::from_be(o.dst_port_be) >= nat_source.min
+                        && u16::from_be(o.dst_port_be) <= nat_source.max)) =>
+        {
+            o.dst_port_be
+        }
+        _ => pkt.src_port_be,
+    };
+    let mut rkey = reply_key(backend.addr, backend.port_be, peer_addr, port_be, pkt.proto);
     if let Some(old) = reusable
         && old_reply == Some(rkey)
         && old.svc_id == svc.svc_id
@@ -373,6 +385,10 @@ pub fn forward(
         // retransmitted, a port reused towards the same backend): every field a translation
         // reads is already right, so only the flow's state is reset, in place.
         reopen(&old, state, now);
+        if nat_source.snat {
+            // The previous flow's SNAT port, kept: one try.
+            count_snat_tries(1);
+        }
         return Ok(NatTarget::of(&FlowValue {
             nat_addr: backend.addr,
             nat_port_be: backend.port_be,

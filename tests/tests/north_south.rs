@@ -365,6 +365,80 @@ fn a_full_snat_range_drops_and_counts_while_local_backends_work() {
     );
 }
 
+/// A client that reuses its source port right after closing (as a busy client does within
+/// seconds) towards a source-NATed backend gets the same SNAT port again: the new flow
+/// starts in its predecessor's halves instead of searching the range and allocating both
+/// again. The backend sees nodeA's address and the same port both times, and the tries
+/// histogram counts the reuse as one try.
+#[test]
+fn a_reused_client_port_keeps_its_snat_port() {
+    use std::io::{BufRead as _, BufReader, Write as _};
+    use std::net::SocketAddrV4;
+
+    use lbproxy_tests::lab::connect::PendingConnect;
+    let lab = MultiNodeLab::new();
+    let b1 = lab.add_pod(NodeId::B, "b1");
+    let _server = b1.serve(&[BACKEND_TCP, BACKEND_UDP]);
+    lab.write_manifest_text(&manifest(&lab, &[&b1], "Cluster"));
+    let lbs = lab.start_lbproxy_on_both(&[], HEALTHY_WITHIN);
+    let client = lab.add_client("ext");
+    let node_ip = lab.node(NodeId::A).ip;
+    let dst = SocketAddrV4::new(node_ip, NODE_PORT_TCP);
+    // Outside the default SNAT range (1024-29999), so the first flow's port is a random one
+    // of the range, not the client's own.
+    const PORT: u16 = 40_123;
+    let seen_from = |i: u32| -> String {
+        let c = client
+            .run(|| PendingConnect::start(PORT, dst))
+            .unwrap_or_else(|e| panic!("connection {i} from :{PORT}: {e}"));
+        c.wait_until(c.started + TIMEOUT)
+            .unwrap_or_else(|e| panic!("connection {i} from :{PORT}: {e}\n{}", lbs[0].log()));
+        let stream = c.into_stream(TIMEOUT);
+        (&stream).write_all(b"hello\n").unwrap();
+        let mut line = String::new();
+        BufReader::new(&stream)
+            .read_line(&mut line)
+            .unwrap_or_else(|e| panic!("answer {i}: {e}\n{}", lbs[0].log()));
+        // Closed with a RST (SO_LINGER 0), so the port is free at once.
+        lbproxy_tests::lab::connect::reset_on_close(std::os::fd::AsRawFd::as_raw_fd(&stream))
+            .unwrap();
+        let (backend, seen) = line.trim_end().split_once(' ').expect("answer");
+        assert_eq!(backend, "b1");
+        seen.to_owned()
+    };
+    // (allocations, allocations of one try) on nodeA, once the count reaches `least`.
+    let tries = |least: f64| {
+        let count = metric_until(&lab, NodeId::A, "lbproxy_snat_port_tries_count", |v| {
+            v >= least
+        });
+        let one = metric_until(
+            &lab,
+            NodeId::A,
+            "lbproxy_snat_port_tries_bucket{le=\"1.0\"}",
+            |_| true,
+        );
+        (count.unwrap_or(0.0), one.unwrap_or(0.0))
+    };
+    let first = seen_from(1);
+    let before = tries(1.0);
+    let second = seen_from(2);
+    assert!(
+        first.starts_with(&format!("{node_ip}:")),
+        "b1 must see nodeA's address: {first}"
+    );
+    assert_eq!(
+        second,
+        first,
+        "the same client port again got another SNAT port\n{}",
+        lbs[0].log()
+    );
+    let after = tries(before.0 + 1.0);
+    assert!(
+        after == (before.0 + 1.0, before.1 + 1.0),
+        "the reuse must count as one allocation of one try: (count, le=1) {before:?} -> {after:?}"
+    );
+}
+
 /// The value of the sample `series` (name and labels, exactly as exported) on `node`'s
 /// `/metrics`; `None` when it is not there. The counters reach the metrics every 2 s, so
 /// this waits up to 5 s for `until` to hold.
