@@ -273,23 +273,7 @@ fn socket_lb_off_leaves_pods_to_the_per_packet_path() {
         sockets["mode"] == "off" && sockets["hooks"].as_array().is_some_and(Vec::is_empty),
         "inspect sockets with --socket-lb off: {sockets:#}"
     );
-    for (mode, port) in [(Mode::Tcp, 80), (Mode::Udp, 53)] {
-        let to = sa(CLUSTER_IP, port);
-        let out = HostClient::spawn(
-            &client.netns,
-            Some(s.lab.cgroup()),
-            &Requests::new(mode, to, 4).timeout(TIMEOUT),
-        )
-        .all();
-        tally(
-            &out,
-            to,
-            &format!("pod {mode:?} to ClusterIP\n{}", s.logs()),
-        );
-        for o in &out {
-            assert_eq!(seen_ip(o), client.ip, "the backend must see the pod: {o:?}");
-        }
-    }
+    pod_requests_reach_the_cluster_ip(&s, &client);
     let events = s.socket_events();
     assert!(
         events
@@ -316,21 +300,10 @@ fn socket_lb_off_leaves_pods_to_the_per_packet_path() {
     );
 }
 
-/// An event counter of `lbproxy inspect sockets --json`.
-fn n(events: &serde_json::Value, k: &str) -> u64 {
-    events[k].as_u64().unwrap_or(0)
-}
-
-/// `--socket-lb pods`: a pod's process (in the group) is translated at the socket like the
-/// node's own: `connect()` and an unconnected `sendto()` go straight to a backend, which
-/// sees the pod's address, `getpeername`/`recvfrom` show the frontend, the events count the
-/// translations (none as another namespace's), and the per-packet path keeps no flow of it.
-#[test]
-fn socket_lb_pods_translates_pods_at_the_socket() {
-    let s = Setup::with_args("Cluster", "", &["--socket-lb", "pods"]);
-    let client = s.lab.add_pod(NodeId::A, "client");
-    s.lab.wait_programs_on(&client, Duration::from_secs(10));
-    let before = s.socket_events();
+/// 4 TCP connections and 4 UDP requests from a process of `client` (a pod on nodeA) in the
+/// lab's group to the ClusterIP, each answered from the ClusterIP by a backend that sees the
+/// pod's own address.
+fn pod_requests_reach_the_cluster_ip(s: &Setup, client: &Pod) {
     for (mode, port) in [(Mode::Tcp, 80), (Mode::Udp, 53)] {
         let to = sa(CLUSTER_IP, port);
         let out = HostClient::spawn(
@@ -348,6 +321,24 @@ fn socket_lb_pods_translates_pods_at_the_socket() {
             assert_eq!(seen_ip(o), client.ip, "the backend must see the pod: {o:?}");
         }
     }
+}
+
+/// An event counter of `lbproxy inspect sockets --json`.
+fn n(events: &serde_json::Value, k: &str) -> u64 {
+    events[k].as_u64().unwrap_or(0)
+}
+
+/// `--socket-lb pods`: a pod's process (in the group) is translated at the socket like the
+/// node's own: `connect()` and an unconnected `sendto()` go straight to a backend, which
+/// sees the pod's address, `getpeername`/`recvfrom` show the frontend, the events count the
+/// translations (none as another namespace's), and the per-packet path keeps no flow of it.
+#[test]
+fn socket_lb_pods_translates_pods_at_the_socket() {
+    let s = Setup::with_args("Cluster", "", &["--socket-lb", "pods"]);
+    let client = s.lab.add_pod(NodeId::A, "client");
+    s.lab.wait_programs_on(&client, Duration::from_secs(10));
+    let before = s.socket_events();
+    pod_requests_reach_the_cluster_ip(&s, &client);
     let after = s.socket_events();
     for (event, least) in [("connect_translated", 4), ("sendmsg_translated", 4)] {
         assert!(
