@@ -64,7 +64,7 @@ pub mod paced;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io::Write as _;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
@@ -127,6 +127,22 @@ pub fn vip(n: u8) -> Ipv4Addr {
     Ipv4Addr::new(198, 19, 0, n)
 }
 
+/// The IPv6 pod network of the single-node lab (a ULA, inside the lab only):
+/// `fd00:c612::/64` (`c612` is 198.18 in hex).
+pub const POD_NET6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0, 0, 0, 0, 0, 0);
+/// The bridge's IPv6 address (the pods' gateway in the bridge shape).
+pub const BRIDGE_GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0, 0, 0, 0, 0, 1);
+/// The routed shape's IPv6 gateway: a link-local address every host-side veth carries, as
+/// Calico's `fe80::ecee:eeff:feee:eeee`.
+pub const ROUTED_GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+
+/// The IPv6 address pod index `i` gets: `fd00:c612::` + `2+i`, beside its IPv4
+/// [`pod_ip`] (a /128 routed, a /64 on the bridge).
+pub fn pod_ip6(index: u32) -> Ipv6Addr {
+    let v4 = pod_ip(index).octets();
+    Ipv6Addr::new(0xfd00, 0xc612, 0, 0, 0, 0, 0, u16::from(v4[3]))
+}
+
 /// The address pod index `i` gets: 198.18.0.`2+i`.
 pub fn pod_ip(index: u32) -> Ipv4Addr {
     assert!(index <= 252, "lab: too many pods (index {index})");
@@ -159,6 +175,9 @@ pub struct Pod {
     /// Network namespace name (under /run/netns).
     pub netns: String,
     pub ip: Ipv4Addr,
+    /// Its IPv6 address: every pod of the single-node lab is dual-stack ([`pod_ip6`]); the
+    /// multinode lab's pods are IPv4 only (`None`).
+    pub ip6: Option<Ipv6Addr>,
     /// Host-side interface name in the node namespace.
     pub host_if: String,
     /// Index within the lab (interfaces are `<prefix><index>`, ip 198.18.0.`2+index`).
@@ -327,6 +346,10 @@ impl Lab {
         let node = &self.node;
         ip_batch(node, &["link set lo up".into()]);
         sysctl(node, "net/ipv4/ip_forward", "1");
+        // Dual-stack pods: the node forwards IPv6 too, and skips DAD on the lab's links.
+        sysctl(node, "net/ipv6/conf/default/accept_dad", "0");
+        sysctl(node, "net/ipv6/conf/all/accept_dad", "0");
+        sysctl(node, "net/ipv6/conf/all/forwarding", "1");
         // Uplink: gives the node a default route (proxy ARP needs one) that leads nowhere.
         ip_batch(
             node,
@@ -356,6 +379,7 @@ impl Lab {
                     // pods come and go and leaves pods with a stale gateway neighbour entry.
                     format!("link add {BRIDGE_IF} address {BRIDGE_MAC} type bridge"),
                     format!("addr add {BRIDGE_GATEWAY}/24 dev {BRIDGE_IF}"),
+                    format!("addr add {BRIDGE_GATEWAY6}/64 dev {BRIDGE_IF} nodad"),
                     format!("link set {BRIDGE_IF} up"),
                 ],
             );
@@ -463,6 +487,7 @@ impl Lab {
                 name: name.to_owned(),
                 netns: format!("lbt-{}-pod-{name}", self.id),
                 ip: pod_ip(index),
+                ip6: Some(pod_ip6(index)),
                 host_if: format!("{}{index}", self.if_prefix),
                 index,
             };
@@ -470,7 +495,12 @@ impl Lab {
             pod
         };
         let (node, host, ip) = (&self.node, &pod.host_if, pod.ip);
+        let ip6 = pod_ip6(pod.index);
         netns_add(&pod.netns);
+        // No duplicate address detection: an address in DAD cannot be used for about a
+        // second, and the lab's addresses are unique by construction.
+        sysctl(&pod.netns, "net/ipv6/conf/default/accept_dad", "0");
+        sysctl(&pod.netns, "net/ipv6/conf/all/accept_dad", "0");
         ip_batch(
             node,
             &[format!(
@@ -485,9 +515,11 @@ impl Lab {
                     &[
                         "link set lo up".into(),
                         format!("addr add {ip}/32 dev eth0"),
+                        format!("addr add {ip6}/128 dev eth0 nodad"),
                         "link set eth0 up".into(),
                         format!("route add {ROUTED_GATEWAY} dev eth0 scope link"),
                         format!("route add default via {ROUTED_GATEWAY} dev eth0"),
+                        format!("route add default via {ROUTED_GATEWAY6} dev eth0"),
                     ],
                 );
                 sysctl(node, &format!("net/ipv4/conf/{host}/proxy_arp"), "1");
@@ -496,8 +528,10 @@ impl Lab {
                 ip_batch(
                     node,
                     &[
+                        format!("addr add {ROUTED_GATEWAY6}/64 dev {host} nodad"),
                         format!("link set {host} up"),
                         format!("route add {ip}/32 dev {host}"),
+                        format!("route add {ip6}/128 dev {host}"),
                     ],
                 );
             }
@@ -507,8 +541,10 @@ impl Lab {
                     &[
                         "link set lo up".into(),
                         format!("addr add {ip}/24 dev eth0"),
+                        format!("addr add {ip6}/64 dev eth0 nodad"),
                         "link set eth0 up".into(),
                         format!("route add default via {BRIDGE_GATEWAY} dev eth0"),
+                        format!("route add default via {BRIDGE_GATEWAY6} dev eth0"),
                     ],
                 );
                 ip_batch(node, &[format!("link set {host} master {BRIDGE_IF} up")]);

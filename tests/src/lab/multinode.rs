@@ -471,6 +471,7 @@ impl MultiNodeLab {
                 name: name.to_owned(),
                 netns: format!("lbt-{}-pod-{name}", self.id),
                 ip: node.pod_ip(index),
+                ip6: None,
                 host_if: format!("lxc{index}"),
                 index,
             };
