@@ -35,6 +35,9 @@ fn valid_config(k: &Kube, hostname: &str) -> String {
          syncPeriod: 30s\n\
          minSyncPeriod: 0s\n\
          mode: ebpf\n\
+         ---\n\
+         apiVersion: lbproxy.io/v1alpha1\n\
+         kind: LbproxyConfiguration\n\
          podInterfaces:\n  - \"{}\"\n\
          bpffsDir: {}\n\
          flowMapSize: 262144\n",
@@ -68,9 +71,16 @@ fn invalid_config_files() {
     let head = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
     let cases: &[(&str, String, &[&str])] = &[
         (
-            "unknown field",
-            format!("{head}hostnmeOverride: lab-node\n"),
-            &["hostnmeOverride"],
+            "unknown field in lbproxy's document",
+            format!(
+                "{head}---\napiVersion: lbproxy.io/v1alpha1\nkind: LbproxyConfiguration\npodInterfcs: [x]\n"
+            ),
+            &["podInterfcs", "unknown field"],
+        ),
+        (
+            "lbproxy's field in kube-proxy's document",
+            format!("{head}podInterfaces: [x]\n"),
+            &["podInterfaces", "LbproxyConfiguration"],
         ),
         (
             "bad duration",
@@ -88,14 +98,14 @@ fn invalid_config_files() {
             &["healthzBindAddress", "not-an-address"],
         ),
         (
-            "metrics bind address without port",
-            format!("{head}metricsBindAddress: 127.0.0.1\n"),
-            &["metricsBindAddress", "127.0.0.1"],
+            "metrics bind address with a bad port",
+            format!("{head}metricsBindAddress: 127.0.0.1:http\n"),
+            &["metricsBindAddress", "127.0.0.1:http"],
         ),
         (
-            "mode iptables",
-            format!("{head}mode: iptables\n"),
-            &["mode", "iptables"],
+            "bad logging format",
+            format!("{head}logging: {{format: xml}}\n"),
+            &["logging.format", "xml"],
         ),
     ];
     let mut failures = Vec::new();
@@ -164,7 +174,10 @@ fn invalid_flags() {
         (&["--sync-period", "thirty"], &["thirty"]),
         (&["--min-sync-period", "soon"], &["soon"]),
         (&["--healthz-bind-address", "nowhere"], &["nowhere"]),
-        (&["--metrics-bind-address", "1.2.3.4"], &["1.2.3.4"]),
+        (
+            &["--metrics-bind-address", "1.2.3.4:port"],
+            &["1.2.3.4:port"],
+        ),
     ];
     let mut failures = Vec::new();
     for (flags, want) in cases {
