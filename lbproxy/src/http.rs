@@ -4,12 +4,18 @@
 //!   sync is in the maps.
 //!   - `/healthz` (readiness, and what load balancers probe) then follows kube-proxy's rule:
 //!     503 when a queued change has waited longer than twice the sync period without being
-//!     written, 200 otherwise. The JSON body says when the maps were last updated, so
-//!     staleness is visible even while healthy.
-//!   - `/livez` (liveness) only asks whether the controller's loop is still turning: a change
-//!     that cannot be written (a full map, say) makes `/healthz` 503 but must not make the
-//!     kubelet restart lbproxy on every node.
-//! - `--metrics-bind-address`: `GET /metrics` (OpenMetrics) and `/proxyMode` (`ebpf`).
+//!     written, or when this node is not eligible for traffic: its Node object is being
+//!     deleted (or is gone), or carries the cluster autoscaler's
+//!     `ToBeDeletedByClusterAutoscaler` taint. The JSON body has kube-proxy's keys
+//!     (`lastUpdated`, `currentTime`, `nodeEligible`), then lbproxy's own.
+//!   - `/livez` (liveness) ignores node eligibility, and only asks whether the controller's
+//!     loop is still turning: a change that cannot be written (a full map, say) makes
+//!     `/healthz` 503 but must not make the kubelet restart lbproxy on every node (kube-proxy's
+//!     `/livez` fails for an overdue sync too).
+//!   - Every answer is counted in `kubeproxy_proxy_healthz_total{code}` and
+//!     `kubeproxy_proxy_livez_total{code}`.
+//! - `--metrics-bind-address`: `GET /metrics` (OpenMetrics), `/proxyMode` (`ebpf`) and
+//!   `/configz` (the running configuration as JSON, keyed by API group).
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
@@ -45,6 +51,54 @@ impl MapLabel {
         }
     }
 }
+
+/// kube-proxy's `ip_family` label; lbproxy serves IPv4.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FamilyLabel {
+    pub ip_family: &'static str,
+}
+
+pub const IPV4: FamilyLabel = FamilyLabel { ip_family: "IPv4" };
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyLabel {
+    pub ip_family: &'static str,
+    pub traffic_policy: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    pub code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabel {
+    pub version: &'static str,
+    pub commit: &'static str,
+}
+
+/// The commit lbproxy was built from (set by the build script), or `unknown`.
+pub const GIT_COMMIT: &str = match option_env!("LBPROXY_GIT_COMMIT") {
+    Some(c) => c,
+    None => "unknown",
+};
+
+/// kube-proxy's sync histograms' buckets: 1 ms doubling, 15 of them (to about 16 s).
+fn sync_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
+/// kube-proxy's network programming buckets: 0, 0.25 s, 0.5 s, every second to 59 s, every
+/// 5 s to 115 s, every 30 s to 5 min.
+fn programming_buckets() -> Histogram {
+    let mut b = vec![0.0, 0.25, 0.5];
+    b.extend((1..=59).map(f64::from));
+    b.extend((0..12).map(|i| 60.0 + 5.0 * f64::from(i)));
+    b.extend((0..7).map(|i| 120.0 + 30.0 * f64::from(i)));
+    Histogram::new(b)
+}
+
+type Histograms = Family<FamilyLabel, Histogram, fn() -> Histogram>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
@@ -134,10 +188,18 @@ impl prometheus_client::encoding::EncodeMetric for SnatTries {
 /// fixed lists.
 pub struct Metrics {
     registry: Registry,
-    pub sync_duration: Histogram,
-    pub last_sync_timestamp: FloatGauge,
-    pub last_queued_timestamp: FloatGauge,
-    pub network_programming_duration: Histogram,
+    pub sync_duration: Histograms,
+    pub sync_full_duration: Histograms,
+    pub sync_partial_duration: Histograms,
+    pub last_sync_timestamp: Family<FamilyLabel, FloatGauge>,
+    pub last_queued_timestamp: Family<FamilyLabel, FloatGauge>,
+    pub network_programming_duration: Histograms,
+    pub no_local_endpoints: Family<PolicyLabel, Gauge>,
+    pub healthz_total: Family<CodeLabel, Counter>,
+    pub livez_total: Family<CodeLabel, Counter>,
+    pub rest_requests: Family<crate::source::kube_client::RequestLabel, Counter>,
+    pub rest_duration:
+        Family<crate::source::kube_client::DurationLabel, Histogram, fn() -> Histogram>,
     pub service_changes_pending: Gauge,
     pub service_changes_total: Counter,
     pub endpoint_changes_pending: Gauge,
@@ -162,30 +224,110 @@ pub struct Metrics {
 impl Metrics {
     fn new() -> Self {
         let mut r = Registry::default();
-        let sync_duration = Histogram::new(exponential_buckets(0.0001, 2.0, 18));
+        let sync_duration = Histograms::new_with_constructor(sync_buckets as fn() -> Histogram);
         r.register(
             "kubeproxy_sync_proxy_rules_duration_seconds",
-            "How long one sync of the model into the BPF maps took",
+            "How long one sync of the model into the BPF maps took (full and partial)",
             sync_duration.clone(),
         );
-        let last_sync_timestamp = FloatGauge::default();
+        let sync_full_duration =
+            Histograms::new_with_constructor(sync_buckets as fn() -> Histogram);
+        r.register(
+            "kubeproxy_sync_full_proxy_rules_duration_seconds",
+            "How long one full sync took (at start, after a re-list, every syncPeriod's reconcile)",
+            sync_full_duration.clone(),
+        );
+        let sync_partial_duration =
+            Histograms::new_with_constructor(sync_buckets as fn() -> Histogram);
+        r.register(
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            "How long one partial sync (of the services that changed) took",
+            sync_partial_duration.clone(),
+        );
+        let last_sync_timestamp = Family::<FamilyLabel, FloatGauge>::default();
         r.register(
             "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
             "The last time the maps were successfully synced (Unix seconds)",
             last_sync_timestamp.clone(),
         );
-        let last_queued_timestamp = FloatGauge::default();
+        let last_queued_timestamp = Family::<FamilyLabel, FloatGauge>::default();
         r.register(
             "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
             "The last time a change was queued for the maps (Unix seconds)",
             last_queued_timestamp.clone(),
         );
-        let network_programming_duration = Histogram::new(exponential_buckets(0.001, 2.0, 18));
+        let network_programming_duration =
+            Histograms::new_with_constructor(programming_buckets as fn() -> Histogram);
         r.register(
             "kubeproxy_network_programming_duration_seconds",
             "From an EndpointSlice's endpoints.kubernetes.io/last-change-trigger-time to the change being in the maps",
             network_programming_duration.clone(),
         );
+        let no_local_endpoints = Family::<PolicyLabel, Gauge>::default();
+        r.register(
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+            "Service ports with a Local traffic policy and no endpoint on this node, by policy (internal, external), as of the last sync",
+            no_local_endpoints.clone(),
+        );
+        // Present from the start, as kube-proxy's are.
+        for policy in ["internal", "external"] {
+            no_local_endpoints
+                .get_or_create(&PolicyLabel {
+                    ip_family: IPV4.ip_family,
+                    traffic_policy: policy,
+                })
+                .set(0);
+        }
+        let healthz_total = Family::<CodeLabel, Counter>::default();
+        r.register(
+            "kubeproxy_proxy_healthz",
+            "/healthz answers, by HTTP status",
+            healthz_total.clone(),
+        );
+        let livez_total = Family::<CodeLabel, Counter>::default();
+        r.register(
+            "kubeproxy_proxy_livez",
+            "/livez answers, by HTTP status",
+            livez_total.clone(),
+        );
+        let rest_requests = Family::<crate::source::kube_client::RequestLabel, Counter>::default();
+        r.register(
+            "rest_client_requests",
+            "Requests to the API server, by status code (or <error>), method and host",
+            rest_requests.clone(),
+        );
+        let rest_duration = Family::<_, _, fn() -> Histogram>::new_with_constructor(
+            crate::source::kube_client::duration_buckets as fn() -> Histogram,
+        );
+        r.register(
+            "rest_client_request_duration_seconds",
+            "Time from a request to the API server until its response headers, by verb and URL (namespace and name elided)",
+            rest_duration.clone(),
+        );
+        let build_info = Family::<BuildLabel, Gauge>::default();
+        build_info
+            .get_or_create(&BuildLabel {
+                version: env!("CARGO_PKG_VERSION"),
+                commit: GIT_COMMIT,
+            })
+            .set(1);
+        r.register(
+            "lbproxy_build_info",
+            "1, labelled with the version and commit lbproxy was built from",
+            build_info,
+        );
+        r.register_collector(Box::new(ProcessCollector));
+        // Every IPv4 series exists from the start, as kube-proxy's do.
+        for h in [
+            &sync_duration,
+            &sync_full_duration,
+            &sync_partial_duration,
+            &network_programming_duration,
+        ] {
+            drop(h.get_or_create(&IPV4));
+        }
+        drop(last_sync_timestamp.get_or_create(&IPV4));
+        drop(last_queued_timestamp.get_or_create(&IPV4));
         let service_changes_pending = Gauge::default();
         r.register(
             "kubeproxy_sync_proxy_rules_service_changes_pending",
@@ -312,9 +454,16 @@ impl Metrics {
             frontend_conflicts,
             registry: r,
             sync_duration,
+            sync_full_duration,
+            sync_partial_duration,
             last_sync_timestamp,
             last_queued_timestamp,
             network_programming_duration,
+            no_local_endpoints,
+            healthz_total,
+            livez_total,
+            rest_requests,
+            rest_duration,
             service_changes_pending,
             service_changes_total,
             endpoint_changes_pending,
@@ -326,6 +475,112 @@ impl Metrics {
             datapath_delivered,
             attached_interfaces,
         }
+    }
+}
+
+impl Metrics {
+    /// One sync's duration: in the total, and in the full or the partial histogram.
+    pub fn observe_sync(&self, full: bool, seconds: f64) {
+        self.sync_duration.get_or_create(&IPV4).observe(seconds);
+        let which = if full {
+            &self.sync_full_duration
+        } else {
+            &self.sync_partial_duration
+        };
+        which.get_or_create(&IPV4).observe(seconds);
+    }
+
+    pub fn observe_programming(&self, seconds: f64) {
+        self.network_programming_duration
+            .get_or_create(&IPV4)
+            .observe(seconds);
+    }
+
+    /// Service ports with a Local policy and no local endpoint, as of the last sync.
+    pub fn set_no_local_endpoints(&self, internal: usize, external: usize) {
+        for (policy, n) in [("internal", internal), ("external", external)] {
+            self.no_local_endpoints
+                .get_or_create(&PolicyLabel {
+                    ip_family: IPV4.ip_family,
+                    traffic_policy: policy,
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+/// The process metrics every Prometheus client exports (`process_cpu_seconds_total`,
+/// `process_resident_memory_bytes`, ...), read from procfs at each scrape.
+#[derive(Debug)]
+struct ProcessCollector;
+
+impl prometheus_client::collector::Collector for ProcessCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric as _;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        use prometheus_client::registry::Unit;
+        let Ok(me) = procfs::process::Process::myself() else {
+            return Ok(());
+        };
+        let tps = procfs::ticks_per_second() as f64;
+        let page = procfs::page_size() as f64;
+        if let Ok(stat) = me.stat() {
+            let cpu = ConstCounter::new((stat.utime + stat.stime) as f64 / tps);
+            cpu.encode(encoder.encode_descriptor(
+                "process_cpu",
+                "Total user and system CPU time spent in seconds",
+                Some(&Unit::Seconds),
+                cpu.metric_type(),
+            )?)?;
+            let rss = ConstGauge::new(stat.rss as f64 * page);
+            rss.encode(encoder.encode_descriptor(
+                "process_resident_memory",
+                "Resident memory size in bytes",
+                Some(&Unit::Bytes),
+                rss.metric_type(),
+            )?)?;
+            let vsz = ConstGauge::new(stat.vsize as f64);
+            vsz.encode(encoder.encode_descriptor(
+                "process_virtual_memory",
+                "Virtual memory size in bytes",
+                Some(&Unit::Bytes),
+                vsz.metric_type(),
+            )?)?;
+            if let Ok(boot) = procfs::boot_time_secs() {
+                let start = ConstGauge::new(boot as f64 + stat.starttime as f64 / tps);
+                start.encode(encoder.encode_descriptor(
+                    "process_start_time",
+                    "Start time of the process since unix epoch in seconds",
+                    Some(&Unit::Seconds),
+                    start.metric_type(),
+                )?)?;
+            }
+        }
+        if let Ok(n) = me.fd_count() {
+            let fds = ConstGauge::new(n as i64);
+            fds.encode(encoder.encode_descriptor(
+                "process_open_fds",
+                "Number of open file descriptors",
+                None,
+                fds.metric_type(),
+            )?)?;
+        }
+        if let Ok(limits) = me.limits()
+            && let procfs::process::LimitValue::Value(max) = limits.max_open_files.soft_limit
+        {
+            let max = ConstGauge::new(i64::try_from(max).unwrap_or(i64::MAX));
+            max.encode(encoder.encode_descriptor(
+                "process_max_fds",
+                "Maximum number of open file descriptors",
+                None,
+                max.metric_type(),
+            )?)?;
+        }
+        Ok(())
     }
 }
 
@@ -344,6 +599,10 @@ struct HealthState {
     heartbeat: Option<Instant>,
     /// Oldest change queued and not yet written.
     queued_since: Option<Instant>,
+    /// Why this node is not eligible for traffic (its Node object is being deleted, is gone,
+    /// or is tainted `ToBeDeletedByClusterAutoscaler`); `None`: eligible. As in kube-proxy,
+    /// a node is eligible until its Node object says otherwise.
+    not_eligible: Option<String>,
 }
 
 /// What the endpoints report. Cheap to clone.
@@ -373,7 +632,10 @@ impl Health {
         if s.queued_since.is_none() {
             s.queued_since = Some(Instant::now());
         }
-        self.metrics.last_queued_timestamp.set(unix_now());
+        self.metrics
+            .last_queued_timestamp
+            .get_or_create(&IPV4)
+            .set(unix_now());
     }
 
     /// Everything queued so far is in the maps.
@@ -386,7 +648,27 @@ impl Health {
         s.queued_since = None;
         let now = unix_now();
         s.last_updated = Some((Instant::now(), now));
-        self.metrics.last_sync_timestamp.set(now);
+        self.metrics
+            .last_sync_timestamp
+            .get_or_create(&IPV4)
+            .set(now);
+    }
+
+    /// Whether this node takes traffic, from its Node object (`None`: it does; else why not).
+    pub fn set_node_eligible(&self, not_eligible: Option<String>) {
+        let mut s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if s.not_eligible != not_eligible {
+            match &not_eligible {
+                Some(why) => tracing::warn!(
+                    "this node is not eligible for traffic: {why}; /healthz answers 503"
+                ),
+                None => tracing::info!("this node is eligible for traffic again"),
+            }
+        }
+        s.not_eligible = not_eligible;
     }
 
     /// The controller's loop went round (it does at least once per sync period).
@@ -409,9 +691,11 @@ impl Health {
         let beat = s.heartbeat.map(|b| b.elapsed());
         let stuck = beat.is_none_or(|b| b > self.timeout);
         let alive = s.synced && !stuck;
+        let now = unix_now();
         let body = serde_json::json!({
-            "lastUpdated": s.last_updated.map(|(_, t)| t),
-            "currentTime": unix_now(),
+            "lastUpdated": go_time(if alive { Some(now) } else { s.last_updated.map(|(_, t)| t) }),
+            "currentTime": go_time(Some(now)),
+            "lastUpdatedUnixSeconds": s.last_updated.map(|(_, t)| t),
             "secondsSinceLoop": beat.map(|b| b.as_secs_f64()),
             "alive": alive,
             "reason": if !s.synced { "the first sync is not in the maps yet" } else if stuck { "the controller loop has not run within 2x the sync period" } else { "ok" },
@@ -432,34 +716,73 @@ impl Health {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let stale = s.queued_since.is_some_and(|q| q.elapsed() > self.timeout);
-        let healthy = s.synced && !stale;
+        let healthy = s.synced && !stale && s.not_eligible.is_none();
+        let now = unix_now();
+        let reason = if !s.synced {
+            "the first sync is not in the maps yet".to_string()
+        } else if stale {
+            "queued changes not written within 2x the sync period".to_string()
+        } else if let Some(why) = &s.not_eligible {
+            format!("this node is not eligible for traffic: {why}")
+        } else {
+            "ok".to_string()
+        };
+        // kube-proxy's keys first. As kube-proxy, a healthy answer's lastUpdated is now; the
+        // real time of the last sync is lastUpdatedUnixSeconds.
         let body = serde_json::json!({
-            "lastUpdated": s.last_updated.map(|(_, t)| t),
-            "currentTime": unix_now(),
+            "lastUpdated": go_time(if healthy { Some(now) } else { s.last_updated.map(|(_, t)| t) }),
+            "currentTime": go_time(Some(now)),
+            "nodeEligible": s.not_eligible.is_none(),
+            "lastUpdatedUnixSeconds": s.last_updated.map(|(_, t)| t),
             "secondsSinceUpdate": s.last_updated.map(|(i, _)| i.elapsed().as_secs_f64()),
             "queuedSecondsAgo": s.queued_since.map(|q| q.elapsed().as_secs_f64()),
             "healthy": healthy,
-            "reason": if !s.synced { "the first sync is not in the maps yet" } else if stale { "queued changes not written within 2x the sync period" } else { "ok" },
+            "reason": reason,
         });
         (healthy, format!("{body}\n"))
     }
 }
 
+/// A Unix time as Go's `time.Time.String()` prints it (kube-proxy's body format), or the
+/// zero time when there is none.
+fn go_time(unix: Option<f64>) -> String {
+    const ZERO: &str = "0001-01-01 00:00:00 +0000 UTC";
+    let Some(t) = unix else {
+        return ZERO.into();
+    };
+    let Ok(ts) = jiff::Timestamp::from_nanosecond((t * 1e9) as i128) else {
+        return ZERO.into();
+    };
+    format!("{} +0000 UTC", ts.strftime("%Y-%m-%d %H:%M:%S%.f"))
+}
+
 async fn healthz(State(h): State<Health>) -> impl IntoResponse {
-    answer(h.report())
+    answer(&h.metrics.healthz_total, h.report())
 }
 
 async fn livez(State(h): State<Health>) -> impl IntoResponse {
-    answer(h.report_live())
+    answer(&h.metrics.livez_total, h.report_live())
 }
 
-fn answer((ok, body): (bool, String)) -> impl IntoResponse {
-    let code = if ok {
-        StatusCode::OK
+fn answer(
+    counter: &Family<CodeLabel, Counter>,
+    (ok, body): (bool, String),
+) -> axum::response::Response {
+    let (code, label) = if ok {
+        (StatusCode::OK, "200")
     } else {
-        StatusCode::SERVICE_UNAVAILABLE
+        (StatusCode::SERVICE_UNAVAILABLE, "503")
     };
-    (code, [(header::CONTENT_TYPE, "application/json")], body)
+    counter.get_or_create(&CodeLabel { code: label }).inc();
+    (
+        code,
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        body,
+    )
+        .into_response()
 }
 
 async fn metrics(State(h): State<Health>) -> impl IntoResponse {
@@ -486,14 +809,28 @@ pub async fn serve(
     health: Health,
     healthz_addr: SocketAddr,
     metrics_addr: SocketAddr,
+    configz: serde_json::Value,
 ) -> anyhow::Result<()> {
     let h = Router::new()
         .route("/healthz", get(healthz))
         .route("/livez", get(livez))
         .with_state(health.clone());
+    let configz = Arc::new(format!("{configz:#}\n"));
     let m = Router::new()
         .route("/metrics", get(metrics))
         .route("/proxyMode", get(|| async { "ebpf" }))
+        .route(
+            "/configz",
+            get(move || {
+                let body = configz.clone();
+                async move {
+                    (
+                        [(header::CONTENT_TYPE, "application/json")],
+                        (*body).clone(),
+                    )
+                }
+            }),
+        )
         .with_state(health);
     let hl = tokio::net::TcpListener::bind(healthz_addr)
         .await

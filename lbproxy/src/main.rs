@@ -7,6 +7,7 @@
 
 mod bpf;
 mod config;
+mod config_watch;
 mod controller;
 mod desired;
 mod healthcheck;
@@ -77,6 +78,24 @@ struct RunArgs {
     /// Validate the configuration and flags, print the result, and exit.
     #[arg(long)]
     validate_only: bool,
+    /// Write the effective configuration (both documents, defaults filled in) to this file
+    /// and exit, as kube-proxy's flag does.
+    #[arg(long, value_name = "FILE")]
+    write_config_to: Option<PathBuf>,
+    /// Log format: `text` or `json` (one JSON object per line) [default: text]
+    #[arg(long, value_name = "FORMAT")]
+    logging_format: Option<String>,
+    /// Log verbosity, as kube-proxy's `-v`: 0-2 info, 3-4 lbproxy's debug lines, 5-6
+    /// lbproxy's trace and its libraries' debug, 7 and up everything. RUST_LOG, when set,
+    /// overrides it [default: 0]
+    #[arg(short = 'v', long = "v", value_name = "N")]
+    verbosity: Option<u32>,
+    /// API client request rate, requests per second; negative: unlimited [default: 5]
+    #[arg(long, allow_negative_numbers = true)]
+    kube_api_qps: Option<f64>,
+    /// API client burst above that rate [default: 10]
+    #[arg(long)]
+    kube_api_burst: Option<u32>,
     /// Standalone source: a file or directory of Service and EndpointSlice manifests (YAML or
     /// JSON), watched. Without it, lbproxy watches the Kubernetes API.
     #[arg(long)]
@@ -155,42 +174,122 @@ fn parse_globs(globs: &[String]) -> anyhow::Result<GlobSet> {
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let cli = Cli::parse();
+    let mut json_errors = false;
     let result = match cli.command {
-        Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(run(*args))),
+        Command::Run(args) => {
+            json_errors = args.logging_format.as_deref() == Some("json");
+            prepare(&args).and_then(|(settings, warnings)| {
+                json_errors = settings.log_format == config::LogFormat::Json;
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .map_err(anyhow::Error::from)
+                    .and_then(|rt| rt.block_on(run(*args, settings, warnings)))
+            })
+        }
         Command::Inspect {
             what,
             json,
             bpffs_dir,
             service,
             backend,
-        } => inspect::run(
-            &bpffs_dir,
-            what,
-            json,
-            &inspect::Filter { service, backend },
-        ),
-        Command::Cleanup { bpffs_dir } => cleanup(&bpffs_dir),
+        } => init_logging(config::LogFormat::Text, 0).and_then(|()| {
+            inspect::run(
+                &bpffs_dir,
+                what,
+                json,
+                &inspect::Filter { service, backend },
+            )
+        }),
+        Command::Cleanup { bpffs_dir } => {
+            init_logging(config::LogFormat::Text, 0).and_then(|()| cleanup(&bpffs_dir))
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if json_errors => {
+            // In JSON mode the last line is a JSON object too.
+            let line = serde_json::json!({
+                "timestamp": jiff::Timestamp::now().to_string(),
+                "level": "ERROR",
+                "message": format!("lbproxy: error: {e:#}"),
+                "target": "lbproxy",
+            });
+            eprintln!("{line}");
+            std::process::ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!("lbproxy: error: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// The tracing filter for kube-proxy's `-v` levels (RUST_LOG, when set, wins).
+fn log_filter(verbosity: u32) -> &'static str {
+    match verbosity {
+        0..=2 => "info",
+        3..=4 => "info,lbproxy=debug",
+        5..=6 => "debug,lbproxy=trace",
+        _ => "trace",
+    }
+}
+
+/// Logs to stderr as text or one JSON object per line; the `log` records of aya and the
+/// datapath's logger go the same way, and in JSON mode so does a panic.
+fn init_logging(format: config::LogFormat, verbosity: u32) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(log_filter(verbosity)));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let r = match format {
+        config::LogFormat::Text => b
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+        config::LogFormat::Json => {
+            std::panic::set_hook(Box::new(|info| {
+                tracing::error!(panic = %info, "lbproxy panicked");
+            }));
+            b.json()
+                .flatten_event(true)
+                .with_current_span(false)
+                .with_span_list(false)
+                .try_init()
+        }
+    };
+    r.map_err(|e| anyhow::anyhow!("starting the logger: {e}"))
+}
+
+/// `run` before the runtime starts: the settings, `--write-config-to`, `--validate-only`,
+/// the logger, and what the log says once at start.
+fn prepare(args: &RunArgs) -> anyhow::Result<(config::Settings, Vec<String>)> {
+    let (settings, warnings) = settings(args)?;
+    if let Some(path) = &args.write_config_to {
+        std::fs::write(path, settings.to_yaml())
+            .with_context(|| format!("--write-config-to {}", path.display()))?;
+        println!("wrote the effective configuration to {}", path.display());
+        std::process::exit(0);
+    }
+    if args.validate_only {
+        for w in &warnings {
+            println!("warning: {w}");
+        }
+        println!("configuration is valid:\n{settings:#?}");
+        std::process::exit(0);
+    }
+    init_logging(settings.log_format, settings.verbosity)?;
+    Ok((settings, warnings))
+}
+
+/// kube-proxy's `oomScoreAdj`, when given.
+fn apply_oom_score_adj(value: Option<i32>) {
+    let Some(v) = value else { return };
+    match std::fs::write("/proc/self/oom_score_adj", v.to_string()) {
+        Ok(()) => tracing::info!(oom_score_adj = v, "oomScoreAdj applied"),
+        Err(e) => tracing::warn!("oomScoreAdj {v}: writing /proc/self/oom_score_adj: {e}"),
     }
 }
 
@@ -263,7 +362,9 @@ fn spawn_flow_gc(
     });
 }
 
-fn settings(args: &RunArgs) -> anyhow::Result<config::Settings> {
+/// The effective settings, and the warnings about what the config file held that lbproxy
+/// ignores.
+fn settings(args: &RunArgs) -> anyhow::Result<(config::Settings, Vec<String>)> {
     let file = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| {
@@ -293,16 +394,37 @@ fn settings(args: &RunArgs) -> anyhow::Result<config::Settings> {
         snat_port_range: args.snat_port_range.clone(),
         cgroup_root: args.cgroup_root.clone(),
         socket_lb: args.socket_lb.clone(),
+        logging_format: args.logging_format.clone(),
+        verbosity: args.verbosity,
+        kube_api_qps: args.kube_api_qps,
+        kube_api_burst: args.kube_api_burst,
     };
-    Ok(config::resolve(file, flags)?)
+    let warnings = file
+        .as_ref()
+        .map(|(_, f)| f.warnings.clone())
+        .unwrap_or_default();
+    Ok((config::resolve(file, flags)?, warnings))
 }
 
-async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let settings = settings(&args)?;
-    if args.validate_only {
-        println!("configuration is valid:\n{settings:#?}");
-        return Ok(());
+async fn run(
+    args: RunArgs,
+    settings: config::Settings,
+    warnings: Vec<String>,
+) -> anyhow::Result<()> {
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        commit = http::GIT_COMMIT,
+        config = %settings.configz(),
+        "lbproxy starting"
+    );
+    for w in &warnings {
+        tracing::warn!("{w}");
     }
+    apply_oom_score_adj(settings.oom_score_adj);
+    let config_changed = match &args.config {
+        Some(path) => Some(config_watch::spawn(path.clone())?),
+        None => None,
+    };
     if let Some(p) = &settings.manifests
         && !p.exists()
     {
@@ -314,6 +436,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         health.clone(),
         settings.healthz_bind_address,
         settings.metrics_bind_address,
+        settings.configz(),
     )
     .await?;
 
@@ -356,7 +479,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     match &settings.manifests {
         Some(p) => source::manifests::watch::spawn(p.clone(), tx)?,
         None => {
-            let client = source::kube::client(settings.kubeconfig.as_deref()).await?;
+            let client = source::kube::client(
+                settings.kubeconfig.as_deref(),
+                &health.metrics,
+                settings.qps,
+                settings.burst,
+            )
+            .await?;
             report.events = Some(kube::runtime::events::Recorder::new(
                 client.clone(),
                 kube::runtime::events::Reporter {
@@ -384,14 +513,39 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
+    let changed_flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let changed_set = changed_flag.clone();
     let shutdown = async move {
+        let config_changed = async {
+            match config_changed {
+                Some(rx) => {
+                    let _ = rx.await;
+                }
+                None => std::future::pending().await,
+            }
+        };
         let which = tokio::select! {
             _ = sigterm.recv() => "SIGTERM",
             _ = sigint.recv() => "SIGINT",
+            () = config_changed => {
+                changed_set.store(true, std::sync::atomic::Ordering::SeqCst);
+                "the configuration file changed"
+            }
         };
         tracing::info!("{which}: exiting; programs stay attached and maps pinned");
     };
     ctl.drive(&mut events, timing, shutdown).await;
+    if changed_flag.load(std::sync::atomic::Ordering::SeqCst) {
+        // As kube-proxy: exit so that the DaemonSet starts lbproxy again with the new file.
+        anyhow::bail!(
+            "configuration file {} changed: exiting so that the restart reads it (programs stay attached, maps pinned)",
+            args.config
+                .as_deref()
+                .map(Path::display)
+                .map(|d| d.to_string())
+                .unwrap_or_default()
+        );
+    }
     Ok(())
 }
 

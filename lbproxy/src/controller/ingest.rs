@@ -68,10 +68,11 @@ impl Ingest {
                 }
             },
             SourceEvent::Listed(kind) => self.listed(kind, report),
-            SourceEvent::Node { uid } => {
+            SourceEvent::Node { uid, not_eligible } => {
                 if uid.is_some() {
                     report.node_uid = uid;
                 }
+                report.health.set_node_eligible(not_eligible);
             }
             SourceEvent::Failed { source, error } => report.source_failed(source, &error),
             SourceEvent::Rejected { source, error } => report.source_rejected(source, &error),

@@ -320,6 +320,12 @@ impl<M: Maps> Controller<M> {
             }
         };
         self.report.programmed(self.sync.programmed());
+        let (internal, external) =
+            crate::desired::endpoints::no_local_endpoints(&self.ingest.model, &self.node);
+        self.report
+            .health
+            .metrics
+            .set_no_local_endpoints(internal, external);
         self.sync_health_checks();
         self.report.unserved(&self.sync.unserved_by_kind());
         self.report.conflicts(self.sync.conflicts());

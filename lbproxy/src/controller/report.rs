@@ -54,6 +54,14 @@ pub struct Synced<'a> {
     pub slices: usize,
 }
 
+impl Synced<'_> {
+    /// A sync of the whole model (kube-proxy's "full" sync); `changes` syncs only the
+    /// services that changed (its "partial" one).
+    pub fn full(&self) -> bool {
+        self.what != "changes"
+    }
+}
+
 impl Report {
     pub fn new(health: Health, node: String) -> Self {
         Self {
@@ -109,14 +117,21 @@ impl Report {
             self.syncs += 1;
         }
         let m = &self.health.metrics;
-        m.sync_duration.observe(s.started.elapsed().as_secs_f64());
+        m.observe_sync(s.full(), s.started.elapsed().as_secs_f64());
         let now = http::unix_now();
         for t in triggers {
-            m.network_programming_duration.observe((now - t).max(0.0));
+            m.observe_programming((now - t).max(0.0));
         }
         m.service_changes_pending.set(0);
         m.endpoint_changes_pending.set(0);
         self.health.updated();
+        tracing::debug!(
+            what = s.what,
+            full = s.full(),
+            took_us = u64::try_from(s.started.elapsed().as_micros()).unwrap_or(u64::MAX),
+            changed = stats.frontends_changed,
+            "sync done"
+        );
         if stats.frontends_changed > 0 {
             tracing::info!(
                 what = s.what,
@@ -142,7 +157,7 @@ impl Report {
             self.syncs += 1;
         }
         let m = &self.health.metrics;
-        m.sync_duration.observe(s.started.elapsed().as_secs_f64());
+        m.observe_sync(s.full(), s.started.elapsed().as_secs_f64());
         m.sync_failures.inc();
         for e in errors.iter().take(LOGGED_ERRORS) {
             tracing::error!(

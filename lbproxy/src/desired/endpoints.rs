@@ -80,6 +80,28 @@ pub fn endpoint_set(
     EndpointSet { serving, draining }
 }
 
+/// Service ports with a `Local` traffic policy and no endpoint on `node` for new
+/// connections, as (internal, external): kube-proxy's
+/// `sync_proxy_rules_no_local_endpoints_total`. Traffic to them is rejected here.
+pub fn no_local_endpoints(model: &Model, node: &str) -> (usize, usize) {
+    let (mut internal, mut external) = (0, 0);
+    for svc in model.services.values() {
+        for (scope, n) in [
+            (Scope::Internal, &mut internal),
+            (Scope::External, &mut external),
+        ] {
+            if local_only(svc, scope) {
+                *n += svc
+                    .ports
+                    .iter()
+                    .filter(|p| endpoint_set(model, svc, p, node, true).serving.is_empty())
+                    .count();
+            }
+        }
+    }
+    (internal, external)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

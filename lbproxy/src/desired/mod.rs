@@ -1,7 +1,7 @@
 //! From the model to the desired state of the datapath: the frontends each service asks for
 //! ([`frontends`]) and the endpoints each of them uses ([`endpoints`]).
 
-mod endpoints;
+pub mod endpoints;
 mod frontends;
 
 pub use frontends::{

@@ -23,8 +23,31 @@ use crate::model::{self, LABEL_SERVICE_NAME, NamespacedName, Normalized};
 /// The EndpointSlice annotation kube-proxy measures programming latency from.
 const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
-/// Builds a client from `--kubeconfig`, else `KUBECONFIG` / in-cluster (kube-rs's inference).
-pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<Client> {
+/// The cluster autoscaler's taint on a node it is about to delete (kube-proxy's
+/// `ToBeDeletedTaint`).
+pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
+
+/// Why this node takes no traffic, as kube-proxy's `SyncNode` decides; `None`: it does.
+pub fn not_eligible(node: &Node) -> Option<String> {
+    if node.metadata.deletion_timestamp.is_some() {
+        return Some("the Node is being deleted".into());
+    }
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == TO_BE_DELETED_TAINT));
+    tainted.then(|| format!("the Node has the {TO_BE_DELETED_TAINT} taint"))
+}
+
+/// Builds a client from `--kubeconfig`, else `KUBECONFIG` / in-cluster (kube-rs's inference),
+/// measured and rate-limited by [`super::kube_client`].
+pub async fn client(
+    kubeconfig: Option<&Path>,
+    metrics: &crate::http::Metrics,
+    qps: f32,
+    burst: u32,
+) -> anyhow::Result<Client> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
@@ -39,7 +62,10 @@ pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<Client> {
             )
         })?,
     };
-    Ok(Client::try_from(config)?)
+    let layer = super::kube_client::ClientMetrics::new(&config.cluster_url, metrics, qps, burst);
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&layer)
+        .build())
 }
 
 fn spawn_watch<K, F>(
@@ -180,12 +206,18 @@ pub fn spawn(client: &Client, node_name: &str, tx: mpsc::Sender<SourceEvent>) {
         "nodes",
         tx,
         |e| {
-            translate(Kind::Node, e, |n: &Node, present| SourceEvent::Node {
-                uid: if present {
-                    n.metadata.uid.clone()
+            translate(Kind::Node, e, |n: &Node, present| {
+                if present {
+                    SourceEvent::Node {
+                        uid: n.metadata.uid.clone(),
+                        not_eligible: not_eligible(n),
+                    }
                 } else {
-                    None
-                },
+                    SourceEvent::Node {
+                        uid: None,
+                        not_eligible: Some("the Node was deleted".into()),
+                    }
+                }
             })
         },
     );

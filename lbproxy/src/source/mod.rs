@@ -3,6 +3,7 @@
 //! normalized into the model's types, so the controller has one code path for both.
 
 pub mod kube;
+pub mod kube_client;
 pub mod manifests;
 
 use crate::model::{self, NamespacedName};
@@ -43,8 +44,13 @@ pub enum SourceEvent {
     },
     /// The list of a kind is complete.
     Listed(Kind),
-    /// This node's object, for the Events the controller posts about it.
-    Node { uid: Option<String> },
+    /// This node's object, for the Events the controller posts about it, and whether the
+    /// node takes traffic (`not_eligible`: why not, as kube-proxy's `/healthz` decides:
+    /// deleted, being deleted, or tainted `ToBeDeletedByClusterAutoscaler`).
+    Node {
+        uid: Option<String>,
+        not_eligible: Option<String>,
+    },
     /// Events that belong together (one manifest reload): all of them reach the model
     /// before the next sync.
     Batch(Vec<SourceEvent>),

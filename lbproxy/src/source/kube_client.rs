@@ -1,0 +1,246 @@
+//! The API client's tower layer: client-go's `rest_client_*` metrics, measured around every
+//! request the kube client sends, and kube-proxy's client rate limit
+//! (`clientConnection.qps`/`burst`, a token bucket in front of each request).
+//!
+//! - `rest_client_requests_total{code,method,host}`: one per response (`code` is the status,
+//!   or `<error>` when none came back).
+//! - `rest_client_request_duration_seconds{verb,url}`: from the request until its response
+//!   headers (a watch counts until its stream starts). The URL's namespace and object names
+//!   are elided (`{namespace}`, `{name}`), so the label set stays bounded.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabel {
+    pub code: String,
+    pub method: String,
+    pub host: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DurationLabel {
+    pub verb: String,
+    pub url: String,
+}
+
+/// client-go's buckets for `rest_client_request_duration_seconds`.
+pub fn duration_buckets() -> Histogram {
+    Histogram::new([
+        0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
+    ])
+}
+
+/// A token bucket: `qps` tokens a second, at most `burst` saved up. A negative `qps`
+/// means no limit.
+#[derive(Debug)]
+struct Bucket {
+    qps: f64,
+    burst: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl Bucket {
+    /// How long to wait before sending one more request (and takes its token).
+    fn take(&self) -> Duration {
+        if self.qps < 0.0 {
+            return Duration::ZERO;
+        }
+        let mut st = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = Instant::now();
+        let (tokens, at) = *st;
+        let tokens = (tokens + now.saturating_duration_since(at).as_secs_f64() * self.qps)
+            .min(self.burst)
+            - 1.0;
+        *st = (tokens, now);
+        if tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-tokens / self.qps)
+        }
+    }
+}
+
+/// What the layer records into, and its limit.
+#[derive(Clone, Debug)]
+pub struct ClientMetrics {
+    host: String,
+    requests: Family<RequestLabel, Counter>,
+    duration: Family<DurationLabel, Histogram, fn() -> Histogram>,
+    bucket: Arc<Bucket>,
+}
+
+impl ClientMetrics {
+    pub fn new(
+        cluster_url: &http::Uri,
+        metrics: &crate::http::Metrics,
+        qps: f32,
+        burst: u32,
+    ) -> Self {
+        let host = cluster_url
+            .authority()
+            .map_or_else(String::new, |a| a.to_string());
+        Self {
+            host,
+            requests: metrics.rest_requests.clone(),
+            duration: metrics.rest_duration.clone(),
+            bucket: Arc::new(Bucket {
+                qps: f64::from(qps),
+                burst: f64::from(burst.max(1)),
+                state: Mutex::new((f64::from(burst.max(1)), Instant::now())),
+            }),
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for ClientMetrics {
+    type Service = Measured<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Measured {
+            inner,
+            m: self.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Measured<S> {
+    inner: S,
+    m: ClientMetrics,
+}
+
+/// The path with namespace and object names replaced, as client-go's URL label does.
+pub fn url_template(path: &str) -> String {
+    let segs: Vec<&str> = path.split('/').collect();
+    let mut out = Vec::with_capacity(segs.len());
+    let mut i = 0;
+    while i < segs.len() {
+        out.push(segs[i].to_string());
+        if segs[i] == "namespaces" && i + 1 < segs.len() {
+            out.push("{namespace}".into());
+            i += 1;
+            // .../namespaces/NS/RESOURCE/NAME
+            if i + 2 < segs.len() {
+                out.push(segs[i + 1].to_string());
+                out.push("{name}".into());
+                i += 2;
+            }
+        } else if (segs[i] == "nodes" || segs[i] == "services" || segs[i] == "endpointslices")
+            && i + 1 < segs.len()
+            && !segs[i + 1].is_empty()
+        {
+            out.push("{name}".into());
+            i += 1;
+        }
+        i += 1;
+    }
+    out.join("/")
+}
+
+impl<S, B, RB> tower::Service<http::Request<B>> for Measured<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<RB>> + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let method = req.method().as_str().to_string();
+        let url = format!("https://{}{}", self.m.host, url_template(req.uri().path()));
+        let wait = self.m.bucket.take();
+        // The client's futures do nothing until polled: waiting before the first poll
+        // delays the request itself.
+        let request = self.inner.call(req);
+        let m = self.m.clone();
+        Box::pin(async move {
+            if !wait.is_zero() {
+                tokio::time::sleep(wait).await;
+            }
+            let started = Instant::now();
+            let result = request.await;
+            let code = match &result {
+                Ok(resp) => resp.status().as_u16().to_string(),
+                Err(_) => "<error>".to_string(),
+            };
+            m.duration
+                .get_or_create(&DurationLabel {
+                    verb: method.clone(),
+                    url,
+                })
+                .observe(started.elapsed().as_secs_f64());
+            m.requests
+                .get_or_create(&RequestLabel {
+                    code,
+                    method,
+                    host: m.host.clone(),
+                })
+                .inc();
+            result
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_lose_their_names() {
+        for (path, want) in [
+            ("/api/v1/services", "/api/v1/services"),
+            ("/api/v1/nodes", "/api/v1/nodes"),
+            ("/api/v1/nodes/node-a", "/api/v1/nodes/{name}"),
+            (
+                "/apis/events.k8s.io/v1/namespaces/default/events",
+                "/apis/events.k8s.io/v1/namespaces/{namespace}/events",
+            ),
+            (
+                "/apis/events.k8s.io/v1/namespaces/default/events/e1",
+                "/apis/events.k8s.io/v1/namespaces/{namespace}/events/{name}",
+            ),
+        ] {
+            assert_eq!(url_template(path), want);
+        }
+    }
+
+    #[test]
+    fn bucket_spaces_requests_after_the_burst() {
+        let b = Bucket {
+            qps: 10.0,
+            burst: 2.0,
+            state: Mutex::new((2.0, Instant::now())),
+        };
+        assert_eq!(b.take(), Duration::ZERO);
+        assert_eq!(b.take(), Duration::ZERO);
+        let w = b.take();
+        assert!(
+            w > Duration::from_millis(80) && w <= Duration::from_millis(100),
+            "{w:?}"
+        );
+        let none = Bucket {
+            qps: -1.0,
+            burst: 1.0,
+            state: Mutex::new((0.0, Instant::now())),
+        };
+        assert_eq!(none.take(), Duration::ZERO);
+    }
+}
