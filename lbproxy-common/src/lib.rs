@@ -78,6 +78,7 @@ pub mod frags;
 pub mod hairpin;
 pub mod labels;
 pub mod members;
+pub mod monitor;
 pub mod node_addrs;
 pub mod node_ifs;
 pub mod pod_addrs;
@@ -105,6 +106,10 @@ pub use frags::{FragKey, FragPorts, MAX_FRAG_DATAGRAMS};
 pub use hairpin::HAIRPIN_ADDR;
 pub use labels::{ServiceLabel, nul_padded};
 pub use members::MemberKey;
+pub use monitor::{
+    DEFAULT_EVENTS_PER_CPU_PER_SEC, HOOK_FROM_NODE, HOOK_FROM_POD, HOOK_TO_NODE, HOOK_TO_POD,
+    MonitorCtl, MonitorEvent, MonitorRate, VERDICT_DROP, VERDICT_REJECT,
+};
 pub use node_addrs::{MAX_NODE_ADDRS, NODE_ADDR_F_NODEPORT, NODE_ADDR_F_SNAT, NodeAddr};
 pub use node_ifs::{DEFAULT_SNAT_PORT_MAX, DEFAULT_SNAT_PORT_MIN, MAX_NODE_IFS, NodeIf};
 pub use pod_addrs::{MAX_POD_ADDRS, PodAddr};
@@ -150,6 +155,9 @@ pod!(
     SockConfig,
     SockRevKey,
     SockRevValue,
+    MonitorCtl,
+    MonitorRate,
+    MonitorEvent,
 );
 
 /// Every map the controller pins, and the datapath declares.
@@ -176,6 +184,9 @@ pub const MAPS: &[MapSpec] = &[
     sock::CONFIG_SPEC,
     sock::REV_SPEC,
     sock::COUNT_SPEC,
+    monitor::CTL_SPEC,
+    monitor::RATE_SPEC,
+    monitor::EVENTS_SPEC,
 ];
 
 /// Earlier layouts a controller reads once at start, copies into their successor, then
@@ -254,6 +265,12 @@ pub mod map_names {
     pub const SOCK_REV: &str = crate::sock::REV_SPEC.name;
     /// Socket-level load balancing: per-CPU counters by `SockEvent`.
     pub const SOCK_EVENTS: &str = crate::sock::COUNT_SPEC.name;
+    /// `lbproxy monitor`'s switch and rate cap (`MonitorCtl`, one entry).
+    pub const MONITOR_CTL: &str = crate::monitor::CTL_SPEC.name;
+    /// Per-CPU windows of the monitor's rate cap (`MonitorRate`).
+    pub const MONITOR_RATE: &str = crate::monitor::RATE_SPEC.name;
+    /// The ring buffer of drop and reject events (`MonitorEvent`).
+    pub const EVENTS: &str = crate::monitor::EVENTS_SPEC.name;
     /// Every map the controller pins: the names of [`MAPS`], in its order.
     pub const PINNED: [&str; MAPS.len()] = {
         let mut out = [""; MAPS.len()];

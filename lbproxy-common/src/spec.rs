@@ -18,6 +18,8 @@ pub enum MapKind {
     PerCpuArray,
     /// `BPF_MAP_TYPE_LPM_TRIE`.
     LpmTrie,
+    /// `BPF_MAP_TYPE_RINGBUF`: no key or value size; `max_entries` is its size in bytes.
+    RingBuf,
 }
 
 impl MapKind {
@@ -30,6 +32,7 @@ impl MapKind {
             MapKind::Array => aya::maps::MapType::Array,
             MapKind::PerCpuArray => aya::maps::MapType::PerCpuArray,
             MapKind::LpmTrie => aya::maps::MapType::LpmTrie,
+            MapKind::RingBuf => aya::maps::MapType::RingBuf,
         }
     }
 }

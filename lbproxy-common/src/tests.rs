@@ -55,7 +55,7 @@ fn sizes<K, V>() -> (u32, u32) {
 
 #[test]
 fn spec_sizes_are_their_types() {
-    let cases: [(MapSpec, (u32, u32)); 25] = [
+    let cases: [(MapSpec, (u32, u32)); 28] = [
         (services::SPEC, sizes::<ServiceKey, ServiceValue>()),
         (services::SPEC_V1, sizes::<ServiceKey, ServiceValueV1>()),
         (slots::SPEC, sizes::<SlotKey, u32>()),
@@ -81,6 +81,9 @@ fn spec_sizes_are_their_types() {
         (sock::CONFIG_SPEC, sizes::<u32, SockConfig>()),
         (sock::REV_SPEC, sizes::<SockRevKey, SockRevValue>()),
         (sock::COUNT_SPEC, sizes::<u32, u64>()),
+        (monitor::CTL_SPEC, sizes::<u32, MonitorCtl>()),
+        (monitor::RATE_SPEC, sizes::<u32, MonitorRate>()),
+        (monitor::EVENTS_SPEC, (0, 0)),
     ];
     for (spec, (k, v)) in cases {
         assert_eq!((spec.key_size, spec.value_size), (k, v), "{}", spec.name);
@@ -100,7 +103,7 @@ fn spec_sizes_are_their_types() {
 #[test]
 fn layouts_are_unchanged() {
     use MapKind::*;
-    let expected: [(&str, &str, MapKind, u32, u32, u32); 22] = [
+    let expected: [(&str, &str, MapKind, u32, u32, u32); 25] = [
         ("LB_BACKENDS_V1", "backends", Hash, 4, 8, 262_144),
         ("LB_SLOTS_V1", "slots", Hash, 8, 4, 262_144),
         ("LB_SERVICES_V2", "services", Hash, 8, 16, 65_536),
@@ -123,6 +126,9 @@ fn layouts_are_unchanged() {
         ("LB_SOCKCFG_V1", "sock_config", Array, 4, 16, 1),
         ("LB_SOCKREV_V1", "sock_rev", LruHash, 16, 16, 262_144),
         ("LB_SOCKCNT_V1", "sock_events", PerCpuArray, 4, 8, 16),
+        ("LB_MONCTL_V1", "monitor_ctl", Array, 4, 16, 1),
+        ("LB_MONRATE_V1", "monitor_rate", PerCpuArray, 4, 16, 1),
+        ("LB_EVENTS_V1", "events", RingBuf, 0, 0, 262_144),
     ];
     let got: Vec<_> = MAPS
         .iter()

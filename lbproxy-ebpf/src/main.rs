@@ -39,6 +39,7 @@ mod hairpin;
 mod icmp;
 mod lb;
 mod maps;
+mod monitor;
 mod nat;
 mod north;
 mod parse;
@@ -54,7 +55,8 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 
 use lbproxy_common::{
-    DatapathConfig, Delivery, DropReason, HAIRPIN_ADDR, IPPROTO_UDP, SVC_KIND_CLUSTER_IP, SockEvent,
+    DatapathConfig, Delivery, DropReason, HAIRPIN_ADDR, HOOK_FROM_NODE, HOOK_FROM_POD, HOOK_TO_NODE,
+    HOOK_TO_POD, IPPROTO_UDP, SVC_KIND_CLUSTER_IP, SockEvent, VERDICT_DROP,
 };
 
 use crate::{
@@ -68,6 +70,7 @@ pub fn lb_from_pod(ctx: TcContext) -> i32 {
         Ok(action) => action,
         Err(reason) => {
             debug!(&ctx, "lb_from_pod: drop, reason {}", reason as u32);
+            monitor::event(&ctx, HOOK_FROM_POD, VERDICT_DROP, reason);
             count_and_drop(reason)
         }
     }
@@ -116,7 +119,7 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
         Ok(to) => to,
         Err(Verdict::Drop(reason)) => return Err(reason),
         Err(Verdict::Reject(reason)) => {
-            return reject::answer(ctx, &pkt, reason).map_err(|v| v.reason());
+            return reject::answer(ctx, &pkt, reason, HOOK_FROM_POD).map_err(|v| v.reason());
         }
     };
     if hairpin::is_hairpin(&to) {
@@ -188,6 +191,7 @@ pub fn lb_to_pod(ctx: TcContext) -> i32 {
         Ok(action) => action,
         Err(reason) => {
             debug!(&ctx, "lb_to_pod: drop, reason {}", reason as u32);
+            monitor::event(&ctx, HOOK_TO_POD, VERDICT_DROP, reason);
             count_and_drop(reason)
         }
     }
@@ -219,6 +223,7 @@ pub fn lb_from_node(ctx: TcContext) -> i32 {
         Ok(action) => action,
         Err(reason) => {
             debug!(&ctx, "lb_from_node: drop, reason {}", reason as u32);
+            monitor::event(&ctx, HOOK_FROM_NODE, VERDICT_DROP, reason);
             count_and_drop(reason)
         }
     }
@@ -257,7 +262,7 @@ fn try_from_node(ctx: &TcContext) -> Result<i32, DropReason> {
         Ok(to) => to,
         Err(Verdict::Drop(reason)) => return Err(reason),
         Err(Verdict::Reject(reason)) => {
-            return reject::answer(ctx, &pkt, reason).map_err(|v| v.reason());
+            return reject::answer(ctx, &pkt, reason, HOOK_FROM_NODE).map_err(|v| v.reason());
         }
     };
     nat::dnat(ctx, &pkt, to).map_err(|v| v.reason())?;
@@ -325,6 +330,7 @@ pub fn lb_to_node(ctx: TcContext) -> i32 {
         Ok(action) => action,
         Err(reason) => {
             debug!(&ctx, "lb_to_node: drop, reason {}", reason as u32);
+            monitor::event(&ctx, HOOK_TO_NODE, VERDICT_DROP, reason);
             count_and_drop(reason)
         }
     }

@@ -6,12 +6,15 @@
 //! map type, key and value sizes are the spec's. A declaration that disagrees with
 //! `lbproxy_common::MAPS` does not build, so userspace and the object always agree.
 
-use aya_ebpf::btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, lpm_trie::Key};
+use aya_ebpf::btf_maps::{
+    Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, lpm_trie::Key,
+};
 use lbproxy_common::{
     AffinityKey, AffinityValue, Backend, DatapathConfig, FlowKey, FlowValue, FragKey, FragPorts,
-    MemberKey, NodeAddr, NodeIf, PodAddr, PodIf, ServiceKey, ServiceLabel, ServiceValue, SlotKey,
+    MemberKey, MonitorCtl, MonitorEvent, MonitorRate, NodeAddr, NodeIf, PodAddr, PodIf, ServiceKey, ServiceLabel, ServiceValue, SlotKey,
     SockConfig, SockRevKey, SockRevValue, SrcCheck, SrcRangeData, UnservedKey, UnservedValue,
-    affinity, backends, config, delivery, drops, flows, frags, labels, members, node_addrs,
+    affinity, backends, config, delivery, drops, flows, frags, labels, members, monitor,
+    node_addrs,
     node_ifs, pod_addrs, pod_ifs, services, slots, snat_tries, sock,
     spec::{MapKind, MapSpec, size_u32, str_eq},
     src_check, src_ranges, unserved,
@@ -51,6 +54,15 @@ layout!(HashMap<K, V>, Hash);
 layout!(LruHashMap<K, V>, LruHash);
 layout!(Array<T>, Array);
 layout!(PerCpuArray<T>, PerCpuArray);
+
+impl<T, const M: usize, const F: usize> Layout for RingBuf<T, M, F> {
+    const KIND: MapKind = MapKind::RingBuf;
+    /// A ring buffer has no key or value size; `M` is its size in bytes.
+    const KEY_SIZE: u32 = 0;
+    const VALUE_SIZE: u32 = 0;
+    const MAX_ENTRIES: usize = M;
+    const FLAGS: usize = F;
+}
 
 impl<K, V, const M: usize, const F: usize> Layout for LpmTrie<K, V, M, F> {
     const KIND: MapKind = MapKind::LpmTrie;
@@ -172,6 +184,13 @@ map! {
     LB_SOCKREV_V1: LruHashMap<SockRevKey, SockRevValue> = sock::REV_SPEC;
     /// Per-CPU counters by `SockEvent`. Written by `sock`.
     LB_SOCKCNT_V1: PerCpuArray<u64> = sock::COUNT_SPEC;
+    /// `lbproxy monitor`'s switch: events are sent only while one listens. Read by
+    /// `monitor`, on the drop and reject paths only.
+    LB_MONCTL_V1: Array<MonitorCtl> = monitor::CTL_SPEC;
+    /// Per-CPU windows of the monitor's rate cap. Written by `monitor`.
+    LB_MONRATE_V1: PerCpuArray<MonitorRate> = monitor::RATE_SPEC;
+    /// Drop and reject events for `lbproxy monitor`. Written by `monitor`.
+    LB_EVENTS_V1: RingBuf<MonitorEvent> = monitor::EVENTS_SPEC;
 }
 
 /// The controller's settings (`LB_CONFIG_V1`, entry 0): the stack bypass flag (for

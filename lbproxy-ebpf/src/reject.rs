@@ -17,10 +17,11 @@ use aya_ebpf::{
     helpers::{bpf_redirect, bpf_skb_change_tail},
     programs::TcContext,
 };
-use lbproxy_common::{DropReason, IPPROTO_TCP};
+use lbproxy_common::{DropReason, IPPROTO_TCP, VERDICT_REJECT};
 use network_types::{ip::Ipv4Hdr, tcp::TcpHdr};
 
 use crate::{
+    monitor,
     nat::csum::{fold, sum_words},
     parse::{
         ETH_LEN, IP_LEN, Packet, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN, TCP_LEN,
@@ -84,12 +85,21 @@ fn require_plain_ip(ctx: &TcContext, pkt: &Packet) -> Result<(), Verdict> {
 /// Answers `pkt`, which a stage rejected for `reason`: a TCP RST or an ICMP port
 /// unreachable, counted under `reason` once it is written. A packet that must not be
 /// answered ([`Packet::answerable`]) is dropped as `RejectNotAnswered`; an answer that cannot
-/// be written is dropped as `RejectFailed`.
+/// be written is dropped as `RejectFailed`. A listening `lbproxy monitor` gets the packet as
+/// it came, with the verdict `reject`.
 #[inline(always)]
-pub fn answer(ctx: &TcContext, pkt: &Packet, reason: DropReason) -> Result<i32, Verdict> {
+pub fn answer(
+    ctx: &TcContext,
+    pkt: &Packet,
+    reason: DropReason,
+    hook: u8,
+) -> Result<i32, Verdict> {
     if !pkt.answerable() {
         return Err(Verdict::Drop(DropReason::RejectNotAnswered));
     }
+    // Before the packet becomes its answer. An answer that then cannot be written also
+    // shows as a `reject_failed` drop.
+    monitor::event(ctx, hook, VERDICT_REJECT, reason);
     let action = if pkt.proto == IPPROTO_TCP {
         tcp_reset(ctx, pkt)?
     } else {
