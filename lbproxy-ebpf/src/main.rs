@@ -55,8 +55,8 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 
 use lbproxy_common::{
-    DatapathConfig, Delivery, DropReason, HAIRPIN_ADDR, HOOK_FROM_NODE, HOOK_FROM_POD, HOOK_TO_NODE,
-    HOOK_TO_POD, IPPROTO_UDP, SVC_KIND_CLUSTER_IP, SockEvent, VERDICT_DROP,
+    DatapathConfig, Delivery, DropReason, HAIRPIN_ADDR, HOOK_FROM_NODE, HOOK_FROM_POD,
+    HOOK_TO_NODE, HOOK_TO_POD, IPPROTO_UDP, SVC_KIND_CLUSTER_IP, SockEvent, VERDICT_DROP,
 };
 
 use crate::{

@@ -11,11 +11,11 @@ use aya_ebpf::btf_maps::{
 };
 use lbproxy_common::{
     AffinityKey, AffinityValue, Backend, DatapathConfig, FlowKey, FlowValue, FragKey, FragPorts,
-    MemberKey, MonitorCtl, MonitorEvent, MonitorRate, NodeAddr, NodeIf, PodAddr, PodIf, ServiceKey, ServiceLabel, ServiceValue, SlotKey,
-    SockConfig, SockRevKey, SockRevValue, SrcCheck, SrcRangeData, UnservedKey, UnservedValue,
-    affinity, backends, config, delivery, drops, flows, frags, labels, members, monitor,
-    node_addrs,
-    node_ifs, pod_addrs, pod_ifs, services, slots, snat_tries, sock,
+    MemberKey, MonitorCtl, MonitorEvent, MonitorRate, NodeAddr, NodeIf, PodAddr, PodIf, ServiceKey,
+    ServiceLabel, ServiceValue, SlotKey, SockConfig, SockRevKey, SockRevValue, SrcCheck,
+    SrcRangeData, UnservedKey, UnservedValue, affinity, backends, config, delivery, drops, flows,
+    frags, labels, members, monitor, node_addrs, node_ifs, pod_addrs, pod_ifs, services, slots,
+    snat_tries, sock,
     spec::{MapKind, MapSpec, size_u32, str_eq},
     src_check, src_ranges, unserved,
 };

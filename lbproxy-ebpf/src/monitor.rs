@@ -9,7 +9,10 @@
 //! rewrites it into its answer, and before (or, for a failed helper, during) translation.
 
 use aya_ebpf::{
-    EbpfContext as _, bindings::__sk_buff, helpers::generated::bpf_ktime_get_coarse_ns,
+    EbpfContext as _,
+    bindings::__sk_buff,
+    cty::c_void,
+    helpers::generated::{bpf_ktime_get_coarse_ns, bpf_skb_load_bytes},
     programs::TcContext,
 };
 use lbproxy_common::{
@@ -73,76 +76,84 @@ fn admit(now: u64, cap: u32) -> Option<u32> {
     Some(0)
 }
 
-// Not inlined: the event is built in its own frame, so the drop path does not add its 64
-// bytes to the stack of the stages it ends.
+// Not inlined, and written straight into the ring buffer's memory (headers loaded into it
+// by the helper): the drop path adds a few bytes to the stack of the stages it ends, not
+// the event's 64.
 #[inline(never)]
 fn send(ctx: &TcContext, what: u32, now: u64, suppressed: u32) {
     let Some(mut entry) = LB_EVENTS_V1.reserve(0) else {
         return;
     };
-    // SAFETY: the context pointer is the program's __sk_buff.
-    let (ifindex, len) = unsafe {
-        let skb = ctx.as_ptr() as *const __sk_buff;
-        ((*skb).ifindex, (*skb).len)
-    };
-    let mut ev = MonitorEvent {
-        ts_ns: now,
-        reason: what & 0xffff,
-        ifindex,
-        src_addr: [0; 16],
-        dst_addr: [0; 16],
-        src_port_be: 0,
-        dst_port_be: 0,
-        proto: 0,
-        hook: (what >> 16) as u8,
-        verdict: (what >> 24) as u8,
-        family: 0,
-        len,
-        suppressed,
-    };
-    read_headers(ctx, &mut ev);
-    entry.write(ev);
+    let ev: *mut MonitorEvent = entry.as_mut_ptr();
+    let skb = ctx.as_ptr();
+    // SAFETY: `ev` is the reserved entry, `size_of::<MonitorEvent>()` bytes that only this
+    // program writes until it submits them; the context pointer is the program's __sk_buff.
+    unsafe {
+        core::ptr::write_bytes(ev, 0, 1);
+        let sk = skb as *const __sk_buff;
+        (*ev).ts_ns = now;
+        (*ev).reason = what & 0xffff;
+        (*ev).hook = (what >> 16) as u8;
+        (*ev).verdict = (what >> 24) as u8;
+        (*ev).ifindex = (*sk).ifindex;
+        (*ev).len = (*sk).len;
+        (*ev).suppressed = suppressed;
+        read_headers(skb, ev);
+    }
     entry.submit(0);
 }
 
-/// The addresses, protocol and ports of the packet, as far as they can be read.
+/// Copies `len` bytes at `off` of the packet to `to`; false when the packet is shorter.
 #[inline(always)]
-fn read_headers(ctx: &TcContext, ev: &mut MonitorEvent) {
-    let Ok(proto_be) = ctx.load::<u16>(ETH_PROTO_OFF) else {
-        return;
-    };
-    let l4_off = match u16::from_be(proto_be) {
-        ETH_P_IP => {
-            let Ok(h) = ctx.load::<[u8; 20]>(ETH_LEN) else {
-                return;
-            };
-            ev.family = FAMILY_IPV4;
-            ev.proto = h[9];
-            ev.src_addr[..4].copy_from_slice(&h[12..16]);
-            ev.dst_addr[..4].copy_from_slice(&h[16..20]);
-            // A fragment after the first carries no ports.
-            if u16::from_be_bytes([h[6], h[7]]) & 0x1fff != 0 {
-                return;
+unsafe fn load(skb: *mut c_void, off: usize, to: *mut u8, len: u32) -> bool {
+    // SAFETY: the caller gives a context pointer and `len` writable bytes at `to`.
+    unsafe { bpf_skb_load_bytes(skb, off as u32, to.cast(), len) == 0 }
+}
+
+/// The addresses, protocol and ports of the packet, as far as they can be read, into `ev`.
+#[inline(always)]
+unsafe fn read_headers(skb: *mut c_void, ev: *mut MonitorEvent) {
+    let mut eth_proto = 0u16;
+    // SAFETY: `ev` points at a whole MonitorEvent; every load is sized to its field.
+    unsafe {
+        if !load(skb, ETH_PROTO_OFF, (&raw mut eth_proto).cast(), 2) {
+            return;
+        }
+        let l4_off = match u16::from_be(eth_proto) {
+            ETH_P_IP => {
+                let mut first = [0u8; 8];
+                if !load(skb, ETH_LEN, first.as_mut_ptr(), 8)
+                    || !load(skb, ETH_LEN + 9, &raw mut (*ev).proto, 1)
+                    || !load(skb, ETH_LEN + 12, (*ev).src_addr.as_mut_ptr(), 4)
+                    || !load(skb, ETH_LEN + 16, (*ev).dst_addr.as_mut_ptr(), 4)
+                {
+                    return;
+                }
+                (*ev).family = FAMILY_IPV4;
+                // A fragment after the first carries no ports.
+                if u16::from_be_bytes([first[6], first[7]]) & 0x1fff != 0 {
+                    return;
+                }
+                ETH_LEN + usize::from(first[0] & 0x0f) * 4
             }
-            ETH_LEN + usize::from(h[0] & 0x0f) * 4
+            ETH_P_IPV6 => {
+                if !load(skb, ETH_LEN + 6, &raw mut (*ev).proto, 1)
+                    || !load(skb, ETH_LEN + 8, (*ev).src_addr.as_mut_ptr(), 16)
+                    || !load(skb, ETH_LEN + 24, (*ev).dst_addr.as_mut_ptr(), 16)
+                {
+                    return;
+                }
+                (*ev).family = FAMILY_IPV6;
+                // Ports only right after the fixed header; extension headers are not walked.
+                ETH_LEN + IPV6_LEN
+            }
+            _ => return,
+        };
+        let proto = (*ev).proto;
+        if (proto == IPPROTO_TCP || proto == IPPROTO_UDP)
+            && load(skb, l4_off, (&raw mut (*ev).src_port_be).cast(), 2)
+        {
+            load(skb, l4_off + 2, (&raw mut (*ev).dst_port_be).cast(), 2);
         }
-        ETH_P_IPV6 => {
-            let Ok(h) = ctx.load::<[u8; IPV6_LEN]>(ETH_LEN) else {
-                return;
-            };
-            ev.family = FAMILY_IPV6;
-            ev.proto = h[6];
-            ev.src_addr.copy_from_slice(&h[8..24]);
-            ev.dst_addr.copy_from_slice(&h[24..40]);
-            // Ports only right after the fixed header; extension headers are not walked.
-            ETH_LEN + IPV6_LEN
-        }
-        _ => return,
-    };
-    if (ev.proto == IPPROTO_TCP || ev.proto == IPPROTO_UDP)
-        && let Ok(ports) = ctx.load::<[u8; 4]>(l4_off)
-    {
-        ev.src_port_be = u16::from_ne_bytes([ports[0], ports[1]]);
-        ev.dst_port_be = u16::from_ne_bytes([ports[2], ports[3]]);
     }
 }

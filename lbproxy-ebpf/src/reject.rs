@@ -88,12 +88,7 @@ fn require_plain_ip(ctx: &TcContext, pkt: &Packet) -> Result<(), Verdict> {
 /// be written is dropped as `RejectFailed`. A listening `lbproxy monitor` gets the packet as
 /// it came, with the verdict `reject`.
 #[inline(always)]
-pub fn answer(
-    ctx: &TcContext,
-    pkt: &Packet,
-    reason: DropReason,
-    hook: u8,
-) -> Result<i32, Verdict> {
+pub fn answer(ctx: &TcContext, pkt: &Packet, reason: DropReason, hook: u8) -> Result<i32, Verdict> {
     if !pkt.answerable() {
         return Err(Verdict::Drop(DropReason::RejectNotAnswered));
     }

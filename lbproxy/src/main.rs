@@ -3,6 +3,8 @@
 //! - `lbproxy run`: load the datapath, attach it to pod interfaces, and keep the BPF maps
 //!   equal to the desired state read from a source.
 //! - `lbproxy inspect services|backends|flows|drops|delivery`: read the pinned maps.
+//! - `lbproxy flows flush`: remove flows from the flow table.
+//! - `lbproxy monitor`: stream drops and rejects live.
 //! - `lbproxy cleanup`: detach and unpin everything.
 
 mod bpf;
@@ -10,10 +12,12 @@ mod config;
 mod config_watch;
 mod controller;
 mod desired;
+mod flush;
 mod healthcheck;
 mod http;
 mod inspect;
 mod model;
+mod monitor;
 mod program;
 mod source;
 
@@ -61,8 +65,65 @@ enum Command {
         #[arg(long)]
         backend: Option<String>,
     },
+    /// Act on the datapath's flow table.
+    Flows {
+        #[command(subcommand)]
+        action: FlowsAction,
+    },
+    /// Stream the datapath's drops and rejects live: reason, 5-tuple, interface, service.
+    /// Events are sent only while a monitor listens, at most --rate per CPU per second.
+    Monitor {
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
+        bpffs_dir: PathBuf,
+        /// Only this reason (as in `inspect drops`, e.g. `no_backend_tcp_reset`); repeatable.
+        #[arg(long = "reason", value_name = "REASON")]
+        reasons: Vec<String>,
+        /// Only events of this service (`namespace/name`, or `namespace/name:port-name`).
+        #[arg(long)]
+        service: Option<String>,
+        /// Stop after this many events.
+        #[arg(long)]
+        count: Option<u64>,
+        /// Stop after this many seconds.
+        #[arg(long, value_name = "SECONDS")]
+        duration: Option<f64>,
+        /// The most events each CPU sends per second; the rest are counted as suppressed.
+        #[arg(long, default_value_t = lbproxy_common::DEFAULT_EVENTS_PER_CPU_PER_SEC)]
+        rate: u32,
+    },
     /// Detach every program lbproxy attached in this network namespace and remove its pins.
     Cleanup {
+        #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
+        bpffs_dir: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum FlowsAction {
+    /// Remove flows (both halves) from the flow table, as `conntrack -D` would: their next
+    /// packet is load-balanced afresh. Give --service, --backend and/or --client (all must
+    /// match), or --all.
+    Flush {
+        /// `namespace/name` (every port) or `namespace/name:port-name`.
+        #[arg(long)]
+        service: Option<String>,
+        /// The backend's `IP` or `IP:port`.
+        #[arg(long)]
+        backend: Option<String>,
+        /// The client's own IP address.
+        #[arg(long)]
+        client: Option<String>,
+        /// Every flow.
+        #[arg(long)]
+        all: bool,
+        /// Show what would be removed; remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long)]
+        json: bool,
         #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
         bpffs_dir: PathBuf,
     },
@@ -201,6 +262,57 @@ fn main() -> std::process::ExitCode {
                 what,
                 json,
                 &inspect::Filter { service, backend },
+            )
+        }),
+        Command::Flows {
+            action:
+                FlowsAction::Flush {
+                    service,
+                    backend,
+                    client,
+                    all,
+                    dry_run,
+                    json,
+                    bpffs_dir,
+                },
+        } => init_logging(config::LogFormat::Text, 0).and_then(|()| {
+            flush::run(
+                &bpffs_dir,
+                &flush::Selector {
+                    service,
+                    backend,
+                    client,
+                    all,
+                },
+                dry_run,
+                json,
+            )
+        }),
+        Command::Monitor {
+            json,
+            bpffs_dir,
+            reasons,
+            service,
+            count,
+            duration,
+            rate,
+        } => init_logging(config::LogFormat::Text, 0).and_then(|()| {
+            let duration = duration
+                .map(|d| {
+                    Duration::try_from_secs_f64(d)
+                        .map_err(|e| anyhow::anyhow!("--duration {d}: {e}"))
+                })
+                .transpose()?;
+            monitor::run(
+                &bpffs_dir,
+                &monitor::Options {
+                    json,
+                    reasons,
+                    service,
+                    count,
+                    duration,
+                    rate,
+                },
             )
         }),
         Command::Cleanup { bpffs_dir } => {

@@ -1,0 +1,425 @@
+//! Day-2 tools against a real `lbproxy run` in the lab (issue 13): `lbproxy monitor` streams
+//! drops and rejects with reason, 5-tuple, interface and service, only while it listens and
+//! no faster than its rate cap; `lbproxy flows flush` removes exactly the flows selected,
+//! both halves, and leaves the others serving.
+
+mod common;
+
+use std::io::{BufRead as _, BufReader};
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use lbproxy_tests::lab::{Backend, Lab, Lbproxy, Pod, Shape, lbproxy_bin, ns_run, vip, wait_for};
+use serde_json::Value;
+
+/// A service with no endpoints: TCP to it is answered with a RST, UDP with ICMP.
+fn empty_vip() -> Ipv4Addr {
+    vip(20)
+}
+
+/// The client's second address, outside the pods' networks: the node does not route it back
+/// out of the client's interface, so packets from it to a service are `spoofed_source`.
+const SPOOFED: Ipv4Addr = Ipv4Addr::new(198, 18, 9, 201);
+
+/// A lab with `client` and `other`, backends `b1` and `b2` behind `default/web`, and `default/empty`
+/// with no endpoints; lbproxy healthy.
+fn lab_with_empty() -> (Lab, Pod, Vec<Pod>, Vec<Backend>, Lbproxy) {
+    let lab = Lab::new(Shape::Routed);
+    let client = lab.add_pod("client");
+    // A second client, for the flush test.
+    lab.add_pod("other");
+    let (pods, servers) = serving_pods(&lab, &["b1", "b2"]);
+    let refs: Vec<&Pod> = pods.iter().collect();
+    lab.write_manifest(&merge([
+        web_objects("web", WEB_VIP, ready(&refs)),
+        web_objects("empty", empty_vip(), vec![]),
+    ]));
+    let mut lb = lab.start_lbproxy();
+    lb.expect_healthy(HEALTHY_WITHIN);
+    (lab, client, pods, servers, lb)
+}
+
+/// A running `lbproxy monitor --json ARGS`: its stdout lines arrive on a channel.
+struct Monitor {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Monitor {
+    /// Starts it in the node namespace and waits until it says it listens.
+    fn start(lab: &Lab, args: &[&str]) -> Monitor {
+        let dir = lab.bpffs_dir().display().to_string();
+        let bin = lbproxy_bin();
+        let mut child = lab
+            .node_command(bin.to_str().unwrap())
+            .args(["monitor", "--json", "--bpffs-dir", &dir])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn lbproxy monitor");
+        let (tx, lines) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut banner = String::new();
+        stderr.read_line(&mut banner).expect("monitor stderr");
+        assert!(
+            banner.contains("listening for drops and rejects"),
+            "lbproxy monitor did not start listening: {banner:?} (exit {:?})",
+            child.try_wait()
+        );
+        std::thread::spawn(move || {
+            // Keep draining stderr so the monitor never blocks on it.
+            for l in stderr.lines().map_while(Result::ok) {
+                eprintln!("monitor: {l}");
+            }
+        });
+        Monitor { child, lines }
+    }
+
+    /// The events printed until `n` arrived or `within` passed, parsed.
+    fn events(&self, n: usize, within: Duration) -> Vec<Value> {
+        let deadline = Instant::now() + within;
+        let mut out = Vec::new();
+        while out.len() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => out.push(
+                    serde_json::from_str(&l)
+                        .unwrap_or_else(|e| panic!("monitor line is not JSON ({e}): {l}")),
+                ),
+                Err(_) => break,
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A UDP datagram to the web service's UDP port from the spoofed address.
+fn send_spoofed(client: &Pod, n: usize) {
+    client.run(|| {
+        let s = UdpSocket::bind(SocketAddrV4::new(SPOOFED, 21011)).expect("bind spoofed");
+        for _ in 0..n {
+            s.send_to(b"x", SocketAddrV4::new(WEB_VIP, WEB_UDP))
+                .expect("send spoofed");
+        }
+    });
+}
+
+/// A UDP request from `port` to the empty service, on a connected socket (which is what
+/// reports the ICMP port unreachable as ECONNREFUSED).
+fn udp_rejected(client: &Pod, port: Option<u16>) {
+    let r = client.run(|| -> std::io::Result<()> {
+        let u = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port.unwrap_or(0)))?;
+        u.connect((empty_vip(), WEB_UDP))?;
+        u.set_read_timeout(Some(Duration::from_secs(3)))?;
+        u.send(b"hello\n")?;
+        let mut buf = [0u8; 64];
+        u.recv(&mut buf).map(|_| ())
+    });
+    assert!(
+        matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused),
+        "UDP to the empty service must be refused (ICMP port unreachable): {r:?}"
+    );
+}
+
+/// Rejects and a drop, each with its reason, tuple, hook, interface and service; nothing
+/// from before the monitor listened; and nothing after it stopped (its lease ran out).
+#[test]
+fn monitor_streams_drops_and_rejects_only_while_listening() {
+    let (lab, client, _pods, _servers, _lb) = lab_with_empty();
+    ns_run(
+        &client.netns,
+        &["ip", "addr", "add", &format!("{SPOOFED}/32"), "dev", "eth0"],
+    )
+    .expect("add the spoofed address");
+
+    // Nobody listens: this reject must never show up.
+    udp_rejected(&client, Some(40_001));
+
+    let mon = Monitor::start(&lab, &["--count", "3", "--duration", "20"]);
+    let tcp = client.tcp_request(empty_vip(), WEB_TCP, T);
+    assert!(
+        matches!(&tcp, Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused),
+        "TCP to the empty service must be refused: {tcp:?}"
+    );
+    udp_rejected(&client, Some(40_002));
+    send_spoofed(&client, 1);
+    let events = mon.events(3, Duration::from_secs(10));
+    eprintln!("events: {events:#?}");
+    assert_eq!(events.len(), 3, "three events expected: {events:?}");
+    for e in &events {
+        assert_ne!(
+            e["src"],
+            format!("{}:40001", client.ip),
+            "the reject from before the monitor listened was sent: {e}"
+        );
+        assert_eq!(e["hook"], "from_pod", "{e}");
+        let ifname = e["interface"].as_str().unwrap();
+        assert!(
+            ifname.starts_with(lab.if_prefix()),
+            "interface {ifname}: {e}"
+        );
+    }
+    let by_reason = |r: &str| {
+        events
+            .iter()
+            .find(|e| e["reason"] == r)
+            .unwrap_or_else(|| panic!("no {r} event among {events:#?}"))
+    };
+    let tcp_ev = by_reason("no_backend_tcp_reset");
+    assert_eq!(tcp_ev["verdict"], "reject");
+    assert_eq!(tcp_ev["protocol"], "TCP");
+    assert_eq!(tcp_ev["dst"], format!("{}:{WEB_TCP}", empty_vip()));
+    assert!(
+        tcp_ev["src"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{}:", client.ip))
+    );
+    assert_eq!(tcp_ev["service"], "default/empty:http");
+    let udp_ev = by_reason("no_backend_icmp_unreachable");
+    assert_eq!(udp_ev["verdict"], "reject");
+    assert_eq!(udp_ev["protocol"], "UDP");
+    assert_eq!(udp_ev["src"], format!("{}:40002", client.ip));
+    assert_eq!(udp_ev["dst"], format!("{}:{WEB_UDP}", empty_vip()));
+    assert_eq!(udp_ev["service"], "default/empty:dns");
+    let spoofed = by_reason("spoofed_source");
+    assert_eq!(spoofed["verdict"], "drop");
+    assert_eq!(spoofed["src"], format!("{SPOOFED}:21011"));
+    assert_eq!(spoofed["dst"], format!("{WEB_VIP}:{WEB_UDP}"));
+    assert_eq!(spoofed["service"], "default/web:dns");
+    drop(mon);
+
+    // The stopped monitor's lease runs out; a reject after that is not sent, so a new
+    // monitor sees only what happens once it listens.
+    std::thread::sleep(Duration::from_millis(3_500));
+    udp_rejected(&client, Some(40_003));
+    let mon = Monitor::start(&lab, &["--duration", "20"]);
+    udp_rejected(&client, Some(40_004));
+    let events = mon.events(1, Duration::from_secs(5));
+    assert_eq!(
+        events.len(),
+        1,
+        "the reject after the monitor started: {events:?}"
+    );
+    assert_eq!(
+        events[0]["src"],
+        format!("{}:40004", client.ip),
+        "the first event must be the one sent while listening, not the one after the lease ran out: {events:?}"
+    );
+}
+
+/// With `--rate 2`, a burst of 60 rejects gives at most 2 events per CPU per second, each
+/// counted in full by the drop counters; the rest are reported as suppressed.
+#[test]
+fn monitor_rate_cap_holds_under_a_burst() {
+    let (lab, client, _pods, _servers, _lb) = lab_with_empty();
+    let before = lab.inspect_json("drops")["no_backend_icmp_unreachable"]
+        .as_u64()
+        .unwrap_or(0);
+    let mon = Monitor::start(&lab, &["--rate", "2", "--duration", "20"]);
+    let burst = Instant::now();
+    client.run(|| {
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        for _ in 0..60 {
+            s.send_to(b"x", SocketAddrV4::new(empty_vip(), WEB_UDP))
+                .unwrap();
+        }
+    });
+    let sent_in = burst.elapsed();
+    let events = mon.events(1000, Duration::from_millis(1500));
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    eprintln!(
+        "burst of 60 in {sent_in:?}: {} events on {cpus} CPUs",
+        events.len()
+    );
+    assert!(!events.is_empty(), "the burst gave no event at all");
+    // One window per CPU, and at most one more if the burst straddled a window's end.
+    assert!(
+        events.len() <= 2 * 2 * cpus,
+        "rate cap 2/CPU/s let {} events through: {events:#?}",
+        events.len()
+    );
+    let after = wait_for(Duration::from_secs(5), Duration::from_millis(200), || {
+        let n = lab.inspect_json("drops")["no_backend_icmp_unreachable"]
+            .as_u64()
+            .unwrap_or(0);
+        (n >= before + 60).then_some(n)
+    });
+    assert!(after.is_ok(), "the drop counter must count all 60 rejects");
+    // The next event of a capped CPU reports what was left out before it.
+    std::thread::sleep(Duration::from_millis(1100));
+    client.run(|| {
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        for _ in 0..cpus * 4 {
+            s.send_to(b"x", SocketAddrV4::new(empty_vip(), WEB_UDP))
+                .unwrap();
+        }
+    });
+    let later = mon.events(cpus * 2, Duration::from_secs(3));
+    let suppressed: u64 = later.iter().filter_map(|e| e["suppressed"].as_u64()).sum();
+    assert!(
+        suppressed > 0,
+        "events after the capped second must report the suppressed ones: {later:#?}"
+    );
+}
+
+/// `flows flush` JSON output, parsed; panics with the output when it fails.
+fn flush(lab: &Lab, args: &[&str]) -> Value {
+    let dir = lab.bpffs_dir().display().to_string();
+    let mut argv = vec!["flows", "flush", "--json", "--bpffs-dir", &dir];
+    argv.extend_from_slice(args);
+    let out = lab.lbproxy_cmd(&argv);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "lbproxy {argv:?} failed: {}{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad JSON ({e}): {text}"))
+}
+
+/// `flows flush` with bad input: the error names the flag and the value.
+fn flush_fails(lab: &Lab, args: &[&str], expect: &str) {
+    let dir = lab.bpffs_dir().display().to_string();
+    let mut argv = vec!["flows", "flush", "--bpffs-dir", &dir];
+    argv.extend_from_slice(args);
+    let out = lab.lbproxy_cmd(&argv);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "lbproxy {argv:?} must fail");
+    assert!(
+        err.contains(expect),
+        "lbproxy {argv:?}: error {err:?} lacks {expect:?}"
+    );
+}
+
+/// Flow-table entries whose key or value holds `addr` (both halves of its flows).
+fn entries_with(lab: &Lab, addr: Ipv4Addr) -> usize {
+    let octets: Vec<Value> = addr.octets().iter().map(|o| Value::from(*o)).collect();
+    lab.map_dump("LB_FLOWS_V3")
+        .iter()
+        .filter(|e| {
+            e["key"]["src_addr"].as_array() == Some(&octets)
+                || e["key"]["dst_addr"].as_array() == Some(&octets)
+        })
+        .count()
+}
+
+#[test]
+fn flows_flush_removes_the_selected_flows_both_halves() {
+    let (lab, client, pods, _servers, _lb) = lab_with_empty();
+    let other = lab.pod("other");
+    // Each client: a held TCP connection and a UDP flow.
+    let mut c_tcp = client.connect(WEB_VIP, WEB_TCP, T).expect("client TCP");
+    let mut o_tcp = other.connect(WEB_VIP, WEB_TCP, T).expect("other TCP");
+    let o_backend = o_tcp.request().expect("other's first request").backend;
+    c_tcp.request().expect("client's first request");
+    client
+        .udp_request(WEB_VIP, WEB_UDP, T, Some(41_000))
+        .expect("client UDP");
+    other
+        .udp_request(WEB_VIP, WEB_UDP, T, Some(41_001))
+        .expect("other UDP");
+    // Forward key from the client, reply key to it: two per flow.
+    assert_eq!(
+        entries_with(&lab, client.ip),
+        4,
+        "client's 2 flows, both halves"
+    );
+    assert_eq!(
+        entries_with(&lab, other.ip),
+        4,
+        "other's 2 flows, both halves"
+    );
+
+    flush_fails(&lab, &[], "--all");
+    flush_fails(&lab, &["--backend", "web-1"], "--backend web-1");
+    flush_fails(&lab, &["--client", "nope"], "--client nope");
+    flush_fails(
+        &lab,
+        &["--service", "default/nope"],
+        "--service default/nope",
+    );
+
+    let client_ip = client.ip.to_string();
+    let dry = flush(&lab, &["--client", &client_ip, "--dry-run"]);
+    assert_eq!(dry["flushed"], 2, "{dry:#}");
+    assert_eq!(dry["dry_run"], true);
+    assert_eq!(
+        entries_with(&lab, client.ip),
+        4,
+        "--dry-run removed something"
+    );
+
+    let done = flush(&lab, &["--client", &client_ip]);
+    assert_eq!(done["flushed"], 2, "{done:#}");
+    assert_eq!(done["entries"], 4, "{done:#}");
+    let flows = done["flows"].as_array().unwrap();
+    assert!(
+        flows.iter().all(|f| f["client"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{client_ip}:"))),
+        "{done:#}"
+    );
+    assert_eq!(
+        entries_with(&lab, client.ip),
+        0,
+        "client's halves left behind"
+    );
+    assert_eq!(
+        entries_with(&lab, other.ip),
+        4,
+        "other's flows were touched"
+    );
+    // The other client's connection is untouched: same backend, no reset.
+    assert_eq!(
+        o_tcp
+            .request()
+            .expect("other's connection after the flush")
+            .backend,
+        o_backend
+    );
+
+    // By service and port: only the other client's UDP flow.
+    let done = flush(&lab, &["--service", "default/web:dns"]);
+    assert_eq!(done["flushed"], 1, "{done:#}");
+    assert_eq!(done["flows"][0]["client"], format!("{}:41001", other.ip));
+    assert_eq!(entries_with(&lab, other.ip), 2);
+
+    // By backend: the other client's TCP flow is on `o_backend`.
+    let b = pods.iter().find(|p| p.name == o_backend).unwrap();
+    let done = flush(&lab, &["--backend", &format!("{}:{BACKEND_TCP}", b.ip)]);
+    assert_eq!(done["flushed"], 1, "{done:#}");
+    assert_eq!(
+        done["flows"][0]["backend"],
+        format!("{}:{BACKEND_TCP}", b.ip)
+    );
+    assert_eq!(entries_with(&lab, other.ip), 0);
+
+    // Everything, after new traffic.
+    client
+        .udp_request(WEB_VIP, WEB_UDP, T, Some(41_002))
+        .expect("client UDP again");
+    let done = flush(&lab, &["--all"]);
+    assert!(done["flushed"].as_u64().unwrap() >= 1, "{done:#}");
+    assert!(lab.map_dump("LB_FLOWS_V3").is_empty(), "--all left entries");
+}
