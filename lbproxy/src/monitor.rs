@@ -294,11 +294,14 @@ fn service_of(maps: &PinnedMaps, ev: &MonitorEvent) -> String {
         proto: ev.proto,
         scope: SCOPE_DEFAULT,
     };
-    let svc_id = maps
-        .services
-        .get(&frontend, 0)
-        .ok()
-        .map(|v| v.svc_id)
+    // A NodePort's frontend is keyed by port alone (address 0.0.0.0).
+    let nodeport = ServiceKey {
+        addr: [0; 4],
+        ..frontend
+    };
+    let svc_id = [frontend, nodeport]
+        .iter()
+        .find_map(|k| maps.services.get(k, 0).ok().map(|v| v.svc_id))
         .or_else(|| {
             [FLOW_DIR_FORWARD, FLOW_DIR_REPLY].iter().find_map(|&dir| {
                 let key = FlowKey {
