@@ -466,10 +466,12 @@ pub fn open_pinned<T: TryFrom<Map, Error = MapError>>(
     T::try_from(wrap(data)).map_err(|source| BpfError::Map { name, path, source })
 }
 
-/// The capacity of each pinned map, by name (for the capacity metric and the collector).
+/// The capacity of each pinned map, by name (for the capacity metric and the collector). A
+/// ring buffer has no entries (its size is in bytes), so it is left out.
 pub fn capacities(dir: &Path) -> Vec<(&'static str, i64)> {
     lbproxy_common::MAPS
         .iter()
+        .filter(|spec| spec.kind != lbproxy_common::MapKind::RingBuf)
         .filter_map(|spec| {
             let info = MapData::from_pin(dir.join(spec.name))
                 .and_then(|d| d.info())
