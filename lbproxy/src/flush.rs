@@ -245,7 +245,9 @@ pub fn run(dir: &Path, sel: &Selector, dry_run: bool, json: bool) -> anyhow::Res
     Ok(())
 }
 
-fn service_matches(want: &str, label: &str) -> bool {
+/// Whether service label `label` (`namespace/name:port-name`) is `want`: the same label, or
+/// `namespace/name` of any port.
+pub fn service_matches(want: &str, label: &str) -> bool {
     label == want || label.split_once(':').is_some_and(|(svc, _)| svc == want)
 }
 

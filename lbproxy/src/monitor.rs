@@ -147,13 +147,10 @@ pub fn run(dir: &Path, opts: &Options) -> anyhow::Result<()> {
 
 fn wanted(opts: &Options, row: &EventRow) -> bool {
     (opts.reasons.is_empty() || opts.reasons.contains(&row.reason))
-        && opts.service.as_deref().is_none_or(|want| {
-            row.service == want
-                || row
-                    .service
-                    .split_once(':')
-                    .is_some_and(|(svc, _)| svc == want)
-        })
+        && opts
+            .service
+            .as_deref()
+            .is_none_or(|want| crate::flush::service_matches(want, &row.service))
 }
 
 /// Waits until the ring buffer has data, or `timeout`.
