@@ -5,14 +5,19 @@
 //! - k8s-openapi ignores unknown fields, so each typed object is serialized back and compared
 //!   with the document: a field lost in the round trip is a typo, a field the round trip adds
 //!   is a missing required field. Either fails, naming the file, the document and the path.
+//! - A directory with a `kustomization.yaml` (the base `deploy/kubernetes`, the overlay
+//!   `deploy/subset`) is checked as `kubectl kustomize` renders it, with the same checks.
 //! - The lbproxy DaemonSet keeps its invariants (host network, no privileged container, exactly
-//!   its capabilities, critical priority, probes, resources, the bpffs mount, ...), and the
-//!   ServiceAccount, RBAC and ConfigMap it names exist and fit it.
-//! - The ConfigMap's `config.yaml` is a KubeProxyConfiguration. With `LBPROXY_BIN` set, the
-//!   binary validates it too (`run --config FILE --validate-only`).
+//!   its capabilities, critical priority, probes, resources, only lbproxy's bpffs directory
+//!   mounted, Linux nodes only, a pinned image, a ConfigMap whose name carries its content's
+//!   hash, ...), and the ServiceAccount, RBAC and ConfigMap it names exist and fit it.
+//! - The ConfigMap's `config.conf` is a KubeProxyConfiguration, then an
+//!   LbproxyConfiguration. With `LBPROXY_BIN` set, the binary validates it too
+//!   (`run --config FILE --validate-only`).
 //! - `deploy/Dockerfile` installs what `cargo xtask setup` installs for building.
 //!
-//! Needs no root, no cluster and no lbproxy binary.
+//! Needs no root, no cluster and no lbproxy binary; it needs the kubectl that `cargo xtask
+//! setup` installs (for kustomize), and fails saying so when it is missing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -32,8 +37,13 @@ use serde_json::Value;
 const NAMESPACE: &str = "kube-system";
 const DAEMONSET: &str = "lbproxy";
 const CONTAINER: &str = "lbproxy";
-const CAPABILITIES: [&str; 4] = ["BPF", "NET_ADMIN", "PERFMON", "SYS_RESOURCE"];
-const BPFFS: &str = "/sys/fs/bpf";
+/// No `SYS_RESOURCE`: lbproxy needs tcx (Linux 6.6+), and since 5.11 BPF memory is charged
+/// to the memory cgroup, not RLIMIT_MEMLOCK.
+const CAPABILITIES: [&str; 3] = ["BPF", "NET_ADMIN", "PERFMON"];
+/// lbproxy's own directory of the host's bpffs: the only part of it the DaemonSet mounts.
+const BPFFS_DIR: &str = "/sys/fs/bpf/lbproxy";
+/// The config file's name, as in kube-proxy's ConfigMap.
+const CONFIG_KEY: &str = "config.conf";
 const HEALTHZ_PORT: i32 = 10256;
 
 fn repo_root() -> PathBuf {
@@ -70,17 +80,14 @@ impl Doc {
     }
 }
 
-/// Deserializes document `index` of `text` as `T` straight from YAML (so errors carry a line
-/// and column) and serializes it back to JSON.
-fn round_trip<T: DeserializeOwned + Serialize>(text: &str, index: usize) -> Result<Value, String> {
-    let de = serde_yaml::Deserializer::from_str(text)
-        .nth(index)
-        .ok_or_else(|| format!("document {} vanished on the second read", index + 1))?;
-    let typed = T::deserialize(de).map_err(|e| e.to_string())?;
+/// Deserializes a document (already read from YAML, duplicate keys refused) as `T` and
+/// serializes it back to JSON.
+fn round_trip<T: DeserializeOwned + Serialize>(doc: &Value) -> Result<Value, String> {
+    let typed: T = serde_json::from_value(doc.clone()).map_err(|e| e.to_string())?;
     serde_json::to_value(&typed).map_err(|e| e.to_string())
 }
 
-type RoundTrip = fn(&str, usize) -> Result<Value, String>;
+type RoundTrip = fn(&Value) -> Result<Value, String>;
 
 /// The kinds `deploy/` may hold. Anything else fails: add it here with its typed parse.
 fn round_trip_for(api_version: &str, kind: &str) -> Option<RoundTrip> {
@@ -153,29 +160,19 @@ fn diff(original: &Value, typed: &Value, path: &str, out: &mut Vec<String>) {
 /// a message for every problem.
 fn parse_file(rel: &str, text: &str) -> (Vec<Doc>, Vec<String>) {
     let (mut docs, mut problems) = (Vec::new(), Vec::new());
-    for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
+    // serde-saphyr refuses duplicate keys, which a JSON map would silently collapse.
+    let values: Vec<Value> = match serde_saphyr::from_multiple(text) {
+        Ok(v) => v,
+        Err(e) => {
+            problems.push(format!("{rel}: not valid YAML: {e}"));
+            return (docs, problems);
+        }
+    };
+    for (i, original) in values.into_iter().enumerate() {
         let n = i + 1;
-        // Through serde_yaml::Value first: it rejects duplicate keys, which a JSON map would
-        // silently collapse.
-        let yaml = match serde_yaml::Value::deserialize(de) {
-            Ok(v) => v,
-            Err(e) => {
-                problems.push(format!("{rel}: document {n}: not valid YAML: {e}"));
-                break;
-            }
-        };
-        if yaml.is_null() {
+        if original.is_null() {
             continue; // comments only
         }
-        let original = match serde_json::to_value(&yaml) {
-            Ok(v) => v,
-            Err(e) => {
-                problems.push(format!(
-                    "{rel}: document {n}: not a JSON-like document: {e}"
-                ));
-                continue;
-            }
-        };
         let (Some(api_version), Some(kind)) =
             (original["apiVersion"].as_str(), original["kind"].as_str())
         else {
@@ -199,7 +196,7 @@ fn parse_file(rel: &str, text: &str) -> (Vec<Doc>, Vec<String>) {
             ));
             continue;
         };
-        match parse(text, i) {
+        match parse(&original) {
             Err(e) => problems.push(format!("{}: does not parse as {kind}: {e}", doc.at)),
             Ok(typed) => {
                 let mut diffs = Vec::new();
@@ -215,7 +212,13 @@ fn parse_file(rel: &str, text: &str) -> (Vec<Doc>, Vec<String>) {
     (docs, problems)
 }
 
+/// Plain manifest files under `dir`: YAML files, except those of a kustomization (checked
+/// as kustomize renders them, [`kustomizations`]) and Prometheus rule files (not Kubernetes
+/// objects; see [`PROMETHEUS_RULES`]).
 fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    if dir.join("kustomization.yaml").exists() || dir.ends_with("prometheus") {
+        return;
+    }
     let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     for entry in entries {
         let path = entry.expect("readdir").path();
@@ -230,22 +233,87 @@ fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Every document under `deploy/`; panics listing every problem in every file.
-fn deploy_docs() -> Vec<Doc> {
+/// Every directory under `deploy/` holding a `kustomization.yaml`, repo-relative and sorted.
+fn kustomizations() -> Vec<String> {
+    fn walk(dir: &Path, root: &Path, out: &mut Vec<String>) {
+        if dir.join("kustomization.yaml").exists() {
+            out.push(dir.strip_prefix(root).unwrap().display().to_string());
+        }
+        for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.expect("readdir").path();
+            if path.is_dir() {
+                walk(&path, root, out);
+            }
+        }
+    }
+    let root = repo_root();
+    let mut out = Vec::new();
+    walk(&root.join("deploy"), &root, &mut out);
+    out.sort();
+    out
+}
+
+/// The kubectl `cargo xtask setup` installs (`LBPROXY_KUBECTL`, which `cargo xtask test`
+/// sets, else the default target directory's). Panics when it is missing: rendering the
+/// kustomizations is part of the check.
+fn kubectl() -> PathBuf {
+    let bin = std::env::var_os("LBPROXY_KUBECTL").map_or_else(
+        || repo_root().join("target/tools/kubectl/bin/kubectl"),
+        PathBuf::from,
+    );
+    assert!(
+        bin.exists(),
+        "kubectl not found at {} (set LBPROXY_KUBECTL, or run `cargo xtask setup`, which installs it there)",
+        bin.display()
+    );
+    bin
+}
+
+/// `kubectl kustomize DIR` (repo-relative), as text; panics with kubectl's error.
+fn render(dir: &str) -> String {
+    let out = Command::new(kubectl())
+        .arg("kustomize")
+        .arg(repo_root().join(dir))
+        .output()
+        .unwrap_or_else(|e| panic!("running kubectl kustomize {dir}: {e}"));
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {dir} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
+/// The base every other kustomization builds on; its objects are lbproxy's deployment.
+const BASE: &str = "deploy/kubernetes";
+
+/// Every document of the plain files under `deploy/`, and those kustomize renders from
+/// `kustomization` (the base, or one overlay); panics listing every problem in every file.
+fn docs_with(kustomization: &str) -> Vec<Doc> {
     let root = repo_root();
     let mut files = Vec::new();
     yaml_files(&root.join("deploy"), &mut files);
     files.sort();
     assert!(!files.is_empty(), "no YAML files under deploy/");
+    let mut sources: Vec<(String, String)> = files
+        .iter()
+        .map(|file| {
+            let rel = file
+                .strip_prefix(&root)
+                .unwrap_or(file)
+                .display()
+                .to_string();
+            let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{rel}: {e}"));
+            (rel, text)
+        })
+        .collect();
+    sources.push((
+        format!("{kustomization} (kubectl kustomize)"),
+        render(kustomization),
+    ));
     let (mut docs, mut problems) = (Vec::new(), Vec::new());
-    for file in &files {
-        let rel = file
-            .strip_prefix(&root)
-            .unwrap_or(file)
-            .display()
-            .to_string();
-        let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{rel}: {e}"));
-        let (d, p) = parse_file(&rel, &text);
+    for (rel, text) in &sources {
+        let (d, p) = parse_file(rel, text);
         if d.is_empty() && p.is_empty() {
             problems.push(format!("{rel}: no documents"));
         }
@@ -259,6 +327,11 @@ fn deploy_docs() -> Vec<Doc> {
         problems.join("\n  ")
     );
     docs
+}
+
+/// [`docs_with`] the base.
+fn deploy_docs() -> Vec<Doc> {
+    docs_with(BASE)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -304,30 +377,16 @@ struct KindNode {
     image: Option<String>,
 }
 
-/// lbproxy's configuration file, as agreed for `lbproxy run --config` (the binary is the
-/// authority: with `LBPROXY_BIN` set it validates the file itself). Unknown fields fail here
-/// too, by name, so a typo in the ConfigMap is caught without the binary. Keep in step with
-/// the controller's config.
+/// The second document of lbproxy's config file, LbproxyConfiguration, as agreed for
+/// `lbproxy run --config` (the binary is the authority: with `LBPROXY_BIN` set it validates
+/// the whole file itself). Unknown fields fail here too, by name, so a typo in the
+/// ConfigMap is caught without the binary. Keep in step with the controller's config.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 #[expect(dead_code, reason = "the fields exist to be checked by name and type")]
 struct LbproxyConfig {
     api_version: String,
     kind: String,
-    #[serde(default)]
-    client_connection: Option<ClientConnection>,
-    #[serde(default)]
-    hostname_override: Option<String>,
-    #[serde(default)]
-    healthz_bind_address: Option<String>,
-    #[serde(default)]
-    metrics_bind_address: Option<String>,
-    #[serde(default)]
-    sync_period: Option<String>,
-    #[serde(default)]
-    min_sync_period: Option<String>,
-    #[serde(default)]
-    mode: Option<String>,
     #[serde(default)]
     pod_interfaces: Option<Vec<String>>,
     #[serde(default)]
@@ -342,14 +401,10 @@ struct LbproxyConfig {
     stack_bypass: Option<bool>,
     #[serde(default)]
     manifests: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-#[expect(dead_code, reason = "the field exists to be checked by name and type")]
-struct ClientConnection {
     #[serde(default)]
-    kubeconfig: Option<String>,
+    snat_port_range: Option<String>,
+    #[serde(default)]
+    tcp_syn_sent_timeout: Option<String>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -580,22 +635,64 @@ fn lbproxy_daemonset_problems(docs: &[Doc]) -> Vec<String> {
         "no memory limit".into(),
     );
 
-    // The host's bpffs, at the same path.
+    // Only lbproxy's directory of the host's bpffs, at the same path.
     let bpffs_volume = spec.volumes.iter().flatten().find(|v| {
         v.host_path
             .as_ref()
-            .is_some_and(|h| h.path == BPFFS && h.type_.as_deref() == Some("DirectoryOrCreate"))
+            .is_some_and(|h| h.path == BPFFS_DIR && h.type_.as_deref() == Some("DirectoryOrCreate"))
     });
     let bpffs_mounted = bpffs_volume.is_some_and(|v| {
         c.volume_mounts
             .iter()
             .flatten()
-            .any(|m| m.name == v.name && m.mount_path == BPFFS && m.read_only != Some(true))
+            .any(|m| m.name == v.name && m.mount_path == BPFFS_DIR && m.read_only != Some(true))
     });
     check(
         bpffs_mounted,
         format!(
-            "the host's {BPFFS} (hostPath, DirectoryOrCreate) is not mounted read-write at {BPFFS}"
+            "the host's {BPFFS_DIR} (hostPath, DirectoryOrCreate) is not mounted read-write at {BPFFS_DIR}"
+        ),
+    );
+    check(
+        !spec.volumes.iter().flatten().any(|v| {
+            v.host_path
+                .as_ref()
+                .is_some_and(|h| h.path.trim_end_matches('/') == "/sys/fs/bpf")
+        }),
+        "the whole of the host's /sys/fs/bpf is mounted; mount only lbproxy's directory".into(),
+    );
+    let os = spec
+        .node_selector
+        .as_ref()
+        .and_then(|n| n.get("kubernetes.io/os"))
+        .cloned();
+    check(
+        os.as_deref() == Some("linux"),
+        format!("nodeSelector kubernetes.io/os is {os:?}, want linux"),
+    );
+    let image = c.image.clone().unwrap_or_default();
+    let tag = image
+        .rsplit_once('/')
+        .map_or(image.as_str(), |(_, last)| last)
+        .split_once(':')
+        .map(|(_, t)| t);
+    check(
+        image.contains('@') || tag.is_some_and(|t| t != "latest"),
+        format!("image {image:?} is not pinned (a tag other than latest, or a digest)"),
+    );
+    // kustomize's configMapGenerator: the ConfigMap's name carries a hash of its content,
+    // so a changed config rolls the pods.
+    let cm = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find_map(|v| v.config_map.as_ref().map(|c| c.name.clone()))
+        .unwrap_or_default();
+    check(
+        cm.strip_prefix("lbproxy-config-")
+            .is_some_and(|h| !h.is_empty()),
+        format!(
+            "the config volume's ConfigMap is {cm:?}, not lbproxy-config-<content hash>: a config change would not roll the pods"
         ),
     );
 
@@ -674,7 +771,7 @@ fn config_source(ds: &DaemonSet) -> Result<(String, String), String> {
     Err(format!("--config {path} is on no volume mount"))
 }
 
-/// Problems with the ConfigMap's config.yaml, and its text.
+/// Problems with the ConfigMap's config.conf, and its text.
 fn config_problems(docs: &[Doc]) -> (Vec<String>, String) {
     let ds_doc = find(docs, "DaemonSet", DAEMONSET);
     let ds: DaemonSet = ds_doc.typed();
@@ -689,50 +786,62 @@ fn config_problems(docs: &[Doc]) -> (Vec<String>, String) {
             ds_doc.namespace()
         ));
     }
+    if key != CONFIG_KEY {
+        p.push(format!(
+            "{at}: the DaemonSet reads --config from key {key:?}; kube-proxy's ConfigMap calls it {CONFIG_KEY:?}"
+        ));
+    }
     let Some(text) = cm.data.unwrap_or_default().remove(&key) else {
         p.push(format!(
             "{at}: no such key (the DaemonSet reads --config from it)"
         ));
         return (p, String::new());
     };
-    let value: serde_yaml::Value = match serde_yaml::from_str(&text) {
+    let docs: Vec<Value> = match serde_saphyr::from_multiple(&text) {
         Ok(v) => v,
         Err(e) => {
             p.push(format!("{at}: not YAML: {e}"));
             return (p, text);
         }
     };
+    let docs: Vec<Value> = docs.into_iter().filter(|d| !d.is_null()).collect();
+    let null = Value::Null;
+    let value = docs.first().unwrap_or(&null);
     if value["apiVersion"].as_str() != Some("kubeproxy.config.k8s.io/v1alpha1")
         || value["kind"].as_str() != Some("KubeProxyConfiguration")
     {
         p.push(format!(
-            "{at}: apiVersion/kind are {:?}/{:?}, want kubeproxy.config.k8s.io/v1alpha1 KubeProxyConfiguration",
+            "{at}: the first document's apiVersion/kind are {:?}/{:?}, want kubeproxy.config.k8s.io/v1alpha1 KubeProxyConfiguration",
             value["apiVersion"], value["kind"]
         ));
     }
-    if let Err(e) = serde_yaml::from_str::<LbproxyConfig>(&text) {
-        p.push(format!("{at}: {e}"));
+    // lbproxy's own settings: the second document, whose unknown fields fail by name.
+    let own = docs.get(1).unwrap_or(&null);
+    if !own.is_null() {
+        if let Err(e) = serde_json::from_value::<LbproxyConfig>(own.clone()) {
+            p.push(format!("{at}: LbproxyConfiguration: {e}"));
+        }
+    }
+    if docs.len() > 2 {
+        p.push(format!("{at}: {} documents; at most two", docs.len()));
     }
     if let Some(mode) = value["mode"]
         .as_str()
-        .filter(|m| !m.is_empty() && *m != "ebpf")
+        .filter(|m| !["", "ebpf", "iptables", "nftables", "ipvs"].contains(m))
     {
-        p.push(format!(
-            "{at}: mode {mode:?}; only \"ebpf\" (or empty) is accepted"
-        ));
+        p.push(format!("{at}: mode {mode:?} is not one kube-proxy knows"));
     }
-    // Fits the DaemonSet: pins under its bpffs mount, health on the probes' port.
-    if let Some(dir) = value["bpffsDir"].as_str()
-        && !dir.starts_with(&format!("{BPFFS}/"))
-    {
+    // Fits the DaemonSet: pins in its bpffs mount, health on the probes' port.
+    let dir = own["bpffsDir"].as_str().unwrap_or("/sys/fs/bpf/lbproxy");
+    if dir != BPFFS_DIR {
         p.push(format!(
-            "{at}: bpffsDir {dir:?} is not under the mounted bpffs {BPFFS}"
+            "{at}: bpffsDir {dir:?} is not the mounted {BPFFS_DIR}"
         ));
     }
     // The socket-level programs need the host's cgroup2 root: inside the container,
     // /sys/fs/cgroup is only the container's own cgroup.
     let c = lbproxy_container(&ds);
-    match value["cgroupRoot"].as_str() {
+    match own["cgroupRoot"].as_str() {
         Some(root) if root.starts_with("/sys/fs/cgroup") => p.push(format!(
             "{at}: cgroupRoot {root:?} is the container's own cgroup, not the host's"
         )),
@@ -752,7 +861,7 @@ fn config_problems(docs: &[Doc]) -> (Vec<String>, String) {
                 ));
             }
         }
-        None if value["socketLb"].as_str() != Some("off") => p.push(format!(
+        None if own["socketLb"].as_str() != Some("off") => p.push(format!(
             "{at}: socket-level load balancing is on but cgroupRoot is not set to the host's cgroup2 mount"
         )),
         None => {}
@@ -864,6 +973,81 @@ fn every_daemonset_is_unprivileged_and_node_level() {
     assert!(p.is_empty(), "{}", p.join("\n"));
 }
 
+/// Each overlay renders, keeps every invariant of the base, and the subset overlay runs
+/// lbproxy only on nodes labelled for it.
+#[test]
+fn overlays_render_and_keep_the_invariants() {
+    let overlays: Vec<String> = kustomizations().into_iter().filter(|k| k != BASE).collect();
+    assert!(
+        overlays.iter().any(|o| o == "deploy/subset"),
+        "no deploy/subset overlay among {overlays:?}"
+    );
+    for overlay in &overlays {
+        let docs = docs_with(overlay);
+        let mut p = lbproxy_daemonset_problems(&docs);
+        p.extend(rbac_problems(&docs));
+        p.extend(config_problems(&docs).0);
+        assert!(p.is_empty(), "{overlay}:\n{}", p.join("\n"));
+        if overlay == "deploy/subset" {
+            let ds: DaemonSet = find(&docs, "DaemonSet", DAEMONSET).typed();
+            let sel = ds
+                .spec
+                .and_then(|s| s.template.spec)
+                .and_then(|s| s.node_selector)
+                .unwrap_or_default();
+            assert_eq!(
+                sel.get("lbproxy.io/enabled").map(String::as_str),
+                Some("true"),
+                "{overlay}: nodeSelector {sel:?}"
+            );
+            assert_eq!(
+                sel.get("kubernetes.io/os").map(String::as_str),
+                Some("linux"),
+                "{overlay}: nodeSelector {sel:?}"
+            );
+        }
+    }
+}
+
+/// A change of config.conf changes the ConfigMap's name, and so the DaemonSet's pod
+/// template: the pods roll.
+#[test]
+fn a_config_change_rolls_the_pods() {
+    let base = repo_root().join(BASE);
+    let copy = std::env::temp_dir().join(format!("lbproxy-kustomize-{}", std::process::id()));
+    std::fs::create_dir_all(&copy).expect("temp dir");
+    for f in ["kustomization.yaml", "lbproxy.yaml", "config.conf"] {
+        std::fs::copy(base.join(f), copy.join(f)).unwrap_or_else(|e| panic!("copy {f}: {e}"));
+    }
+    let name = |dir: &Path| {
+        let out = Command::new(kubectl())
+            .arg("kustomize")
+            .arg(dir)
+            .output()
+            .expect("kubectl kustomize");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (docs, p) = parse_file("rendered", &String::from_utf8_lossy(&out.stdout));
+        assert!(p.is_empty(), "{p:?}");
+        let ds: DaemonSet = find(&docs, "DaemonSet", DAEMONSET).typed();
+        config_source(&ds).expect("config volume").0
+    };
+    let before = name(&copy);
+    let mut conf = std::fs::read_to_string(copy.join("config.conf")).unwrap();
+    conf = conf.replace("stackBypass: false", "stackBypass: true");
+    std::fs::write(copy.join("config.conf"), conf).unwrap();
+    let after = name(&copy);
+    std::fs::remove_dir_all(&copy).ok();
+    assert!(before.starts_with("lbproxy-config-"), "{before}");
+    assert_ne!(
+        before, after,
+        "the ConfigMap's name did not change with its content"
+    );
+}
+
 #[test]
 fn lbproxy_daemonset_invariants() {
     let p = lbproxy_daemonset_problems(&deploy_docs());
@@ -883,13 +1067,13 @@ fn configmap_holds_a_kube_proxy_configuration() {
 
     // The binary is the authority on its own format.
     let Some(bin) = std::env::var_os("LBPROXY_BIN") else {
-        eprintln!("LBPROXY_BIN not set: config.yaml checked against the agreed schema only");
+        eprintln!("LBPROXY_BIN not set: config.conf checked against the agreed schema only");
         return;
     };
     let dir = std::env::temp_dir().join(format!("lbproxy-deploy-manifests-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let file = dir.join("config.yaml");
-    std::fs::write(&file, &text).expect("write config.yaml");
+    let file = dir.join("config.conf");
+    std::fs::write(&file, &text).expect("write config.conf");
     let out = Command::new(&bin)
         .args(["run", "--config"])
         .arg(&file)
@@ -899,7 +1083,7 @@ fn configmap_holds_a_kube_proxy_configuration() {
     let out = out.unwrap_or_else(|e| panic!("running {}: {e}", Path::new(&bin).display()));
     assert!(
         out.status.success(),
-        "`{} run --config <ConfigMap's config.yaml> --validate-only` failed ({}):\n{}{}",
+        "`{} run --config <ConfigMap's config.conf> --validate-only` failed ({}):\n{}{}",
         Path::new(&bin).display(),
         out.status,
         String::from_utf8_lossy(&out.stdout),

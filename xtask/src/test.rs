@@ -201,6 +201,7 @@ pub fn test(tiers: Vec<Tier>, extra: &[String]) -> Result<()> {
             .args(sel_harness)
             .args(&harness)
             .env("LBPROXY_BIN", &bin)
+            .env("LBPROXY_KUBECTL", crate::setup::kubectl_path()?)
             .env_remove("AYA_BUILD_SKIP")
             .stdout(Stdio::piped());
         eprintln!("[test] tier {tier}: LBPROXY_BIN={}", bin.display());
