@@ -91,9 +91,19 @@ pub fn cleanup(dir: &Path) -> Result<Vec<String>, BpfError> {
             removed.push(format!("map {name}"));
         }
     }
-    std::fs::remove_dir(dir).map_err(|source| BpfError::Io {
-        path: dir.to_path_buf(),
-        source,
-    })?;
+    match std::fs::remove_dir(dir) {
+        Ok(()) => {}
+        // The directory is a mount point (the DaemonSet mounts only lbproxy's directory of
+        // the host's bpffs): its pins are gone, the directory stays.
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+            tracing::info!(dir = %dir.display(), "pins removed; the directory is a mount point and stays");
+        }
+        Err(source) => {
+            return Err(BpfError::Io {
+                path: dir.to_path_buf(),
+                source,
+            });
+        }
+    }
     Ok(removed)
 }
