@@ -408,3 +408,130 @@ fn json_logs_configz_write_config_to_and_config_changes() {
     let (_, z2) = get_json(&k, METRICS_ADDR, "/configz");
     assert_eq!(z2, z, "/configz from the written file");
 }
+
+/// Every `metric{label="value"}` selector in a PromQL expression: the metric names lbproxy
+/// or kube-proxy export (by prefix), each with the exact-match labels it is selected by.
+fn selectors(expr: &str) -> Vec<(String, Vec<(String, String)>)> {
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(start) = rest.find(|c: char| is_ident(c)) {
+        let tail = &rest[start..];
+        let end = tail.find(|c: char| !is_ident(c)).unwrap_or(tail.len());
+        let name = &tail[..end];
+        let mut after = &tail[end..];
+        let ours = ["kubeproxy_", "lbproxy_", "rest_client_", "process_"]
+            .iter()
+            .any(|p| name.starts_with(p));
+        let mut labels = Vec::new();
+        if ours && after.starts_with('{') {
+            let close = after.find('}').expect("unclosed {");
+            for m in after[1..close].split(',') {
+                if let Some((k, v)) = m.split_once("=\"")
+                    && !k.ends_with('!')
+                    && !k.ends_with('=')
+                    && !v.starts_with('$')
+                {
+                    labels.push((k.trim().to_string(), v.trim_end_matches('"').to_string()));
+                }
+            }
+            after = &after[close + 1..];
+        }
+        if ours {
+            out.push((name.to_string(), labels));
+        }
+        rest = after;
+    }
+    out
+}
+
+/// The shipped alert rules and Grafana dashboard query only metrics (and exact label
+/// values) a running lbproxy exports, and every rule is complete.
+#[test]
+fn shipped_alerts_and_dashboard_query_exported_metrics() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let rules_text = std::fs::read_to_string(root.join("deploy/prometheus/lbproxy-rules.yaml"))
+        .expect("deploy/prometheus/lbproxy-rules.yaml");
+    let rules: Value = serde_saphyr::from_str(&rules_text).expect("rules file is YAML");
+    let dash: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("deploy/grafana/lbproxy.json"))
+            .expect("deploy/grafana/lbproxy.json"),
+    )
+    .expect("dashboard is JSON");
+    let mut exprs: Vec<(String, String)> = Vec::new();
+    let mut alerts = Vec::new();
+    for g in rules["groups"].as_array().expect("groups") {
+        for r in g["rules"].as_array().expect("rules") {
+            let name = r["alert"]
+                .as_str()
+                .expect("every rule is an alert")
+                .to_string();
+            for key in ["expr", "for"] {
+                assert!(r[key].is_string(), "{name}: no {key}");
+            }
+            assert!(r["labels"]["severity"].is_string(), "{name}: no severity");
+            assert!(
+                r["annotations"]["summary"].is_string(),
+                "{name}: no summary"
+            );
+            exprs.push((name.clone(), r["expr"].as_str().unwrap().to_string()));
+            alerts.push(name);
+        }
+    }
+    for want in [
+        "LbproxySyncOverdue",
+        "LbproxySyncFailing",
+        "LbproxyFlowTablePressure",
+        "LbproxySnatPortsHigh",
+    ] {
+        assert!(
+            alerts.iter().any(|a| a == want),
+            "no alert {want}: {alerts:?}"
+        );
+    }
+    for p in dash["panels"].as_array().expect("panels") {
+        for t in p["targets"].as_array().expect("targets") {
+            exprs.push((
+                format!("panel {:?}", p["title"]),
+                t["expr"].as_str().expect("expr").to_string(),
+            ));
+        }
+    }
+    for v in dash["templating"]["list"].as_array().expect("templating") {
+        if let Some(q) = v["query"].as_str() {
+            exprs.push((format!("variable {}", v["name"]), q.to_string()));
+        }
+    }
+
+    let mut k = Kube::new(Shape::Routed, &["client", "b1"]);
+    k.start_healthy();
+    serve_web(&k);
+    // The datapath counters are read every 2 s.
+    std::thread::sleep(Duration::from_millis(2500));
+    let sc = scrape(&k);
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    for (at, expr) in &exprs {
+        for (name, labels) in selectors(expr) {
+            checked += 1;
+            let found = sc.samples.iter().any(|s| {
+                s.name == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| s.labels.get(k).map(String::as_str) == Some(v.as_str()))
+            });
+            if !found {
+                missing.push(format!("{at}: {name}{labels:?}"));
+            }
+        }
+    }
+    assert!(
+        checked >= 25,
+        "only {checked} selectors found; is the parser broken?"
+    );
+    assert!(
+        missing.is_empty(),
+        "not exported by a running lbproxy:\n  {}",
+        missing.join("\n  ")
+    );
+}
