@@ -756,9 +756,7 @@ fn kube_doc(
 pub fn parse_file(path: &Path, text: &str) -> Result<FileConfig, ConfigError> {
     let origin = path.display().to_string();
     // YAML 1.2 booleans only: `hostnameOverride: n` is the name "n", not false.
-    let mut options = serde_saphyr::Options::default();
-    options.strict_booleans = true;
-    let docs: Vec<Value> = serde_saphyr::from_multiple_with_options(text, options)
+    let docs: Vec<Value> = crate::yaml::documents(text)
         .map_err(|e| err(&origin, "(file)", format!("not valid YAML: {e}")))?;
     let mut out = FileConfig::default();
     let (mut kube_seen, mut own_seen) = (false, false);

@@ -491,7 +491,7 @@ mod tests {
     }
 
     fn add_service(m: &mut Model, name: &str, spec: &str) -> NamespacedName {
-        let k8s = serde_yaml::from_str(&format!(
+        let k8s = crate::yaml::from_str(&format!(
             "metadata: {{name: {name}, namespace: shop}}\nspec: {{clusterIP: 198.19.0.1, ports: [{{name: http, port: 80}}], {spec}}}"
         ))
         .unwrap();
@@ -502,7 +502,7 @@ mod tests {
     }
 
     fn add_slice(m: &mut Model, service: &str, name: &str, family: &str, rest: &str) {
-        let k8s = serde_yaml::from_str(&format!(
+        let k8s = crate::yaml::from_str(&format!(
             "metadata: {{name: {name}, namespace: shop, labels: {{kubernetes.io/service-name: {service}}}}}\naddressType: {family}\n{rest}"
         ))
         .unwrap();

@@ -20,6 +20,7 @@ mod model;
 mod monitor;
 mod program;
 mod source;
+mod yaml;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -52,7 +52,7 @@ fn slice(name: &str, ips: &[&str]) -> SourceEvent {
         "metadata: {{name: {name}-a, namespace: shop, labels: {{kubernetes.io/service-name: {name}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{}]",
         eps.join(", ")
     );
-    let k8s = serde_yaml::from_str(&yaml).unwrap();
+    let k8s = crate::yaml::from_str(&yaml).unwrap();
     let Ok(Normalized::Proxied(s)) = model::slice_from_k8s(&k8s) else {
         panic!("{yaml} did not normalize");
     };
@@ -448,7 +448,7 @@ async fn a_manifest_load_programs_like_a_watch() {
 fn service_yaml(name: &str, labels: &str, spec: &str) -> SourceEvent {
     let yaml =
         format!("metadata: {{name: {name}, namespace: shop, labels: {{{labels}}}}}\nspec: {spec}");
-    let k8s = serde_yaml::from_str(&yaml).unwrap();
+    let k8s = crate::yaml::from_str(&yaml).unwrap();
     let service = match model::service_from_k8s(&k8s) {
         Ok(Normalized::Proxied(s)) => Some(s),
         Ok(Normalized::Skipped(_)) => None,
@@ -578,7 +578,7 @@ fn service_created(name: &str, created: Option<&str>, vip: &str) -> SourceEvent 
     let yaml = format!(
         "metadata: {{name: {name}, namespace: shop{created}}}\nspec: {{clusterIP: {vip}, ports: [{{name: http, port: 80}}]}}"
     );
-    let k8s = serde_yaml::from_str(&yaml).unwrap();
+    let k8s = crate::yaml::from_str(&yaml).unwrap();
     let Ok(Normalized::Proxied(s)) = model::service_from_k8s(&k8s) else {
         panic!("{yaml} did not normalize");
     };

@@ -108,7 +108,7 @@ mod tests {
     use crate::model::{Normalized, service_from_k8s};
 
     fn service(spec: &str) -> Service {
-        let k8s = serde_yaml::from_str(&format!(
+        let k8s = crate::yaml::from_str(&format!(
             "metadata: {{name: a, namespace: n}}\nspec: {{clusterIP: 198.19.0.1, {spec}}}"
         ))
         .unwrap();

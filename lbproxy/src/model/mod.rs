@@ -371,10 +371,10 @@ mod tests {
     use k8s_openapi::api::discovery::v1::EndpointSlice as K8sEndpointSlice;
 
     fn svc(yaml: &str) -> K8sService {
-        serde_yaml::from_str(yaml).unwrap()
+        crate::yaml::from_str(yaml).unwrap()
     }
     fn slice(yaml: &str) -> K8sEndpointSlice {
-        serde_yaml::from_str(yaml).unwrap()
+        crate::yaml::from_str(yaml).unwrap()
     }
 
     fn proxied<T: fmt::Debug>(n: Normalized<T>) -> T {

@@ -332,7 +332,7 @@ mod tests {
     use super::*;
 
     fn parse(yaml: &str) -> Result<Normalized<Service>, InvalidObject> {
-        service_from_k8s(&serde_yaml::from_str(yaml).unwrap())
+        service_from_k8s(&crate::yaml::from_str(yaml).unwrap())
     }
 
     fn proxied(yaml: &str) -> Service {
