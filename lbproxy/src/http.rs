@@ -77,11 +77,8 @@ pub struct BuildLabel {
     pub commit: &'static str,
 }
 
-/// The commit lbproxy was built from (set by the build script), or `unknown`.
-pub const GIT_COMMIT: &str = match option_env!("LBPROXY_GIT_COMMIT") {
-    Some(c) => c,
-    None => "unknown",
-};
+/// The commit lbproxy was built from, or `unknown` (set by the build script).
+pub const GIT_COMMIT: &str = env!("LBPROXY_GIT_COMMIT");
 
 /// kube-proxy's sync histograms' buckets: 1 ms doubling, 15 of them (to about 16 s).
 fn sync_buckets() -> Histogram {

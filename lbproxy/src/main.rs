@@ -39,13 +39,21 @@ use crate::controller::Controller;
 #[derive(Parser)]
 #[command(
     name = "lbproxy",
-    version,
+    version = VERSION,
     about = "eBPF service load balancer for Kubernetes"
 )]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
+
+/// `--version`: the package version and the commit it was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("LBPROXY_GIT_COMMIT"),
+    ")"
+);
 
 #[derive(Subcommand)]
 enum Command {
@@ -95,6 +103,13 @@ enum Command {
         #[arg(long, default_value_t = lbproxy_common::DEFAULT_EVENTS_PER_CPU_PER_SEC)]
         rate: u32,
     },
+    /// Print a shell completion script: `lbproxy completions bash > /etc/bash_completion.d/lbproxy`.
+    Completions { shell: clap_complete::Shell },
+    /// Print the man page (lbproxy.1), or with --dir write one page per command there.
+    Man {
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
     /// Detach every program lbproxy attached in this network namespace and remove its pins.
     Cleanup {
         #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
@@ -128,6 +143,21 @@ enum FlowsAction {
         #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
         bpffs_dir: PathBuf,
     },
+}
+
+/// `lbproxy man`: the page of `lbproxy` on stdout, or every command's page under `dir`
+/// (`lbproxy.1`, `lbproxy-run.1`, `lbproxy-flows-flush.1`, ...).
+fn man(dir: Option<&Path>) -> anyhow::Result<()> {
+    let cmd = <Cli as clap::CommandFactory>::command();
+    match dir {
+        None => clap_mangen::Man::new(cmd).render(&mut std::io::stdout())?,
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            clap_mangen::generate_to(cmd, dir)
+                .with_context(|| format!("writing man pages to {}", dir.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// Flags override the `--config` file; a flag not given takes the file's value, then the
@@ -316,6 +346,16 @@ fn main() -> std::process::ExitCode {
                 },
             )
         }),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "lbproxy",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
+        Command::Man { dir } => man(dir.as_deref()),
         Command::Cleanup { bpffs_dir } => {
             init_logging(config::LogFormat::Text, 0).and_then(|()| cleanup(&bpffs_dir))
         }

@@ -423,3 +423,55 @@ fn flows_flush_removes_the_selected_flows_both_halves() {
     assert!(done["flushed"].as_u64().unwrap() >= 1, "{done:#}");
     assert!(lab.map_dump("LB_FLOWS_V3").is_empty(), "--all left entries");
 }
+
+/// `lbproxy --version` names the commit it was built from; shell completions and the man
+/// pages come from the same command-line definition, so they know every subcommand.
+#[test]
+fn version_completions_and_man_pages() {
+    let bin = lbproxy_bin();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(&bin)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("lbproxy {args:?}: {e}"));
+        assert!(
+            out.status.success(),
+            "lbproxy {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("UTF-8")
+    };
+    let version = run(&["--version"]);
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("git rev-parse");
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
+    assert!(
+        version.starts_with("lbproxy ") && version.contains(&format!("(commit {head})")),
+        "--version {version:?} does not name HEAD {head} (is LBPROXY_BIN built from this tree?)"
+    );
+    for shell in ["bash", "zsh", "fish"] {
+        let script = run(&["completions", shell]);
+        for word in ["inspect", "monitor", "flows", "flush", "bpffs-dir"] {
+            assert!(script.contains(word), "{shell} completion lacks {word}");
+        }
+    }
+    let page = run(&["man"]);
+    assert!(
+        page.contains(".SH NAME") && page.contains("monitor"),
+        "{page}"
+    );
+    let dir = std::env::temp_dir().join(format!("lbproxy-man-{}", std::process::id()));
+    run(&["man", "--dir", dir.to_str().unwrap()]);
+    for p in [
+        "lbproxy.1",
+        "lbproxy-run.1",
+        "lbproxy-flows-flush.1",
+        "lbproxy-monitor.1",
+    ] {
+        assert!(dir.join(p).exists(), "lbproxy man --dir wrote no {p}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
