@@ -46,6 +46,9 @@ pub const SVC_F_SNAT: u16 = 1 << 2;
 /// Only sources in this frontend's `loadBalancerSourceRanges` (`LB_SRCRANGES_V1`, keyed by
 /// its `svc_id`) may use it; others are dropped (`source_range_denied`).
 pub const SVC_F_SOURCE_RANGES: u16 = 1 << 3;
+/// Not read by the datapath: this frontend's slots hold endpoints that are serving but
+/// terminating, because none is ready (KEP-1669's fallback), for `lbproxy inspect`.
+pub const SVC_F_TERMINATING_FALLBACK: u16 = 1 << 4;
 
 /// Key of `LB_SERVICES_V2` (and of the retired `LB_SERVICES_V1`): one frontend, a
 /// VIP:port/proto, in one lookup scope.

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::Path;
 
-use lbproxy_common::{FLOW_DIR_FORWARD, SlotKey};
+use lbproxy_common::{FLOW_DIR_FORWARD, SlotKey, map_names};
 use serde::Serialize;
 
 use crate::bpf::pinned::label_bytes;
@@ -19,6 +19,14 @@ pub struct BackendRow {
     pub addr: String,
     pub port: u16,
     pub protocol: String,
+    /// In a service's list: `ready` (gets new connections), `terminating` (gets new
+    /// connections because no endpoint is ready: KEP-1669's fallback) or `draining` (no new
+    /// connections; `flows` of its flows are still served).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<&'static str>,
+    /// A draining backend's flows of this service.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flows: Option<usize>,
 }
 
 #[derive(Serialize)]
@@ -69,6 +77,19 @@ pub struct FlowRow {
     pub idle_seconds: f64,
 }
 
+impl BackendRow {
+    fn of(id: u32, b: &BackendAddr) -> BackendRow {
+        BackendRow {
+            id,
+            addr: b.addr.to_string(),
+            port: b.port,
+            protocol: b.proto.as_str().to_string(),
+            state: None,
+            flows: None,
+        }
+    }
+}
+
 fn split_label(label: &str) -> (String, String) {
     match label.rsplit_once(':') {
         Some((svc, port)) => (svc.to_string(), port.to_string()),
@@ -83,6 +104,13 @@ pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
         .flatten()
         .filter_map(|(id, b)| BackendAddr::from_value(&b).map(|a| (id, a)))
         .collect();
+    // Each service's backends by the flows still using them, to tell the draining ones.
+    let mut flows_of: BTreeMap<(u32, u32), usize> = BTreeMap::new();
+    for (k, v) in maps.flows.iter().flatten() {
+        if k.dir == FLOW_DIR_FORWARD {
+            *flows_of.entry((v.svc_id, v.backend_id)).or_default() += 1;
+        }
+    }
     let mut rows = Vec::new();
     for (k, v) in maps.services.iter().flatten() {
         let Some(fe) = Frontend::from_key(&k) else {
@@ -106,11 +134,23 @@ pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
                 continue;
             };
             if let Some(b) = backends.get(&id) {
+                let fallback = v.flags & lbproxy_common::SVC_F_TERMINATING_FALLBACK != 0;
                 bes.push(BackendRow {
-                    id,
-                    addr: b.addr.to_string(),
-                    port: b.port,
-                    protocol: b.proto.as_str().to_string(),
+                    state: Some(if fallback { "terminating" } else { "ready" }),
+                    ..BackendRow::of(id, b)
+                });
+            }
+        }
+        // Backends out of the slots whose flows of this service go on.
+        let in_slots: Vec<u32> = bes.iter().map(|b| b.id).collect();
+        for (&(_, id), &n) in flows_of.range((v.svc_id, 0)..=(v.svc_id, u32::MAX)) {
+            if !in_slots.contains(&id)
+                && let Some(b) = backends.get(&id)
+            {
+                bes.push(BackendRow {
+                    state: Some("draining"),
+                    flows: Some(n),
+                    ..BackendRow::of(id, b)
                 });
             }
         }
@@ -184,14 +224,7 @@ pub fn backends(maps: &PinnedMaps) -> Vec<BackendRow> {
         .backends
         .iter()
         .flatten()
-        .filter_map(|(id, b)| {
-            BackendAddr::from_value(&b).map(|a| BackendRow {
-                id,
-                addr: a.addr.to_string(),
-                port: a.port,
-                protocol: a.proto.as_str().to_string(),
-            })
-        })
+        .filter_map(|(id, b)| BackendAddr::from_value(&b).map(|a| BackendRow::of(id, &a)))
         .collect();
     rows.sort_by_key(|r| r.id);
     rows
@@ -378,6 +411,70 @@ pub enum What {
     Snat,
     /// Socket-level load balancing: its hooks, scope, and what they did.
     Sockets,
+    /// Session affinity: each client's backend per service, and when it expires.
+    Affinity,
+    /// The controller's last sync (from its /healthz), the attached interfaces and how full
+    /// each map is.
+    Status,
+}
+
+/// How `inspect` prints: an aligned table for people, JSON or YAML for scripts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    #[default]
+    Table,
+    Json,
+    Yaml,
+}
+
+impl Output {
+    fn machine(self) -> bool {
+        self != Output::Table
+    }
+
+    /// `v` as JSON (pretty) or YAML, ending in a newline.
+    fn encode<T: Serialize>(self, v: &T) -> anyhow::Result<String> {
+        Ok(match self {
+            Output::Yaml => serde_saphyr::to_string(v)?,
+            _ => format!("{}\n", serde_json::to_string_pretty(v)?),
+        })
+    }
+}
+
+/// `lbproxy inspect`: prints `what` once, or with `watch` every `watch` seconds (the screen
+/// cleared between) until interrupted.
+pub fn run(
+    dir: &Path,
+    what: What,
+    out: Output,
+    filter: &Filter,
+    healthz: &str,
+    watch: Option<f64>,
+) -> anyhow::Result<()> {
+    let Some(every) = watch else {
+        print!("{}", render(dir, what, out, filter, healthz)?);
+        return Ok(());
+    };
+    let every = std::time::Duration::try_from_secs_f64(every)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| anyhow::anyhow!("--watch {every}: give a positive number of seconds"))?;
+    loop {
+        let text = render(dir, what, out, filter, healthz)?;
+        if out == Output::Table {
+            // Clear the screen and home the cursor, as watch(1) does.
+            print!("\x1b[2J\x1b[H");
+            println!(
+                "every {:.1}s: lbproxy inspect {what:?}    {}",
+                every.as_secs_f64(),
+                jiff::Timestamp::now().strftime("%H:%M:%S")
+            );
+        }
+        print!("{text}");
+        use std::io::Write as _;
+        std::io::stdout().flush()?;
+        std::thread::sleep(every);
+    }
 }
 
 /// `--service` and `--backend`.
@@ -401,7 +498,13 @@ impl Filter {
     }
 }
 
-pub fn run(dir: &Path, what: What, json: bool, filter: &Filter) -> anyhow::Result<()> {
+pub fn render(
+    dir: &Path,
+    what: What,
+    out: Output,
+    filter: &Filter,
+    healthz: &str,
+) -> anyhow::Result<String> {
     if !dir.exists() {
         anyhow::bail!(
             "{} does not exist: lbproxy has not run with this --bpffs-dir (or was cleaned up)",
@@ -409,7 +512,7 @@ pub fn run(dir: &Path, what: What, json: bool, filter: &Filter) -> anyhow::Resul
         );
     }
     let maps = PinnedMaps::open(dir)?;
-    let out = match what {
+    let text = match what {
         What::Services => {
             let mut rows = services(&maps);
             rows.retain(|r| {
@@ -419,38 +522,40 @@ pub fn run(dir: &Path, what: What, json: bool, filter: &Filter) -> anyhow::Resul
                             .iter()
                             .any(|b| filter.backend_ok(&b.addr, b.port)))
             });
-            if json {
-                serde_json::to_string_pretty(&rows)?
+            if out.machine() {
+                out.encode(&rows)?
             } else {
-                let cells: Vec<Vec<String>> = rows
-                    .iter()
-                    .map(|r| {
-                        vec![
-                            r.service.clone(),
-                            r.port_name.clone(),
-                            r.kind.clone(),
-                            r.frontend.clone(),
-                            if r.served {
-                                r.backends.len().to_string()
-                            } else {
-                                "-".to_string()
-                            },
-                            if !r.served {
-                                format!("not served yet: {}", r.not_served)
-                            } else if r.backends.is_empty() {
-                                "(none)".to_string()
-                            } else {
-                                r.backends
-                                    .iter()
-                                    .map(|b| format!("{}:{}", b.addr, b.port))
-                                    .collect::<Vec<_>>()
-                                    .join(", ")
-                            },
-                        ]
-                    })
-                    .collect();
+                let mut cells: Vec<Vec<String>> = Vec::new();
+                for r in &rows {
+                    let head = [
+                        r.service.clone(),
+                        r.port_name.clone(),
+                        r.kind.clone(),
+                        r.frontend.clone(),
+                    ];
+                    let tails: Vec<[String; 2]> = if !r.served {
+                        vec![["-".into(), format!("not served yet: {}", r.not_served)]]
+                    } else if r.backends.is_empty() {
+                        vec![["(none)".into(), "-".into()]]
+                    } else {
+                        r.backends
+                            .iter()
+                            .map(|b| {
+                                let state = match (b.state, b.flows) {
+                                    (Some(s), Some(n)) => format!("{s} ({n} flows)"),
+                                    (Some(s), None) => s.to_string(),
+                                    (None, _) => "-".into(),
+                                };
+                                [format!("{}:{}", b.addr, b.port), state]
+                            })
+                            .collect()
+                    };
+                    for t in tails {
+                        cells.push(head.iter().cloned().chain(t).collect());
+                    }
+                }
                 table(
-                    &["SERVICE", "PORT", "KIND", "FRONTEND", "#", "BACKENDS"],
+                    &["SERVICE", "PORT", "KIND", "FRONTEND", "BACKEND", "STATE"],
                     &cells,
                 )
             }
@@ -458,8 +563,8 @@ pub fn run(dir: &Path, what: What, json: bool, filter: &Filter) -> anyhow::Resul
         What::Backends => {
             let mut rows = backends(&maps);
             rows.retain(|r| filter.backend_ok(&r.addr, r.port));
-            if json {
-                serde_json::to_string_pretty(&rows)?
+            if out.machine() {
+                out.encode(&rows)?
             } else {
                 let cells: Vec<Vec<String>> = rows
                     .iter()
@@ -480,8 +585,8 @@ pub fn run(dir: &Path, what: What, json: bool, filter: &Filter) -> anyhow::Resul
                 let (addr, port) = r.backend.rsplit_once(':').unwrap_or((&r.backend, "0"));
                 filter.service_ok(&r.service) && filter.backend_ok(addr, port.parse().unwrap_or(0))
             });
-            if json {
-                serde_json::to_string_pretty(&rows)?
+            if out.machine() {
+                out.encode(&rows)?
             } else {
                 let cells: Vec<Vec<String>> = rows
                     .iter()
@@ -520,9 +625,9 @@ pub fn run(dir: &Path, what: What, json: bool, filter: &Filter) -> anyhow::Resul
                 .into_iter()
                 .map(|(r, n)| (r.label().to_string(), n))
                 .collect();
-            if json {
+            if out.machine() {
                 let m: BTreeMap<String, u64> = rows.into_iter().collect();
-                serde_json::to_string_pretty(&m)?
+                out.encode(&m)?
             } else {
                 let cells: Vec<Vec<String>> = rows
                     .iter()
@@ -531,12 +636,14 @@ pub fn run(dir: &Path, what: What, json: bool, filter: &Filter) -> anyhow::Resul
                 table(&["REASON", "PACKETS"], &cells)
             }
         }
-        What::Delivery => delivery(&maps, json)?,
-        What::Sockets => sockets(&maps, dir, json)?,
+        What::Delivery => delivery(&maps, out)?,
+        What::Sockets => sockets(&maps, dir, out)?,
+        What::Affinity => affinity(&maps, out, filter)?,
+        What::Status => status(&maps, dir, out, healthz)?,
         What::Snat => {
             let rows = snat(&maps);
-            if json {
-                serde_json::to_string_pretty(&rows)?
+            if out.machine() {
+                out.encode(&rows)?
             } else {
                 let cells: Vec<Vec<String>> = rows
                     .iter()
@@ -566,15 +673,11 @@ pub fn run(dir: &Path, what: What, json: bool, filter: &Filter) -> anyhow::Resul
             }
         }
     };
-    print!("{out}");
-    if json {
-        println!();
-    }
-    Ok(())
+    Ok(text)
 }
 
 /// `inspect sockets`.
-fn sockets(maps: &PinnedMaps, dir: &Path, json: bool) -> anyhow::Result<String> {
+fn sockets(maps: &PinnedMaps, dir: &Path, out: Output) -> anyhow::Result<String> {
     let cfg = maps.sock_config.get(&0, 0).unwrap_or_default();
     let on = cfg.flags & lbproxy_common::SOCK_F_ENABLED != 0;
     let scope = match (on, cfg.flags & lbproxy_common::SOCK_F_ALL_NETNS != 0) {
@@ -592,7 +695,7 @@ fn sockets(maps: &PinnedMaps, dir: &Path, json: bool) -> anyhow::Result<String> 
         .into_iter()
         .map(|(e, n)| (e.label(), n))
         .collect();
-    if json {
+    if out.machine() {
         let v = serde_json::json!({
             "mode": scope,
             "netns_cookie": cfg.netns_cookie,
@@ -600,7 +703,7 @@ fn sockets(maps: &PinnedMaps, dir: &Path, json: bool) -> anyhow::Result<String> 
             "translated_sockets": sockets,
             "events": counts.iter().copied().collect::<BTreeMap<_, _>>(),
         });
-        return Ok(serde_json::to_string_pretty(&v)?);
+        return out.encode(&v);
     }
     let mut out = format!(
         "socket-level load balancing: {scope} (network namespace cookie {})
@@ -624,7 +727,7 @@ sockets remembered (for recvmsg/getpeername): {sockets}
 }
 
 /// `inspect delivery`.
-fn delivery(maps: &PinnedMaps, json: bool) -> anyhow::Result<String> {
+fn delivery(maps: &PinnedMaps, out: Output) -> anyhow::Result<String> {
     let bypass = maps.stack_bypass();
     // `LB_PODIFS_V1` lists the pod interfaces whether or not the bypass is on (north-south
     // asks it which backends are local); they are redirect targets only with the bypass.
@@ -648,7 +751,7 @@ fn delivery(maps: &PinnedMaps, json: bool) -> anyhow::Result<String> {
         .into_iter()
         .map(|(d, n)| (d.label(), n))
         .collect();
-    if json {
+    if out.machine() {
         let v = serde_json::json!({
             "stack_bypass": bypass,
             "redirect_interfaces": ifs
@@ -657,7 +760,7 @@ fn delivery(maps: &PinnedMaps, json: bool) -> anyhow::Result<String> {
                 .collect::<Vec<_>>(),
             "packets": counts.iter().copied().collect::<BTreeMap<_, _>>(),
         });
-        return Ok(serde_json::to_string_pretty(&v)?);
+        return out.encode(&v);
     }
     let mut out = format!(
         "stack bypass: {}\nredirect into: {}\n\n",
@@ -722,4 +825,233 @@ mod tests {
         assert_eq!(split_label("ns/a:http"), ("ns/a".into(), "http".into()));
         assert_eq!(split_label("ns/a"), ("ns/a".into(), String::new()));
     }
+}
+
+/// One client's session affinity to a backend, for one service.
+#[derive(Serialize)]
+pub struct AffinityRow {
+    pub service: String,
+    pub client: String,
+    pub backend: String,
+    pub backend_id: u32,
+    /// Since the client's last new connection or datagram flow through it.
+    pub idle_seconds: f64,
+    /// The service's `sessionAffinityConfig.clientIP.timeoutSeconds`.
+    pub timeout_seconds: u32,
+    /// `active` (the next flow goes to this backend), `expired` (timed out: the next flow
+    /// picks anew) or `backend_left` (the backend is no longer in the service).
+    pub state: &'static str,
+}
+
+pub fn affinity_rows(maps: &PinnedMaps) -> Vec<AffinityRow> {
+    let now = crate::bpf::flow_gc::monotonic_ns();
+    // Each svc_id's timeout and label.
+    let mut timeouts: BTreeMap<u32, u32> = BTreeMap::new();
+    for (_, v) in maps.services.iter().flatten() {
+        timeouts.insert(v.svc_id, v.affinity_timeout_s);
+    }
+    let mut rows: Vec<AffinityRow> = maps
+        .affinity
+        .iter()
+        .flatten()
+        .map(|(k, v)| {
+            let timeout = timeouts.get(&k.svc_id).copied().unwrap_or(0);
+            let idle = now.saturating_sub(v.last_ns) as f64 / 1e9;
+            let member = maps
+                .members
+                .get(
+                    &lbproxy_common::MemberKey {
+                        svc_id: k.svc_id,
+                        backend_id: v.backend_id,
+                    },
+                    0,
+                )
+                .is_ok();
+            let backend = maps
+                .backends
+                .get(&v.backend_id, 0)
+                .ok()
+                .and_then(|b| BackendAddr::from_value(&b))
+                .map_or_else(|| "?".to_string(), |b| format!("{}:{}", b.addr, b.port));
+            AffinityRow {
+                service: maps
+                    .labels
+                    .get(&k.svc_id, 0)
+                    .map(|l| label_str(&l))
+                    .unwrap_or_default(),
+                client: Ipv4Addr::from(k.client_addr).to_string(),
+                backend,
+                backend_id: v.backend_id,
+                idle_seconds: idle,
+                timeout_seconds: timeout,
+                state: if !member {
+                    "backend_left"
+                } else if idle > f64::from(timeout) {
+                    "expired"
+                } else {
+                    "active"
+                },
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| (&a.service, &a.client).cmp(&(&b.service, &b.client)));
+    rows
+}
+
+/// `inspect affinity`.
+fn affinity(maps: &PinnedMaps, out: Output, filter: &Filter) -> anyhow::Result<String> {
+    let mut rows = affinity_rows(maps);
+    rows.retain(|r| {
+        let (addr, port) = r.backend.rsplit_once(':').unwrap_or((&r.backend, "0"));
+        filter.service_ok(&r.service) && filter.backend_ok(addr, port.parse().unwrap_or(0))
+    });
+    if out.machine() {
+        return out.encode(&rows);
+    }
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.service.clone(),
+                r.client.clone(),
+                r.backend.clone(),
+                r.state.to_string(),
+                format!("{:.0}s", r.idle_seconds),
+                format!("{}s", r.timeout_seconds),
+            ]
+        })
+        .collect();
+    Ok(table(
+        &["SERVICE", "CLIENT", "BACKEND", "STATE", "IDLE", "TIMEOUT"],
+        &cells,
+    ))
+}
+
+/// What `inspect status` shows.
+#[derive(Serialize)]
+pub struct Status {
+    /// The controller's /healthz body, or why it could not be read.
+    pub controller: serde_json::Value,
+    /// Seconds since the last sync that programmed the maps (from /healthz).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sync_age_seconds: Option<f64>,
+    pub healthy: Option<bool>,
+    /// Interfaces with lbproxy's pinned links, and the programs attached there.
+    pub interfaces: Vec<InterfaceRow>,
+    pub maps: Vec<MapFill>,
+}
+
+#[derive(Serialize)]
+pub struct InterfaceRow {
+    pub name: String,
+    pub ifindex: u32,
+    pub links: Vec<String>,
+}
+
+#[derive(Serialize)]
+pub struct MapFill {
+    pub map: &'static str,
+    pub entries: u64,
+    pub capacity: u32,
+    pub fill: f64,
+}
+
+/// `inspect status`.
+fn status(maps: &PinnedMaps, dir: &Path, out: Output, healthz: &str) -> anyhow::Result<String> {
+    let (controller, healthy, age) = match crate::http::get_json(healthz, "/healthz") {
+        Ok(v) => {
+            let healthy = v["healthy"].as_bool();
+            let age = v["secondsSinceUpdate"].as_f64();
+            (v, healthy, age)
+        }
+        Err(e) => (
+            serde_json::json!({"error": format!("GET http://{healthz}/healthz: {e:#}")}),
+            None,
+            None,
+        ),
+    };
+    let interfaces: Vec<InterfaceRow> = crate::bpf::attach::pinned_interfaces(dir)
+        .into_iter()
+        .map(|(iface, links)| InterfaceRow {
+            name: iface.name.clone(),
+            ifindex: iface.index,
+            links: links
+                .iter()
+                .filter_map(|p| p.file_name().map(|f| f.to_string_lossy().to_string()))
+                .collect(),
+        })
+        .collect();
+    // The hash maps, whose entries come and go (arrays are always full).
+    let counts: [(&'static str, usize); 11] = [
+        (map_names::SERVICES, maps.services.keys().count()),
+        (map_names::SLOTS, maps.slots.keys().count()),
+        (map_names::BACKENDS, maps.backends.keys().count()),
+        (map_names::MEMBERS, maps.members.keys().count()),
+        (map_names::FLOWS, maps.flows.keys().count()),
+        (map_names::AFFINITY, maps.affinity.keys().count()),
+        (map_names::LABELS, maps.labels.keys().count()),
+        (map_names::UNSERVED, maps.unserved.keys().count()),
+        (map_names::POD_IFS, maps.pod_ifs.keys().count()),
+        (map_names::NODE_IFS, maps.node_ifs.keys().count()),
+        (map_names::SOCK_REV, maps.sock_rev.keys().count()),
+    ];
+    let capacities: BTreeMap<&str, i64> = crate::bpf::capacities(dir).into_iter().collect();
+    let fills: Vec<MapFill> = counts
+        .into_iter()
+        .map(|(name, n)| {
+            let capacity = capacities.get(name).copied().unwrap_or(0) as u32;
+            MapFill {
+                map: lbproxy_common::spec_by_name(name).map_or(name, |s| s.label),
+                entries: n as u64,
+                capacity,
+                fill: n as f64 / f64::from(capacity.max(1)),
+            }
+        })
+        .collect();
+    let st = Status {
+        controller,
+        sync_age_seconds: age,
+        healthy,
+        interfaces,
+        maps: fills,
+    };
+    if out.machine() {
+        return out.encode(&st);
+    }
+    let mut text = String::new();
+    match (&st.healthy, st.sync_age_seconds) {
+        (Some(h), Some(age)) => text.push_str(&format!(
+            "controller: {} (last sync {age:.1}s ago; node eligible: {})\n",
+            if *h { "healthy" } else { "UNHEALTHY" },
+            st.controller["nodeEligible"]
+        )),
+        _ => text.push_str(&format!(
+            "controller: not reachable ({})\n",
+            st.controller["error"]
+                .as_str()
+                .unwrap_or("no sync time in /healthz")
+        )),
+    }
+    text.push_str(&format!("\ninterfaces ({}):\n", st.interfaces.len()));
+    let cells: Vec<Vec<String>> = st
+        .interfaces
+        .iter()
+        .map(|i| vec![i.name.clone(), i.ifindex.to_string(), i.links.join(", ")])
+        .collect();
+    text.push_str(&table(&["INTERFACE", "IFINDEX", "LINKS"], &cells));
+    text.push_str("\nmaps:\n");
+    let cells: Vec<Vec<String>> = st
+        .maps
+        .iter()
+        .map(|m| {
+            vec![
+                m.map.to_string(),
+                m.entries.to_string(),
+                m.capacity.to_string(),
+                format!("{:.1}%", m.fill * 100.0),
+            ]
+        })
+        .collect();
+    text.push_str(&table(&["MAP", "ENTRIES", "CAPACITY", "FILL"], &cells));
+    Ok(text)
 }

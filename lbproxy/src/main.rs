@@ -2,7 +2,8 @@
 //!
 //! - `lbproxy run`: load the datapath, attach it to pod interfaces, and keep the BPF maps
 //!   equal to the desired state read from a source.
-//! - `lbproxy inspect services|backends|flows|drops|delivery`: read the pinned maps.
+//! - `lbproxy inspect services|backends|flows|drops|delivery|snat|sockets|affinity|status`:
+//!   read the pinned maps (and, for `status`, the controller's /healthz).
 //! - `lbproxy flows flush`: remove flows from the flow table.
 //! - `lbproxy monitor`: stream drops and rejects live.
 //! - `lbproxy cleanup`: detach and unpin everything.
@@ -62,9 +63,18 @@ enum Command {
     /// Show what is programmed, read from the pinned maps (works without `run`).
     Inspect {
         what: inspect::What,
-        /// Print JSON instead of a table.
+        /// Output format.
+        #[arg(short = 'o', long = "output", value_enum, default_value_t = inspect::Output::Table)]
+        output: inspect::Output,
+        /// Print JSON instead of a table (the same as `-o json`).
         #[arg(long)]
         json: bool,
+        /// Print again every SECONDS (default 2), until interrupted.
+        #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "2")]
+        watch: Option<f64>,
+        /// Where `inspect status` reads the controller's /healthz.
+        #[arg(long, default_value = "127.0.0.1:10256")]
+        healthz_address: String,
         #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
         bpffs_dir: PathBuf,
         /// Only this service (`namespace/name`, or `namespace/name:port-name`).
@@ -283,7 +293,10 @@ fn main() -> std::process::ExitCode {
         }
         Command::Inspect {
             what,
+            output,
             json,
+            watch,
+            healthz_address,
             bpffs_dir,
             service,
             backend,
@@ -291,8 +304,10 @@ fn main() -> std::process::ExitCode {
             inspect::run(
                 &bpffs_dir,
                 what,
-                json,
+                if json { inspect::Output::Json } else { output },
                 &inspect::Filter { service, backend },
+                &healthz_address,
+                watch,
             )
         }),
         Command::Flows {

@@ -12,7 +12,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use lbproxy_tests::lab::{Backend, Lab, Lbproxy, Pod, Shape, lbproxy_bin, ns_run, vip, wait_for};
+use lbproxy_tests::lab::{
+    Backend, Conditions, Endpoint, HEALTHZ_ADDR, Lab, Lbproxy, Pod, Shape, lbproxy_bin, ns_run,
+    vip, wait_for,
+};
 use serde_json::Value;
 
 /// A service with no endpoints: TCP to it is answered with a RST, UDP with ICMP.
@@ -474,4 +477,178 @@ fn version_completions_and_man_pages() {
         assert!(dir.join(p).exists(), "lbproxy man --dir wrote no {p}");
     }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `lbproxy inspect ARGS` in the lab's node namespace; stdout, or a panic with stderr.
+fn inspect(lab: &Lab, args: &[&str]) -> String {
+    let dir = lab.bpffs_dir().display().to_string();
+    let mut argv = vec!["inspect"];
+    argv.extend_from_slice(args);
+    argv.extend_from_slice(&["--bpffs-dir", &dir]);
+    let out = lab.lbproxy_cmd(&argv);
+    assert!(
+        out.status.success(),
+        "lbproxy {argv:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8")
+}
+
+/// `inspect services -o yaml`, one backend per line with its state (ready, terminating
+/// fallback, draining with its flows), `inspect affinity`, `inspect status` and `--watch`,
+/// each showing what the test did.
+#[test]
+fn inspect_shows_backend_states_affinity_and_status() {
+    let lab = Lab::new(Shape::Routed);
+    let client = lab.add_pod("client");
+    let (pods, _servers) = serving_pods(&lab, &["b1", "b2", "b3"]);
+    let ep = |i: usize, c: Conditions| Endpoint::new(pods[i].ip, c).pod(&pods[i].name);
+    let sticky_vip = vip(22);
+    let manifest = |web: Vec<Endpoint>| {
+        let sticky = web_objects("sticky", sticky_vip, vec![ep(2, Conditions::READY)])
+            .to_yaml()
+            .replace(
+                "  sessionAffinity: None\n",
+                "  sessionAffinity: ClientIP\n  sessionAffinityConfig:\n    clientIP:\n      timeoutSeconds: 600\n",
+            );
+        format!(
+            "{}---\n{sticky}",
+            merge([
+                web_objects("web", WEB_VIP, web),
+                web_objects(
+                    "fallback",
+                    vip(21),
+                    vec![ep(1, Conditions::TERMINATING_SERVING)]
+                ),
+            ])
+            .to_yaml()
+        )
+    };
+    lab.write_manifest_text(&manifest(vec![ep(0, Conditions::READY)]));
+    let mut lb = lab.start_lbproxy();
+    lb.expect_healthy(HEALTHY_WITHIN);
+    assert!(
+        manifest(vec![]).contains("sessionAffinity: ClientIP"),
+        "the sticky service lost its affinity"
+    );
+
+    // A held connection to b1, then b1 turns not ready and b3 takes over: b1 drains.
+    let mut conn = client.connect(WEB_VIP, WEB_TCP, T).expect("connect web");
+    assert_eq!(conn.request().expect("request").backend, "b1");
+    lab.write_manifest_text(&manifest(vec![
+        ep(0, Conditions::NOT_READY),
+        ep(2, Conditions::READY),
+    ]));
+    let state_of = |svc: &str, backend: &Pod| -> Option<String> {
+        let yaml = inspect(&lab, &["services", "-o", "yaml"]);
+        let rows: Vec<Value> = serde_saphyr::from_str(&yaml)
+            .unwrap_or_else(|e| panic!("inspect services -o yaml is not YAML ({e}):\n{yaml}"));
+        rows.iter()
+            .filter(|r| r["service"] == svc && r["protocol"] == "TCP")
+            .flat_map(|r| r["backends"].as_array().cloned().unwrap_or_default())
+            .find(|b| b["addr"] == backend.ip.to_string())
+            .map(|b| match b["flows"].as_u64() {
+                Some(n) => format!("{} {n}", b["state"].as_str().unwrap()),
+                None => b["state"].as_str().unwrap().to_string(),
+            })
+    };
+    let drained = wait_for(Duration::from_secs(5), Duration::from_millis(100), || {
+        (state_of("default/web", &pods[0]).as_deref() == Some("draining 1")).then_some(())
+    });
+    assert!(
+        drained.is_ok(),
+        "b1 not shown draining its one flow: {:?}\n{}",
+        state_of("default/web", &pods[0]),
+        inspect(&lab, &["services"])
+    );
+    assert_eq!(state_of("default/web", &pods[2]).as_deref(), Some("ready"));
+    assert_eq!(
+        state_of("default/fallback", &pods[1]).as_deref(),
+        Some("terminating"),
+        "the fallback service's only backend is terminating"
+    );
+    let table = inspect(&lab, &["services", "--service", "default/web"]);
+    assert!(
+        table.lines().next().unwrap().contains("BACKEND") && table.contains("STATE"),
+        "{table}"
+    );
+    let lines: Vec<&str> = table.lines().filter(|l| l.contains(":80/TCP")).collect();
+    assert_eq!(lines.len(), 2, "one line per backend:\n{table}");
+    assert!(
+        lines.iter().any(
+            |l| l.contains(&format!("{}:8080", pods[0].ip)) && l.contains("draining (1 flows)")
+        ),
+        "{table}"
+    );
+
+    // Session affinity: the client's entry, active, with the service's timeout.
+    client
+        .tcp_request(sticky_vip, WEB_TCP, T)
+        .expect("sticky request");
+    let aff: Value = serde_json::from_str(&inspect(&lab, &["affinity", "-o", "json"])).unwrap();
+    let row = aff
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["service"] == "default/sticky:http")
+        .unwrap_or_else(|| panic!("no affinity entry for default/sticky:http: {aff:#}"))
+        .clone();
+    assert_eq!(row["client"], client.ip.to_string(), "{row}");
+    assert_eq!(row["backend"], format!("{}:8080", pods[2].ip), "{row}");
+    assert_eq!(row["state"], "active", "{row}");
+    assert_eq!(row["timeout_seconds"], 600, "{row}");
+    assert!(row["idle_seconds"].as_f64().unwrap() < 10.0, "{row}");
+
+    // Status: the controller's last sync, the client's interface, the flow table's fill.
+    let st: Value = serde_json::from_str(&inspect(
+        &lab,
+        &["status", "-o", "json", "--healthz-address", HEALTHZ_ADDR],
+    ))
+    .unwrap();
+    assert_eq!(st["healthy"], true, "{st:#}");
+    let age = st["sync_age_seconds"].as_f64().expect("sync age");
+    assert!((0.0..60.0).contains(&age), "{st:#}");
+    let ifaces: Vec<&str> = st["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["name"].as_str())
+        .collect();
+    assert!(
+        ifaces.iter().any(|i| i.starts_with(lab.if_prefix())),
+        "no pod interface among {ifaces:?}"
+    );
+    let flows = st["maps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["map"] == "flows")
+        .expect("flows map fill")
+        .clone();
+    assert!(flows["entries"].as_u64().unwrap() >= 2, "{flows}");
+    assert!(flows["capacity"].as_u64().unwrap() > 0, "{flows}");
+    // Without a controller to ask, it says so and still shows the maps.
+    let st = inspect(&lab, &["status", "--healthz-address", "127.0.0.1:1"]);
+    assert!(
+        st.contains("controller: not reachable") && st.contains("MAP"),
+        "{st}"
+    );
+
+    // --watch redraws until stopped.
+    let dir = lab.bpffs_dir().display().to_string();
+    let bin = lbproxy_bin();
+    let mut child = lab
+        .node_command(bin.to_str().unwrap())
+        .args(["inspect", "drops", "--watch", "0.3", "--bpffs-dir", &dir])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    child.kill().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.matches("REASON").count() >= 3,
+        "--watch 0.3 drew the table fewer than 3 times in 1.2 s:\n{text}"
+    );
 }

@@ -52,6 +52,8 @@ pub struct EndpointSet {
     pub serving: Vec<EndpointAddr>,
     /// Endpoints still listed that get no new connections but keep their flows.
     pub draining: Vec<EndpointAddr>,
+    /// `serving` holds terminating endpoints, because none is ready (KEP-1669).
+    pub fallback: bool,
 }
 
 /// The endpoints of `port` for a frontend whose traffic policy is `local_only` (only
@@ -66,8 +68,10 @@ pub fn endpoint_set(
 ) -> EndpointSet {
     let eligible = |e: &Endpoint| !local_only || e.on_node(node);
     let mut serving = model.endpoints_where(svc, port, |e| e.ready && eligible(e));
+    let mut fallback = false;
     if serving.is_empty() {
         serving = model.endpoints_where(svc, port, |e| e.serving && e.terminating && eligible(e));
+        fallback = !serving.is_empty();
     }
     // A set, not `serving.contains`: a slice of 100,000 endpoints would otherwise cost
     // 10^10 comparisons on every sync of its service.
@@ -77,7 +81,11 @@ pub fn endpoint_set(
         .into_iter()
         .filter(|ep| !serving_set.contains(ep))
         .collect();
-    EndpointSet { serving, draining }
+    EndpointSet {
+        serving,
+        draining,
+        fallback,
+    }
 }
 
 /// Service ports with a `Local` traffic policy and no endpoint on `node` for new

@@ -252,7 +252,8 @@ pub struct FrontendSpec {
     pub kind: FrontendKind,
     /// `SVC_F_*` (`ServiceValue::flags`): `SVC_F_LOCAL_ONLY` when only this node's endpoints
     /// may serve it and all of them are on other nodes; `SVC_F_SOURCE_RANGES` when only
-    /// sources in `src_ranges` may use it.
+    /// sources in `src_ranges` may use it; `SVC_F_TERMINATING_FALLBACK` when its backends
+    /// are terminating ones, none being ready.
     pub flags: u16,
     /// A load-balancer IP's `loadBalancerSourceRanges` (IPv4, sorted, without duplicates);
     /// empty for every other frontend and for `0.0.0.0/0`.
@@ -415,6 +416,10 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
                                     .is_empty()
                             {
                                 lbproxy_common::SVC_F_LOCAL_ONLY
+                            } else {
+                                0
+                            } | if set.fallback {
+                                lbproxy_common::SVC_F_TERMINATING_FALLBACK
                             } else {
                                 0
                             };
