@@ -817,10 +817,10 @@ fn config_problems(docs: &[Doc]) -> (Vec<String>, String) {
     }
     // lbproxy's own settings: the second document, whose unknown fields fail by name.
     let own = docs.get(1).unwrap_or(&null);
-    if !own.is_null() {
-        if let Err(e) = serde_json::from_value::<LbproxyConfig>(own.clone()) {
-            p.push(format!("{at}: LbproxyConfiguration: {e}"));
-        }
+    if !own.is_null()
+        && let Err(e) = serde_json::from_value::<LbproxyConfig>(own.clone())
+    {
+        p.push(format!("{at}: LbproxyConfiguration: {e}"));
     }
     if docs.len() > 2 {
         p.push(format!("{at}: {} documents; at most two", docs.len()));
