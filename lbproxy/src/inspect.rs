@@ -491,6 +491,12 @@ impl Filter {
         })
     }
 
+    /// [`Filter::backend_ok`] of an `addr:port` string.
+    fn backend_addr_ok(&self, backend: &str) -> bool {
+        let (addr, port) = backend.rsplit_once(':').unwrap_or((backend, "0"));
+        self.backend_ok(addr, port.parse().unwrap_or(0))
+    }
+
     fn backend_ok(&self, addr: &str, port: u16) -> bool {
         self.backend
             .as_deref()
@@ -581,10 +587,7 @@ pub fn render(
         }
         What::Flows => {
             let mut rows = flows(&maps);
-            rows.retain(|r| {
-                let (addr, port) = r.backend.rsplit_once(':').unwrap_or((&r.backend, "0"));
-                filter.service_ok(&r.service) && filter.backend_ok(addr, port.parse().unwrap_or(0))
-            });
+            rows.retain(|r| filter.service_ok(&r.service) && filter.backend_addr_ok(&r.backend));
             if out.machine() {
                 out.encode(&rows)?
             } else {
@@ -901,10 +904,7 @@ pub fn affinity_rows(maps: &PinnedMaps) -> Vec<AffinityRow> {
 /// `inspect affinity`.
 fn affinity(maps: &PinnedMaps, out: Output, filter: &Filter) -> anyhow::Result<String> {
     let mut rows = affinity_rows(maps);
-    rows.retain(|r| {
-        let (addr, port) = r.backend.rsplit_once(':').unwrap_or((&r.backend, "0"));
-        filter.service_ok(&r.service) && filter.backend_ok(addr, port.parse().unwrap_or(0))
-    });
+    rows.retain(|r| filter.service_ok(&r.service) && filter.backend_addr_ok(&r.backend));
     if out.machine() {
         return out.encode(&rows);
     }
