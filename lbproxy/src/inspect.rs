@@ -486,9 +486,9 @@ pub struct Filter {
 
 impl Filter {
     fn service_ok(&self, label: &str) -> bool {
-        self.service.as_deref().is_none_or(|want| {
-            label == want || label.split_once(':').is_some_and(|(svc, _)| svc == want)
-        })
+        self.service
+            .as_deref()
+            .is_none_or(|want| crate::flush::service_matches(want, label))
     }
 
     /// [`Filter::backend_ok`] of an `addr:port` string.
