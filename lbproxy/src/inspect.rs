@@ -40,7 +40,10 @@ pub struct ServiceRow {
     pub svc_id: u32,
     /// `sessionAffinity: ClientIP` timeout in seconds; 0 without affinity.
     pub affinity_timeout_s: u32,
+    /// The backends that get new connections (`ready`, or `terminating` as the fallback).
     pub backends: Vec<BackendRow>,
+    /// Backends out of the service that still serve flows of it (`draining`).
+    pub draining: Vec<BackendRow>,
     /// `ClusterIP`, `NodePort`, `ExternalIP` or `LoadBalancerIP`.
     pub kind: String,
     /// Whether the datapath serves this frontend. A frontend the Service asks for but
@@ -143,11 +146,12 @@ pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
         }
         // Backends out of the slots whose flows of this service go on.
         let in_slots: Vec<u32> = bes.iter().map(|b| b.id).collect();
+        let mut draining = Vec::new();
         for (&(_, id), &n) in flows_of.range((v.svc_id, 0)..=(v.svc_id, u32::MAX)) {
             if !in_slots.contains(&id)
                 && let Some(b) = backends.get(&id)
             {
-                bes.push(BackendRow {
+                draining.push(BackendRow {
                     state: Some("draining"),
                     flows: Some(n),
                     ..BackendRow::of(id, b)
@@ -172,6 +176,7 @@ pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
             svc_id: v.svc_id,
             affinity_timeout_s: v.affinity_timeout_s,
             backends: bes,
+            draining,
             kind: kind_name(v.kind).to_string(),
             served: true,
             not_served: String::new(),
@@ -203,6 +208,7 @@ pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
             svc_id: 0,
             affinity_timeout_s: 0,
             backends: Vec::new(),
+            draining: Vec::new(),
             kind: kind_name(k.kind).to_string(),
             served: false,
             not_served: label_bytes(&v.reason),
@@ -526,6 +532,7 @@ pub fn render(
                     && (filter.backend.is_none()
                         || r.backends
                             .iter()
+                            .chain(&r.draining)
                             .any(|b| filter.backend_ok(&b.addr, b.port)))
             });
             if out.machine() {
@@ -541,11 +548,12 @@ pub fn render(
                     ];
                     let tails: Vec<[String; 2]> = if !r.served {
                         vec![["-".into(), format!("not served yet: {}", r.not_served)]]
-                    } else if r.backends.is_empty() {
+                    } else if r.backends.is_empty() && r.draining.is_empty() {
                         vec![["(none)".into(), "-".into()]]
                     } else {
                         r.backends
                             .iter()
+                            .chain(&r.draining)
                             .map(|b| {
                                 let state = match (b.state, b.flows) {
                                     (Some(s), Some(n)) => format!("{s} ({n} flows)"),

@@ -563,7 +563,11 @@ fn inspect_shows_backend_states_affinity_and_status() {
             .unwrap_or_else(|e| panic!("inspect services -o yaml is not YAML ({e}):\n{yaml}"));
         rows.iter()
             .filter(|r| r["service"] == svc && r["protocol"] == "TCP")
-            .flat_map(|r| r["backends"].as_array().cloned().unwrap_or_default())
+            .flat_map(|r| {
+                let mut all = r["backends"].as_array().cloned().unwrap_or_default();
+                all.extend(r["draining"].as_array().cloned().unwrap_or_default());
+                all
+            })
             .find(|b| b["addr"] == backend.ip.to_string())
             .map(|b| match b["flows"].as_u64() {
                 Some(n) => format!("{} {n}", b["state"].as_str().unwrap()),
