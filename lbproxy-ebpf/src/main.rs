@@ -56,7 +56,7 @@ use aya_log_ebpf::debug;
 
 use lbproxy_common::{
     DatapathConfig, Delivery, DropReason, HAIRPIN_ADDR, HOOK_FROM_NODE, HOOK_FROM_POD,
-    HOOK_TO_NODE, HOOK_TO_POD, IPPROTO_UDP, SVC_KIND_CLUSTER_IP, SockEvent, VERDICT_DROP,
+    HOOK_TO_NODE, HOOK_TO_POD, IPPROTO_UDP, SVC_KIND_CLUSTER_IP, SockEvent,
 };
 
 use crate::{
@@ -70,8 +70,7 @@ pub fn lb_from_pod(ctx: TcContext) -> i32 {
         Ok(action) => action,
         Err(reason) => {
             debug!(&ctx, "lb_from_pod: drop, reason {}", reason as u32);
-            monitor::event(&ctx, HOOK_FROM_POD, VERDICT_DROP, reason);
-            count_and_drop(reason)
+            count_and_drop(&ctx, HOOK_FROM_POD, reason)
         }
     }
 }
@@ -191,8 +190,7 @@ pub fn lb_to_pod(ctx: TcContext) -> i32 {
         Ok(action) => action,
         Err(reason) => {
             debug!(&ctx, "lb_to_pod: drop, reason {}", reason as u32);
-            monitor::event(&ctx, HOOK_TO_POD, VERDICT_DROP, reason);
-            count_and_drop(reason)
+            count_and_drop(&ctx, HOOK_TO_POD, reason)
         }
     }
 }
@@ -223,8 +221,7 @@ pub fn lb_from_node(ctx: TcContext) -> i32 {
         Ok(action) => action,
         Err(reason) => {
             debug!(&ctx, "lb_from_node: drop, reason {}", reason as u32);
-            monitor::event(&ctx, HOOK_FROM_NODE, VERDICT_DROP, reason);
-            count_and_drop(reason)
+            count_and_drop(&ctx, HOOK_FROM_NODE, reason)
         }
     }
 }
@@ -330,8 +327,7 @@ pub fn lb_to_node(ctx: TcContext) -> i32 {
         Ok(action) => action,
         Err(reason) => {
             debug!(&ctx, "lb_to_node: drop, reason {}", reason as u32);
-            monitor::event(&ctx, HOOK_TO_NODE, VERDICT_DROP, reason);
-            count_and_drop(reason)
+            count_and_drop(&ctx, HOOK_TO_NODE, reason)
         }
     }
 }

@@ -1,8 +1,9 @@
 //! Verdicts and the per-reason drop counters.
 
-use lbproxy_common::DropReason;
+use aya_ebpf::programs::TcContext;
+use lbproxy_common::{DropReason, VERDICT_DROP};
 
-use crate::maps::LB_DROPS_V2;
+use crate::{maps::LB_DROPS_V2, monitor};
 
 /// tcx: hand the packet to the next program (or the stack, when this is the last one).
 pub const TC_ACT_UNSPEC: i32 = -1;
@@ -36,9 +37,11 @@ pub fn count(reason: DropReason) {
     }
 }
 
-/// Counts a drop and returns the TC action for it.
+/// Drops the packet a program (`hook`, a `HOOK_*`) gave up on: counts it under `reason`,
+/// tells a listening `lbproxy monitor`, and returns the TC action.
 #[inline(always)]
-pub fn count_and_drop(reason: DropReason) -> i32 {
+pub fn count_and_drop(ctx: &TcContext, hook: u8, reason: DropReason) -> i32 {
+    monitor::event(ctx, hook, VERDICT_DROP, reason);
     count(reason);
     TC_ACT_SHOT
 }
