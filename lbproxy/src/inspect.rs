@@ -2,10 +2,10 @@
 //! aligned table for people or JSON for scripts.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::Path;
 
-use lbproxy_common::{FLOW_DIR_FORWARD, SlotKey, map_names};
+use lbproxy_common::{FLOW_DIR_FORWARD, FlowKey, FlowValue, SlotKey, map_names};
 use serde::Serialize;
 
 use crate::bpf::pinned::label_bytes;
@@ -89,6 +89,37 @@ impl BackendRow {
             protocol: b.proto.as_str().to_string(),
             state: None,
             flows: None,
+        }
+    }
+}
+
+/// A flow's ends as one of its halves records them: the client's own address and port, the
+/// frontend it used and the backend. Both halves of a flow give the same ends.
+pub struct FlowEnds {
+    pub client: SocketAddrV4,
+    pub frontend: SocketAddrV4,
+    pub backend: SocketAddrV4,
+    pub svc_id: u32,
+}
+
+impl FlowEnds {
+    pub fn of(k: &FlowKey, v: &FlowValue) -> FlowEnds {
+        let at = |a: [u8; 4], port_be: u16| SocketAddrV4::new(a.into(), u16::from_be(port_be));
+        if k.dir == FLOW_DIR_FORWARD {
+            FlowEnds {
+                client: at(k.src_addr, k.src_port_be),
+                frontend: at(k.dst_addr, k.dst_port_be),
+                backend: at(v.nat_addr, v.nat_port_be),
+                svc_id: v.svc_id,
+            }
+        } else {
+            // A reply half is keyed by the backend's packet and restores the client.
+            FlowEnds {
+                client: at(v.peer_addr, v.peer_port_be),
+                frontend: at(v.nat_addr, v.nat_port_be),
+                backend: at(k.src_addr, k.src_port_be),
+                svc_id: v.svc_id,
+            }
         }
     }
 }
@@ -312,6 +343,7 @@ pub fn flows(maps: &PinnedMaps) -> Vec<FlowRow> {
         .flatten()
         .filter(|(k, _)| k.dir == FLOW_DIR_FORWARD)
         .map(|(k, v)| {
+            let ends = FlowEnds::of(&k, &v);
             let pk = k.partner(&v);
             let partner = maps.flows.get(&pk, 0).ok().filter(|p| pk.partner(p) == k);
             let proto = Protocol::from_number(k.proto).map_or("?", Protocol::as_str);
@@ -329,21 +361,9 @@ pub fn flows(maps: &PinnedMaps) -> Vec<FlowRow> {
             };
             let last_seen = partner.map_or(v.last_seen_ns, |p| p.last_seen_ns.max(v.last_seen_ns));
             FlowRow {
-                client: format!(
-                    "{}:{}",
-                    Ipv4Addr::from(k.src_addr),
-                    u16::from_be(k.src_port_be)
-                ),
-                frontend: format!(
-                    "{}:{}/{proto}",
-                    Ipv4Addr::from(k.dst_addr),
-                    u16::from_be(k.dst_port_be)
-                ),
-                backend: format!(
-                    "{}:{}",
-                    Ipv4Addr::from(v.nat_addr),
-                    u16::from_be(v.nat_port_be)
-                ),
+                client: ends.client.to_string(),
+                frontend: format!("{}/{proto}", ends.frontend),
+                backend: ends.backend.to_string(),
                 protocol: proto.to_string(),
                 service: labels.get(&v.svc_id).cloned().unwrap_or_default(),
                 backend_id: v.backend_id,
@@ -491,10 +511,12 @@ pub struct Filter {
 }
 
 impl Filter {
-    fn service_ok(&self, label: &str) -> bool {
-        self.service
-            .as_deref()
-            .is_none_or(|want| crate::flush::service_matches(want, label))
+    /// Whether service label `label` (`namespace/name:port-name`) is the one asked for: the
+    /// same label, or its `namespace/name` (every port).
+    pub fn service_ok(&self, label: &str) -> bool {
+        self.service.as_deref().is_none_or(|want| {
+            label == want || label.split_once(':').is_some_and(|(svc, _)| svc == want)
+        })
     }
 
     /// [`Filter::backend_ok`] of an `addr:port` string.
@@ -503,7 +525,7 @@ impl Filter {
         self.backend_ok(addr, port.parse().unwrap_or(0))
     }
 
-    fn backend_ok(&self, addr: &str, port: u16) -> bool {
+    pub fn backend_ok(&self, addr: &str, port: u16) -> bool {
         self.backend
             .as_deref()
             .is_none_or(|want| want == addr || want == format!("{addr}:{port}"))
@@ -793,51 +815,6 @@ fn delivery(maps: &PinnedMaps, out: Output) -> anyhow::Result<String> {
     Ok(out)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn table_aligns_columns() {
-        let t = table(
-            &["A", "BB"],
-            &[
-                vec!["long-cell".into(), "x".into()],
-                vec!["s".into(), "y".into()],
-            ],
-        );
-        assert_eq!(t, "A          BB\nlong-cell  x\ns          y\n");
-    }
-
-    #[test]
-    fn filters_match_service_with_or_without_port_and_backend_with_or_without_port() {
-        let f = Filter {
-            service: Some("ns/a".into()),
-            backend: Some("198.18.0.2".into()),
-        };
-        assert!(f.service_ok("ns/a") && f.service_ok("ns/a:http") && !f.service_ok("ns/ab:http"));
-        assert!(f.backend_ok("198.18.0.2", 80) && !f.backend_ok("198.18.0.20", 80));
-        let f = Filter {
-            service: Some("ns/a:dns".into()),
-            backend: Some("198.18.0.2:53".into()),
-        };
-        assert!(f.service_ok("ns/a:dns") && !f.service_ok("ns/a:http"));
-        assert!(f.backend_ok("198.18.0.2", 53) && !f.backend_ok("198.18.0.2", 80));
-    }
-
-    #[test]
-    fn a_row_longer_than_the_headers_does_not_panic() {
-        let t = table(&["A"], &[vec!["x".into(), "y".into()]]);
-        assert_eq!(t, "A\nx  y\n");
-    }
-
-    #[test]
-    fn labels_split_into_service_and_port() {
-        assert_eq!(split_label("ns/a:http"), ("ns/a".into(), "http".into()));
-        assert_eq!(split_label("ns/a"), ("ns/a".into(), String::new()));
-    }
-}
-
 /// One client's session affinity to a backend, for one service.
 #[derive(Serialize)]
 pub struct AffinityRow {
@@ -1062,4 +1039,49 @@ fn status(maps: &PinnedMaps, dir: &Path, out: Output, healthz: &str) -> anyhow::
         .collect();
     text.push_str(&table(&["MAP", "ENTRIES", "CAPACITY", "FILL"], &cells));
     Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_aligns_columns() {
+        let t = table(
+            &["A", "BB"],
+            &[
+                vec!["long-cell".into(), "x".into()],
+                vec!["s".into(), "y".into()],
+            ],
+        );
+        assert_eq!(t, "A          BB\nlong-cell  x\ns          y\n");
+    }
+
+    #[test]
+    fn filters_match_service_with_or_without_port_and_backend_with_or_without_port() {
+        let f = Filter {
+            service: Some("ns/a".into()),
+            backend: Some("198.18.0.2".into()),
+        };
+        assert!(f.service_ok("ns/a") && f.service_ok("ns/a:http") && !f.service_ok("ns/ab:http"));
+        assert!(f.backend_ok("198.18.0.2", 80) && !f.backend_ok("198.18.0.20", 80));
+        let f = Filter {
+            service: Some("ns/a:dns".into()),
+            backend: Some("198.18.0.2:53".into()),
+        };
+        assert!(f.service_ok("ns/a:dns") && !f.service_ok("ns/a:http"));
+        assert!(f.backend_ok("198.18.0.2", 53) && !f.backend_ok("198.18.0.2", 80));
+    }
+
+    #[test]
+    fn a_row_longer_than_the_headers_does_not_panic() {
+        let t = table(&["A"], &[vec!["x".into(), "y".into()]]);
+        assert_eq!(t, "A\nx  y\n");
+    }
+
+    #[test]
+    fn labels_split_into_service_and_port() {
+        assert_eq!(split_label("ns/a:http"), ("ns/a".into(), "http".into()));
+        assert_eq!(split_label("ns/a"), ("ns/a".into(), String::new()));
+    }
 }

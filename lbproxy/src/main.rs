@@ -291,89 +291,7 @@ fn main() -> std::process::ExitCode {
                     .and_then(|rt| rt.block_on(run(*args, settings, warnings)))
             })
         }
-        Command::Inspect {
-            what,
-            output,
-            json,
-            watch,
-            healthz_address,
-            bpffs_dir,
-            service,
-            backend,
-        } => init_logging(config::LogFormat::Text, 0).and_then(|()| {
-            inspect::run(
-                &bpffs_dir,
-                what,
-                if json { inspect::Output::Json } else { output },
-                &inspect::Filter { service, backend },
-                &healthz_address,
-                watch,
-            )
-        }),
-        Command::Flows {
-            action:
-                FlowsAction::Flush {
-                    service,
-                    backend,
-                    client,
-                    all,
-                    dry_run,
-                    json,
-                    bpffs_dir,
-                },
-        } => init_logging(config::LogFormat::Text, 0).and_then(|()| {
-            flush::run(
-                &bpffs_dir,
-                &flush::Selector {
-                    service,
-                    backend,
-                    client,
-                    all,
-                },
-                dry_run,
-                json,
-            )
-        }),
-        Command::Monitor {
-            json,
-            bpffs_dir,
-            reasons,
-            service,
-            count,
-            duration,
-            rate,
-        } => init_logging(config::LogFormat::Text, 0).and_then(|()| {
-            let duration = duration
-                .map(|d| {
-                    Duration::try_from_secs_f64(d)
-                        .map_err(|e| anyhow::anyhow!("--duration {d}: {e}"))
-                })
-                .transpose()?;
-            monitor::run(
-                &bpffs_dir,
-                &monitor::Options {
-                    json,
-                    reasons,
-                    service,
-                    count,
-                    duration,
-                    rate,
-                },
-            )
-        }),
-        Command::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut <Cli as clap::CommandFactory>::command(),
-                "lbproxy",
-                &mut std::io::stdout(),
-            );
-            Ok(())
-        }
-        Command::Man { dir } => man(dir.as_deref()),
-        Command::Cleanup { bpffs_dir } => {
-            init_logging(config::LogFormat::Text, 0).and_then(|()| cleanup(&bpffs_dir))
-        }
+        other => init_logging(config::LogFormat::Text, 0).and_then(|()| tool(other)),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -392,6 +310,89 @@ fn main() -> std::process::ExitCode {
             eprintln!("lbproxy: error: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// Every command but `run`: tools that read (or, `flows flush`, edit) the pinned state.
+fn tool(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Run(_) => unreachable!("`run` is not a tool"),
+        Command::Inspect {
+            what,
+            output,
+            json,
+            watch,
+            healthz_address,
+            bpffs_dir,
+            service,
+            backend,
+        } => inspect::run(
+            &bpffs_dir,
+            what,
+            if json { inspect::Output::Json } else { output },
+            &inspect::Filter { service, backend },
+            &healthz_address,
+            watch,
+        ),
+        Command::Flows {
+            action:
+                FlowsAction::Flush {
+                    service,
+                    backend,
+                    client,
+                    all,
+                    dry_run,
+                    json,
+                    bpffs_dir,
+                },
+        } => flush::run(
+            &bpffs_dir,
+            &flush::Selector {
+                filter: inspect::Filter { service, backend },
+                client,
+                all,
+            },
+            dry_run,
+            json,
+        ),
+        Command::Monitor {
+            json,
+            bpffs_dir,
+            reasons,
+            service,
+            count,
+            duration,
+            rate,
+        } => monitor::run(
+            &bpffs_dir,
+            &monitor::Options {
+                json,
+                reasons,
+                filter: inspect::Filter {
+                    service,
+                    backend: None,
+                },
+                count,
+                duration: duration
+                    .map(|d| {
+                        Duration::try_from_secs_f64(d)
+                            .map_err(|e| anyhow::anyhow!("--duration {d}: {e}"))
+                    })
+                    .transpose()?,
+                rate,
+            },
+        ),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "lbproxy",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
+        Command::Man { dir } => man(dir.as_deref()),
+        Command::Cleanup { bpffs_dir } => cleanup(&bpffs_dir),
     }
 }
 

@@ -34,8 +34,8 @@ pub struct Options {
     pub json: bool,
     /// Only events of these reasons (labels, as in `inspect drops`); empty: all.
     pub reasons: Vec<String>,
-    /// Only events whose service is this (`namespace/name` or `namespace/name:port`).
-    pub service: Option<String>,
+    /// Only events of this service (`--service`, matched as `inspect` matches it).
+    pub filter: crate::inspect::Filter,
     /// Stop after this many events were printed.
     pub count: Option<u64>,
     /// Stop after this long.
@@ -147,10 +147,7 @@ pub fn run(dir: &Path, opts: &Options) -> anyhow::Result<()> {
 
 fn wanted(opts: &Options, row: &EventRow) -> bool {
     (opts.reasons.is_empty() || opts.reasons.contains(&row.reason))
-        && opts
-            .service
-            .as_deref()
-            .is_none_or(|want| crate::flush::service_matches(want, &row.service))
+        && opts.filter.service_ok(&row.service)
 }
 
 /// Waits until the ring buffer has data, or `timeout`.
