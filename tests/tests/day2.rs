@@ -303,29 +303,44 @@ fn monitor_rate_cap_holds_under_a_burst() {
     );
 }
 
-/// `flows flush` JSON output, parsed; panics with the output when it fails.
-fn flush(lab: &Lab, args: &[&str]) -> Value {
+/// `lbproxy ARGS --bpffs-dir DIR` in the lab's node namespace: (whether it succeeded,
+/// stdout, stderr).
+fn tool(lab: &Lab, args: &[&str]) -> (bool, String, String) {
     let dir = lab.bpffs_dir().display().to_string();
-    let mut argv = vec!["flows", "flush", "--json", "--bpffs-dir", &dir];
-    argv.extend_from_slice(args);
+    let argv: Vec<&str> = args.iter().copied().chain(["--bpffs-dir", &dir]).collect();
     let out = lab.lbproxy_cmd(&argv);
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
+    (
         out.status.success(),
-        "lbproxy {argv:?} failed: {}{text}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `lbproxy ARGS` that must succeed: its stdout.
+fn tool_ok(lab: &Lab, args: &[&str]) -> String {
+    let (ok, out, err) = tool(lab, args);
+    assert!(ok, "lbproxy {args:?} failed: {err}{out}");
+    out
+}
+
+/// `flows flush --json ARGS`, parsed.
+fn flush(lab: &Lab, args: &[&str]) -> Value {
+    let argv: Vec<&str> = ["flows", "flush", "--json"]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    let text = tool_ok(lab, &argv);
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad JSON ({e}): {text}"))
 }
 
 /// `flows flush` with bad input: the error names the flag and the value.
 fn flush_fails(lab: &Lab, args: &[&str], expect: &str) {
-    let dir = lab.bpffs_dir().display().to_string();
-    let mut argv = vec!["flows", "flush", "--bpffs-dir", &dir];
-    argv.extend_from_slice(args);
-    let out = lab.lbproxy_cmd(&argv);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "lbproxy {argv:?} must fail");
+    let argv: Vec<&str> = ["flows", "flush"]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    let (ok, _, err) = tool(lab, &argv);
+    assert!(!ok, "lbproxy {argv:?} must fail");
     assert!(
         err.contains(expect),
         "lbproxy {argv:?}: error {err:?} lacks {expect:?}"
@@ -497,19 +512,13 @@ fn version_completions_and_man_pages() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// `lbproxy inspect ARGS` in the lab's node namespace; stdout, or a panic with stderr.
+/// `lbproxy inspect ARGS`: its stdout, or a panic with stderr.
 fn inspect(lab: &Lab, args: &[&str]) -> String {
-    let dir = lab.bpffs_dir().display().to_string();
-    let mut argv = vec!["inspect"];
-    argv.extend_from_slice(args);
-    argv.extend_from_slice(&["--bpffs-dir", &dir]);
-    let out = lab.lbproxy_cmd(&argv);
-    assert!(
-        out.status.success(),
-        "lbproxy {argv:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("UTF-8")
+    let argv: Vec<&str> = ["inspect"]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    tool_ok(lab, &argv)
 }
 
 /// `inspect services -o yaml`, one backend per line with its state (ready, terminating
