@@ -269,16 +269,17 @@ fn kubectl() -> PathBuf {
     bin
 }
 
-/// `kubectl kustomize DIR` (repo-relative), as text; panics with kubectl's error.
-fn render(dir: &str) -> String {
+/// `kubectl kustomize DIR`, as text; panics with kubectl's error.
+fn render(dir: &Path) -> String {
     let out = Command::new(kubectl())
         .arg("kustomize")
-        .arg(repo_root().join(dir))
+        .arg(dir)
         .output()
-        .unwrap_or_else(|e| panic!("running kubectl kustomize {dir}: {e}"));
+        .unwrap_or_else(|e| panic!("running kubectl kustomize {}: {e}", dir.display()));
     assert!(
         out.status.success(),
-        "kubectl kustomize {dir} failed: {}",
+        "kubectl kustomize {} failed: {}",
+        dir.display(),
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).expect("UTF-8 output")
@@ -309,7 +310,7 @@ fn docs_with(kustomization: &str) -> Vec<Doc> {
         .collect();
     sources.push((
         format!("{kustomization} (kubectl kustomize)"),
-        render(kustomization),
+        render(&repo_root().join(kustomization)),
     ));
     let (mut docs, mut problems) = (Vec::new(), Vec::new());
     for (rel, text) in &sources {
@@ -1020,17 +1021,7 @@ fn a_config_change_rolls_the_pods() {
         std::fs::copy(base.join(f), copy.join(f)).unwrap_or_else(|e| panic!("copy {f}: {e}"));
     }
     let name = |dir: &Path| {
-        let out = Command::new(kubectl())
-            .arg("kustomize")
-            .arg(dir)
-            .output()
-            .expect("kubectl kustomize");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let (docs, p) = parse_file("rendered", &String::from_utf8_lossy(&out.stdout));
+        let (docs, p) = parse_file("rendered", &render(dir));
         assert!(p.is_empty(), "{p:?}");
         let ds: DaemonSet = find(&docs, "DaemonSet", DAEMONSET).typed();
         config_source(&ds).expect("config volume").0
