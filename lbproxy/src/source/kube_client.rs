@@ -1,6 +1,6 @@
 //! The API client's tower layer: client-go's `rest_client_*` metrics, measured around every
 //! request the kube client sends, and kube-proxy's client rate limit
-//! (`clientConnection.qps`/`burst`, a token bucket in front of each request).
+//! (`clientConnection.qps`/`burst`, a rate limiter in front of each request).
 //!
 //! - `rest_client_requests_total{code,method,host}`: one per response (`code` is the status,
 //!   or `<error>` when none came back).
@@ -9,11 +9,13 @@
 //!   are elided (`{namespace}`, `{name}`), so the label set stays bounded.
 
 use std::future::Future;
+use std::num::NonZeroU32;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -39,37 +41,16 @@ pub fn duration_buckets() -> Histogram {
     ])
 }
 
-/// A token bucket: `qps` tokens a second, at most `burst` saved up. A negative `qps`
-/// means no limit.
-#[derive(Debug)]
-struct Bucket {
-    qps: f64,
-    burst: f64,
-    state: Mutex<(f64, Instant)>,
-}
-
-impl Bucket {
-    /// How long to wait before sending one more request (and takes its token).
-    fn take(&self) -> Duration {
-        if self.qps < 0.0 {
-            return Duration::ZERO;
-        }
-        let mut st = self
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let now = Instant::now();
-        let (tokens, at) = *st;
-        let tokens = (tokens + now.saturating_duration_since(at).as_secs_f64() * self.qps)
-            .min(self.burst)
-            - 1.0;
-        *st = (tokens, now);
-        if tokens >= 0.0 {
-            Duration::ZERO
-        } else {
-            Duration::from_secs_f64(-tokens / self.qps)
-        }
+/// kube-proxy's `clientConnection.qps`/`burst` as a rate limiter (governor's GCRA: `qps`
+/// requests a second, `burst` at once). `None` for a negative `qps` (the file's 0 is the
+/// default, 5, by then): no limit.
+fn limiter(qps: f32, burst: u32) -> Option<Arc<DefaultDirectRateLimiter>> {
+    if qps <= 0.0 {
+        return None;
     }
+    let quota = Quota::with_period(Duration::from_secs_f64(1.0 / f64::from(qps)))?
+        .allow_burst(NonZeroU32::new(burst.max(1))?);
+    Some(Arc::new(RateLimiter::direct(quota)))
 }
 
 /// What the layer records into, and its limit.
@@ -78,7 +59,7 @@ pub struct ClientMetrics {
     host: String,
     requests: Family<RequestLabel, Counter>,
     duration: Family<DurationLabel, Histogram, fn() -> Histogram>,
-    bucket: Arc<Bucket>,
+    limiter: Option<Arc<DefaultDirectRateLimiter>>,
 }
 
 impl ClientMetrics {
@@ -95,11 +76,7 @@ impl ClientMetrics {
             host,
             requests: metrics.rest_requests.clone(),
             duration: metrics.rest_duration.clone(),
-            bucket: Arc::new(Bucket {
-                qps: f64::from(qps),
-                burst: f64::from(burst.max(1)),
-                state: Mutex::new((f64::from(burst.max(1)), Instant::now())),
-            }),
+            limiter: limiter(qps, burst),
         }
     }
 }
@@ -166,14 +143,13 @@ where
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let method = req.method().as_str().to_string();
         let url = format!("https://{}{}", self.m.host, url_template(req.uri().path()));
-        let wait = self.m.bucket.take();
         // The client's futures do nothing until polled: waiting before the first poll
         // delays the request itself.
         let request = self.inner.call(req);
         let m = self.m.clone();
         Box::pin(async move {
-            if !wait.is_zero() {
-                tokio::time::sleep(wait).await;
+            if let Some(l) = &m.limiter {
+                l.until_ready().await;
             }
             let started = Instant::now();
             let result = request.await;
@@ -223,24 +199,19 @@ mod tests {
     }
 
     #[test]
-    fn bucket_spaces_requests_after_the_burst() {
-        let b = Bucket {
-            qps: 10.0,
-            burst: 2.0,
-            state: Mutex::new((2.0, Instant::now())),
-        };
-        assert_eq!(b.take(), Duration::ZERO);
-        assert_eq!(b.take(), Duration::ZERO);
-        let w = b.take();
+    fn the_limit_spaces_requests_after_the_burst() {
+        use governor::clock::Clock as _;
+        let l = limiter(10.0, 2).expect("a limit");
+        assert!(l.check().is_ok());
+        assert!(l.check().is_ok());
+        let w = l
+            .check()
+            .expect_err("a third request at once is over the burst")
+            .wait_time_from(governor::clock::DefaultClock::default().now());
         assert!(
             w > Duration::from_millis(80) && w <= Duration::from_millis(100),
             "{w:?}"
         );
-        let none = Bucket {
-            qps: -1.0,
-            burst: 1.0,
-            state: Mutex::new((0.0, Instant::now())),
-        };
-        assert_eq!(none.take(), Duration::ZERO);
+        assert!(limiter(-1.0, 1).is_none(), "a negative qps is no limit");
     }
 }
