@@ -10,6 +10,7 @@
 //! FIN/RST flags) and `LB_FLOWS_V2` (40-byte values, without the client address a source
 //! NAT rewrites).
 
+use crate::family::{Addr, V4, V6};
 use crate::spec::{MapKind, MapSpec};
 
 /// The flow map's default capacity; `--flow-map-size` sets it at load time.
@@ -34,7 +35,7 @@ pub const FLOW_F_RST: u8 = 0x02;
 pub const FLOW_DIR_FORWARD: u8 = 0;
 pub const FLOW_DIR_REPLY: u8 = 1;
 
-/// Key of `LB_FLOWS_V3` (and V2, V1).
+/// Key of `LB_FLOWS_V3` (and V2, V1) and, with IPv6 addresses, of the IPv6 flow table to come.
 ///
 /// A forward entry is keyed by the packet as the client sent it (client -> VIP). A reply
 /// entry is keyed by the packet as the backend sends it (backend -> client), with the
@@ -42,24 +43,29 @@ pub const FLOW_DIR_REPLY: u8 = 1;
 /// when the flow is source-NATed, another port when its tuple clashed).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct FlowKey {
-    pub src_addr: [u8; 4],
-    pub dst_addr: [u8; 4],
+pub struct FlowKeyOf<A> {
+    pub src_addr: A,
+    pub dst_addr: A,
     pub src_port_be: u16,
     pub dst_port_be: u16,
     pub proto: u8,
     pub dir: u8,
     pub _pad: [u8; 2],
 }
+/// An IPv4 flow key (`LB_FLOWS_V3`).
+pub type FlowKey = FlowKeyOf<V4>;
+/// An IPv6 flow key (the layout of the IPv6 flow table to come).
+pub type FlowKey6 = FlowKeyOf<V6>;
 const _: () = assert!(core::mem::size_of::<FlowKey>() == 16);
+const _: () = assert!(core::mem::size_of::<FlowKey6>() == 40);
 
-impl FlowKey {
+impl<A: Addr> FlowKeyOf<A> {
     /// The key of the other half of the flow whose entry is `self` -> `v`: the reply key of a
     /// forward entry, the forward key of a reply entry.
     #[inline(always)]
-    pub const fn partner(&self, v: &FlowValue) -> FlowKey {
+    pub const fn partner(&self, v: &FlowValueOf<A>) -> FlowKeyOf<A> {
         if self.dir == FLOW_DIR_FORWARD {
-            FlowKey {
+            FlowKeyOf {
                 src_addr: v.nat_addr,
                 dst_addr: v.peer_addr,
                 src_port_be: v.nat_port_be,
@@ -69,7 +75,7 @@ impl FlowKey {
                 _pad: [0; 2],
             }
         } else {
-            FlowKey {
+            FlowKeyOf {
                 src_addr: v.peer_addr,
                 dst_addr: v.nat_addr,
                 src_port_be: v.peer_port_be,
@@ -82,7 +88,7 @@ impl FlowKey {
     }
 }
 
-/// Value of `LB_FLOWS_V3`.
+/// Value of `LB_FLOWS_V3` and, with IPv6 addresses, of the IPv6 flow table to come.
 ///
 /// - Forward entry: the destination becomes `nat_addr:nat_port_be` (the backend) and the
 ///   source becomes `peer_addr:peer_port_be`: the client's own address and port, or
@@ -101,8 +107,8 @@ impl FlowKey {
 /// Times are `bpf_ktime_get_coarse_ns` (CLOCK_MONOTONIC at tick resolution).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FlowValue {
-    pub nat_addr: [u8; 4],
+pub struct FlowValueOf<A: Addr> {
+    pub nat_addr: A,
     pub nat_port_be: u16,
     pub peer_port_be: u16,
     /// `FLOW_STATE_*`.
@@ -117,18 +123,28 @@ pub struct FlowValue {
     /// 0 when unknown (a forward half recreated from its reply half, or migrated from V1).
     /// Reply half: 0.
     pub ifindex: u32,
+    /// Keeps `created_ns` aligned after an IPv6 `nat_addr` (no bytes for IPv4).
+    pub _pad_a: A::Pad,
     pub created_ns: u64,
     pub last_seen_ns: u64,
     /// Forward half: the source address the backend sees (the client's own, or the node's
     /// when source-NATed). Reply half: the client's own address, restored as the
     /// destination.
-    pub peer_addr: [u8; 4],
+    pub peer_addr: A,
     /// Zero; room for more without a new layout.
     pub _reserved: u32,
+    /// Makes an IPv6 entry's size a multiple of 8 explicitly (no bytes for IPv4).
+    pub _pad_b: A::Pad,
 }
+/// An IPv4 flow entry (`LB_FLOWS_V3`).
+pub type FlowValue = FlowValueOf<V4>;
+/// An IPv6 flow entry (the layout of the IPv6 flow table to come).
+pub type FlowValue6 = FlowValueOf<V6>;
 const _: () = assert!(core::mem::size_of::<FlowValue>() == 48);
+const _: () = assert!(core::mem::size_of::<FlowValue6>() == 80);
+const _: () = assert!(core::mem::offset_of!(FlowValue6, created_ns) == 40);
 
-impl FlowValue {
+impl<A: Addr> FlowValueOf<A> {
     /// Whether this flow is over as far as this half can tell: a RST either way, or (with
     /// the partner's flags) a FIN both ways.
     #[inline(always)]
@@ -142,7 +158,7 @@ impl FlowValue {
     /// since the stack drops a packet that arrives with one of the node's own addresses as
     /// its source.
     #[inline(always)]
-    pub fn snat(&self, key: &FlowKey) -> bool {
+    pub fn snat(&self, key: &FlowKeyOf<A>) -> bool {
         if key.dir == FLOW_DIR_FORWARD {
             self.peer_addr != key.src_addr
         } else {

@@ -73,6 +73,7 @@ pub mod backends;
 pub mod config;
 pub mod delivery;
 pub mod drops;
+pub mod family;
 pub mod flows;
 pub mod frags;
 pub mod hairpin;
@@ -92,15 +93,16 @@ pub mod src_check;
 pub mod src_ranges;
 pub mod unserved;
 
-pub use affinity::{AffinityKey, AffinityValue, MAX_AFFINITY};
-pub use backends::{Backend, MAX_BACKENDS};
+pub use affinity::{AffinityKey, AffinityKey6, AffinityKeyOf, AffinityValue, MAX_AFFINITY};
+pub use backends::{Backend, Backend6, BackendOf, MAX_BACKENDS};
 pub use config::{CONFIG_F_STACK_BYPASS, DatapathConfig};
 pub use delivery::Delivery;
 pub use drops::DropReason;
+pub use family::Addr;
 pub use flows::{
     DEFAULT_FLOW_MAP_SIZE, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_F_FIN, FLOW_F_RST,
     FLOW_STATE_CLOSING_V1, FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE, FLOW_STATE_SYN_SENT, FlowKey,
-    FlowValue, FlowValueV1, FlowValueV2,
+    FlowKey6, FlowKeyOf, FlowValue, FlowValue6, FlowValueOf, FlowValueV1, FlowValueV2,
 };
 pub use frags::{FragKey, FragPorts, MAX_FRAG_DATAGRAMS};
 pub use hairpin::HAIRPIN_ADDR;
@@ -117,7 +119,8 @@ pub use pod_ifs::{MAX_POD_IFS, POD_IF_BRIDGE, POD_IF_NETKIT, POD_IF_VETH, PodIf}
 pub use services::{
     MAX_SERVICES, SCOPE_DEFAULT, SCOPE_INTERNAL, SVC_F_LOCAL_ONLY, SVC_F_SNAT, SVC_F_SOURCE_RANGES,
     SVC_F_SPLIT_SCOPE, SVC_F_TERMINATING_FALLBACK, SVC_KIND_CLUSTER_IP, SVC_KIND_EXTERNAL_IP,
-    SVC_KIND_LOAD_BALANCER, SVC_KIND_NODE_PORT, ServiceKey, ServiceValue, ServiceValueV1,
+    SVC_KIND_LOAD_BALANCER, SVC_KIND_NODE_PORT, ServiceKey, ServiceKey6, ServiceKeyOf,
+    ServiceValue, ServiceValueV1,
 };
 pub use slots::{MAX_SLOTS, SlotKey};
 pub use sock::{SOCK_F_ALL_NETNS, SOCK_F_ENABLED, SockConfig, SockEvent, SockRevKey, SockRevValue};

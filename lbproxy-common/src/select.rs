@@ -11,6 +11,8 @@
 //! backend, and the datapath runs at most [`JUMP_MAX_STEPS`] iterations of integer arithmetic
 //! per new flow.
 
+use crate::family::Addr;
+
 /// Bound on the loop, for the verifier. The expected number of steps is ln(n) + 1;
 /// 64 steps reach beyond n = 10^20.
 pub const JUMP_MAX_STEPS: u32 = 64;
@@ -43,17 +45,18 @@ pub fn jump(mut key: u64, n: u32) -> u32 {
 /// trying ports, as with any deterministic choice, but cannot predict it, nor carry what it
 /// learnt to another node (another seed) or another client address.
 ///
-/// Seed 0 gives the hash lbproxy used before seeds existed.
+/// Seed 0 gives the hash lbproxy used before seeds existed. An IPv6 address is folded to 32
+/// bits first ([`Addr::fold`]); an IPv4 address is hashed as it is.
 #[inline(always)]
-pub fn flow_hash(
+pub fn flow_hash<A: Addr>(
     seed: u64,
-    src: [u8; 4],
-    dst: [u8; 4],
+    src: A,
+    dst: A,
     sport_be: u16,
     dport_be: u16,
     proto: u8,
 ) -> u64 {
-    let a = u64::from(u32::from_ne_bytes(src)) << 32 | u64::from(u32::from_ne_bytes(dst));
+    let a = u64::from(src.fold()) << 32 | u64::from(dst.fold());
     let b = u64::from(sport_be) << 32 | u64::from(dport_be) << 16 | u64::from(proto);
     fmix64(fmix64(a ^ seed) ^ b.wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
@@ -80,7 +83,7 @@ pub const CLASH_PORT_MIN: u16 = 1024;
 /// 1024..=65535 by the seeded hash, as netfilter picks a free port in that range for the
 /// same clash; deterministic, so the attempts of one flow are the same on every retry.
 #[inline(always)]
-pub fn clash_port(seed: u64, src: [u8; 4], backend: [u8; 4], sport_be: u16, attempt: u32) -> u16 {
+pub fn clash_port<A: Addr>(seed: u64, src: A, backend: A, sport_be: u16, attempt: u32) -> u16 {
     let h = fmix64(
         flow_hash(seed, src, backend, sport_be, 0, 0)
             ^ u64::from(attempt + 1).wrapping_mul(0x9e37_79b9),

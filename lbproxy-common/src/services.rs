@@ -6,6 +6,7 @@
 //! layout. All-zero scope, kind and flags is exactly what every entry held before they were
 //! named, so entries written by earlier versions keep their meaning.
 
+use crate::family::{V4, V6};
 use crate::spec::{MapKind, MapSpec};
 
 /// Room in `LB_SERVICES_V2`, and in `LB_LABELS_V1` (one label per `svc_id`).
@@ -54,15 +55,22 @@ pub const SVC_F_TERMINATING_FALLBACK: u16 = 1 << 4;
 /// VIP:port/proto, in one lookup scope.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ServiceKey {
-    pub addr: [u8; 4],
+pub struct ServiceKeyOf<A> {
+    pub addr: A,
     pub port_be: u16,
     pub proto: u8,
     /// `SCOPE_*`: [`SCOPE_DEFAULT`], or [`SCOPE_INTERNAL`] for the pods' entry of a split
     /// frontend. (This byte was padding, always 0.)
     pub scope: u8,
 }
+/// An IPv4 frontend (`LB_SERVICES_V2`).
+pub type ServiceKey = ServiceKeyOf<V4>;
+/// An IPv6 frontend (the layout of the IPv6 frontend map to come); its value is the same [`ServiceValue`], its
+/// `svc_id` from the same id space, so slots, members, labels and flows name services alike
+/// in both families.
+pub type ServiceKey6 = ServiceKeyOf<V6>;
 const _: () = assert!(core::mem::size_of::<ServiceKey>() == 8);
+const _: () = assert!(core::mem::size_of::<ServiceKey6>() == 20);
 
 /// Value of `LB_SERVICES_V2`.
 ///

@@ -1,5 +1,8 @@
 //! Stage 3: the flow table. lbproxy's own state, not the kernel's conntrack.
 //!
+//! Written once for both families (`family::Family`): `LB_FLOWS_V3` holds the IPv4 flows,
+//! `LB6_FLOWS_V1` the IPv6 ones, with the same halves.
+//!
 //! A flow is two entries in `LB_FLOWS_V3`, its halves: a forward entry keyed by the client's
 //! packet (client -> VIP) that names the backend, and a reply entry keyed by the backend's
 //! packet (backend -> client) that names the VIP to restore. Each half names its partner
@@ -36,15 +39,16 @@ use aya_ebpf::{
     helpers::generated::bpf_ktime_get_coarse_ns,
 };
 use lbproxy_common::{
-    DropReason, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_F_FIN, FLOW_F_RST, FLOW_STATE_ESTABLISHED,
-    FLOW_STATE_NONE, FLOW_STATE_SYN_SENT, FlowKey, FlowValue, IPPROTO_TCP, IPPROTO_UDP,
-    ServiceValue,
+    Addr, DropReason, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_F_FIN, FLOW_F_RST,
+    FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE, FLOW_STATE_SYN_SENT, FlowKeyOf, FlowValueOf,
+    IPPROTO_TCP, IPPROTO_UDP, ServiceValue,
     select::{CLASH_PORT_ATTEMPTS, clash_port},
 };
 
 use crate::{
+    family::Family,
     lb::{affinity, select},
-    maps::{LB_FLOWS_V3, LB_SNATTRIES_V1},
+    maps::LB_SNATTRIES_V1,
     parse::{Packet, TCP_FLAG_FIN, TCP_FLAG_RST},
     reason::{Verdict, count},
 };
@@ -54,9 +58,9 @@ const TOUCH_INTERVAL_NS: u64 = 1_000_000_000;
 
 /// Where a packet is translated to.
 #[derive(Clone, Copy)]
-pub struct NatTarget {
+pub struct NatTarget<A = [u8; 4]> {
     /// Forward: the backend. Reply: the VIP.
-    pub addr: [u8; 4],
+    pub addr: A,
     pub port_be: u16,
     /// The client's port on the far side of the translation. Forward: the source port the
     /// backend sees (the client's own, unless the tuple clashed or the flow is
@@ -64,12 +68,12 @@ pub struct NatTarget {
     pub peer_port_be: u16,
     /// The same for the address. Forward: the source address the backend sees (the
     /// client's own, or the node's when source-NATed). Reply: the client's own address.
-    pub peer_addr: [u8; 4],
+    pub peer_addr: A,
 }
 
-impl NatTarget {
+impl<A: Addr> NatTarget<A> {
     #[inline(always)]
-    fn of(v: &FlowValue) -> NatTarget {
+    fn of(v: &FlowValueOf<A>) -> NatTarget<A> {
         NatTarget {
             addr: v.nat_addr,
             port_be: v.nat_port_be,
@@ -90,18 +94,18 @@ impl NatTarget {
 /// it likes, a map pointer included, which the verifier refuses. A caller whose sources
 /// never set `snat` (`lb_from_pod`) has the SNAT port search folded away.
 #[derive(Clone, Copy)]
-pub struct Source {
+pub struct Source<A = [u8; 4]> {
     pub snat: bool,
-    /// The source address the backend sees; `0.0.0.0`: the client's own.
-    pub addr: [u8; 4],
+    /// The source address the backend sees; the unspecified address: the client's own.
+    pub addr: A,
     pub min: u16,
     pub max: u16,
 }
 
-impl Source {
-    pub const CLIENT: Source = Source {
+impl<A: Addr> Source<A> {
+    pub const CLIENT: Source<A> = Source {
         snat: false,
-        addr: [0; 4],
+        addr: A::ZERO,
         min: 0,
         max: 0,
     };
@@ -114,7 +118,7 @@ const _: () = assert!(lbproxy_common::snat_tries::MAX_SNAT_TRIES == SNAT_ATTEMPT
 const SNAT_RANDOM_ATTEMPTS: u32 = 8;
 
 #[inline(always)]
-fn touch(entry: *mut FlowValue, now: u64) {
+fn touch<A: Addr>(entry: *mut FlowValueOf<A>, now: u64) {
     // SAFETY: `entry` came from a successful lookup; a racing writer can only store another
     // timestamp, which is harmless.
     unsafe {
@@ -127,7 +131,7 @@ fn touch(entry: *mut FlowValue, now: u64) {
 /// Records this packet's FIN or RST in its own half's `flags` (a single-byte write, and only
 /// when it changes).
 #[inline(always)]
-fn note_close(entry: *mut FlowValue, pkt: &Packet) {
+fn note_close<A: Addr>(entry: *mut FlowValueOf<A>, pkt: &Packet<A>) {
     if pkt.proto != IPPROTO_TCP {
         return;
     }
@@ -149,8 +153,8 @@ fn note_close(entry: *mut FlowValue, pkt: &Packet) {
 
 /// The key of a packet as it travels, in direction `dir`.
 #[inline(always)]
-fn key_of(pkt: &Packet, dir: u8) -> FlowKey {
-    FlowKey {
+fn key_of<A: Addr>(pkt: &Packet<A>, dir: u8) -> FlowKeyOf<A> {
+    FlowKeyOf {
         src_addr: pkt.src_addr,
         dst_addr: pkt.dst_addr,
         src_port_be: pkt.src_port_be,
@@ -164,14 +168,14 @@ fn key_of(pkt: &Packet, dir: u8) -> FlowKey {
 /// The reply key of a flow from `client` (at port `client_port_be` as the backend sees it)
 /// to `backend`.
 #[inline(always)]
-fn reply_key(
-    backend: [u8; 4],
+fn reply_key<A: Addr>(
+    backend: A,
     backend_port_be: u16,
-    client: [u8; 4],
+    client: A,
     client_port_be: u16,
     proto: u8,
-) -> FlowKey {
-    FlowKey {
+) -> FlowKeyOf<A> {
+    FlowKeyOf {
         src_addr: backend,
         dst_addr: client,
         src_port_be: backend_port_be,
@@ -184,7 +188,7 @@ fn reply_key(
 
 /// Whether the reply entry `r` is the partner of the forward entry `f` keyed `fkey`.
 #[inline(always)]
-fn pairs(fkey: &FlowKey, f: &FlowValue, r: &FlowValue) -> bool {
+fn pairs<A: Addr>(fkey: &FlowKeyOf<A>, f: &FlowValueOf<A>, r: &FlowValueOf<A>) -> bool {
     r.nat_addr == fkey.dst_addr
         && r.peer_addr == fkey.src_addr
         && r.nat_port_be == fkey.dst_port_be
@@ -194,9 +198,12 @@ fn pairs(fkey: &FlowKey, f: &FlowValue, r: &FlowValue) -> bool {
 }
 
 #[inline(always)]
-fn insert(key: &FlowKey, value: &FlowValue, flags: u32) -> Result<(), Verdict> {
-    LB_FLOWS_V3
-        .insert(*key, *value, u64::from(flags))
+fn insert<A: Family>(
+    key: &FlowKeyOf<A>,
+    value: &FlowValueOf<A>,
+    flags: u32,
+) -> Result<(), Verdict> {
+    A::flow_insert(key, value, u64::from(flags))
         .map_err(|_| Verdict::Drop(DropReason::FlowInsertFailed))
 }
 
@@ -227,27 +234,27 @@ fn insert(key: &FlowKey, value: &FlowValue, flags: u32) -> Result<(), Verdict> {
 /// reused): a pod cannot send on another pod's interface, so the check is paid once per
 /// tuple and interface, not per packet.
 #[inline(always)]
-pub fn forward(
-    pkt: &Packet,
+pub fn forward<A: Family>(
+    pkt: &Packet<A>,
     svc: &ServiceValue,
     seed: u64,
     ingress: u32,
     verify: impl Fn() -> Result<(), DropReason>,
-    source: impl Fn([u8; 4], u16) -> Result<Source, DropReason>,
-) -> Result<NatTarget, Verdict> {
+    source: impl Fn(A, u16) -> Result<Source<A>, DropReason>,
+) -> Result<NatTarget<A>, Verdict> {
     let key = key_of(pkt, FLOW_DIR_FORWARD);
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     let mut verified = false;
     // The reply key of this tuple's previous flow, when it is that flow's own partner: it is
     // removed or replaced below, never left behind.
-    let mut old_reply: Option<FlowKey> = None;
+    let mut old_reply: Option<FlowKeyOf<A>> = None;
     // That previous flow's two halves and its choice (service, backend), when the new flow
     // may reuse them in place (see `reopen`).
-    let mut reusable: Option<Reusable> = None;
-    if let Some(entry) = LB_FLOWS_V3.get_ptr_mut(key) {
+    let mut reusable: Option<Reusable<A>> = None;
+    if let Some(entry) = A::flow(&key) {
         // SAFETY: a successful lookup. Fields are only written one at a time elsewhere, so
         // each one read here is whole.
-        let f = unsafe { *entry };
+        let f = unsafe { &*entry };
         if f.ifindex != ingress {
             verify().map_err(Verdict::Drop)?;
             // SAFETY: a single-field write to an entry from a successful lookup.
@@ -258,37 +265,33 @@ pub fn forward(
         // checked again.
         verified = true;
         let live = f.svc_id == svc.svc_id
-            && matches!(select::backend(f.backend_id), Some(b) if b.addr == f.nat_addr && b.port_be == f.nat_port_be);
-        let rkey = key.partner(&f);
-        let partner = LB_FLOWS_V3.get_ptr_mut(rkey);
+            && matches!(select::backend::<A>(f.backend_id), Some(b) if b.addr == f.nat_addr && b.port_be == f.nat_port_be);
+        let rkey = key.partner(f);
+        let partner = A::flow(&rkey);
         // SAFETY: as above.
         let (ours, partner_flags) = match partner {
-            Some(r) => unsafe { (pairs(&key, &f, &*r), (*r).flags) },
+            Some(r) => unsafe { (pairs(&key, f, &*r), (*r).flags) },
             None => (false, 0),
         };
         // A SYN on a flow that never got an answer, or that saw a FIN or RST either way
         // (source port reused), starts over.
         let syn_retry =
             pkt.is_syn() && (f.state == FLOW_STATE_SYN_SENT || (f.flags | partner_flags) != 0);
-        let target = NatTarget::of(&f);
+        let target = NatTarget::of(f);
         if live && !syn_retry && (ours || partner.is_none()) {
             touch(entry, now);
             note_close(entry, pkt);
             if partner.is_none() {
                 // The reply half was evicted alone: recreate it from this one, or the
                 // backend's answers would leave untranslated.
-                let reply = FlowValue {
-                    nat_addr: pkt.dst_addr,
-                    nat_port_be: pkt.dst_port_be,
-                    peer_port_be: pkt.src_port_be,
-                    peer_addr: pkt.src_addr,
-                    flags: 0,
-                    last_seen_ns: now,
-                    ..f
-                };
-                if insert(&rkey, &reply, BPF_NOEXIST).is_ok() {
-                    count(DropReason::FlowHalfRecreated);
-                }
+                recreate_partner(
+                    &rkey,
+                    entry,
+                    (pkt.dst_addr, pkt.dst_port_be),
+                    (pkt.src_addr, pkt.src_port_be),
+                    f.state,
+                    now,
+                );
             }
             return Ok(target);
         }
@@ -306,9 +309,9 @@ pub fn forward(
         if !live && pkt.proto == IPPROTO_TCP && !pkt.is_syn() {
             // Forget both halves of the old flow.
             if ours {
-                let _ = LB_FLOWS_V3.remove(rkey);
+                A::flow_remove(&rkey);
             }
-            let _ = LB_FLOWS_V3.remove(key);
+            A::flow_remove(&key);
             return Err(Verdict::Reject(DropReason::BackendGoneReset));
         }
         if live && !syn_retry {
@@ -336,23 +339,8 @@ pub fn forward(
         count(DropReason::MidstreamWithoutFlow);
         FLOW_STATE_ESTABLISHED
     };
-    let reply = FlowValue {
-        nat_addr: pkt.dst_addr,
-        nat_port_be: pkt.dst_port_be,
-        peer_port_be: pkt.src_port_be,
-        state,
-        flags: 0,
-        _pad: [0; 2],
-        svc_id: svc.svc_id,
-        backend_id,
-        ifindex: 0,
-        created_ns: now,
-        last_seen_ns: now,
-        peer_addr: pkt.src_addr,
-        _reserved: 0,
-    };
     let nat_source = source(backend.addr, backend.port_be).map_err(Verdict::Drop)?;
-    let peer_addr = if nat_source.addr == [0; 4] {
+    let peer_addr = if nat_source.addr == A::ZERO {
         pkt.src_addr
     } else {
         nat_source.addr
@@ -389,30 +377,47 @@ pub fn forward(
             // The previous flow's SNAT port, kept: one try.
             count_snat_tries(1);
         }
-        return Ok(NatTarget::of(&FlowValue {
-            nat_addr: backend.addr,
-            nat_port_be: backend.port_be,
+        return Ok(NatTarget {
+            addr: backend.addr,
+            port_be: backend.port_be,
             peer_port_be: rkey.dst_port_be,
             peer_addr,
-            ..reply
-        }));
+        });
     }
+    let mut reply = FlowValueOf {
+        nat_addr: pkt.dst_addr,
+        nat_port_be: pkt.dst_port_be,
+        peer_port_be: pkt.src_port_be,
+        state,
+        flags: 0,
+        _pad: [0; 2],
+        svc_id: svc.svc_id,
+        backend_id,
+        ifindex: 0,
+        _pad_a: A::PAD,
+        created_ns: now,
+        last_seen_ns: now,
+        peer_addr: pkt.src_addr,
+        _reserved: 0,
+        _pad_b: A::PAD,
+    };
+    let reply = &mut reply;
     if let Some(old) = old_reply
         && old != rkey
     {
-        let _ = LB_FLOWS_V3.remove(old);
+        A::flow_remove(&old);
     }
     // Reply half first, so the backend's first answer always finds it. The client's own port
     // is used unless another live flow holds that tuple towards this backend.
     let claimed = if old_reply == Some(rkey) {
-        insert(&rkey, &reply, BPF_ANY).is_ok()
+        insert(&rkey, reply, BPF_ANY).is_ok()
     } else if nat_source.snat {
         let port = u16::from_be(pkt.src_port_be);
         port >= nat_source.min
             && port <= nat_source.max
-            && (insert(&rkey, &reply, BPF_NOEXIST).is_ok() || replace_if_stale(&rkey, &reply, &key))
+            && (insert(&rkey, reply, BPF_NOEXIST).is_ok() || replace_if_stale(&rkey, reply, &key))
     } else {
-        insert(&rkey, &reply, BPF_NOEXIST).is_ok() || replace_if_stale(&rkey, &reply, &key)
+        insert(&rkey, reply, BPF_NOEXIST).is_ok() || replace_if_stale(&rkey, reply, &key)
     };
     if nat_source.snat && claimed {
         // The client's own port (or this tuple's previous flow's): the first try.
@@ -423,7 +428,7 @@ pub fn forward(
         let own_tried = u32::from(port >= nat_source.min && port <= nat_source.max);
         rkey.dst_port_be = snat_port(
             &mut rkey,
-            &reply,
+            reply,
             &key,
             nat_source.min,
             nat_source.max,
@@ -435,7 +440,7 @@ pub fn forward(
         while attempt < CLASH_PORT_ATTEMPTS {
             rkey.dst_port_be =
                 clash_port(seed, pkt.src_addr, backend.addr, pkt.src_port_be, attempt);
-            if insert(&rkey, &reply, BPF_NOEXIST).is_ok() {
+            if insert(&rkey, reply, BPF_NOEXIST).is_ok() {
                 found = true;
                 break;
             }
@@ -446,25 +451,62 @@ pub fn forward(
         }
         count(DropReason::TupleClashPortRewritten);
     }
-    let forward = FlowValue {
-        nat_addr: backend.addr,
-        nat_port_be: backend.port_be,
-        peer_port_be: rkey.dst_port_be,
-        peer_addr,
-        ifindex: ingress,
-        ..reply
-    };
+    // The forward half is the reply half with the other ends: built in the same place, which
+    // keeps an IPv6 flow's two 80-byte values from both taking room on the stack.
+    let forward = reply;
+    forward.nat_addr = backend.addr;
+    forward.nat_port_be = backend.port_be;
+    forward.peer_port_be = rkey.dst_port_be;
+    forward.peer_addr = peer_addr;
+    forward.ifindex = ingress;
     // A map update: a CPU reading this key meanwhile sees the old entry or the new one.
-    insert(&key, &forward, BPF_ANY)?;
-    Ok(NatTarget::of(&forward))
+    insert(&key, forward, BPF_ANY)?;
+    Ok(NatTarget::of(forward))
+}
+
+/// Recreates the half `key` (evicted alone) of the flow whose other half is `entry`: its
+/// translation goes to `nat` and back to `peer` (address, port), with `state`; the rest is
+/// `entry`'s. Built where the family keeps new values (`Family::with_new_value`).
+#[inline(always)]
+fn recreate_partner<A: Family>(
+    key: &FlowKeyOf<A>,
+    entry: *const FlowValueOf<A>,
+    nat: (A, u16),
+    peer: (A, u16),
+    state: u8,
+    now: u64,
+) {
+    let inserted = A::with_new_value(|v| {
+        // SAFETY: `entry` came from a successful lookup in this run of the program.
+        let e = unsafe { &*entry };
+        v.nat_addr = nat.0;
+        v.nat_port_be = nat.1;
+        v.peer_port_be = peer.1;
+        v.state = state;
+        v.flags = 0;
+        v._pad = [0; 2];
+        v.svc_id = e.svc_id;
+        v.backend_id = e.backend_id;
+        v.ifindex = 0;
+        v._pad_a = A::PAD;
+        v.created_ns = e.created_ns;
+        v.last_seen_ns = now;
+        v.peer_addr = peer.0;
+        v._reserved = 0;
+        v._pad_b = A::PAD;
+        insert(key, v, BPF_NOEXIST).is_ok()
+    });
+    if inserted == Some(true) {
+        count(DropReason::FlowHalfRecreated);
+    }
 }
 
 /// The two halves of a tuple's previous flow, found by `forward`, and the service and
 /// backend they name.
 #[derive(Clone, Copy)]
-struct Reusable {
-    forward: *mut FlowValue,
-    reply: *mut FlowValue,
+struct Reusable<A: Addr> {
+    forward: *mut FlowValueOf<A>,
+    reply: *mut FlowValueOf<A>,
     svc_id: u32,
     backend_id: u32,
 }
@@ -477,7 +519,7 @@ struct Reusable {
 /// one; and no entry is freed or allocated (two LRU updates, about half of a new flow's cost
 /// on a reused port, measured with `cargo xtask bench programs`).
 #[inline(always)]
-fn reopen(old: &Reusable, state: u8, now: u64) {
+fn reopen<A: Addr>(old: &Reusable<A>, state: u8, now: u64) {
     for half in [old.reply, old.forward] {
         // SAFETY: both came from successful lookups in this run of the program; each write
         // is one aligned field.
@@ -511,10 +553,10 @@ fn count_snat_tries(tries: u32) {
 /// (network order); dropped as `SnatNoPort` when every try found its port held by a live
 /// flow. The tries are counted in `LB_SNATTRIES_V1`.
 #[inline(always)]
-fn snat_port(
-    rkey: &mut FlowKey,
-    reply: &FlowValue,
-    own: &FlowKey,
+fn snat_port<A: Family>(
+    rkey: &mut FlowKeyOf<A>,
+    reply: &FlowValueOf<A>,
+    own: &FlowKeyOf<A>,
     min: u16,
     max: u16,
     own_tried: u32,
@@ -548,18 +590,22 @@ fn snat_port(
 /// (forward key `own`, being replaced now, e.g. after its service was re-created). Returns
 /// whether `reply` is now in place.
 #[inline(always)]
-fn replace_if_stale(rkey: &FlowKey, reply: &FlowValue, own: &FlowKey) -> bool {
-    let Some(r) = LB_FLOWS_V3.get_ptr_mut(*rkey) else {
+fn replace_if_stale<A: Family>(
+    rkey: &FlowKeyOf<A>,
+    reply: &FlowValueOf<A>,
+    own: &FlowKeyOf<A>,
+) -> bool {
+    let Some(r) = A::flow(rkey) else {
         // Removed meanwhile.
         return insert(rkey, reply, BPF_NOEXIST).is_ok();
     };
     // SAFETY: a successful lookup.
-    let r = unsafe { *r };
-    let fkey = rkey.partner(&r);
+    let r = unsafe { &*r };
+    let fkey = rkey.partner(r);
     if fkey == *own {
         return insert(rkey, reply, BPF_ANY).is_ok();
     }
-    let closed = match LB_FLOWS_V3.get_ptr_mut(fkey) {
+    let closed = match A::flow(&fkey) {
         // SAFETY: as above.
         Some(f) => unsafe { r.closed_with((*f).flags) },
         None => r.closed_with(0),
@@ -567,7 +613,7 @@ fn replace_if_stale(rkey: &FlowKey, reply: &FlowValue, own: &FlowKey) -> bool {
     if !closed {
         return false;
     }
-    let _ = LB_FLOWS_V3.remove(fkey);
+    A::flow_remove(&fkey);
     insert(rkey, reply, BPF_ANY).is_ok()
 }
 
@@ -575,18 +621,18 @@ fn replace_if_stale(rkey: &FlowKey, reply: &FlowValue, own: &FlowKey) -> bool {
 /// (and the client's own port), or `None` when the packet is not a reply of a load-balanced
 /// flow. The first TCP answer from the backend moves the flow from SYN_SENT to ESTABLISHED.
 #[inline(always)]
-pub fn reply(pkt: &Packet) -> Option<NatTarget> {
+pub fn reply<A: Family>(pkt: &Packet<A>) -> Option<NatTarget<A>> {
     let key = key_of(pkt, FLOW_DIR_REPLY);
-    let entry = LB_FLOWS_V3.get_ptr_mut(key)?;
+    let entry = A::flow(&key)?;
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     // SAFETY: a successful lookup; see `forward`.
-    let r = unsafe { *entry };
-    let fkey = key.partner(&r);
+    let r = unsafe { &*entry };
+    let fkey = key.partner(r);
     let established = pkt.proto == IPPROTO_TCP && r.state == FLOW_STATE_SYN_SENT;
-    match LB_FLOWS_V3.get_ptr_mut(fkey) {
+    match A::flow(&fkey) {
         Some(f) => {
             // SAFETY: as above.
-            let fv = unsafe { *f };
+            let fv = unsafe { &*f };
             if fv.nat_addr != pkt.src_addr
                 || fv.nat_port_be != pkt.src_port_be
                 || fv.peer_port_be != pkt.dst_port_be
@@ -595,7 +641,7 @@ pub fn reply(pkt: &Packet) -> Option<NatTarget> {
                 // The client's tuple now belongs to another flow (a new connection from the
                 // same port went to another backend): this half is left over from the old
                 // one. Forget it; the packet passes as it is.
-                let _ = LB_FLOWS_V3.remove(key);
+                A::flow_remove(&key);
                 count(DropReason::StaleReplyRemoved);
                 return None;
             }
@@ -610,23 +656,19 @@ pub fn reply(pkt: &Packet) -> Option<NatTarget> {
         None => {
             // The forward half was evicted alone: recreate it, so the client's next packet
             // keeps this backend.
-            let fwd = FlowValue {
-                nat_addr: pkt.src_addr,
-                nat_port_be: pkt.src_port_be,
-                peer_port_be: pkt.dst_port_be,
-                peer_addr: pkt.dst_addr,
-                state: if established {
-                    FLOW_STATE_ESTABLISHED
-                } else {
-                    r.state
-                },
-                flags: 0,
-                last_seen_ns: now,
-                ..r
+            let state = if established {
+                FLOW_STATE_ESTABLISHED
+            } else {
+                r.state
             };
-            if insert(&fkey, &fwd, BPF_NOEXIST).is_ok() {
-                count(DropReason::FlowHalfRecreated);
-            }
+            recreate_partner(
+                &fkey,
+                entry,
+                (pkt.src_addr, pkt.src_port_be),
+                (pkt.dst_addr, pkt.dst_port_be),
+                state,
+                now,
+            );
             if established {
                 // SAFETY: as above.
                 unsafe { (*entry).state = FLOW_STATE_ESTABLISHED };
@@ -635,7 +677,7 @@ pub fn reply(pkt: &Packet) -> Option<NatTarget> {
     }
     touch(entry, now);
     note_close(entry, pkt);
-    Some(NatTarget::of(&r))
+    Some(NatTarget::of(r))
 }
 
 /// A packet from a pod that is not addressed to a frontend: a direct connection. When its
@@ -645,7 +687,7 @@ pub fn reply(pkt: &Packet) -> Option<NatTarget> {
 /// half) or, for UDP, always: the client now talks to the backend directly from that port.
 /// Counted as `stale_reply_removed`. Only a TCP SYN or a UDP packet costs a lookup.
 #[inline(always)]
-pub fn direct(pkt: &Packet) {
+pub fn direct<A: Family>(pkt: &Packet<A>) {
     if !(pkt.is_syn() || pkt.proto == IPPROTO_UDP) {
         return;
     }
@@ -656,21 +698,21 @@ pub fn direct(pkt: &Packet) {
         pkt.src_port_be,
         pkt.proto,
     );
-    let Some(r) = LB_FLOWS_V3.get_ptr_mut(rkey) else {
+    let Some(r) = A::flow(&rkey) else {
         return;
     };
     // SAFETY: a successful lookup.
-    let r = unsafe { *r };
-    let fkey = rkey.partner(&r);
+    let r = unsafe { &*r };
+    let fkey = rkey.partner(r);
     let over = pkt.proto == IPPROTO_UDP
-        || match LB_FLOWS_V3.get_ptr_mut(fkey) {
+        || match A::flow(&fkey) {
             // SAFETY: as above.
             Some(f) => unsafe { r.closed_with((*f).flags) },
             None => true,
         };
     if over {
-        let _ = LB_FLOWS_V3.remove(rkey);
-        let _ = LB_FLOWS_V3.remove(fkey);
+        A::flow_remove(&rkey);
+        A::flow_remove(&fkey);
         count(DropReason::StaleReplyRemoved);
     }
 }
@@ -687,9 +729,9 @@ pub fn quoted_reply(
     sport: u16,
 ) -> Option<NatTarget> {
     let key = reply_key(dst, dport, src, sport, proto);
-    // SAFETY: a plain lookup; the fields are read once each.
-    let r = unsafe { LB_FLOWS_V3.get(key)? };
-    Some(NatTarget::of(r))
+    let r = <[u8; 4]>::flow(&key)?;
+    // SAFETY: a successful lookup; the fields are read once each.
+    Some(NatTarget::of(unsafe { &*r }))
 }
 
 /// The forward half of the flow whose reverse-translated reply was `src:sport -> dst:dport`
@@ -703,7 +745,7 @@ pub fn quoted_forward(
     src: [u8; 4],
     sport: u16,
 ) -> Option<NatTarget> {
-    let key = FlowKey {
+    let key = FlowKeyOf {
         src_addr: dst,
         dst_addr: src,
         src_port_be: dport,
@@ -712,7 +754,7 @@ pub fn quoted_forward(
         dir: FLOW_DIR_FORWARD,
         _pad: [0; 2],
     };
+    let f = <[u8; 4]>::flow(&key)?;
     // SAFETY: as above.
-    let f = unsafe { LB_FLOWS_V3.get(key)? };
-    Some(NatTarget::of(f))
+    Some(NatTarget::of(unsafe { &*f }))
 }

@@ -34,6 +34,7 @@
 #![no_main]
 
 mod deliver;
+mod family;
 mod flow;
 mod hairpin;
 mod icmp;

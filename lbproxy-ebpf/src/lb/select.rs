@@ -2,11 +2,12 @@
 
 use lbproxy_common::select::{flow_hash, jump};
 use lbproxy_common::{
-    Backend, DropReason, IPPROTO_TCP, MemberKey, SVC_F_LOCAL_ONLY, ServiceValue, SlotKey,
+    BackendOf, DropReason, IPPROTO_TCP, MemberKey, SVC_F_LOCAL_ONLY, ServiceValue, SlotKey,
 };
 
 use crate::{
-    maps::{LB_BACKENDS_V1, LB_MEMBERS_V1, LB_SLOTS_V1},
+    family::Family,
+    maps::{LB_MEMBERS_V1, LB_SLOTS_V1},
     parse::Packet,
     reason::Verdict,
 };
@@ -18,7 +19,11 @@ use crate::{
 /// `SlotMissing`/`BackendMissing` when the maps are inconsistent (never expected: the
 /// controller writes backends before slots before the count).
 #[inline(always)]
-pub fn select(svc: &ServiceValue, pkt: &Packet, seed: u64) -> Result<(u32, Backend), Verdict> {
+pub fn select<A: Family>(
+    svc: &ServiceValue,
+    pkt: &Packet<A>,
+    seed: u64,
+) -> Result<(u32, BackendOf<A>), Verdict> {
     let proto = pkt.proto;
     if svc.count == 0 && svc.flags & SVC_F_LOCAL_ONLY != 0 {
         // externalTrafficPolicy: Local, and the endpoints are all on other nodes.
@@ -50,7 +55,10 @@ pub fn select(svc: &ServiceValue, pkt: &Packet, seed: u64) -> Result<(u32, Backe
 /// address (`SlotMissing`/`BackendMissing` when the maps are inconsistent). The packet
 /// programs come here through [`select`], the socket programs directly.
 #[inline(always)]
-pub fn select_by_hash(svc: &ServiceValue, hash: u64) -> Result<(u32, Backend), DropReason> {
+pub fn select_by_hash<A: Family>(
+    svc: &ServiceValue,
+    hash: u64,
+) -> Result<(u32, BackendOf<A>), DropReason> {
     let backend_id = slot_backend(svc.svc_id, svc.count, hash);
     if backend_id == 0 {
         return Err(DropReason::SlotMissing);
@@ -82,6 +90,6 @@ pub fn is_member(svc_id: u32, backend_id: u32) -> bool {
 
 /// The backend with this id, if it is still live.
 #[inline(always)]
-pub fn backend(backend_id: u32) -> Option<Backend> {
-    unsafe { LB_BACKENDS_V1.get(backend_id) }.copied()
+pub fn backend<A: Family>(backend_id: u32) -> Option<BackendOf<A>> {
+    A::backend(backend_id)
 }

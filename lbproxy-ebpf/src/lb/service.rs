@@ -2,24 +2,19 @@
 
 use aya_ebpf::btf_maps::lpm_trie::Key;
 use lbproxy_common::{
-    DropReason, NODE_ADDR_F_NODEPORT, SCOPE_DEFAULT, SCOPE_INTERNAL, SVC_F_SOURCE_RANGES,
-    SVC_F_SPLIT_SCOPE, ServiceKey, ServiceValue, SrcRangeData,
+    DropReason, SCOPE_DEFAULT, SCOPE_INTERNAL, SVC_F_SOURCE_RANGES, SVC_F_SPLIT_SCOPE,
+    ServiceKeyOf, ServiceValue, SrcRangeData,
 };
 
-use crate::{
-    maps::{LB_NODEADDRS_V1, LB_SERVICES_V2, LB_SRCRANGES_V1},
-    parse::Packet,
-};
+use crate::{family::Family, maps::LB_SRCRANGES_V1, parse::Packet};
 
 /// `loadBalancerSourceRanges`: a frontend with `SVC_F_SOURCE_RANGES` takes only packets
 /// whose source is in one of its ranges (a longest-prefix lookup of its service id and the
 /// source in `LB_SRCRANGES_V1`); `SourceRangeDenied` otherwise. One flag test for every
 /// other frontend.
 #[inline(always)]
-pub fn source_allowed(svc: &ServiceValue, pkt: &Packet) -> Result<(), DropReason> {
-    if svc.flags & SVC_F_SOURCE_RANGES == 0
-        || in_ranges(svc.svc_id, u32::from_ne_bytes(pkt.src_addr)) != 0
-    {
+pub fn source_allowed<A: Family>(svc: &ServiceValue, pkt: &Packet<A>) -> Result<(), DropReason> {
+    if svc.flags & SVC_F_SOURCE_RANGES == 0 || A::in_source_ranges(svc.svc_id, pkt.src_addr) {
         return Ok(());
     }
     Err(DropReason::SourceRangeDenied)
@@ -28,7 +23,7 @@ pub fn source_allowed(svc: &ServiceValue, pkt: &Packet) -> Result<(), DropReason
 /// 1 when `src` (network order, as read) is in one of frontend `svc_id`'s ranges. Its own
 /// BPF function, so the trie lookup's key and registers stay out of the callers' frames.
 #[inline(never)]
-fn in_ranges(svc_id: u32, src: u32) -> u32 {
+pub fn in_ranges(svc_id: u32, src: u32) -> u32 {
     let key = Key::new(
         64,
         SrcRangeData {
@@ -50,7 +45,7 @@ fn in_ranges(svc_id: u32, src: u32) -> u32 {
 /// The key's scope is `SCOPE_DEFAULT`, the entry every frontend has; this node's pods use
 /// [`lookup_from_pod`].
 #[inline(always)]
-pub fn lookup(pkt: &Packet) -> Option<ServiceValue> {
+pub fn lookup<A: Family>(pkt: &Packet<A>) -> Option<ServiceValue> {
     lookup_keyed(pkt.dst_addr, pkt.dst_port_be, pkt.proto).map(|(_, svc)| svc)
 }
 
@@ -62,7 +57,7 @@ pub fn lookup(pkt: &Packet) -> Option<ServiceValue> {
 /// second lookup; should it be missing (the controller writes it beside the default one),
 /// the default entry serves.
 #[inline(always)]
-pub fn lookup_from_pod(pkt: &Packet) -> Option<ServiceValue> {
+pub fn lookup_from_pod<A: Family>(pkt: &Packet<A>) -> Option<ServiceValue> {
     lookup_local(pkt.dst_addr, pkt.dst_port_be, pkt.proto)
 }
 
@@ -70,42 +65,40 @@ pub fn lookup_from_pod(pkt: &Packet) -> Option<ServiceValue> {
 /// or (socket-level load balancing) one of its own processes, which kube-proxy also sends to
 /// all of an `externalTrafficPolicy: Local` service's endpoints. See [`lookup_from_pod`].
 #[inline(always)]
-pub fn lookup_local(addr: [u8; 4], port_be: u16, proto: u8) -> Option<ServiceValue> {
+pub fn lookup_local<A: Family>(addr: A, port_be: u16, proto: u8) -> Option<ServiceValue> {
     let (key, svc) = lookup_keyed(addr, port_be, proto)?;
     if svc.flags & SVC_F_SPLIT_SCOPE == 0 {
         return Some(svc);
     }
-    let key = ServiceKey {
+    let key = ServiceKeyOf {
         scope: SCOPE_INTERNAL,
         ..key
     };
-    // SAFETY: as in `lookup_keyed`.
-    Some(unsafe { LB_SERVICES_V2.get(key) }.copied().unwrap_or(svc))
+    Some(A::service(&key).unwrap_or(svc))
 }
 
 /// The frontend entry `(addr, port_be, proto)` names and the key it was found under.
 #[inline(always)]
-fn lookup_keyed(addr: [u8; 4], port_be: u16, proto: u8) -> Option<(ServiceKey, ServiceValue)> {
-    let key = ServiceKey {
+fn lookup_keyed<A: Family>(
+    addr: A,
+    port_be: u16,
+    proto: u8,
+) -> Option<(ServiceKeyOf<A>, ServiceValue)> {
+    let key = ServiceKeyOf {
         addr,
         port_be,
         proto,
         scope: SCOPE_DEFAULT,
     };
-    // SAFETY: the value is copied out at once; hash map values are not freed under RCU
-    // while this program runs.
-    if let Some(svc) = unsafe { LB_SERVICES_V2.get(key) } {
-        return Some((key, *svc));
+    if let Some(svc) = A::service(&key) {
+        return Some((key, svc));
     }
-    // SAFETY: as above.
-    let node = unsafe { LB_NODEADDRS_V1.get(addr) }?;
-    if node.flags & NODE_ADDR_F_NODEPORT == 0 {
+    if !A::nodeport_addr(addr) {
         return None;
     }
-    let key = ServiceKey {
-        addr: [0; 4],
+    let key = ServiceKeyOf {
+        addr: A::ZERO,
         ..key
     };
-    // SAFETY: as above.
-    unsafe { LB_SERVICES_V2.get(key) }.map(|svc| (key, *svc))
+    A::service(&key).map(|svc| (key, svc))
 }

@@ -8,8 +8,9 @@ use aya_ebpf::programs::TcContext;
 use lbproxy_common::{DropReason, IPPROTO_UDP};
 
 use crate::{
+    family::{Family, words_diff},
     flow::NatTarget,
-    parse::{IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, L4, L4_DPORT_OFF, L4_SPORT_OFF, Packet},
+    parse::{IP_DST_OFF, IP_SRC_OFF, L4, L4_DPORT_OFF, L4_SPORT_OFF, Packet},
     reason::Verdict,
 };
 
@@ -21,28 +22,40 @@ const BPF_F_MARK_MANGLED_0: u64 = 0x20;
 /// Rewrites the destination (client -> VIP becomes client -> backend), and the source
 /// when the flow is source-NATed (`to.peer_addr`, the node's address).
 #[inline(always)]
-pub fn dnat(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdict> {
+pub fn dnat<A: Family>(ctx: &TcContext, pkt: &Packet<A>, to: NatTarget<A>) -> Result<(), Verdict> {
     dnat_l4(ctx, pkt, to)?;
-    rewrite_l3(ctx, pkt, [to.peer_addr, to.addr])
+    A::rewrite_l3(
+        ctx,
+        (&pkt.src_addr, &pkt.dst_addr),
+        (&to.peer_addr, &to.addr),
+    )
 }
 
 /// Rewrites the source (backend -> client becomes VIP -> client), and the destination back
 /// to the client's own address when the flow is source-NATed (`to.peer_addr`).
 #[inline(always)]
-pub fn snat(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdict> {
+pub fn snat<A: Family>(ctx: &TcContext, pkt: &Packet<A>, to: NatTarget<A>) -> Result<(), Verdict> {
     snat_l4(ctx, pkt, to)?;
-    rewrite_l3(ctx, pkt, [to.addr, to.peer_addr])
+    A::rewrite_l3(
+        ctx,
+        (&pkt.src_addr, &pkt.dst_addr),
+        (&to.addr, &to.peer_addr),
+    )
 }
 
 /// The L4 half of [`dnat`]: the destination port, the source port when the flow's tuple
 /// clashed (`to.peer_port_be`), and the L4 checksum. The caller writes the IP header itself
 /// (the stack bypass rewrites it together with the hop's TTL and MACs).
 #[inline(always)]
-pub fn dnat_l4(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdict> {
+pub fn dnat_l4<A: Family>(
+    ctx: &TcContext,
+    pkt: &Packet<A>,
+    to: NatTarget<A>,
+) -> Result<(), Verdict> {
     rewrite_l4(
         ctx,
         pkt,
-        [to.peer_addr, to.addr],
+        (&to.peer_addr, &to.addr),
         [to.peer_port_be, to.port_be],
     )
 }
@@ -50,40 +63,20 @@ pub fn dnat_l4(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdi
 /// The L4 half of [`snat`]: the source port, the destination port back to the client's own
 /// (`to.peer_port_be`), and the L4 checksum.
 #[inline(always)]
-pub fn snat_l4(ctx: &TcContext, pkt: &Packet, to: NatTarget) -> Result<(), Verdict> {
+pub fn snat_l4<A: Family>(
+    ctx: &TcContext,
+    pkt: &Packet<A>,
+    to: NatTarget<A>,
+) -> Result<(), Verdict> {
     rewrite_l4(
         ctx,
         pkt,
-        [to.addr, to.peer_addr],
+        (&to.addr, &to.peer_addr),
         [to.port_be, to.peer_port_be],
     )
 }
 
 const FAIL: Verdict = Verdict::Drop(DropReason::NatFailed);
-
-/// 32-bit one's-complement addition (end-around carry), the kernel's `csum_add`.
-#[inline(always)]
-fn add(a: u32, b: u32) -> u32 {
-    let (sum, carry) = a.overflowing_add(b);
-    sum.wrapping_add(u32::from(carry))
-}
-
-/// The checksum difference of 32-bit words changing from `old` to `new`, as
-/// `bpf_csum_diff` computes it (the sum of each old word's complement and each new word),
-/// counting only the words that change. The words are read from the packet as they lie
-/// in memory, as the checksum helpers read them. 0 when nothing changes.
-#[inline(always)]
-fn diff(old: [u32; 2], new: [u32; 2]) -> u32 {
-    let mut d = 0;
-    let mut i = 0;
-    while i < 2 {
-        if old[i] != new[i] {
-            d = add(add(d, !old[i]), new[i]);
-        }
-        i += 1;
-    }
-    d
-}
 
 /// The two 16-bit ports (source, destination) as the one 32-bit word they form in the L4
 /// header.
@@ -101,10 +94,10 @@ fn port_word(src_be: u16, dst_be: u16) -> u32 {
 /// covers changes. Nothing for a packet without its L4 header (a fragment after the
 /// first): only its IP header is translated.
 #[inline(always)]
-fn rewrite_l4(
+fn rewrite_l4<A: Family>(
     ctx: &TcContext,
-    pkt: &Packet,
-    addrs: [[u8; 4]; 2],
+    pkt: &Packet<A>,
+    addrs: (&A, &A),
     ports: [u16; 2],
 ) -> Result<(), Verdict> {
     if pkt.l4 != L4::Header {
@@ -118,13 +111,7 @@ fn rewrite_l4(
         0
     };
     let csum_off = pkt.l4_csum_off();
-    let addr_diff = diff(
-        [
-            u32::from_ne_bytes(pkt.src_addr),
-            u32::from_ne_bytes(pkt.dst_addr),
-        ],
-        [u32::from_ne_bytes(addrs[0]), u32::from_ne_bytes(addrs[1])],
-    );
+    let addr_diff = A::addr_diff((&pkt.src_addr, &pkt.dst_addr), (addrs.0, addrs.1));
     let old_ports = port_word(pkt.src_port_be, pkt.dst_port_be);
     let new_ports = port_word(ports[0], ports[1]);
     if addr_diff != 0 {
@@ -138,39 +125,13 @@ fn rewrite_l4(
         .map_err(|_| FAIL)?;
     }
     if old_ports != new_ports {
-        let d = diff([old_ports, 0], [new_ports, 0]);
+        let d = words_diff([old_ports], [new_ports]);
         ctx.l4_csum_replace(csum_off, 0, u64::from(d), l4_flags)
             .map_err(|_| FAIL)?;
         ctx.store(pkt.l4_off + L4_SPORT_OFF, &new_ports.to_ne_bytes(), 0)
             .map_err(|_| FAIL)?;
     }
     Ok(())
-}
-
-/// The IP addresses to `addrs` (source, destination), and the header checksum: one
-/// update by difference and one 8-byte store, or nothing when neither changes.
-#[inline(always)]
-fn rewrite_l3(ctx: &TcContext, pkt: &Packet, addrs: [[u8; 4]; 2]) -> Result<(), Verdict> {
-    if addrs == [pkt.src_addr, pkt.dst_addr] {
-        return Ok(());
-    }
-    let d = diff(
-        [
-            u32::from_ne_bytes(pkt.src_addr),
-            u32::from_ne_bytes(pkt.dst_addr),
-        ],
-        [u32::from_ne_bytes(addrs[0]), u32::from_ne_bytes(addrs[1])],
-    );
-    // A difference of 0 (a word that changes between the two encodings of zero) leaves
-    // the checksum as it is.
-    if d != 0 {
-        ctx.l3_csum_replace(IP_CSUM_OFF, 0, u64::from(d), 0)
-            .map_err(|_| FAIL)?;
-    }
-    let mut both = [0u8; 8];
-    both[..4].copy_from_slice(&addrs[0]);
-    both[4..].copy_from_slice(&addrs[1]);
-    ctx.store(IP_SRC_OFF, &both, 0).map_err(|_| FAIL)
 }
 
 // The two addresses are one 8-byte store, and the two ports one 4-byte store.

@@ -1,5 +1,5 @@
-//! Stage 0: parse. The fields of an IPv4 TCP or UDP packet the load balancer looks at, read
-//! once; [`offsets`] says where everything is and checks access to it.
+//! Stage 0: parse. The fields of an IPv4 or IPv6 TCP or UDP packet the load balancer looks
+//! at, read once; [`offsets`] says where everything is and checks access to it.
 
 mod offsets;
 
@@ -33,12 +33,13 @@ pub enum L4 {
     Bad,
 }
 
-/// The parts of an IPv4 TCP or UDP packet the load balancer looks at. Addresses and ports
-/// are raw network-order bytes, as in the maps.
+/// The parts of a TCP or UDP packet the load balancer looks at, of an IPv4 (`A = [u8; 4]`)
+/// or IPv6 (`A = [u8; 16]`) packet. Addresses and ports are raw network-order bytes, as in
+/// the maps.
 #[derive(Clone, Copy)]
-pub struct Packet {
-    pub src_addr: [u8; 4],
-    pub dst_addr: [u8; 4],
+pub struct Packet<A = [u8; 4]> {
+    pub src_addr: A,
+    pub dst_addr: A,
     pub src_port_be: u16,
     pub dst_port_be: u16,
     pub proto: u8,
@@ -51,7 +52,7 @@ pub struct Packet {
     pub l4: L4,
 }
 
-impl Packet {
+impl<A> Packet<A> {
     /// A SYN without ACK: the first segment of a TCP connection (or its retransmission).
     #[inline(always)]
     pub fn is_syn(&self) -> bool {

@@ -249,10 +249,12 @@ mod tests {
             svc_id: 1,
             backend_id: 1,
             ifindex: 0,
+            _pad_a: [],
             created_ns: 0,
             last_seen_ns: NOW - idle_s * S,
             peer_addr: [198, 18, 0, 2],
             _reserved: 0,
+            _pad_b: [],
         };
         let pk = key.partner(&value);
         let pv = FlowValue {

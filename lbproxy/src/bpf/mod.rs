@@ -319,10 +319,12 @@ fn migrate_flows(dir: &Path) -> Result<(), BpfError> {
             svc_id: v.svc_id,
             backend_id: v.backend_id,
             ifindex: 0,
+            _pad_a: [],
             created_ns: v.created_ns,
             last_seen_ns: v.last_seen_ns,
             peer_addr,
             _reserved: 0,
+            _pad_b: [],
         }
     })?;
     migrate_flow_map::<FlowValueV2>(dir, map_names::FLOWS_V2, |k, v| FlowValue {
@@ -335,10 +337,12 @@ fn migrate_flows(dir: &Path) -> Result<(), BpfError> {
         svc_id: v.svc_id,
         backend_id: v.backend_id,
         ifindex: v.ifindex,
+        _pad_a: [],
         created_ns: v.created_ns,
         last_seen_ns: v.last_seen_ns,
         peer_addr: peer(k).0,
         _reserved: 0,
+        _pad_b: [],
     })
 }
 
