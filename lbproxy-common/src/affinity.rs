@@ -6,7 +6,7 @@ use crate::spec::{MapKind, MapSpec};
 /// Room in `LB_AFFINITY_V1` (an LRU: the least recently used client is forgotten first).
 pub const MAX_AFFINITY: u32 = 262_144;
 
-/// Key of `LB_AFFINITY_V1` (and, with an IPv6 client, the IPv6 affinity map to come): a client IP of a
+/// Key of `LB_AFFINITY_V1` (and, with an IPv6 client, `LB_AFFINITY6_V1`): a client IP of a
 /// service.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -16,7 +16,7 @@ pub struct AffinityKeyOf<A> {
 }
 /// An IPv4 client's key (`LB_AFFINITY_V1`).
 pub type AffinityKey = AffinityKeyOf<V4>;
-/// An IPv6 client's key.
+/// An IPv6 client's key (`LB_AFFINITY6_V1`).
 pub type AffinityKey6 = AffinityKeyOf<V6>;
 const _: () = assert!(core::mem::size_of::<AffinityKey>() == 8);
 const _: () = assert!(core::mem::size_of::<AffinityKey6>() == 20);
@@ -35,6 +35,14 @@ const _: () = assert!(core::mem::size_of::<AffinityValue>() == 16);
 pub const SPEC: MapSpec = MapSpec::of::<AffinityKey, AffinityValue>(
     "LB_AFFINITY_V1",
     "affinity",
+    MapKind::LruHash,
+    MAX_AFFINITY,
+);
+
+/// Session affinity of IPv6 clients: the same values, keyed by an IPv6 client.
+pub const SPEC6: MapSpec = MapSpec::of::<AffinityKey6, AffinityValue>(
+    "LB_AFFINITY6_V1",
+    "affinity6",
     MapKind::LruHash,
     MAX_AFFINITY,
 );

@@ -15,6 +15,10 @@ use crate::spec::{MapKind, MapSpec};
 
 /// The flow map's default capacity; `--flow-map-size` sets it at load time.
 pub const DEFAULT_FLOW_MAP_SIZE: u32 = 262_144;
+/// The IPv6 flow map's default capacity; `--flow6-map-size` sets it at load time. Smaller
+/// than IPv4's: an LRU map takes the memory of its whole capacity when it is created (an
+/// entry here is 120 bytes against 64), and most clusters carry far more IPv4 flows.
+pub const DEFAULT_FLOW6_MAP_SIZE: u32 = 65_536;
 
 /// Flow states. UDP flows stay `NONE`. A TCP flow is `SYN_SENT` until the backend answers.
 /// Closing is not a state: each half records the FIN and RST of its own direction in
@@ -35,7 +39,7 @@ pub const FLOW_F_RST: u8 = 0x02;
 pub const FLOW_DIR_FORWARD: u8 = 0;
 pub const FLOW_DIR_REPLY: u8 = 1;
 
-/// Key of `LB_FLOWS_V3` (and V2, V1) and, with IPv6 addresses, of the IPv6 flow table to come.
+/// Key of `LB_FLOWS_V3` (and V2, V1) and, with IPv6 addresses, of `LB_FLOWS6_V1`.
 ///
 /// A forward entry is keyed by the packet as the client sent it (client -> VIP). A reply
 /// entry is keyed by the packet as the backend sends it (backend -> client), with the
@@ -54,7 +58,7 @@ pub struct FlowKeyOf<A> {
 }
 /// An IPv4 flow key (`LB_FLOWS_V3`).
 pub type FlowKey = FlowKeyOf<V4>;
-/// An IPv6 flow key (the layout of the IPv6 flow table to come).
+/// An IPv6 flow key (`LB_FLOWS6_V1`).
 pub type FlowKey6 = FlowKeyOf<V6>;
 const _: () = assert!(core::mem::size_of::<FlowKey>() == 16);
 const _: () = assert!(core::mem::size_of::<FlowKey6>() == 40);
@@ -88,7 +92,7 @@ impl<A: Addr> FlowKeyOf<A> {
     }
 }
 
-/// Value of `LB_FLOWS_V3` and, with IPv6 addresses, of the IPv6 flow table to come.
+/// Value of `LB_FLOWS_V3` and, with IPv6 addresses, of `LB_FLOWS6_V1`.
 ///
 /// - Forward entry: the destination becomes `nat_addr:nat_port_be` (the backend) and the
 ///   source becomes `peer_addr:peer_port_be`: the client's own address and port, or
@@ -138,7 +142,7 @@ pub struct FlowValueOf<A: Addr> {
 }
 /// An IPv4 flow entry (`LB_FLOWS_V3`).
 pub type FlowValue = FlowValueOf<V4>;
-/// An IPv6 flow entry (the layout of the IPv6 flow table to come).
+/// An IPv6 flow entry (`LB_FLOWS6_V1`).
 pub type FlowValue6 = FlowValueOf<V6>;
 const _: () = assert!(core::mem::size_of::<FlowValue>() == 48);
 const _: () = assert!(core::mem::size_of::<FlowValue6>() == 80);
@@ -208,6 +212,39 @@ pub const SPEC: MapSpec = MapSpec::of::<FlowKey, FlowValue>(
     MapKind::LruHash,
     DEFAULT_FLOW_MAP_SIZE,
 );
+
+/// The IPv6 flow table: the same halves as `LB_FLOWS_V3`, with IPv6 addresses.
+/// `max_entries` is the default; the loader overrides it with `--flow6-map-size`.
+pub const SPEC6: MapSpec = MapSpec::of::<FlowKey6, FlowValue6>(
+    "LB_FLOWS6_V1",
+    "flows6",
+    MapKind::LruHash,
+    DEFAULT_FLOW6_MAP_SIZE,
+);
+
+/// The datapath's working state while it looks up and creates a flow (`flow::forward`):
+/// the keys and the new value it passes to the map helpers, and the backend and peer it
+/// writes into them. On the stack for IPv4; in map memory for IPv6 (`LB_SCRATCH6_V1`, one
+/// per CPU), since in registers and stack slots an IPv6 path's addresses do not fit the
+/// verifier's 512-byte stack. Never read by userspace.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FlowWork<A: Addr> {
+    pub key: FlowKeyOf<A>,
+    pub rkey: FlowKeyOf<A>,
+    pub old_reply: FlowKeyOf<A>,
+    pub value: FlowValueOf<A>,
+    pub backend: crate::BackendOf<A>,
+    pub peer: A,
+}
+
+/// One entry per CPU: an IPv4 [`FlowWork`].
+pub const SCRATCH_SPEC: MapSpec =
+    MapSpec::of::<u32, FlowWork<V4>>("LB_SCRATCH_V1", "scratch", MapKind::PerCpuArray, 1);
+
+/// One entry per CPU: an IPv6 [`FlowWork`].
+pub const SCRATCH6_SPEC: MapSpec =
+    MapSpec::of::<u32, FlowWork<V6>>("LB_SCRATCH6_V1", "scratch6", MapKind::PerCpuArray, 1);
 
 /// The layout before source NAT (no client address in the value); migrated into V3 at start.
 pub const SPEC_V2: MapSpec = MapSpec::of::<FlowKey, FlowValueV2>(

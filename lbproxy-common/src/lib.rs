@@ -100,9 +100,10 @@ pub use delivery::Delivery;
 pub use drops::DropReason;
 pub use family::Addr;
 pub use flows::{
-    DEFAULT_FLOW_MAP_SIZE, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_F_FIN, FLOW_F_RST,
-    FLOW_STATE_CLOSING_V1, FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE, FLOW_STATE_SYN_SENT, FlowKey,
-    FlowKey6, FlowKeyOf, FlowValue, FlowValue6, FlowValueOf, FlowValueV1, FlowValueV2,
+    DEFAULT_FLOW_MAP_SIZE, DEFAULT_FLOW6_MAP_SIZE, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_F_FIN,
+    FLOW_F_RST, FLOW_STATE_CLOSING_V1, FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE,
+    FLOW_STATE_SYN_SENT, FlowKey, FlowKey6, FlowKeyOf, FlowValue, FlowValue6, FlowValueOf,
+    FlowValueV1, FlowValueV2, FlowWork,
 };
 pub use frags::{FragKey, FragPorts, MAX_FRAG_DATAGRAMS};
 pub use hairpin::HAIRPIN_ADDR;
@@ -131,6 +132,11 @@ pub use unserved::{FAMILY_IPV4, FAMILY_IPV6, UnservedKey, UnservedValue};
 
 pod!(
     ServiceKey,
+    ServiceKey6,
+    Backend6,
+    FlowKey6,
+    FlowValue6,
+    AffinityKey6,
     ServiceValue,
     ServiceValueV1,
     SlotKey,
@@ -190,6 +196,12 @@ pub const MAPS: &[MapSpec] = &[
     monitor::CTL_SPEC,
     monitor::RATE_SPEC,
     monitor::EVENTS_SPEC,
+    services::SPEC6,
+    backends::SPEC6,
+    flows::SPEC6,
+    affinity::SPEC6,
+    flows::SCRATCH6_SPEC,
+    flows::SCRATCH_SPEC,
 ];
 
 /// Earlier layouts a controller reads once at start, copies into their successor, then
@@ -217,6 +229,11 @@ pub mod map_names {
     pub const SLOTS: &str = crate::slots::SPEC.name;
     pub const BACKENDS: &str = crate::backends::SPEC.name;
     pub const FLOWS: &str = crate::flows::SPEC.name;
+    /// The IPv6 frontends, backends and flows: the same layouts with IPv6 addresses.
+    pub const SERVICES6: &str = crate::services::SPEC6.name;
+    pub const BACKENDS6: &str = crate::backends::SPEC6.name;
+    pub const FLOWS6: &str = crate::flows::SPEC6.name;
+    pub const AFFINITY6: &str = crate::affinity::SPEC6.name;
     /// The flow layout before tuple-clash ports; migrated into V3 at start (every live flow
     /// keeps its backend).
     pub const FLOWS_V1: &str = crate::flows::SPEC_V1.name;

@@ -65,7 +65,7 @@ pub struct ServiceKeyOf<A> {
 }
 /// An IPv4 frontend (`LB_SERVICES_V2`).
 pub type ServiceKey = ServiceKeyOf<V4>;
-/// An IPv6 frontend (the layout of the IPv6 frontend map to come); its value is the same [`ServiceValue`], its
+/// An IPv6 frontend (`LB_SERVICES6_V1`); its value is the same [`ServiceValue`], its
 /// `svc_id` from the same id space, so slots, members, labels and flows name services alike
 /// in both families.
 pub type ServiceKey6 = ServiceKeyOf<V6>;
@@ -103,6 +103,14 @@ const _: () = assert!(core::mem::size_of::<ServiceValueV1>() == 8);
 pub const SPEC: MapSpec = MapSpec::of::<ServiceKey, ServiceValue>(
     "LB_SERVICES_V2",
     "services",
+    MapKind::Hash,
+    MAX_SERVICES,
+);
+
+/// The IPv6 frontends. A NodePort's entry has the unspecified address `::`.
+pub const SPEC6: MapSpec = MapSpec::of::<ServiceKey6, ServiceValue>(
+    "LB_SERVICES6_V1",
+    "services6",
     MapKind::Hash,
     MAX_SERVICES,
 );

@@ -34,7 +34,9 @@ fn labels_are_unique_and_unversioned() {
     for s in MAPS {
         let l = s.label;
         assert!(seen.insert(l), "label {l} appears twice in MAPS");
-        assert!(!l.is_empty() && l.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'));
+        // A trailing 6 names the IPv6 twin of a map (`flows6`).
+        let l4 = l.strip_suffix('6').unwrap_or(l);
+        assert!(!l4.is_empty() && l4.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'));
         assert!(!l.contains("_v"), "label {l} carries a version");
         assert!(!l.starts_with("lb_"), "label {l} carries the name prefix");
     }
@@ -55,7 +57,7 @@ fn sizes<K, V>() -> (u32, u32) {
 
 #[test]
 fn spec_sizes_are_their_types() {
-    let cases: [(MapSpec, (u32, u32)); 28] = [
+    let cases: [(MapSpec, (u32, u32)); 34] = [
         (services::SPEC, sizes::<ServiceKey, ServiceValue>()),
         (services::SPEC_V1, sizes::<ServiceKey, ServiceValueV1>()),
         (slots::SPEC, sizes::<SlotKey, u32>()),
@@ -84,6 +86,12 @@ fn spec_sizes_are_their_types() {
         (monitor::CTL_SPEC, sizes::<u32, MonitorCtl>()),
         (monitor::RATE_SPEC, sizes::<u32, MonitorRate>()),
         (monitor::EVENTS_SPEC, (0, 0)),
+        (services::SPEC6, sizes::<ServiceKey6, ServiceValue>()),
+        (backends::SPEC6, sizes::<u32, Backend6>()),
+        (flows::SPEC6, sizes::<FlowKey6, FlowValue6>()),
+        (affinity::SPEC6, sizes::<AffinityKey6, AffinityValue>()),
+        (flows::SCRATCH6_SPEC, sizes::<u32, FlowWork<family::V6>>()),
+        (flows::SCRATCH_SPEC, sizes::<u32, FlowWork<family::V4>>()),
     ];
     for (spec, (k, v)) in cases {
         assert_eq!((spec.key_size, spec.value_size), (k, v), "{}", spec.name);
@@ -103,7 +111,7 @@ fn spec_sizes_are_their_types() {
 #[test]
 fn layouts_are_unchanged() {
     use MapKind::*;
-    let expected: [(&str, &str, MapKind, u32, u32, u32); 25] = [
+    let expected: [(&str, &str, MapKind, u32, u32, u32); 31] = [
         ("LB_BACKENDS_V1", "backends", Hash, 4, 8, 262_144),
         ("LB_SLOTS_V1", "slots", Hash, 8, 4, 262_144),
         ("LB_SERVICES_V2", "services", Hash, 8, 16, 65_536),
@@ -129,6 +137,12 @@ fn layouts_are_unchanged() {
         ("LB_MONCTL_V1", "monitor_ctl", Array, 4, 16, 1),
         ("LB_MONRATE_V1", "monitor_rate", PerCpuArray, 4, 16, 1),
         ("LB_EVENTS_V1", "events", RingBuf, 0, 0, 262_144),
+        ("LB_SERVICES6_V1", "services6", Hash, 20, 16, 65_536),
+        ("LB_BACKENDS6_V1", "backends6", Hash, 4, 20, 262_144),
+        ("LB_FLOWS6_V1", "flows6", LruHash, 40, 80, 65_536),
+        ("LB_AFFINITY6_V1", "affinity6", LruHash, 20, 16, 262_144),
+        ("LB_SCRATCH6_V1", "scratch6", PerCpuArray, 4, 240, 1),
+        ("LB_SCRATCH_V1", "scratch", PerCpuArray, 4, 112, 1),
     ];
     let got: Vec<_> = MAPS
         .iter()

@@ -1,23 +1,25 @@
-//! The maps of an IP family, behind one trait, so that the stages (`lb`, `flow`, `nat`) are
-//! written once over the family's address type and compiled for each: `flow::forward` is
-//! generic over [`Family`], and IPv4 (`[u8; 4]`) is the one family implemented so far.
+//! The maps of each IP family, behind one trait, so that the stages are written once and
+//! compiled for both: `flow::forward::<[u8; 16]>` is the IPv6 flow table's code, from the
+//! same source as the IPv4 one.
 //!
-//! The plan for IPv6 (`docs/design.md`): its own frontend, backend, flow and affinity maps
-//! with the layouts `lbproxy_common` already defines generically (`FlowKeyOf<[u8; 16]>`
-//! and the others), and service and backend ids in one space across both families, so the
-//! slots, members and counters keyed by id are shared. Implementing [`Family`] for
-//! `[u8; 16]` is what remains of the stages; the IPv6 path's stack use is the open problem
-//! (see the design notes).
+//! Each family has its own frontend, backend and flow maps (`LB_SERVICES_V2`,
+//! `LB_BACKENDS_V1`, `LB_FLOWS_V3` for IPv4; `LB_SERVICES6_V1`, `LB_BACKENDS6_V1`,
+//! `LB_FLOWS6_V1` for IPv6). Service and backend ids are one space across both, so the
+//! slots, members and counters keyed by id are shared.
 
 use aya_ebpf::programs::TcContext;
 use lbproxy_common::{
-    Addr, AffinityKeyOf, AffinityValue, BackendOf, DropReason, FlowKeyOf, FlowValueOf,
+    Addr, AffinityKeyOf, AffinityValue, BackendOf, DropReason, FlowKeyOf, FlowValueOf, FlowWork,
     NODE_ADDR_F_NODEPORT, ServiceKeyOf, ServiceValue,
 };
 
 use crate::{
-    maps::{LB_AFFINITY_V1, LB_BACKENDS_V1, LB_FLOWS_V3, LB_NODEADDRS_V1, LB_SERVICES_V2},
-    parse::{IP_CSUM_OFF, IP_SRC_OFF},
+    maps::{
+        LB_AFFINITY_V1, LB_AFFINITY6_V1, LB_BACKENDS_V1, LB_BACKENDS6_V1, LB_FLOWS_V3,
+        LB_FLOWS6_V1, LB_NODEADDRS_V1, LB_SCRATCH_V1, LB_SCRATCH6_V1, LB_SERVICES_V2,
+        LB_SERVICES6_V1,
+    },
+    parse::{IP_CSUM_OFF, IP_SRC_OFF, IP6_DST_OFF, IP6_SRC_OFF},
     reason::Verdict,
 };
 
@@ -37,11 +39,16 @@ pub trait Family: Addr {
     fn flow(key: &FlowKeyOf<Self>) -> Option<*mut FlowValueOf<Self>>;
     fn flow_insert(key: &FlowKeyOf<Self>, value: &FlowValueOf<Self>, flags: u64) -> Result<(), ()>;
     fn flow_remove(key: &FlowKeyOf<Self>);
-    /// Runs `f` on room for a new flow's half while it is built and inserted: the stack for
-    /// IPv4, the per-CPU `LB6_SCRATCH_V1` for IPv6, whose 80-byte value the 512-byte stack
-    /// has no room for beside the rest of the path. `f` sets every field. `None` only if
-    /// the scratch entry were missing (an array's entry 0 always exists).
-    fn with_new_value<R>(f: impl FnOnce(&mut FlowValueOf<Self>) -> R) -> Option<R>;
+    /// `flow`'s working state ([`FlowWork`]: the keys and the value it hands the map
+    /// helpers), this CPU's entry of the family's scratch map (`LB_SCRATCH_V1`,
+    /// `LB_SCRATCH6_V1`). In map memory, not on the stack: held in registers and stack
+    /// slots, an IPv6 flow's addresses need more than the verifier's 512 bytes of stack
+    /// (docs/design.md has the measurements). `None` only if the entry were missing (an
+    /// array's entry 0 always exists). Every field is written before it is read.
+    ///
+    /// One program runs at a time on a CPU and `flow` takes the entry once per packet, so
+    /// nothing else uses it meanwhile.
+    fn work() -> Option<&'static mut FlowWork<Self>>;
     /// The session-affinity entry under `key`.
     fn affinity(key: &AffinityKeyOf<Self>) -> Option<*mut AffinityValue>;
     fn affinity_insert(key: &AffinityKeyOf<Self>, value: &AffinityValue);
@@ -112,25 +119,10 @@ impl Family for [u8; 4] {
         let _ = LB_FLOWS_V3.remove(key);
     }
     #[inline(always)]
-    fn with_new_value<R>(f: impl FnOnce(&mut FlowValueOf<Self>) -> R) -> Option<R> {
-        let mut v = FlowValueOf {
-            nat_addr: [0; 4],
-            nat_port_be: 0,
-            peer_port_be: 0,
-            state: 0,
-            flags: 0,
-            _pad: [0; 2],
-            svc_id: 0,
-            backend_id: 0,
-            ifindex: 0,
-            _pad_a: [],
-            created_ns: 0,
-            last_seen_ns: 0,
-            peer_addr: [0; 4],
-            _reserved: 0,
-            _pad_b: [],
-        };
-        Some(f(&mut v))
+    fn work() -> Option<&'static mut FlowWork<Self>> {
+        let w = LB_SCRATCH_V1.get_ptr_mut(0)?;
+        // SAFETY: this CPU's entry, used by one program run at a time (see the trait).
+        Some(unsafe { &mut *w })
     }
     #[inline(always)]
     fn affinity(key: &AffinityKeyOf<Self>) -> Option<*mut AffinityValue> {
@@ -169,5 +161,94 @@ impl Family for [u8; 4] {
         both[..4].copy_from_slice(new.0);
         both[4..].copy_from_slice(new.1);
         ctx.store(IP_SRC_OFF, &both, 0).map_err(|_| FAIL)
+    }
+}
+
+impl Family for [u8; 16] {
+    #[inline(always)]
+    fn service(key: &ServiceKeyOf<Self>) -> Option<ServiceValue> {
+        // SAFETY: as for IPv4.
+        unsafe { LB_SERVICES6_V1.get(key) }.copied()
+    }
+    /// NodePorts are served on IPv4 node addresses only, so far.
+    #[inline(always)]
+    fn nodeport_addr(_addr: Self) -> bool {
+        false
+    }
+    /// No IPv6 frontend with source ranges is programmed yet; were one, it would take
+    /// nothing (closed, not open).
+    #[inline(always)]
+    fn in_source_ranges(_svc_id: u32, _src: Self) -> bool {
+        false
+    }
+    #[inline(always)]
+    fn backend(id: u32) -> Option<BackendOf<Self>> {
+        // SAFETY: as for IPv4.
+        unsafe { LB_BACKENDS6_V1.get(id) }.copied()
+    }
+    #[inline(always)]
+    fn flow(key: &FlowKeyOf<Self>) -> Option<*mut FlowValueOf<Self>> {
+        LB_FLOWS6_V1.get_ptr_mut(key)
+    }
+    #[inline(always)]
+    fn flow_insert(key: &FlowKeyOf<Self>, value: &FlowValueOf<Self>, flags: u64) -> Result<(), ()> {
+        LB_FLOWS6_V1.insert(key, value, flags).map_err(|_| ())
+    }
+    #[inline(always)]
+    fn flow_remove(key: &FlowKeyOf<Self>) {
+        let _ = LB_FLOWS6_V1.remove(key);
+    }
+    #[inline(always)]
+    fn work() -> Option<&'static mut FlowWork<Self>> {
+        let w = LB_SCRATCH6_V1.get_ptr_mut(0)?;
+        // SAFETY: as for IPv4.
+        Some(unsafe { &mut *w })
+    }
+    #[inline(always)]
+    fn affinity(key: &AffinityKeyOf<Self>) -> Option<*mut AffinityValue> {
+        LB_AFFINITY6_V1.get_ptr_mut(key)
+    }
+    /// Failing to remember only costs affinity for the next flow, not this one.
+    #[inline(always)]
+    fn affinity_insert(key: &AffinityKeyOf<Self>, value: &AffinityValue) {
+        let _ = LB_AFFINITY6_V1.insert(key, value, 0);
+    }
+    /// Word by word, read in place.
+    #[inline(always)]
+    fn addr_diff(old: (&Self, &Self), new: (&Self, &Self)) -> u32 {
+        csum_add(
+            words_diff(words6(old.0), words6(new.0)),
+            words_diff(words6(old.1), words6(new.1)),
+        )
+    }
+    /// IPv6 has no header checksum: a 16-byte store of each address that changes.
+    #[inline(always)]
+    fn rewrite_l3(
+        ctx: &TcContext,
+        old: (&Self, &Self),
+        new: (&Self, &Self),
+    ) -> Result<(), Verdict> {
+        if old.0 != new.0 {
+            ctx.store(IP6_SRC_OFF, new.0, 0).map_err(|_| FAIL)?;
+        }
+        if old.1 != new.1 {
+            ctx.store(IP6_DST_OFF, new.1, 0).map_err(|_| FAIL)?;
+        }
+        Ok(())
+    }
+}
+
+/// The words of an IPv6 address, as they lie in memory.
+#[inline(always)]
+fn words6(a: &[u8; 16]) -> [u32; 4] {
+    let p = a.as_ptr().cast::<u32>();
+    // SAFETY: the four words of the 16 bytes; unaligned reads, as the array is byte-aligned.
+    unsafe {
+        [
+            p.read_unaligned(),
+            p.add(1).read_unaligned(),
+            p.add(2).read_unaligned(),
+            p.add(3).read_unaligned(),
+        ]
     }
 }

@@ -1,7 +1,7 @@
 //! Stage 3: the flow table. lbproxy's own state, not the kernel's conntrack.
 //!
 //! Written once for both families (`family::Family`): `LB_FLOWS_V3` holds the IPv4 flows,
-//! `LB6_FLOWS_V1` the IPv6 ones, with the same halves.
+//! `LB_FLOWS6_V1` the IPv6 ones, with the same halves.
 //!
 //! A flow is two entries in `LB_FLOWS_V3`, its halves: a forward entry keyed by the client's
 //! packet (client -> VIP) that names the backend, and a reply entry keyed by the backend's
@@ -242,16 +242,21 @@ pub fn forward<A: Family>(
     verify: impl Fn() -> Result<(), DropReason>,
     source: impl Fn(A, u16) -> Result<Source<A>, DropReason>,
 ) -> Result<NatTarget<A>, Verdict> {
-    let key = key_of(pkt, FLOW_DIR_FORWARD);
+    let Some(w) = A::work() else {
+        return Err(Verdict::Drop(DropReason::FlowInsertFailed));
+    };
+    w.key = key_of(pkt, FLOW_DIR_FORWARD);
+    let key = &w.key;
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     let mut verified = false;
     // The reply key of this tuple's previous flow, when it is that flow's own partner: it is
     // removed or replaced below, never left behind.
-    let mut old_reply: Option<FlowKeyOf<A>> = None;
+    // (`w.old_reply`, when `has_old`.)
+    let mut has_old = false;
     // That previous flow's two halves and its choice (service, backend), when the new flow
     // may reuse them in place (see `reopen`).
     let mut reusable: Option<Reusable<A>> = None;
-    if let Some(entry) = A::flow(&key) {
+    if let Some(entry) = A::flow(key) {
         // SAFETY: a successful lookup. Fields are only written one at a time elsewhere, so
         // each one read here is whole.
         let f = unsafe { &*entry };
@@ -266,11 +271,12 @@ pub fn forward<A: Family>(
         verified = true;
         let live = f.svc_id == svc.svc_id
             && matches!(select::backend::<A>(f.backend_id), Some(b) if b.addr == f.nat_addr && b.port_be == f.nat_port_be);
-        let rkey = key.partner(f);
-        let partner = A::flow(&rkey);
+        w.rkey = key.partner(f);
+        let rkey = &w.rkey;
+        let partner = A::flow(rkey);
         // SAFETY: as above.
         let (ours, partner_flags) = match partner {
-            Some(r) => unsafe { (pairs(&key, f, &*r), (*r).flags) },
+            Some(r) => unsafe { (pairs(key, f, &*r), (*r).flags) },
             None => (false, 0),
         };
         // A SYN on a flow that never got an answer, or that saw a FIN or RST either way
@@ -285,18 +291,20 @@ pub fn forward<A: Family>(
                 // The reply half was evicted alone: recreate it from this one, or the
                 // backend's answers would leave untranslated.
                 recreate_partner(
-                    &rkey,
+                    rkey,
                     entry,
                     (pkt.dst_addr, pkt.dst_port_be),
                     (pkt.src_addr, pkt.src_port_be),
                     f.state,
                     now,
+                    &mut w.value,
                 );
             }
             return Ok(target);
         }
         if ours {
-            old_reply = Some(rkey);
+            w.old_reply = *rkey;
+            has_old = true;
             if let Some(r) = partner {
                 reusable = Some(Reusable {
                     forward: entry,
@@ -309,9 +317,9 @@ pub fn forward<A: Family>(
         if !live && pkt.proto == IPPROTO_TCP && !pkt.is_syn() {
             // Forget both halves of the old flow.
             if ours {
-                A::flow_remove(&rkey);
+                A::flow_remove(rkey);
             }
-            A::flow_remove(&key);
+            A::flow_remove(key);
             return Err(Verdict::Reject(DropReason::BackendGoneReset));
         }
         if live && !syn_retry {
@@ -339,33 +347,45 @@ pub fn forward<A: Family>(
         count(DropReason::MidstreamWithoutFlow);
         FLOW_STATE_ESTABLISHED
     };
+    w.backend = backend;
+    let backend = &w.backend;
     let nat_source = source(backend.addr, backend.port_be).map_err(Verdict::Drop)?;
-    let peer_addr = if nat_source.addr == A::ZERO {
+    w.peer = if nat_source.addr == A::ZERO {
         pkt.src_addr
     } else {
         nat_source.addr
     };
+    let peer_addr = &w.peer;
     // The port the backend sees: the client's own, or, when this tuple's previous flow went
     // to the same backend from the same address, that flow's (a source-NATed or clash
     // port), so that the new flow can start in its halves below instead of searching for a
     // port and allocating both halves again. At tens of thousands of connections a second
     // from one client, its ports come round again within a second or two.
-    let port_be = match old_reply {
-        Some(o)
-            if o.src_addr == backend.addr
-                && o.src_port_be == backend.port_be
-                && o.dst_addr == peer_addr
-                && (!nat_source.snat
-                    || (u16::from_be(o.dst_port_be) >= nat_source.min
-                        && u16::from_be(o.dst_port_be) <= nat_source.max)) =>
-        {
-            o.dst_port_be
-        }
-        _ => pkt.src_port_be,
+    let o = &w.old_reply;
+    let port_be = if has_old
+        && o.src_addr == backend.addr
+        && o.src_port_be == backend.port_be
+        && o.dst_addr == *peer_addr
+        && (!nat_source.snat
+            || (u16::from_be(o.dst_port_be) >= nat_source.min
+                && u16::from_be(o.dst_port_be) <= nat_source.max))
+    {
+        o.dst_port_be
+    } else {
+        pkt.src_port_be
     };
-    let mut rkey = reply_key(backend.addr, backend.port_be, peer_addr, port_be, pkt.proto);
+    w.rkey = reply_key(
+        backend.addr,
+        backend.port_be,
+        *peer_addr,
+        port_be,
+        pkt.proto,
+    );
+    let rkey = &mut w.rkey;
+    // Whether the new flow's reply tuple is its tuple's previous flow's.
+    let same_reply = has_old && *o == *rkey;
     if let Some(old) = reusable
-        && old_reply == Some(rkey)
+        && same_reply
         && old.svc_id == svc.svc_id
         && old.backend_id == backend_id
     {
@@ -381,43 +401,39 @@ pub fn forward<A: Family>(
             addr: backend.addr,
             port_be: backend.port_be,
             peer_port_be: rkey.dst_port_be,
-            peer_addr,
+            peer_addr: *peer_addr,
         });
     }
-    let mut reply = FlowValueOf {
-        nat_addr: pkt.dst_addr,
-        nat_port_be: pkt.dst_port_be,
-        peer_port_be: pkt.src_port_be,
-        state,
-        flags: 0,
-        _pad: [0; 2],
-        svc_id: svc.svc_id,
-        backend_id,
-        ifindex: 0,
-        _pad_a: A::PAD,
-        created_ns: now,
-        last_seen_ns: now,
-        peer_addr: pkt.src_addr,
-        _reserved: 0,
-        _pad_b: A::PAD,
-    };
-    let reply = &mut reply;
-    if let Some(old) = old_reply
-        && old != rkey
-    {
-        A::flow_remove(&old);
+    let reply = &mut w.value;
+    reply.nat_addr = pkt.dst_addr;
+    reply.nat_port_be = pkt.dst_port_be;
+    reply.peer_port_be = pkt.src_port_be;
+    reply.state = state;
+    reply.flags = 0;
+    reply._pad = [0; 2];
+    reply.svc_id = svc.svc_id;
+    reply.backend_id = backend_id;
+    reply.ifindex = 0;
+    reply._pad_a = A::PAD;
+    reply.created_ns = now;
+    reply.last_seen_ns = now;
+    reply.peer_addr = pkt.src_addr;
+    reply._reserved = 0;
+    reply._pad_b = A::PAD;
+    if has_old && !same_reply {
+        A::flow_remove(o);
     }
     // Reply half first, so the backend's first answer always finds it. The client's own port
     // is used unless another live flow holds that tuple towards this backend.
-    let claimed = if old_reply == Some(rkey) {
-        insert(&rkey, reply, BPF_ANY).is_ok()
+    let claimed = if same_reply {
+        insert(rkey, reply, BPF_ANY).is_ok()
     } else if nat_source.snat {
         let port = u16::from_be(pkt.src_port_be);
         port >= nat_source.min
             && port <= nat_source.max
-            && (insert(&rkey, reply, BPF_NOEXIST).is_ok() || replace_if_stale(&rkey, reply, &key))
+            && (insert(rkey, reply, BPF_NOEXIST).is_ok() || replace_if_stale(rkey, reply, key))
     } else {
-        insert(&rkey, reply, BPF_NOEXIST).is_ok() || replace_if_stale(&rkey, reply, &key)
+        insert(rkey, reply, BPF_NOEXIST).is_ok() || replace_if_stale(rkey, reply, key)
     };
     if nat_source.snat && claimed {
         // The client's own port (or this tuple's previous flow's): the first try.
@@ -426,21 +442,14 @@ pub fn forward<A: Family>(
         // The client's own port was tried above when it is in the range.
         let port = u16::from_be(pkt.src_port_be);
         let own_tried = u32::from(port >= nat_source.min && port <= nat_source.max);
-        rkey.dst_port_be = snat_port(
-            &mut rkey,
-            reply,
-            &key,
-            nat_source.min,
-            nat_source.max,
-            own_tried,
-        )?;
+        rkey.dst_port_be = snat_port(rkey, reply, key, nat_source.min, nat_source.max, own_tried)?;
     } else if !claimed {
         let mut found = false;
         let mut attempt = 0;
         while attempt < CLASH_PORT_ATTEMPTS {
             rkey.dst_port_be =
                 clash_port(seed, pkt.src_addr, backend.addr, pkt.src_port_be, attempt);
-            if insert(&rkey, reply, BPF_NOEXIST).is_ok() {
+            if insert(rkey, reply, BPF_NOEXIST).is_ok() {
                 found = true;
                 break;
             }
@@ -457,16 +466,16 @@ pub fn forward<A: Family>(
     forward.nat_addr = backend.addr;
     forward.nat_port_be = backend.port_be;
     forward.peer_port_be = rkey.dst_port_be;
-    forward.peer_addr = peer_addr;
+    forward.peer_addr = *peer_addr;
     forward.ifindex = ingress;
     // A map update: a CPU reading this key meanwhile sees the old entry or the new one.
-    insert(&key, forward, BPF_ANY)?;
+    insert(key, forward, BPF_ANY)?;
     Ok(NatTarget::of(forward))
 }
 
 /// Recreates the half `key` (evicted alone) of the flow whose other half is `entry`: its
 /// translation goes to `nat` and back to `peer` (address, port), with `state`; the rest is
-/// `entry`'s. Built where the family keeps new values (`Family::with_new_value`).
+/// `entry`'s. Built in `v`, the working state's value (`Family::work`).
 #[inline(always)]
 fn recreate_partner<A: Family>(
     key: &FlowKeyOf<A>,
@@ -475,28 +484,26 @@ fn recreate_partner<A: Family>(
     peer: (A, u16),
     state: u8,
     now: u64,
+    v: &mut FlowValueOf<A>,
 ) {
-    let inserted = A::with_new_value(|v| {
-        // SAFETY: `entry` came from a successful lookup in this run of the program.
-        let e = unsafe { &*entry };
-        v.nat_addr = nat.0;
-        v.nat_port_be = nat.1;
-        v.peer_port_be = peer.1;
-        v.state = state;
-        v.flags = 0;
-        v._pad = [0; 2];
-        v.svc_id = e.svc_id;
-        v.backend_id = e.backend_id;
-        v.ifindex = 0;
-        v._pad_a = A::PAD;
-        v.created_ns = e.created_ns;
-        v.last_seen_ns = now;
-        v.peer_addr = peer.0;
-        v._reserved = 0;
-        v._pad_b = A::PAD;
-        insert(key, v, BPF_NOEXIST).is_ok()
-    });
-    if inserted == Some(true) {
+    // SAFETY: `entry` came from a successful lookup in this run of the program.
+    let e = unsafe { &*entry };
+    v.nat_addr = nat.0;
+    v.nat_port_be = nat.1;
+    v.peer_port_be = peer.1;
+    v.state = state;
+    v.flags = 0;
+    v._pad = [0; 2];
+    v.svc_id = e.svc_id;
+    v.backend_id = e.backend_id;
+    v.ifindex = 0;
+    v._pad_a = A::PAD;
+    v.created_ns = e.created_ns;
+    v.last_seen_ns = now;
+    v.peer_addr = peer.0;
+    v._reserved = 0;
+    v._pad_b = A::PAD;
+    if insert(key, v, BPF_NOEXIST).is_ok() {
         count(DropReason::FlowHalfRecreated);
     }
 }
@@ -622,14 +629,17 @@ fn replace_if_stale<A: Family>(
 /// flow. The first TCP answer from the backend moves the flow from SYN_SENT to ESTABLISHED.
 #[inline(always)]
 pub fn reply<A: Family>(pkt: &Packet<A>) -> Option<NatTarget<A>> {
-    let key = key_of(pkt, FLOW_DIR_REPLY);
-    let entry = A::flow(&key)?;
+    let w = A::work()?;
+    w.key = key_of(pkt, FLOW_DIR_REPLY);
+    let key = &w.key;
+    let entry = A::flow(key)?;
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     // SAFETY: a successful lookup; see `forward`.
     let r = unsafe { &*entry };
-    let fkey = key.partner(r);
+    w.rkey = key.partner(r);
+    let fkey = &w.rkey;
     let established = pkt.proto == IPPROTO_TCP && r.state == FLOW_STATE_SYN_SENT;
-    match A::flow(&fkey) {
+    match A::flow(fkey) {
         Some(f) => {
             // SAFETY: as above.
             let fv = unsafe { &*f };
@@ -641,7 +651,7 @@ pub fn reply<A: Family>(pkt: &Packet<A>) -> Option<NatTarget<A>> {
                 // The client's tuple now belongs to another flow (a new connection from the
                 // same port went to another backend): this half is left over from the old
                 // one. Forget it; the packet passes as it is.
-                A::flow_remove(&key);
+                A::flow_remove(key);
                 count(DropReason::StaleReplyRemoved);
                 return None;
             }
@@ -662,12 +672,13 @@ pub fn reply<A: Family>(pkt: &Packet<A>) -> Option<NatTarget<A>> {
                 r.state
             };
             recreate_partner(
-                &fkey,
+                fkey,
                 entry,
                 (pkt.src_addr, pkt.src_port_be),
                 (pkt.dst_addr, pkt.dst_port_be),
                 state,
                 now,
+                &mut w.value,
             );
             if established {
                 // SAFETY: as above.

@@ -67,12 +67,31 @@ use crate::{
 
 #[classifier]
 pub fn lb_from_pod(ctx: TcContext) -> i32 {
+    if parse::is_ipv6(&ctx) {
+        from_pod6(ctx)
+    } else {
+        from_pod4(ctx)
+    }
+}
+
+// Each family's path is its own BPF function, so that the two do not add up in one stack
+// frame: the verifier allows 512 bytes along a call chain, and each path alone is close.
+#[inline(never)]
+fn from_pod4(ctx: TcContext) -> i32 {
     match try_from_pod(&ctx) {
         Ok(action) => action,
         Err(reason) => {
             debug!(&ctx, "lb_from_pod: drop, reason {}", reason as u32);
             count_and_drop(&ctx, HOOK_FROM_POD, reason)
         }
+    }
+}
+
+#[inline(never)]
+fn from_pod6(ctx: TcContext) -> i32 {
+    match try_from_pod6(&ctx) {
+        Ok(action) => action,
+        Err(reason) => count_and_drop(&ctx, HOOK_FROM_POD, reason),
     }
 }
 
@@ -148,6 +167,91 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
     }
 }
 
+/// An IPv6 packet leaving a pod: a packet to an IPv6 frontend is DNATed to a backend
+/// through the same stages as IPv4 (`parse6`, then the family-generic `lb::service`,
+/// `flow` and `nat`), and goes to the stack. Not yet for IPv6: rejects (a frontend without
+/// a usable backend drops, counted under the reject's reason), the source check, the stack
+/// bypass and hairpin.
+#[inline(always)]
+fn try_from_pod6(ctx: &TcContext) -> Result<i32, DropReason> {
+    let Some(slot) = maps::LB_PACKET6.get_ptr_mut(0) else {
+        return Ok(TC_ACT_UNSPEC);
+    };
+    let pkt = unsafe { &mut *slot };
+    match parse::parse6(ctx) {
+        Ok(Some(p)) => *pkt = p,
+        Ok(None) => return Ok(TC_ACT_UNSPEC),
+        Err(v) => return Err(v.reason()),
+    };
+    let pkt = &*pkt;
+    let Some(svc) = lb::service::lookup_from_pod(pkt) else {
+        if pkt.l4 == L4::Bad {
+            return Ok(pass_bad_l4());
+        }
+        if pkt.l4 == L4::Header {
+            flow::direct(pkt);
+        }
+        return Ok(TC_ACT_UNSPEC);
+    };
+    if pkt.l4 == L4::Bad {
+        return Err(DropReason::Malformed);
+    }
+    lb::service::source_allowed(&svc, pkt)?;
+    let mut to = flow::NatTarget {
+        addr: [0; 16],
+        port_be: 0,
+        peer_port_be: 0,
+        peer_addr: [0; 16],
+    };
+    let mut reason = DropReason::Malformed;
+    let mut reject = false;
+    if !forward6(
+        pkt,
+        &svc,
+        source::ingress(ctx),
+        &mut to,
+        &mut reason,
+        &mut reject,
+    ) {
+        if reject {
+            return reject::answer6(ctx, pkt, reason, HOOK_FROM_POD).map_err(|v| v.reason());
+        }
+        return Err(reason);
+    }
+    nat::dnat(ctx, pkt, to).map_err(|v| v.reason())?;
+    Ok(TC_ACT_UNSPEC)
+}
+
+#[inline(always)]
+fn forward6(
+    pkt: &parse::Packet<[u8; 16]>,
+    svc: &lbproxy_common::ServiceValue,
+    ingress: u32,
+    to: &mut flow::NatTarget<[u8; 16]>,
+    reason: &mut DropReason,
+    reject: &mut bool,
+) -> bool {
+    let seed = maps::config().hash_seed();
+    match flow::forward(
+        pkt,
+        svc,
+        seed,
+        ingress,
+        || Ok(()),
+        |_, _| Ok(flow::Source::CLIENT),
+    ) {
+        Ok(t) => {
+            *to = t;
+            true
+        }
+        Err(v) => {
+            *reason = v.reason();
+            *reject = matches!(v, Verdict::Reject(_));
+            false
+        }
+    }
+}
+
 /// A packet leaving a pod that is not addressed to a service: with the stack bypass, a
 /// backend's reply is reverse-NATed here and redirected into the client's pod. Anything else,
 /// or a reply that cannot be redirected, goes to the stack untouched (`lb_to_pod` translates
@@ -187,12 +291,29 @@ fn pass_bad_l4() -> i32 {
 
 #[classifier]
 pub fn lb_to_pod(ctx: TcContext) -> i32 {
+    if parse::is_ipv6(&ctx) {
+        to_pod6(ctx)
+    } else {
+        to_pod4(ctx)
+    }
+}
+
+#[inline(never)]
+fn to_pod4(ctx: TcContext) -> i32 {
     match try_to_pod(&ctx) {
         Ok(action) => action,
         Err(reason) => {
             debug!(&ctx, "lb_to_pod: drop, reason {}", reason as u32);
             count_and_drop(&ctx, HOOK_TO_POD, reason)
         }
+    }
+}
+
+#[inline(never)]
+fn to_pod6(ctx: TcContext) -> i32 {
+    match try_to_pod6(&ctx) {
+        Ok(action) => action,
+        Err(reason) => count_and_drop(&ctx, HOOK_TO_POD, reason),
     }
 }
 
@@ -209,6 +330,20 @@ fn try_to_pod(ctx: &TcContext) -> Result<i32, DropReason> {
     if pkt.l4 == L4::Bad {
         return Ok(pass_bad_l4());
     }
+    let Some(to) = flow::reply(&pkt) else {
+        return Ok(TC_ACT_UNSPEC);
+    };
+    nat::snat(ctx, &pkt, to).map_err(|v| v.reason())?;
+    Ok(TC_ACT_UNSPEC)
+}
+
+/// An IPv6 packet entering a pod: a backend's reply of an IPv6 flow is reverse-NATed.
+fn try_to_pod6(ctx: &TcContext) -> Result<i32, DropReason> {
+    let pkt = match parse::parse6(ctx) {
+        Ok(Some(pkt)) if pkt.l4 != L4::Bad => pkt,
+        Ok(_) => return Ok(TC_ACT_UNSPEC),
+        Err(v) => return Err(v.reason()),
+    };
     let Some(to) = flow::reply(&pkt) else {
         return Ok(TC_ACT_UNSPEC);
     };

@@ -10,12 +10,12 @@ use aya_ebpf::btf_maps::{
     Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, lpm_trie::Key,
 };
 use lbproxy_common::{
-    AffinityKey, AffinityValue, Backend, DatapathConfig, FlowKey, FlowValue, FragKey, FragPorts,
-    MemberKey, MonitorCtl, MonitorEvent, MonitorRate, NodeAddr, NodeIf, PodAddr, PodIf, ServiceKey,
-    ServiceLabel, ServiceValue, SlotKey, SockConfig, SockRevKey, SockRevValue, SrcCheck,
-    SrcRangeData, UnservedKey, UnservedValue, affinity, backends, config, delivery, drops, flows,
-    frags, labels, members, monitor, node_addrs, node_ifs, pod_addrs, pod_ifs, services, slots,
-    snat_tries, sock,
+    AffinityKey, AffinityKey6, AffinityValue, Backend, Backend6, DatapathConfig, FlowKey, FlowKey6,
+    FlowValue, FlowValue6, FlowWork, FragKey, FragPorts, MemberKey, MonitorCtl, MonitorEvent,
+    MonitorRate, NodeAddr, NodeIf, PodAddr, PodIf, ServiceKey, ServiceKey6, ServiceLabel,
+    ServiceValue, SlotKey, SockConfig, SockRevKey, SockRevValue, SrcCheck, SrcRangeData,
+    UnservedKey, UnservedValue, affinity, backends, config, delivery, drops, flows, frags, labels,
+    members, monitor, node_addrs, node_ifs, pod_addrs, pod_ifs, services, slots, snat_tries, sock,
     spec::{MapKind, MapSpec, size_u32, str_eq},
     src_check, src_ranges, unserved,
 };
@@ -191,6 +191,18 @@ map! {
     LB_MONRATE_V1: PerCpuArray<MonitorRate> = monitor::RATE_SPEC;
     /// Drop and reject events for `lbproxy monitor`. Written by `monitor`.
     LB_EVENTS_V1: RingBuf<MonitorEvent> = monitor::EVENTS_SPEC;
+    /// IPv6 frontends: the same values as `LB_SERVICES_V2`. Read through `family`.
+    LB_SERVICES6_V1: HashMap<ServiceKey6, ServiceValue> = services::SPEC6;
+    /// IPv6 backend addresses by id (one id space with `LB_BACKENDS_V1`).
+    LB_BACKENDS6_V1: HashMap<u32, Backend6> = backends::SPEC6;
+    /// The IPv6 flow table. Owned by `flow`, through `family`.
+    LB_FLOWS6_V1: LruHashMap<FlowKey6, FlowValue6> = flows::SPEC6;
+    /// Session affinity of IPv6 clients. Written by `lb::affinity`, through `family`.
+    LB_AFFINITY6_V1: LruHashMap<AffinityKey6, AffinityValue> = affinity::SPEC6;
+    /// Per-CPU room for a new IPv6 flow's half while `flow` builds it. Through `family`.
+    LB_SCRATCH6_V1: PerCpuArray<FlowWork<[u8; 16]>> = flows::SCRATCH6_SPEC;
+    /// The same for IPv4.
+    LB_SCRATCH_V1: PerCpuArray<FlowWork<[u8; 4]>> = flows::SCRATCH_SPEC;
 }
 
 /// The controller's settings (`LB_CONFIG_V1`, entry 0): the stack bypass flag (for
@@ -201,3 +213,11 @@ map! {
 pub fn config() -> DatapathConfig {
     LB_CONFIG_V1.get(0).copied().unwrap_or_default()
 }
+
+/// The IPv6 packet `lb_from_pod` is translating, parsed into this CPU's entry instead of onto
+/// the stack: with it on the stack, the IPv6 path's frame is 504 bytes (the verifier allows
+/// 512 along the whole call chain, which also holds the drop and reject paths' calls); in
+/// map memory, 400. The datapath's own scratch, of its own type: not pinned, not in
+/// `lbproxy_common::MAPS`, created afresh with each load.
+#[aya_ebpf::macros::btf_map]
+pub static LB_PACKET6: PerCpuArray<crate::parse::Packet<[u8; 16]>, 1, 0> = PerCpuArray::new();

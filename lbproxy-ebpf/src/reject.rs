@@ -5,6 +5,9 @@
 //! - UDP: the packet becomes an ICMP port unreachable, quoting the original IP header and the
 //!   first 8 bytes of the datagram, as a host would answer.
 //!
+//! For IPv6 ([`answer6`]) the same, with an ICMPv6 port unreachable (type 1, code 4) quoting
+//! the IPv6 header and 8 bytes; a packet with extension headers is not rewritten.
+//!
 //! Either way the answer is written over the packet in place and redirected out of the
 //! interface it came in on, so it goes straight back to the pod. Packets with IP options are
 //! not rewritten (they are dropped and counted as `reject_failed` instead). A TCP RST (RFC
@@ -24,8 +27,8 @@ use crate::{
     monitor,
     nat::csum::{fold, sum_words},
     parse::{
-        ETH_LEN, IP_LEN, Packet, TCP_FLAG_ACK, TCP_FLAG_FIN, TCP_FLAG_RST, TCP_FLAG_SYN, TCP_LEN,
-        ptr_at,
+        ETH_LEN, IP_LEN, IP6_DST_OFF, IP6_LEN, IP6_SRC_OFF, Packet, TCP_FLAG_ACK, TCP_FLAG_FIN,
+        TCP_FLAG_RST, TCP_FLAG_SYN, TCP_LEN, ptr_at,
     },
     reason::{Verdict, count},
 };
@@ -190,6 +193,144 @@ fn udp_unreachable(ctx: &TcContext, pkt: &Packet) -> Result<i32, Verdict> {
     ctx.store(ETH_LEN + IP_LEN, &icmp, 0).map_err(|_| fail())?;
     let len = (ETH_LEN + usize::from(total)) as u32;
     if unsafe { bpf_skb_change_tail(ctx.as_ptr().cast(), len, 0) } != 0 {
+        return Err(fail());
+    }
+    Ok(unsafe { bpf_redirect(ifindex(ctx), 0) } as i32)
+}
+
+const IPPROTO_ICMPV6: u8 = 58;
+/// ICMPv6 quotes the IPv6 header and 8 bytes of its payload here (RFC 4443 allows up to
+/// the minimum MTU; the header and the ports are what the sender's stack matches on).
+const QUOTE6_LEN: usize = IP6_LEN + 8;
+
+/// [`answer`] for an IPv6 packet: a TCP RST, or an ICMPv6 port unreachable.
+#[inline(always)]
+pub fn answer6(
+    ctx: &TcContext,
+    pkt: &Packet<[u8; 16]>,
+    reason: DropReason,
+    hook: u8,
+) -> Result<i32, Verdict> {
+    if !pkt.answerable() {
+        return Err(Verdict::Drop(DropReason::RejectNotAnswered));
+    }
+    monitor::event(ctx, hook, VERDICT_REJECT, reason);
+    if pkt.l4_off != ETH_LEN + IP6_LEN {
+        // Extension headers: not rewritten.
+        return Err(fail());
+    }
+    let action = if pkt.proto == IPPROTO_TCP {
+        tcp_reset6(ctx, pkt)?
+    } else {
+        udp_unreachable6(ctx, pkt)?
+    };
+    count(reason);
+    Ok(action)
+}
+
+/// The first 8 bytes of an IPv6 header: version 6, no traffic class or flow label, the
+/// payload length, the next header, hop limit 64.
+#[inline(always)]
+fn ip6_first(payload_len: u16, next: u8) -> [u8; 8] {
+    let len = payload_len.to_be_bytes();
+    [0x60, 0, 0, 0, len[0], len[1], next, 64]
+}
+
+/// The one's-complement sum of the IPv6 pseudo-header (RFC 8200, 8.1) of a packet from
+/// `src` to `dst`, `len` bytes of upper layer `next`.
+#[inline(always)]
+fn pseudo6(src: &[u8; 16], dst: &[u8; 16], len: u32, next: u8) -> u32 {
+    sum_words(dst, sum_words(src, 0)) + (len >> 16) + (len & 0xffff) + u32::from(next)
+}
+
+/// Writes the IPv6 header of the answer: from the address the client sent to, to the
+/// client. The addresses are stored from the parsed packet as they are, not copied.
+#[inline(always)]
+fn answer_ip6(
+    ctx: &TcContext,
+    pkt: &Packet<[u8; 16]>,
+    payload_len: u16,
+    next: u8,
+) -> Result<(), Verdict> {
+    ctx.store(ETH_LEN, &ip6_first(payload_len, next), 0)
+        .map_err(|_| fail())?;
+    ctx.store(IP6_SRC_OFF, &pkt.dst_addr, 0)
+        .map_err(|_| fail())?;
+    ctx.store(IP6_DST_OFF, &pkt.src_addr, 0).map_err(|_| fail())
+}
+
+/// [`tcp_reset`] for IPv6.
+#[inline(always)]
+fn tcp_reset6(ctx: &TcContext, pkt: &Packet<[u8; 16]>) -> Result<i32, Verdict> {
+    let first: *const [u8; 8] = ptr_at(ctx, ETH_LEN).ok_or_else(fail)?;
+    let raw: *const [u8; 14] = ptr_at(ctx, pkt.l4_off).ok_or_else(fail)?;
+    let (payload_len, seq, ack_seq, doff_flags) = unsafe {
+        let (f, r) = (*first, *raw);
+        (
+            u16::from_be_bytes([f[4], f[5]]),
+            u32::from_be_bytes([r[4], r[5], r[6], r[7]]),
+            u32::from_be_bytes([r[8], r[9], r[10], r[11]]),
+            [r[12], r[13]],
+        )
+    };
+    let doff = usize::from(doff_flags[0] >> 4) * 4;
+    let flags = doff_flags[1];
+    let payload = usize::from(payload_len).saturating_sub(doff) as u32;
+    let (rst_seq, rst_ack, rst_flags) = if flags & TCP_FLAG_ACK != 0 {
+        (ack_seq, 0, TCP_FLAG_RST)
+    } else {
+        let mut len = payload;
+        if flags & TCP_FLAG_SYN != 0 {
+            len += 1;
+        }
+        if flags & TCP_FLAG_FIN != 0 {
+            len += 1;
+        }
+        (0, seq.wrapping_add(len), TCP_FLAG_RST | TCP_FLAG_ACK)
+    };
+    let mut t = [0u8; TCP_LEN];
+    t[0..2].copy_from_slice(&pkt.dst_port_be.to_ne_bytes());
+    t[2..4].copy_from_slice(&pkt.src_port_be.to_ne_bytes());
+    t[4..8].copy_from_slice(&rst_seq.to_be_bytes());
+    t[8..12].copy_from_slice(&rst_ack.to_be_bytes());
+    t[12] = 5 << 4;
+    t[13] = rst_flags;
+    let acc = pseudo6(&pkt.dst_addr, &pkt.src_addr, TCP_LEN as u32, IPPROTO_TCP);
+    let csum = fold(sum_words(&t, acc));
+    t[16..18].copy_from_slice(&csum.to_be_bytes());
+
+    swap_macs(ctx)?;
+    answer_ip6(ctx, pkt, TCP_LEN as u16, IPPROTO_TCP)?;
+    ctx.store(ETH_LEN + IP6_LEN, &t, 0).map_err(|_| fail())?;
+    let len = (ETH_LEN + IP6_LEN + TCP_LEN) as u32;
+    if unsafe { bpf_skb_change_tail(ctx.as_ptr().cast(), len, 0) } != 0 {
+        return Err(fail());
+    }
+    Ok(unsafe { bpf_redirect(ifindex(ctx), 0) } as i32)
+}
+
+/// [`udp_unreachable`] for IPv6: ICMPv6 destination unreachable, port unreachable.
+#[inline(always)]
+fn udp_unreachable6(ctx: &TcContext, pkt: &Packet<[u8; 16]>) -> Result<i32, Verdict> {
+    let _: *const [u8; QUOTE6_LEN] = ptr_at(ctx, ETH_LEN).ok_or_else(fail)?;
+    ctx.adjust_room((IP6_LEN + ICMP_LEN) as i32, BPF_ADJ_ROOM_MAC, 0)
+        .map_err(|_| fail())?;
+    let quote_off = ETH_LEN + IP6_LEN + ICMP_LEN;
+    let quote: *const [u8; QUOTE6_LEN] = ptr_at(ctx, quote_off).ok_or_else(fail)?;
+    let mut icmp = [0u8; ICMP_LEN];
+    icmp[0] = 1; // destination unreachable
+    icmp[1] = 4; // port unreachable
+    let len = (ICMP_LEN + QUOTE6_LEN) as u32;
+    let acc = pseudo6(&pkt.dst_addr, &pkt.src_addr, len, IPPROTO_ICMPV6);
+    // SAFETY: bounds checked by `ptr_at`; read in place.
+    let csum = fold(sum_words(unsafe { &*quote }, sum_words(&icmp, acc)));
+    icmp[2..4].copy_from_slice(&csum.to_be_bytes());
+
+    swap_macs(ctx)?;
+    answer_ip6(ctx, pkt, len as u16, IPPROTO_ICMPV6)?;
+    ctx.store(ETH_LEN + IP6_LEN, &icmp, 0).map_err(|_| fail())?;
+    let total = (ETH_LEN + IP6_LEN) as u32 + len;
+    if unsafe { bpf_skb_change_tail(ctx.as_ptr().cast(), total, 0) } != 0 {
         return Err(fail());
     }
     Ok(unsafe { bpf_redirect(ifindex(ctx), 0) } as i32)

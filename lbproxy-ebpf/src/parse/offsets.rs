@@ -23,6 +23,13 @@ pub const IP_DST_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, dst_addr);
 /// The Ethernet header and an IPv4 header without options.
 pub const L2_L3_LEN: usize = ETH_LEN + IP_LEN;
 
+/// The fixed IPv6 header (RFC 8200): no checksum, extension headers after it.
+pub const IP6_LEN: usize = 40;
+pub const IP6_SRC_OFF: usize = ETH_LEN + 8;
+pub const IP6_DST_OFF: usize = ETH_LEN + 24;
+/// The Ethernet header and the fixed IPv6 header.
+pub const L2_L3_LEN6: usize = ETH_LEN + IP6_LEN;
+
 /// Both TCP and UDP start with source port then destination port.
 pub const L4_SPORT_OFF: usize = 0;
 pub const L4_DPORT_OFF: usize = 2;
