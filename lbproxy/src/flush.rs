@@ -48,7 +48,7 @@ fn check_backend(s: &str) -> anyhow::Result<()> {
     match (s.parse::<Ipv4Addr>(), s.parse::<SocketAddr>()) {
         (Ok(_), _) | (_, Ok(SocketAddr::V4(_))) => Ok(()),
         (_, Ok(SocketAddr::V6(_))) => {
-            anyhow::bail!("--backend {s}: IPv6 backends are not served yet, so hold no flows")
+            anyhow::bail!("--backend {s}: flushing IPv6 flows is not supported yet (LB_FLOWS6_V1)")
         }
         _ => anyhow::bail!("--backend {s}: not an IPv4 address or IPv4 address:port"),
     }
@@ -58,7 +58,7 @@ fn parse_client(s: &str) -> anyhow::Result<Ipv4Addr> {
     match s.parse::<IpAddr>() {
         Ok(IpAddr::V4(a)) => Ok(a),
         Ok(IpAddr::V6(_)) => {
-            anyhow::bail!("--client {s}: IPv6 clients are not served yet, so hold no flows")
+            anyhow::bail!("--client {s}: flushing IPv6 flows is not supported yet (LB_FLOWS6_V1)")
         }
         Err(_) => anyhow::bail!("--client {s}: not an IP address (a client is matched by address)"),
     }

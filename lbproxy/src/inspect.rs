@@ -133,20 +133,16 @@ fn split_label(label: &str) -> (String, String) {
 
 pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
     let backends: BTreeMap<u32, BackendAddr> = maps
-        .backends
-        .iter()
-        .flatten()
+        .all_backends()
         .filter_map(|(id, b)| BackendAddr::from_value(&b).map(|a| (id, a)))
         .collect();
     // Each service's backends by the flows still using them, to tell the draining ones.
     let mut flows_of: BTreeMap<(u32, u32), usize> = BTreeMap::new();
-    for (k, v) in maps.flows.iter().flatten() {
-        if k.dir == FLOW_DIR_FORWARD {
-            *flows_of.entry((v.svc_id, v.backend_id)).or_default() += 1;
-        }
+    for ids in maps.forward_flows() {
+        *flows_of.entry(ids).or_default() += 1;
     }
     let mut rows = Vec::new();
-    for (k, v) in maps.services.iter().flatten() {
+    for (k, v) in maps.all_services() {
         let Some(fe) = Frontend::from_key(&k) else {
             continue;
         };
@@ -258,9 +254,7 @@ fn kind_name(kind: u8) -> &'static str {
 
 pub fn backends(maps: &PinnedMaps) -> Vec<BackendRow> {
     let mut rows: Vec<BackendRow> = maps
-        .backends
-        .iter()
-        .flatten()
+        .all_backends()
         .filter_map(|(id, b)| BackendAddr::from_value(&b).map(|a| BackendRow::of(id, &a)))
         .collect();
     rows.sort_by_key(|r| r.id);
@@ -856,11 +850,8 @@ pub fn affinity_rows(maps: &PinnedMaps) -> Vec<AffinityRow> {
                 )
                 .is_ok();
             let backend = maps
-                .backends
-                .get(&v.backend_id, 0)
-                .ok()
-                .and_then(|b| BackendAddr::from_value(&b))
-                .map_or_else(|| "?".to_string(), |b| format!("{}:{}", b.addr, b.port));
+                .backend(v.backend_id)
+                .map_or_else(|| "?".to_string(), |b| b.to_string());
             AffinityRow {
                 service: maps
                     .labels

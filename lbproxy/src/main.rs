@@ -491,6 +491,12 @@ fn spawn_flow_gc(
         .map_or(settings.flow_map_size, |(_, c)| {
             u32::try_from(*c).unwrap_or(u32::MAX)
         });
+    let capacity6 = capacities
+        .iter()
+        .find(|(n, _)| *n == lbproxy_common::map_names::FLOWS6)
+        .map_or(lbproxy_common::DEFAULT_FLOW6_MAP_SIZE, |(_, c)| {
+            u32::try_from(*c).unwrap_or(u32::MAX)
+        });
     tokio::spawn(async move {
         // The first tick is immediate: a collection at start also fills the flow gauge.
         let mut every = tokio::time::interval(Duration::from_secs(10));
@@ -499,11 +505,34 @@ fn spawn_flow_gc(
             every.tick().await;
             let dir = dir.clone();
             let r = tokio::task::spawn_blocking(move || {
-                bpf::flow_gc::collect(&dir, capacity, timeouts, 4096)
+                let v4 = bpf::flow_gc::collect(&dir, capacity, timeouts, 4096)?;
+                let v6 = bpf::flow_gc::collect_family::<[u8; 16]>(
+                    &dir,
+                    lbproxy_common::map_names::FLOWS6,
+                    capacity6,
+                    timeouts,
+                    4096,
+                )?;
+                anyhow::Ok((v4, v6))
             })
             .await;
             match r {
-                Ok(Ok(stats)) => {
+                Ok(Ok((stats, v6))) => {
+                    health.metrics.flow_gc_deleted.inc_by(v6.deleted as u64);
+                    health
+                        .metrics
+                        .map_entries
+                        .get_or_create(&http::MapLabel::of(lbproxy_common::map_names::FLOWS6))
+                        .set(i64::try_from(v6.scanned - v6.deleted).unwrap_or(i64::MAX));
+                    if v6.deleted > 0 || v6.under_pressure {
+                        tracing::info!(
+                            scanned = v6.scanned,
+                            deleted = v6.deleted,
+                            under_pressure = v6.under_pressure,
+                            took_ms = u64::try_from(v6.took.as_millis()).unwrap_or(u64::MAX),
+                            "flow gc (IPv6)"
+                        );
+                    }
                     health.metrics.flow_gc_deleted.inc_by(stats.deleted as u64);
                     health
                         .metrics

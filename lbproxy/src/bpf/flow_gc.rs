@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use lbproxy_common::{
-    FLOW_DIR_FORWARD, FLOW_F_FIN, FLOW_STATE_SYN_SENT, FlowKey, FlowValue, HAIRPIN_ADDR,
+    Addr, FLOW_DIR_FORWARD, FLOW_F_FIN, FLOW_STATE_SYN_SENT, FlowKeyOf, FlowValueOf, HAIRPIN_ADDR,
     IPPROTO_TCP, map_names,
 };
 
@@ -69,7 +69,12 @@ impl Timeouts {
 
     /// The timeout of the flow whose halves are `half` (keyed `k`) and `partner` (`None`
     /// when it is missing).
-    pub fn for_flow(&self, k: &FlowKey, half: &FlowValue, partner: Option<&FlowValue>) -> Duration {
+    pub fn for_flow<A: Addr>(
+        &self,
+        k: &FlowKeyOf<A>,
+        half: &FlowValueOf<A>,
+        partner: Option<&FlowValueOf<A>>,
+    ) -> Duration {
         if k.proto != IPPROTO_TCP {
             return self.udp;
         }
@@ -112,15 +117,15 @@ pub struct GcStats {
 
 /// One flow in a snapshot: a half (the forward one when both exist) and its partner.
 #[derive(Clone, Copy, Debug)]
-pub struct Flow {
-    pub key: FlowKey,
-    pub value: FlowValue,
-    pub partner: Option<(FlowKey, FlowValue)>,
+pub struct Flow<A: Addr = [u8; 4]> {
+    pub key: FlowKeyOf<A>,
+    pub value: FlowValueOf<A>,
+    pub partner: Option<(FlowKeyOf<A>, FlowValueOf<A>)>,
 }
 
 /// Decides which flows of a snapshot are expired, and returns the keys to delete: both
 /// halves of each. Pure, for tests.
-pub fn expired(flows: &[Flow], now_ns: u64, t: &Timeouts) -> Vec<FlowKey> {
+pub fn expired<A: Addr>(flows: &[Flow<A>], now_ns: u64, t: &Timeouts) -> Vec<FlowKeyOf<A>> {
     let mut gone = Vec::new();
     for f in flows {
         let partner = f.partner.as_ref().map(|(_, v)| v);
@@ -138,11 +143,15 @@ pub fn expired(flows: &[Flow], now_ns: u64, t: &Timeouts) -> Vec<FlowKey> {
 
 /// The flow `k` -> `v` is part of, as judged once: a reply half whose forward partner exists
 /// is left to that partner (`None`). A partner that names another flow is not this one's.
-fn flow_of(
-    flows: &BpfHashMap<MapData, FlowKey, FlowValue>,
-    k: FlowKey,
-    v: FlowValue,
-) -> Option<Flow> {
+fn flow_of<A: Addr>(
+    flows: &BpfHashMap<MapData, FlowKeyOf<A>, FlowValueOf<A>>,
+    k: FlowKeyOf<A>,
+    v: FlowValueOf<A>,
+) -> Option<Flow<A>>
+where
+    FlowKeyOf<A>: aya::Pod,
+    FlowValueOf<A>: aya::Pod,
+{
     let pk = k.partner(&v);
     let partner = flows
         .get(&pk, 0)
@@ -159,14 +168,29 @@ fn flow_of(
     })
 }
 
-/// One collection over the pinned flow map. Reads in batches of `batch` entries and deletes
-/// the flows that expired, both halves together; the datapath keeps running on the same map
-/// throughout.
+/// One collection over the pinned IPv4 flow map: [`collect_family`] of `LB_FLOWS_V3`.
 pub fn collect(dir: &Path, capacity: u32, t: Timeouts, batch: usize) -> anyhow::Result<GcStats> {
+    collect_family::<[u8; 4]>(dir, map_names::FLOWS, capacity, t, batch)
+}
+
+/// One collection over the pinned flow map `name` of one family (`LB_FLOWS_V3`,
+/// `LB_FLOWS6_V1`). Reads in batches of `batch` entries and deletes the flows that expired,
+/// both halves together; the datapath keeps running on the same map throughout.
+pub fn collect_family<A: Addr>(
+    dir: &Path,
+    name: &'static str,
+    capacity: u32,
+    t: Timeouts,
+    batch: usize,
+) -> anyhow::Result<GcStats>
+where
+    FlowKeyOf<A>: aya::Pod,
+    FlowValueOf<A>: aya::Pod,
+{
     let started = Instant::now();
-    let mut flows: BpfHashMap<MapData, FlowKey, FlowValue> =
-        crate::bpf::open_pinned(dir, map_names::FLOWS, Map::LruHashMap)?;
-    let keys: Vec<FlowKey> = flows.keys().filter_map(Result::ok).collect();
+    let mut flows: BpfHashMap<MapData, FlowKeyOf<A>, FlowValueOf<A>> =
+        crate::bpf::open_pinned(dir, name, Map::LruHashMap)?;
+    let keys: Vec<FlowKeyOf<A>> = flows.keys().filter_map(Result::ok).collect();
     // 75%, not nearer full: the kernel's LRU keeps per-CPU free lists and starts evicting
     // before every entry is in use, so a "full" table can count well under its capacity.
     let under_pressure = keys.len() as u64 * 4 > u64::from(capacity) * 3;
@@ -180,16 +204,16 @@ pub fn collect(dir: &Path, capacity: u32, t: Timeouts, batch: usize) -> anyhow::
         under_pressure,
         ..Default::default()
     };
-    let mut snat_in_use: std::collections::HashMap<([u8; 4], [u8; 4], u16, u8), usize> =
+    let mut snat_in_use: std::collections::HashMap<(A, A, u16, u8), usize> =
         std::collections::HashMap::new();
     for chunk in keys.chunks(batch.max(1)) {
         let now = monotonic_ns();
-        let snapshot: Vec<Flow> = chunk
+        let snapshot: Vec<Flow<A>> = chunk
             .iter()
             .filter_map(|k| {
                 let v = flows.get(k, 0).ok()?;
                 // The node's SNAT port use; hairpin flows have a port space of their own.
-                if k.dir != FLOW_DIR_FORWARD && v.snat(k) && k.dst_addr != HAIRPIN_ADDR {
+                if k.dir != FLOW_DIR_FORWARD && v.snat(k) && !is_hairpin(&k.dst_addr) {
                     *snat_in_use
                         .entry((k.dst_addr, k.src_addr, k.src_port_be, k.proto))
                         .or_default() += 1;
@@ -210,11 +234,17 @@ pub fn collect(dir: &Path, capacity: u32, t: Timeouts, batch: usize) -> anyhow::
     Ok(stats)
 }
 
+/// Whether `addr` is the hairpin address (IPv4 only: IPv6 has no hairpin flows yet).
+fn is_hairpin<A: Addr>(addr: &A) -> bool {
+    A::FAMILY == lbproxy_common::FAMILY_IPV4 && addr.fold() == u32::from_ne_bytes(HAIRPIN_ADDR)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use lbproxy_common::{
-        FLOW_DIR_REPLY, FLOW_F_RST, FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE, IPPROTO_UDP,
+        FLOW_DIR_REPLY, FLOW_F_RST, FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE, FlowKey, FlowValue,
+        IPPROTO_UDP,
     };
 
     const S: u64 = 1_000_000_000;

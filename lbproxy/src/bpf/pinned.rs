@@ -5,12 +5,14 @@ use std::path::Path;
 
 use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray};
 use lbproxy_common::{
-    Backend, CONFIG_F_STACK_BYPASS, DatapathConfig, Delivery, DropReason, FlowKey, FlowValue,
-    PodIf, ServiceKey, ServiceLabel, ServiceValue, SlotKey, UnservedKey, UnservedValue, map_names,
+    Backend, Backend6, CONFIG_F_STACK_BYPASS, DatapathConfig, Delivery, DropReason, FlowKey,
+    FlowKey6, FlowValue, FlowValue6, PodIf, ServiceKey, ServiceKey6, ServiceLabel, ServiceValue,
+    SlotKey, UnservedKey, UnservedValue, map_names,
 };
 
 use super::{BpfError, check_pinned_layouts, open_pinned};
-use crate::desired::Frontend;
+use crate::desired::{BackendAddr, BackendValue, Frontend, FrontendKey};
+use crate::model::Family;
 use crate::program::{MapWriteError, Maps, Programmed, WriteCause, assemble};
 
 /// Typed handles on the pinned maps.
@@ -19,6 +21,10 @@ pub struct PinnedMaps {
     pub slots: BpfHashMap<MapData, SlotKey, u32>,
     pub backends: BpfHashMap<MapData, u32, Backend>,
     pub flows: BpfHashMap<MapData, FlowKey, FlowValue>,
+    /// The IPv6 frontends, backends and flows (`LB_*6_V1`).
+    pub services6: BpfHashMap<MapData, ServiceKey6, ServiceValue>,
+    pub backends6: BpfHashMap<MapData, u32, Backend6>,
+    pub flows6: BpfHashMap<MapData, FlowKey6, FlowValue6>,
     pub labels: BpfHashMap<MapData, u32, ServiceLabel>,
     pub members: BpfHashMap<MapData, lbproxy_common::MemberKey, u32>,
     pub affinity: BpfHashMap<MapData, lbproxy_common::AffinityKey, lbproxy_common::AffinityValue>,
@@ -43,6 +49,9 @@ impl PinnedMaps {
             slots: open_pinned(dir, map_names::SLOTS, Map::HashMap)?,
             backends: open_pinned(dir, map_names::BACKENDS, Map::HashMap)?,
             flows: open_pinned(dir, map_names::FLOWS, Map::LruHashMap)?,
+            services6: open_pinned(dir, map_names::SERVICES6, Map::HashMap)?,
+            backends6: open_pinned(dir, map_names::BACKENDS6, Map::HashMap)?,
+            flows6: open_pinned(dir, map_names::FLOWS6, Map::LruHashMap)?,
             labels: open_pinned(dir, map_names::LABELS, Map::HashMap)?,
             members: open_pinned(dir, map_names::MEMBERS, Map::HashMap)?,
             affinity: open_pinned(dir, map_names::AFFINITY, Map::LruHashMap)?,
@@ -58,6 +67,60 @@ impl PinnedMaps {
             sock_events: open_pinned(dir, map_names::SOCK_EVENTS, Map::PerCpuArray)?,
             sock_rev: open_pinned(dir, map_names::SOCK_REV, Map::LruHashMap)?,
         })
+    }
+
+    /// Every backend of both families, by id.
+    pub fn all_backends(&self) -> impl Iterator<Item = (u32, BackendValue)> + '_ {
+        self.backends
+            .iter()
+            .flatten()
+            .map(|(id, b)| (id, BackendValue::V4(b)))
+            .chain(
+                self.backends6
+                    .iter()
+                    .flatten()
+                    .map(|(id, b)| (id, BackendValue::V6(b))),
+            )
+    }
+
+    /// Every frontend entry of both families.
+    pub fn all_services(&self) -> impl Iterator<Item = (FrontendKey, ServiceValue)> + '_ {
+        self.services
+            .iter()
+            .flatten()
+            .map(|(k, v)| (FrontendKey::V4(k), v))
+            .chain(
+                self.services6
+                    .iter()
+                    .flatten()
+                    .map(|(k, v)| (FrontendKey::V6(k), v)),
+            )
+    }
+
+    /// The backend with this id, in either family's map.
+    pub fn backend(&self, id: u32) -> Option<BackendAddr> {
+        let v = match self.backends.get(&id, 0) {
+            Ok(b) => BackendValue::V4(b),
+            Err(_) => BackendValue::V6(self.backends6.get(&id, 0).ok()?),
+        };
+        BackendAddr::from_value(&v)
+    }
+
+    /// The (service id, backend id) of every forward flow half, of both families.
+    pub fn forward_flows(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        let fwd = lbproxy_common::FLOW_DIR_FORWARD;
+        self.flows
+            .iter()
+            .flatten()
+            .filter(move |(k, _)| k.dir == fwd)
+            .map(|(_, v)| (v.svc_id, v.backend_id))
+            .chain(
+                self.flows6
+                    .iter()
+                    .flatten()
+                    .filter(move |(k, _)| k.dir == fwd)
+                    .map(|(_, v)| (v.svc_id, v.backend_id)),
+            )
     }
 
     /// Datapath drop counters, summed over CPUs, by reason.
@@ -157,10 +220,10 @@ fn src_range_key(
 impl Maps for PinnedMaps {
     fn read_programmed(&self) -> Programmed {
         assemble(
-            self.backends.iter().flatten(),
+            self.all_backends(),
             self.slots.iter().flatten(),
             self.members.keys().flatten(),
-            self.services.iter().flatten(),
+            self.all_services(),
             self.src_ranges.keys().flatten().filter_map(|k| {
                 let d = k.data();
                 let net = ipnet::Ipv4Net::new(
@@ -179,14 +242,25 @@ impl Maps for PinnedMaps {
         )
     }
 
-    fn put_backend(&mut self, id: u32, b: &Backend) -> Result<(), MapWriteError> {
-        self.backends
-            .insert(id, *b, 0)
-            .map_err(|e| werr(map_names::BACKENDS, "update", format!("id {id}"), e))
+    fn put_backend(&mut self, id: u32, b: &BackendValue) -> Result<(), MapWriteError> {
+        match b {
+            BackendValue::V4(b) => self
+                .backends
+                .insert(id, *b, 0)
+                .map_err(|e| werr(map_names::BACKENDS, "update", format!("id {id}"), e)),
+            BackendValue::V6(b) => self
+                .backends6
+                .insert(id, *b, 0)
+                .map_err(|e| werr(map_names::BACKENDS6, "update", format!("id {id}"), e)),
+        }
     }
-    fn del_backend(&mut self, id: u32) -> Result<(), MapWriteError> {
-        del_ok(self.backends.remove(&id))
-            .map_err(|e| werr(map_names::BACKENDS, "delete", format!("id {id}"), e))
+    fn del_backend(&mut self, id: u32, family: Family) -> Result<(), MapWriteError> {
+        match family {
+            Family::V4 => del_ok(self.backends.remove(&id))
+                .map_err(|e| werr(map_names::BACKENDS, "delete", format!("id {id}"), e)),
+            Family::V6 => del_ok(self.backends6.remove(&id))
+                .map_err(|e| werr(map_names::BACKENDS6, "delete", format!("id {id}"), e)),
+        }
     }
     fn put_slot(&mut self, key: SlotKey, backend_id: u32) -> Result<(), MapWriteError> {
         self.slots.insert(key, backend_id, 0).map_err(|e| {
@@ -208,25 +282,27 @@ impl Maps for PinnedMaps {
             )
         })
     }
-    fn put_service(&mut self, key: ServiceKey, value: ServiceValue) -> Result<(), MapWriteError> {
-        self.services.insert(key, value, 0).map_err(|e| {
-            werr(
-                map_names::SERVICES,
-                "update",
-                Frontend::from_key(&key).map_or_else(String::new, |f| f.to_string()),
-                e,
-            )
-        })
+    fn put_service(&mut self, key: FrontendKey, value: ServiceValue) -> Result<(), MapWriteError> {
+        let name = Frontend::from_key(&key).map_or_else(String::new, |f| f.to_string());
+        match key {
+            FrontendKey::V4(k) => self
+                .services
+                .insert(k, value, 0)
+                .map_err(|e| werr(map_names::SERVICES, "update", name, e)),
+            FrontendKey::V6(k) => self
+                .services6
+                .insert(k, value, 0)
+                .map_err(|e| werr(map_names::SERVICES6, "update", name, e)),
+        }
     }
-    fn del_service(&mut self, key: ServiceKey) -> Result<(), MapWriteError> {
-        del_ok(self.services.remove(&key)).map_err(|e| {
-            werr(
-                map_names::SERVICES,
-                "delete",
-                Frontend::from_key(&key).map_or_else(String::new, |f| f.to_string()),
-                e,
-            )
-        })
+    fn del_service(&mut self, key: FrontendKey) -> Result<(), MapWriteError> {
+        let name = Frontend::from_key(&key).map_or_else(String::new, |f| f.to_string());
+        match key {
+            FrontendKey::V4(k) => del_ok(self.services.remove(&k))
+                .map_err(|e| werr(map_names::SERVICES, "delete", name, e)),
+            FrontendKey::V6(k) => del_ok(self.services6.remove(&k))
+                .map_err(|e| werr(map_names::SERVICES6, "delete", name, e)),
+        }
     }
     fn put_src_range(&mut self, svc_id: u32, range: ipnet::Ipv4Net) -> Result<(), MapWriteError> {
         self.src_ranges

@@ -85,20 +85,15 @@ fn served(m: &MemMaps) -> BTreeMap<String, Vec<String>> {
                     svc_id: v.svc_id,
                     slot,
                 }]];
-                format!(
-                    "{}:{}",
-                    std::net::Ipv4Addr::from(b.addr),
-                    u16::from_be(b.port_be)
-                )
+                crate::desired::BackendAddr::from_value(b)
+                    .unwrap()
+                    .to_string()
             })
             .collect();
         backends.sort();
+        let fe = crate::desired::Frontend::from_key(k).unwrap();
         out.insert(
-            format!(
-                "{}:{}",
-                std::net::Ipv4Addr::from(k.addr),
-                u16::from_be(k.port_be)
-            ),
+            std::net::SocketAddr::new(fe.addr, fe.port).to_string(),
             backends,
         );
     }
@@ -364,7 +359,7 @@ async fn ids_freed_before_a_restart_are_not_handed_out_after_it() {
         .await;
         let now = ids_in(ctl.maps());
         let fe = crate::desired::Frontend {
-            addr: std::net::Ipv4Addr::new(198, 19, 0, 20),
+            addr: std::net::Ipv4Addr::new(198, 19, 0, 20).into(),
             port: 80,
             proto: model::Protocol::Tcp,
             pods_only: false,

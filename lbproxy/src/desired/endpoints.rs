@@ -66,11 +66,44 @@ pub fn endpoint_set(
     node: &str,
     local_only: bool,
 ) -> EndpointSet {
+    endpoint_set_where(model, svc, port, node, local_only, |_| true)
+}
+
+/// [`endpoint_set`] of one family's endpoints: what that family's frontends serve, as
+/// kube-proxy runs one proxier per family (the terminating fallback included: IPv6
+/// frontends fall back to terminating IPv6 endpoints when no IPv6 one is ready, whatever
+/// the IPv4 ones are).
+pub fn endpoint_set_in(
+    model: &Model,
+    svc: &Service,
+    port: &ServicePort,
+    node: &str,
+    local_only: bool,
+    family: crate::model::Family,
+) -> EndpointSet {
+    endpoint_set_where(model, svc, port, node, local_only, |ep| {
+        crate::model::Family::of(&ep.ip) == family
+    })
+}
+
+fn endpoint_set_where(
+    model: &Model,
+    svc: &Service,
+    port: &ServicePort,
+    node: &str,
+    local_only: bool,
+    keep: impl Fn(&EndpointAddr) -> bool,
+) -> EndpointSet {
     let eligible = |e: &Endpoint| !local_only || e.on_node(node);
-    let mut serving = model.endpoints_where(svc, port, |e| e.ready && eligible(e));
+    let of_family = |v: Vec<EndpointAddr>| -> Vec<EndpointAddr> {
+        v.into_iter().filter(|ep| keep(ep)).collect()
+    };
+    let mut serving = of_family(model.endpoints_where(svc, port, |e| e.ready && eligible(e)));
     let mut fallback = false;
     if serving.is_empty() {
-        serving = model.endpoints_where(svc, port, |e| e.serving && e.terminating && eligible(e));
+        serving = of_family(
+            model.endpoints_where(svc, port, |e| e.serving && e.terminating && eligible(e)),
+        );
         fallback = !serving.is_empty();
     }
     // A set, not `serving.contains`: a slice of 100,000 endpoints would otherwise cost
@@ -79,7 +112,7 @@ pub fn endpoint_set(
     let draining = model
         .present_endpoints(svc, port)
         .into_iter()
-        .filter(|ep| !serving_set.contains(ep))
+        .filter(|ep| keep(ep) && !serving_set.contains(ep))
         .collect();
     EndpointSet {
         serving,

@@ -19,13 +19,14 @@
 //! yet ([`Unserved`]).
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use lbproxy_common::{
-    Backend, FAMILY_IPV4, FAMILY_IPV6, ServiceKey, UnservedKey, UnservedValue, nul_padded,
+    Backend, Backend6, FAMILY_IPV4, FAMILY_IPV6, ServiceKey, ServiceKey6, ServiceKeyOf,
+    UnservedKey, UnservedValue, nul_padded,
 };
 
-use super::endpoints::{EndpointSet, Scope, endpoint_set, local_only};
+use super::endpoints::{EndpointSet, Scope, endpoint_set_in, local_only};
 pub use crate::model::Family;
 use crate::model::{EndpointAddr, IpMode, Model, Protocol, Service, ServicePort};
 
@@ -156,10 +157,24 @@ pub struct ServiceFrontends {
     pub unserved: Vec<Unserved>,
 }
 
+/// A frontend's key in its family's frontend map: `LB_SERVICES_V2` or `LB_SERVICES6_V1`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FrontendKey {
+    V4(ServiceKey),
+    V6(ServiceKey6),
+}
+
+/// A backend's value in its family's backend map: `LB_BACKENDS_V1` or `LB_BACKENDS6_V1`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum BackendValue {
+    V4(Backend),
+    V6(Backend6),
+}
+
 /// A frontend the datapath serves: VIP:port/proto.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Frontend {
-    pub addr: Ipv4Addr,
+    pub addr: IpAddr,
     pub port: u16,
     pub proto: Protocol,
     /// The entry this node's pods get instead of the default one (`SCOPE_INTERNAL`): an
@@ -170,32 +185,67 @@ pub struct Frontend {
 }
 
 impl Frontend {
-    pub fn key(&self) -> ServiceKey {
-        ServiceKey {
-            addr: self.addr.octets(),
-            port_be: self.port.to_be(),
-            proto: self.proto.number(),
-            scope: if self.pods_only {
-                lbproxy_common::SCOPE_INTERNAL
-            } else {
-                lbproxy_common::SCOPE_DEFAULT
-            },
+    /// Its entry's key, in its family's map.
+    pub fn key(&self) -> FrontendKey {
+        let scope = if self.pods_only {
+            lbproxy_common::SCOPE_INTERNAL
+        } else {
+            lbproxy_common::SCOPE_DEFAULT
+        };
+        let (port_be, proto) = (self.port.to_be(), self.proto.number());
+        match self.addr {
+            IpAddr::V4(a) => FrontendKey::V4(ServiceKeyOf {
+                addr: a.octets(),
+                port_be,
+                proto,
+                scope,
+            }),
+            IpAddr::V6(a) => FrontendKey::V6(ServiceKeyOf {
+                addr: a.octets(),
+                port_be,
+                proto,
+                scope,
+            }),
         }
     }
 
-    pub fn from_key(k: &ServiceKey) -> Option<Self> {
+    pub fn from_key(k: &FrontendKey) -> Option<Self> {
+        let (addr, port_be, proto, scope) = match k {
+            FrontendKey::V4(k) => (
+                IpAddr::from(Ipv4Addr::from(k.addr)),
+                k.port_be,
+                k.proto,
+                k.scope,
+            ),
+            FrontendKey::V6(k) => (
+                IpAddr::from(Ipv6Addr::from(k.addr)),
+                k.port_be,
+                k.proto,
+                k.scope,
+            ),
+        };
         Some(Self {
-            addr: Ipv4Addr::from(k.addr),
-            port: u16::from_be(k.port_be),
-            proto: Protocol::from_number(k.proto)?,
-            pods_only: k.scope == lbproxy_common::SCOPE_INTERNAL,
+            addr,
+            port: u16::from_be(port_be),
+            proto: Protocol::from_number(proto)?,
+            pods_only: scope == lbproxy_common::SCOPE_INTERNAL,
         })
     }
 }
 
+/// `addr:port`, with an IPv6 address in brackets.
+pub fn host_port(addr: IpAddr, port: u16) -> String {
+    std::net::SocketAddr::new(addr, port).to_string()
+}
+
 impl std::fmt::Display for Frontend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}/{}", self.addr, self.port, self.proto.as_str())?;
+        write!(
+            f,
+            "{}/{}",
+            host_port(self.addr, self.port),
+            self.proto.as_str()
+        )?;
         if self.pods_only {
             f.write_str(" (pods)")?;
         }
@@ -206,33 +256,51 @@ impl std::fmt::Display for Frontend {
 /// A backend address as the datapath sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct BackendAddr {
-    pub addr: Ipv4Addr,
+    pub addr: IpAddr,
     pub port: u16,
     pub proto: Protocol,
 }
 
 impl BackendAddr {
-    pub fn value(&self) -> Backend {
-        Backend {
-            addr: self.addr.octets(),
-            port_be: self.port.to_be(),
-            proto: self.proto.number(),
-            _pad: 0,
+    /// Its value, in its family's map.
+    pub fn value(&self) -> BackendValue {
+        let (port_be, proto) = (self.port.to_be(), self.proto.number());
+        match self.addr {
+            IpAddr::V4(a) => BackendValue::V4(Backend {
+                addr: a.octets(),
+                port_be,
+                proto,
+                _pad: 0,
+            }),
+            IpAddr::V6(a) => BackendValue::V6(Backend6 {
+                addr: a.octets(),
+                port_be,
+                proto,
+                _pad: 0,
+            }),
         }
     }
 
-    pub fn from_value(b: &Backend) -> Option<Self> {
+    pub fn from_value(b: &BackendValue) -> Option<Self> {
+        let (addr, port_be, proto) = match b {
+            BackendValue::V4(b) => (IpAddr::from(Ipv4Addr::from(b.addr)), b.port_be, b.proto),
+            BackendValue::V6(b) => (IpAddr::from(Ipv6Addr::from(b.addr)), b.port_be, b.proto),
+        };
         Some(Self {
-            addr: Ipv4Addr::from(b.addr),
-            port: u16::from_be(b.port_be),
-            proto: Protocol::from_number(b.proto)?,
+            addr,
+            port: u16::from_be(port_be),
+            proto: Protocol::from_number(proto)?,
         })
+    }
+
+    pub fn family(&self) -> Family {
+        Family::of(&self.addr)
     }
 }
 
 impl std::fmt::Display for BackendAddr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}", self.addr, self.port)
+        f.write_str(&host_port(self.addr, self.port))
     }
 }
 
@@ -280,26 +348,27 @@ pub fn desired_for(model: &Model, svc: &Service, node: &str) -> Vec<(Frontend, F
 }
 
 /// The address the datapath serves a frontend on, or why it does not serve it yet. When
-/// both reasons apply, the family's is given, then the protocol's. Served today: IPv4 ClusterIPs, NodePorts (at 0.0.0.0, any node address),
-/// externalIPs and load-balancer IPs, TCP and UDP.
+/// both reasons apply, the family's is given, then the protocol's. Served today: IPv4
+/// ClusterIPs, NodePorts (at 0.0.0.0, any node address), externalIPs and load-balancer IPs,
+/// and IPv6 ClusterIPs (to pods), TCP and UDP.
 fn servable(
     kind: FrontendKind,
     family: Family,
     addr: Option<IpAddr>,
     proto: Protocol,
-) -> Result<Ipv4Addr, &'static str> {
-    if family == Family::V6 {
-        return Err("IPv6 is not served yet");
+) -> Result<IpAddr, &'static str> {
+    if family == Family::V6 && kind != FrontendKind::ClusterIp {
+        return Err("IPv6 is served for ClusterIPs only so far");
     }
     if proto == Protocol::Sctp {
         return Err("SCTP is not served yet");
     }
     match (kind, addr) {
-        (_, Some(IpAddr::V4(addr))) => Ok(addr),
+        (_, Some(addr)) => Ok(addr),
         // Every node address: the datapath's NodePort entry (see `Frontend::key`).
-        (FrontendKind::NodePort, None) => Ok(Ipv4Addr::UNSPECIFIED),
-        // Not reached: the other kinds have an address, and an IPv4 one is of family V4.
-        _ => Err("IPv6 is not served yet"),
+        (FrontendKind::NodePort, None) => Ok(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+        // Not reached: the other kinds have an address.
+        _ => Err("no address"),
     }
 }
 
@@ -357,7 +426,8 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
                 port.port,
             ));
         }
-        let mut specs: BTreeMap<Scope, FrontendSpec> = BTreeMap::new();
+        // Each family's frontends are served from that family's endpoints only.
+        let mut specs: BTreeMap<(Scope, Family), FrontendSpec> = BTreeMap::new();
         // loadBalancerSourceRanges, for the load-balancer IPs only (as kube-proxy); a range
         // of length 0 admits everyone, so the list then restricts nothing.
         let mut ranges: Vec<ipnet::Ipv4Net> = svc
@@ -404,14 +474,14 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
             match servable(kind, family, addr, port.protocol) {
                 Ok(addr) => {
                     let spec = specs
-                        .entry(kind.scope())
+                        .entry((kind.scope(), family))
                         .or_insert_with(|| {
                             let local = local_only(svc, kind.scope());
-                            let set = endpoint_set(model, svc, port, node, local);
+                            let set = endpoint_set_in(model, svc, port, node, local, family);
                             // No endpoint here but some elsewhere: dropped, not rejected.
                             let flags = if local
                                 && set.serving.is_empty()
-                                && !endpoint_set(model, svc, port, node, false)
+                                && !endpoint_set_in(model, svc, port, node, false, family)
                                     .serving
                                     .is_empty()
                             {
@@ -457,9 +527,9 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
                     if split {
                         spec.flags |= lbproxy_common::SVC_F_SPLIT_SCOPE;
                         let pods = specs
-                            .entry(Scope::Internal)
+                            .entry((Scope::Internal, family))
                             .or_insert_with(|| {
-                                let set = endpoint_set(model, svc, port, node, false);
+                                let set = endpoint_set_in(model, svc, port, node, false, family);
                                 spec_of(svc, port, &label, set)
                             })
                             .clone();
@@ -492,24 +562,21 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
     out
 }
 
-/// The spec of a frontend of `port` that uses `set`: its IPv4 endpoints.
+/// The spec of a frontend of `port` that uses `set` (the endpoints of the frontend's family).
 fn spec_of(svc: &Service, port: &ServicePort, label: &str, set: EndpointSet) -> FrontendSpec {
-    let v4 = |eps: Vec<EndpointAddr>| -> Vec<BackendAddr> {
+    let addrs = |eps: Vec<EndpointAddr>| -> Vec<BackendAddr> {
         eps.into_iter()
-            .filter_map(|ep| match ep.ip {
-                IpAddr::V4(addr) => Some(BackendAddr {
-                    addr,
-                    port: ep.port,
-                    proto: port.protocol,
-                }),
-                IpAddr::V6(_) => None,
+            .map(|ep| BackendAddr {
+                addr: ep.ip,
+                port: ep.port,
+                proto: port.protocol,
             })
             .collect()
     };
     FrontendSpec {
         label: label.to_string(),
-        backends: v4(set.serving),
-        draining: v4(set.draining),
+        backends: addrs(set.serving),
+        draining: addrs(set.draining),
         affinity_timeout_s: svc.affinity_timeout_s,
         kind: FrontendKind::ClusterIp,
         flags: 0,
@@ -595,7 +662,7 @@ mod tests {
     }
 
     #[test]
-    fn desired_serves_ipv4_tcp_udp_only() {
+    fn desired_serves_tcp_udp_in_each_family_from_its_own_slices() {
         use crate::source::manifests;
         let text = r"
 apiVersion: v1
@@ -620,9 +687,22 @@ endpoints: [{addresses: [198.18.0.2]}]
             .model;
         let d = desired(&model, "node-a");
         let keys: Vec<String> = d.keys().map(ToString::to_string).collect();
-        assert_eq!(keys, vec!["198.19.0.10:53/UDP", "198.19.0.10:80/TCP"]);
+        assert_eq!(
+            keys,
+            vec![
+                "198.19.0.10:53/UDP",
+                "198.19.0.10:80/TCP",
+                "[fd00::10]:53/UDP",
+                "[fd00::10]:80/TCP"
+            ]
+        );
         assert_eq!(d.values().next().unwrap().backends[0].port, 5353);
         assert_eq!(d.values().next().unwrap().label, "shop/web:dns");
+        // The only slice is IPv4: the IPv6 frontends have no backend (and reject).
+        for (fe, spec) in &d {
+            let want = usize::from(fe.addr.is_ipv4());
+            assert_eq!(spec.backends.len(), want, "{fe}");
+        }
     }
 
     /// One line per unserved frontend: kind, family, address:port/proto, label, reason.
@@ -679,8 +759,10 @@ spec:
             served(&f),
             vec![
                 "198.19.0.10:80/TCP",
+                "[fd00::10]:80/TCP",
                 "203.0.113.7:80/TCP",
                 "198.19.0.10:53/UDP",
+                "[fd00::10]:53/UDP",
                 "203.0.113.7:53/UDP"
             ]
         );
@@ -688,9 +770,7 @@ spec:
             rows(&f),
             vec![
                 "ClusterIP ipv4 198.19.0.10:99/SCTP shop/web:sig: SCTP is not served yet",
-                "ClusterIP ipv6 [fd00::10]:53/UDP shop/web:dns: IPv6 is not served yet",
-                "ClusterIP ipv6 [fd00::10]:80/TCP shop/web:http: IPv6 is not served yet",
-                "ClusterIP ipv6 [fd00::10]:99/SCTP shop/web:sig: IPv6 is not served yet",
+                "ClusterIP ipv6 [fd00::10]:99/SCTP shop/web:sig: SCTP is not served yet",
                 "ExternalIP ipv4 203.0.113.7:99/SCTP shop/web:sig: SCTP is not served yet",
             ]
         );
@@ -758,6 +838,7 @@ status:
             served(&f),
             vec![
                 "198.19.0.12:80/TCP",
+                "[fd00::12]:80/TCP",
                 "0.0.0.0:30080/TCP",
                 "0.0.0.0:30080/TCP (pods)",
                 "203.0.113.7:80/TCP",
@@ -767,13 +848,12 @@ status:
             ]
         );
         let sctp = "SCTP is not served yet";
-        let v6 = "IPv6 is not served yet";
+        let v6 = "IPv6 is served for ClusterIPs only so far";
         assert_eq!(
             rows(&f),
             vec![
                 format!("ClusterIP ipv4 198.19.0.12:99/SCTP shop/lb:sig: {sctp}"),
-                format!("ClusterIP ipv6 [fd00::12]:80/TCP shop/lb:http: {v6}"),
-                format!("ClusterIP ipv6 [fd00::12]:99/SCTP shop/lb:sig: {v6}"),
+                format!("ClusterIP ipv6 [fd00::12]:99/SCTP shop/lb:sig: {sctp}"),
                 format!("NodePort ipv4 *:30099/SCTP shop/lb:sig: {sctp}"),
                 format!("NodePort ipv6 *:30080/TCP shop/lb:http: {v6}"),
                 format!("NodePort ipv6 *:30099/SCTP shop/lb:sig: {v6}"),
@@ -823,7 +903,10 @@ status:
         // externalTrafficPolicy: Local narrows the external frontends to this node's, and
         // flags them split; their entries for this node's pods keep every endpoint (as
         // kube-proxy's short-circuit of pod traffic to the internal policy).
-        for (fe, spec) in &full.served[1..] {
+        for (fe, spec) in full.served[1..]
+            .iter()
+            .filter(|(_, spec)| spec.kind != FrontendKind::ClusterIp)
+        {
             if fe.pods_only {
                 assert_eq!(
                     addrs(&spec.backends),
@@ -872,39 +955,26 @@ status:
     #[test]
     fn the_first_reason_that_applies_is_given_family_then_protocol() {
         let v4 = Some(IpAddr::from([198, 19, 0, 1]));
-        let v6 = Some("fd00::1".parse().unwrap());
+        let v6_addr: IpAddr = "fd00::1".parse().unwrap();
+        let v6 = Some(v6_addr);
         use FrontendKind::*;
         use Protocol::*;
+        let v6_other = "IPv6 is served for ClusterIPs only so far";
+        let ok = |a: [u8; 4]| Ok(IpAddr::from(a));
         for (kind, family, addr, proto, want) in [
-            (
-                NodePort,
-                Family::V6,
-                None,
-                Sctp,
-                Err("IPv6 is not served yet"),
-            ),
-            (NodePort, Family::V4, None, Udp, Ok(Ipv4Addr::UNSPECIFIED)),
-            (
-                ExternalIp,
-                Family::V6,
-                v6,
-                Sctp,
-                Err("IPv6 is not served yet"),
-            ),
-            (
-                LoadBalancerIp,
-                Family::V4,
-                v4,
-                Tcp,
-                Ok(Ipv4Addr::new(198, 19, 0, 1)),
-            ),
+            (NodePort, Family::V6, None, Sctp, Err(v6_other)),
+            (NodePort, Family::V4, None, Udp, ok([0, 0, 0, 0])),
+            (ExternalIp, Family::V6, v6, Sctp, Err(v6_other)),
+            (LoadBalancerIp, Family::V6, v6, Tcp, Err(v6_other)),
+            (LoadBalancerIp, Family::V4, v4, Tcp, ok([198, 19, 0, 1])),
             (
                 ClusterIp,
                 Family::V6,
                 v6,
                 Sctp,
-                Err("IPv6 is not served yet"),
+                Err("SCTP is not served yet"),
             ),
+            (ClusterIp, Family::V6, v6, Tcp, Ok(v6_addr)),
             (
                 ClusterIp,
                 Family::V4,
@@ -912,13 +982,7 @@ status:
                 Sctp,
                 Err("SCTP is not served yet"),
             ),
-            (
-                ClusterIp,
-                Family::V4,
-                v4,
-                Udp,
-                Ok(Ipv4Addr::new(198, 19, 0, 1)),
-            ),
+            (ClusterIp, Family::V4, v4, Udp, ok([198, 19, 0, 1])),
         ] {
             assert_eq!(
                 servable(kind, family, addr, proto),

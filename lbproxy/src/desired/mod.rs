@@ -5,6 +5,6 @@ pub mod endpoints;
 mod frontends;
 
 pub use frontends::{
-    BackendAddr, Desired, Frontend, FrontendKind, FrontendSpec, ServiceFrontends, Unserved,
-    frontends_for,
+    BackendAddr, BackendValue, Desired, Frontend, FrontendKey, FrontendKind, FrontendSpec,
+    ServiceFrontends, Unserved, frontends_for,
 };

@@ -3,12 +3,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use lbproxy_common::{
-    Backend, MemberKey, ServiceKey, ServiceValue, SlotKey, UnservedKey, UnservedValue,
-};
+use lbproxy_common::{MemberKey, ServiceValue, SlotKey, UnservedKey, UnservedValue};
 
 use super::{Programmed, ProgrammedFrontend};
-use crate::desired::{BackendAddr, Frontend};
+use crate::desired::{BackendAddr, BackendValue, Frontend, FrontendKey};
+use crate::model::Family;
 
 /// A map write that failed, naming the map and the entry, with the cause kept as a source
 /// (the errno, for a write the kernel refused).
@@ -93,14 +92,17 @@ fn meaning(e: &aya::maps::MapError) -> String {
 pub trait Maps {
     /// What the maps hold, read back: to adopt it at start-up, and to find drift.
     fn read_programmed(&self) -> Programmed;
-    fn put_backend(&mut self, id: u32, b: &Backend) -> Result<(), MapWriteError>;
-    fn del_backend(&mut self, id: u32) -> Result<(), MapWriteError>;
+    /// Writes backend `id` into its family's backend map.
+    fn put_backend(&mut self, id: u32, b: &BackendValue) -> Result<(), MapWriteError>;
+    /// Removes backend `id` from `family`'s backend map.
+    fn del_backend(&mut self, id: u32, family: Family) -> Result<(), MapWriteError>;
     fn put_slot(&mut self, key: SlotKey, backend_id: u32) -> Result<(), MapWriteError>;
     fn del_slot(&mut self, key: SlotKey) -> Result<(), MapWriteError>;
     fn put_member(&mut self, svc_id: u32, backend_id: u32) -> Result<(), MapWriteError>;
     fn del_member(&mut self, svc_id: u32, backend_id: u32) -> Result<(), MapWriteError>;
-    fn put_service(&mut self, key: ServiceKey, value: ServiceValue) -> Result<(), MapWriteError>;
-    fn del_service(&mut self, key: ServiceKey) -> Result<(), MapWriteError>;
+    /// Writes a frontend into its family's frontend map.
+    fn put_service(&mut self, key: FrontendKey, value: ServiceValue) -> Result<(), MapWriteError>;
+    fn del_service(&mut self, key: FrontendKey) -> Result<(), MapWriteError>;
     fn put_label(&mut self, svc_id: u32, label: &str) -> Result<(), MapWriteError>;
     fn del_label(&mut self, svc_id: u32) -> Result<(), MapWriteError>;
     /// Adds one of frontend `svc_id`'s `loadBalancerSourceRanges` (`LB_SRCRANGES_V1`).
@@ -125,10 +127,10 @@ pub trait Maps {
 /// do not fit together (a slot without its service, a frontend with a missing slot) are
 /// reported, and repaired by the first apply.
 pub fn assemble(
-    backends: impl Iterator<Item = (u32, Backend)>,
+    backends: impl Iterator<Item = (u32, BackendValue)>,
     slots: impl Iterator<Item = (SlotKey, u32)>,
     members: impl Iterator<Item = MemberKey>,
-    services: impl Iterator<Item = (ServiceKey, ServiceValue)>,
+    services: impl Iterator<Item = (FrontendKey, ServiceValue)>,
     src_ranges: impl Iterator<Item = (u32, ipnet::Ipv4Net)>,
     label: impl Fn(u32) -> String,
 ) -> Programmed {
@@ -192,9 +194,9 @@ pub mod mem {
     /// on: every service's slots `0..count` exist and point at existing backends.
     #[derive(Clone, Default, Debug)]
     pub struct MemMaps {
-        pub services: BTreeMap<ServiceKey, ServiceValue>,
+        pub services: BTreeMap<FrontendKey, ServiceValue>,
         pub slots: BTreeMap<SlotKey, u32>,
-        pub backends: BTreeMap<u32, Backend>,
+        pub backends: BTreeMap<u32, BackendValue>,
         pub labels: BTreeMap<u32, String>,
         pub members: std::collections::BTreeSet<(u32, u32)>,
         pub unserved: BTreeMap<UnservedKey, UnservedValue>,
@@ -283,7 +285,7 @@ pub mod mem {
                 |id| self.labels.get(&id).cloned().unwrap_or_default(),
             )
         }
-        fn put_backend(&mut self, id: u32, b: &Backend) -> Result<(), MapWriteError> {
+        fn put_backend(&mut self, id: u32, b: &BackendValue) -> Result<(), MapWriteError> {
             self.step("backends")?;
             self.room(
                 "backends",
@@ -294,7 +296,7 @@ pub mod mem {
             self.check();
             Ok(())
         }
-        fn del_backend(&mut self, id: u32) -> Result<(), MapWriteError> {
+        fn del_backend(&mut self, id: u32, _family: Family) -> Result<(), MapWriteError> {
             self.step("backends")?;
             self.backends.remove(&id);
             self.check();
@@ -315,7 +317,7 @@ pub mod mem {
         }
         fn put_service(
             &mut self,
-            key: ServiceKey,
+            key: FrontendKey,
             value: ServiceValue,
         ) -> Result<(), MapWriteError> {
             self.step("services")?;
@@ -328,7 +330,7 @@ pub mod mem {
             self.check();
             Ok(())
         }
-        fn del_service(&mut self, key: ServiceKey) -> Result<(), MapWriteError> {
+        fn del_service(&mut self, key: FrontendKey) -> Result<(), MapWriteError> {
             self.step("services")?;
             self.services.remove(&key);
             self.check();
