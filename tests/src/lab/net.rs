@@ -108,7 +108,8 @@ pub struct Backend {
 }
 
 impl Backend {
-    /// Starts a TCP and a UDP server on each of `ports` (bound to 0.0.0.0) inside `ns`,
+    /// Starts a TCP and a UDP server on each of `ports` inside `ns`, on IPv4 (0.0.0.0) and
+    /// on IPv6 ([::], IPv6 only, so IPv4 clients keep being seen as IPv4 addresses),
     /// answering with `identity`. Returns once all sockets are bound. Panics if binding fails.
     pub fn start(ns: &str, identity: &str, ports: &[u16]) -> Backend {
         assert!(
@@ -118,13 +119,14 @@ impl Backend {
         let sockets: Vec<(TcpListener, UdpSocket)> = run_in_ns(ns, || {
             ports
                 .iter()
-                .map(|&p| {
+                .flat_map(|&p| {
                     let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, p));
                     let t = TcpListener::bind(any)
                         .unwrap_or_else(|e| panic!("[{ns}] bind TCP :{p}: {e}"));
                     let u = UdpSocket::bind(any)
                         .unwrap_or_else(|e| panic!("[{ns}] bind UDP :{p}: {e}"));
-                    (t, u)
+                    let v6 = bind_v6only(p).unwrap_or_else(|e| panic!("[{ns}] bind [::]:{p}: {e}"));
+                    [(t, u), v6]
                 })
                 .collect()
         });
@@ -310,6 +312,53 @@ pub fn answer_after_close(server: &UdpSocket, from: SocketAddr) -> (io::Result<u
 
 /// An unconnected UDP socket on 0.0.0.0:`port` with SO_REUSEADDR (so a fixed source port can
 /// be reused right away). Unconnected, so replies from any source are seen as they came.
+/// A TCP listener and a UDP socket on `[::]:port`, IPv6 only (`IPV6_V6ONLY`), in the
+/// calling thread's namespace.
+fn bind_v6only(port: u16) -> io::Result<(TcpListener, UdpSocket)> {
+    fn one(kind: libc::c_int, port: u16) -> io::Result<std::os::fd::OwnedFd> {
+        // SAFETY: plain socket syscalls on an fd wrapped in an OwnedFd at once; the address
+        // is a zeroed sockaddr_in6 with its family and port set.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET6, kind | libc::SOCK_CLOEXEC, 0);
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let owned = <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd);
+            let one: libc::c_int = 1;
+            for opt in [libc::IPV6_V6ONLY] {
+                if libc::setsockopt(
+                    fd,
+                    libc::IPPROTO_IPV6,
+                    opt,
+                    (&raw const one).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                ) != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            let mut sa: libc::sockaddr_in6 = std::mem::zeroed();
+            sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sa.sin6_port = port.to_be();
+            if libc::bind(
+                fd,
+                (&raw const sa).cast(),
+                std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+            ) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            if kind == libc::SOCK_STREAM && libc::listen(fd, 128) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(owned)
+        }
+    }
+    let t = TcpListener::from(one(libc::SOCK_STREAM, port)?);
+    let u = UdpSocket::from(one(libc::SOCK_DGRAM, port)?);
+    Ok((t, u))
+}
+
 pub fn socket2_udp(port: u16) -> io::Result<UdpSocket> {
     if port == 0 {
         return UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0));

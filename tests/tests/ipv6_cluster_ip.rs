@@ -1,0 +1,314 @@
+//! IPv6 ClusterIPs served to pods (issue 14), in both lab shapes.
+//!
+//! A dual-stack Service (`ipFamilies: [IPv4, IPv6]`, `RequireDualStack`, one clusterIP per
+//! family) with one EndpointSlice per family: each family's frontend is served from its own
+//! family's endpoints, at the same time. Over IPv6, new TCP connections and UDP requests
+//! from a pod reach both backends, the backend sees the client's own IPv6 address, and the
+//! answer comes back from the IPv6 ClusterIP and port the client used (the reverse
+//! translation). A backend removed from the IPv6 slice gets no new IPv6 flows within the
+//! apply deadline, while IPv4 keeps both. `inspect services` lists both families'
+//! frontends.
+//!
+//! An IPv6 frontend without endpoints answers at once, as the IPv4 one does: a TCP RST
+//! (connection refused) and an ICMPv6 port unreachable for UDP (a connected socket's
+//! `recv` fails with "connection refused"), each counted under its reject reason.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+use common::*;
+use lbproxy_tests::lab::{Pod, Shape};
+
+both_shapes!(
+    dual_stack_service_serves_both_families,
+    ipv6_frontend_without_endpoints_rejects
+);
+
+/// The Service's IPv6 clusterIP: outside the pods' `fd00:c612::/64`, routed nowhere.
+const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x10);
+
+/// The `web` Service with clusterIPs `WEB_VIP` and `VIP6`, its IPv4 slice holding the IPv4
+/// addresses of `v4` and its IPv6 slice the IPv6 addresses of `v6`.
+fn dual_stack_manifest(v4: &[&Pod], v6: &[&Pod]) -> String {
+    let endpoints = |addrs: Vec<String>| -> String {
+        if addrs.is_empty() {
+            return "null".into();
+        }
+        let items: Vec<String> = addrs
+            .iter()
+            .map(|a| format!("{{addresses: [\"{a}\"], conditions: {{ready: true}}}}"))
+            .collect();
+        format!("[{}]", items.join(", "))
+    };
+    let slice = |name: &str, family: &str, addrs: Vec<String>| {
+        format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: default\n  labels: {{kubernetes.io/service-name: web}}\naddressType: {family}\nports: [{{name: http, port: {BACKEND_TCP}, protocol: TCP}}, {{name: dns, port: {BACKEND_UDP}, protocol: UDP}}]\nendpoints: {}\n",
+            endpoints(addrs)
+        )
+    };
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: default}}\nspec:\n  clusterIP: {WEB_VIP}\n  clusterIPs: [\"{WEB_VIP}\", \"{VIP6}\"]\n  ipFamilies: [IPv4, IPv6]\n  ipFamilyPolicy: RequireDualStack\n  ports:\n  - {{name: http, port: {WEB_TCP}, protocol: TCP, targetPort: {BACKEND_TCP}}}\n  - {{name: dns, port: {WEB_UDP}, protocol: UDP, targetPort: {BACKEND_UDP}}}\n{}{}",
+        slice(
+            "web-v4",
+            "IPv4",
+            v4.iter().map(|p| p.ip.to_string()).collect()
+        ),
+        slice(
+            "web-v6",
+            "IPv6",
+            v6.iter().map(|p| p.ip6.unwrap().to_string()).collect()
+        ),
+    )
+}
+
+/// One answered request: the backend that answered, the client address it saw, and the
+/// address the answer came from.
+#[derive(Debug)]
+struct Answer {
+    backend: String,
+    client_seen: String,
+    from: SocketAddr,
+}
+
+fn parse(line: &str, from: SocketAddr) -> Result<Answer, String> {
+    let (backend, seen) = line
+        .trim_end()
+        .split_once(' ')
+        .ok_or_else(|| format!("malformed reply {line:?}"))?;
+    Ok(Answer {
+        backend: backend.to_string(),
+        client_seen: seen.to_string(),
+        from,
+    })
+}
+
+/// A new TCP connection to `[VIP6]:WEB_TCP` from the calling thread's namespace, one
+/// request on it.
+fn tcp6() -> Result<Answer, String> {
+    let to = SocketAddr::from((VIP6, WEB_TCP));
+    let mut c = TcpStream::connect_timeout(&to, T).map_err(|e| format!("connect {to}: {e}"))?;
+    c.set_read_timeout(Some(T)).map_err(|e| e.to_string())?;
+    c.write_all(b"hello\n").map_err(|e| format!("write: {e}"))?;
+    let mut line = String::new();
+    BufReader::new(&c)
+        .read_line(&mut line)
+        .map_err(|e| format!("read from {to}: {e}"))?;
+    let peer = c.peer_addr().map_err(|e| e.to_string())?;
+    parse(&line, peer)
+}
+
+/// One UDP request to `[VIP6]:WEB_UDP` from a new socket (a new source port, so a new flow).
+fn udp6() -> Result<Answer, String> {
+    let to = SocketAddr::from((VIP6, WEB_UDP));
+    let u = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).map_err(|e| e.to_string())?;
+    u.set_read_timeout(Some(T)).map_err(|e| e.to_string())?;
+    u.send_to(b"hello\n", to)
+        .map_err(|e| format!("send to {to}: {e}"))?;
+    let mut buf = [0u8; 512];
+    let (n, from) = u
+        .recv_from(&mut buf)
+        .map_err(|e| format!("no UDP answer from {to}: {e}"))?;
+    parse(&String::from_utf8_lossy(&buf[..n]), from)
+}
+
+/// `n` TCP connections and `n` UDP requests over IPv6 from `client`: each must be answered
+/// from the VIP:port it was sent to, by a backend that saw the client's own IPv6 address.
+/// Returns the answers per backend, (TCP, UDP).
+fn ipv6_traffic_ok(
+    ctx: &str,
+    s: &Setup,
+    n: usize,
+) -> (BTreeMap<String, usize>, BTreeMap<String, usize>) {
+    let c6 = s.client.ip6.unwrap();
+    let (tcp, udp) = s.client.run(|| {
+        let tcp: Vec<_> = (0..n).map(|_| tcp6()).collect();
+        let udp: Vec<_> = (0..n).map(|_| udp6()).collect();
+        (tcp, udp)
+    });
+    let mut out = (BTreeMap::new(), BTreeMap::new());
+    for (proto, answers, port, tally) in [
+        ("TCP", tcp, WEB_TCP, &mut out.0),
+        ("UDP", udp, WEB_UDP, &mut out.1),
+    ] {
+        for (i, a) in answers.into_iter().enumerate() {
+            let a = a.unwrap_or_else(|e| {
+                panic!(
+                    "{ctx}: {proto} #{i} over IPv6: {e}\n{}",
+                    s.lab.diagnostics()
+                )
+            });
+            assert_eq!(
+                a.from,
+                SocketAddr::from((VIP6, port)),
+                "{ctx}: {proto} #{i}: the answer must come from the IPv6 ClusterIP: {a:?}"
+            );
+            let seen: SocketAddr = a.client_seen.parse().unwrap();
+            assert_eq!(
+                seen.ip(),
+                IpAddr::V6(c6),
+                "{ctx}: {proto} #{i}: the backend must see the client's own address: {a:?}"
+            );
+            *tally.entry(a.backend).or_insert(0) += 1;
+        }
+    }
+    out
+}
+
+fn dual_stack_service_serves_both_families(shape: Shape) {
+    let s = Setup::new(shape, &["b1", "b2"]);
+    let (b1, b2) = (s.backend("b1").clone(), s.backend("b2").clone());
+    s.lab
+        .write_manifest_text(&dual_stack_manifest(&[&b1, &b2], &[&b1, &b2]));
+
+    // The IPv6 frontend is programmed within the apply deadline.
+    let deadline = Instant::now() + APPLY_WITHIN;
+    while s.client.run(tcp6).is_err() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (tcp, udp) = ipv6_traffic_ok("both backends", &s, 24);
+    for (proto, t) in [("TCP", &tcp), ("UDP", &udp)] {
+        assert!(
+            t.get("b1").is_some_and(|n| *n > 0) && t.get("b2").is_some_and(|n| *n > 0),
+            "{proto} over IPv6 must reach both backends: {t:?}"
+        );
+    }
+    // The IPv4 frontend of the same Service, at the same time.
+    let (t4, _) = web_traffic_ok_in(Some(&s.lab), "IPv4 beside IPv6", &s.client, WEB_VIP, 12);
+    assert_eq!(t4.keys().count(), 2, "IPv4 reaches both backends: {t4:?}");
+
+    // `inspect services` lists the IPv6 frontends with their IPv6 backends.
+    let rows = s.lab.inspect_json("services");
+    let v6_rows: Vec<&serde_json::Value> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["vip"] == VIP6.to_string())
+        .collect();
+    assert_eq!(
+        v6_rows.len(),
+        2,
+        "TCP and UDP frontends on {VIP6}: {rows:#}"
+    );
+    let mut want = vec![b1.ip6.unwrap().to_string(), b2.ip6.unwrap().to_string()];
+    want.sort();
+    for r in &v6_rows {
+        let mut addrs: Vec<String> = r["backends"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["addr"].as_str().unwrap_or("?").to_string())
+            .collect();
+        addrs.sort();
+        assert_eq!(addrs, want, "IPv6 backends of {r:#}");
+    }
+
+    // b1 leaves the IPv6 slice only: new IPv6 flows go to b2 within the deadline; IPv4
+    // keeps both.
+    s.lab
+        .write_manifest_text(&dual_stack_manifest(&[&b1, &b2], &[&b2]));
+    let started = Instant::now();
+    let mut settled = false;
+    while started.elapsed() < APPLY_WITHIN + Duration::from_millis(500) {
+        let a = s.client.run(udp6);
+        if matches!(&a, Ok(a) if a.backend == "b2") {
+            // Several in a row, to tell a settled choice from the hash's luck.
+            let after = s.client.run(|| (0..8).map(|_| udp6()).collect::<Vec<_>>());
+            if after
+                .iter()
+                .all(|a| matches!(a, Ok(a) if a.backend == "b2"))
+            {
+                settled = true;
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        settled,
+        "new IPv6 flows still reach b1 {:?} after it left the IPv6 slice\n{}",
+        started.elapsed(),
+        s.lab.diagnostics()
+    );
+    let (tcp, udp) = ipv6_traffic_ok("b1 gone from IPv6", &s, 12);
+    assert_eq!(
+        tcp.keys().collect::<Vec<_>>(),
+        vec!["b2"],
+        "TCP over IPv6: {tcp:?}"
+    );
+    assert_eq!(
+        udp.keys().collect::<Vec<_>>(),
+        vec!["b2"],
+        "UDP over IPv6: {udp:?}"
+    );
+    let (t4, u4) = web_traffic_ok_in(Some(&s.lab), "IPv4 unchanged", &s.client, WEB_VIP, 12);
+    assert_eq!(
+        (t4.keys().count(), u4.keys().count()),
+        (2, 2),
+        "IPv4 keeps both backends: {t4:?} {u4:?}"
+    );
+}
+
+/// The second Service's IPv6 clusterIP: no endpoints at all.
+const EMPTY6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x20);
+
+fn ipv6_frontend_without_endpoints_rejects(shape: Shape) {
+    let s = Setup::new(shape, &["b1"]);
+    let b1 = s.backend("b1").clone();
+    let empty = format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: empty, namespace: default}}\nspec:\n  clusterIP: 198.19.0.20\n  clusterIPs: [\"198.19.0.20\", \"{EMPTY6}\"]\n  ipFamilies: [IPv4, IPv6]\n  ipFamilyPolicy: RequireDualStack\n  ports:\n  - {{name: http, port: {WEB_TCP}, protocol: TCP}}\n  - {{name: dns, port: {WEB_UDP}, protocol: UDP}}\n"
+    );
+    s.lab
+        .write_manifest_text(&format!("{}{empty}", dual_stack_manifest(&[&b1], &[&b1])));
+    // Served once the other Service's IPv6 frontend is.
+    let deadline = Instant::now() + APPLY_WITHIN;
+    while s.client.run(tcp6).is_err() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let before = s.lab.inspect_json("drops");
+    let count = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or(0);
+
+    let (tcp, udp) = s.client.run(|| {
+        let to = SocketAddr::from((EMPTY6, WEB_TCP));
+        let started = Instant::now();
+        let tcp = TcpStream::connect_timeout(&to, Duration::from_secs(3))
+            .map(|_| ())
+            .map_err(|e| (e.kind(), started.elapsed()));
+        let u = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).unwrap();
+        u.connect((EMPTY6, WEB_UDP)).unwrap();
+        u.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let started = Instant::now();
+        u.send(b"hello\n").unwrap();
+        let mut buf = [0u8; 64];
+        let udp = u
+            .recv(&mut buf)
+            .map(|_| ())
+            .map_err(|e| (e.kind(), started.elapsed()));
+        (tcp, udp)
+    });
+    for (proto, r) in [("TCP", tcp), ("UDP", udp)] {
+        match r {
+            Err((std::io::ErrorKind::ConnectionRefused, took)) => assert!(
+                took < Duration::from_millis(500),
+                "{proto}: refused, but only after {took:?}"
+            ),
+            other => panic!(
+                "{proto} to an IPv6 frontend without endpoints: want connection refused at once, got {other:?}\n{}",
+                s.lab.diagnostics()
+            ),
+        }
+    }
+    let after = s.lab.inspect_json("drops");
+    for reason in ["no_backend_tcp_reset", "no_backend_icmp_unreachable"] {
+        assert!(
+            count(&after, reason) > count(&before, reason),
+            "{reason} counted: before {before:#}, after {after:#}"
+        );
+    }
+    // The frontend with an endpoint still serves over IPv6.
+    let (tcp, udp) = ipv6_traffic_ok("beside the empty frontend", &s, 4);
+    assert_eq!((tcp.len(), udp.len()), (1, 1), "{tcp:?} {udp:?}");
+}
