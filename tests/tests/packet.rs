@@ -629,13 +629,20 @@ struct Rig {
 
 impl Rig {
     fn new() -> Rig {
+        Rig::with_extra("")
+    }
+
+    /// [`Rig::new`], with `extra` (YAML documents, each starting with `---`) beside the
+    /// rig's own services.
+    fn with_extra(extra: &str) -> Rig {
         let lab = Lab::new(Shape::Routed);
         let client = lab.add_pod("client");
-        lab.write_manifest(&merge([
+        let own = merge([
             web_objects("web", WEB_VIP, vec![Endpoint::ready(BACKEND)]),
             web_objects("empty", empty_vip(), vec![]),
             web_objects("self", self_vip(), vec![Endpoint::ready(client.ip)]),
-        ]));
+        ]);
+        lab.write_manifest_text(&format!("{}{extra}", own.to_yaml()));
         let mut lb = lab.start_lbproxy();
         lb.expect_healthy(HEALTHY_WITHIN);
         let found = wait_for(Duration::from_secs(5), Duration::from_millis(20), || {
@@ -1965,6 +1972,154 @@ fn edge_ipv6_never_touched() {
             rig.run(&format!("IPv6: {what}"), prog, frame)
                 .expect_untouched(TC_ACT_UNSPEC, &[]);
         }
+    }
+}
+
+/// The TCP/UDP checksum over IPv6 (RFC 8200, 8.1): the pseudo-header is source,
+/// destination, the upper-layer length (32 bits), three zero bytes and the next header.
+fn l4_csum6(src: [u8; 16], dst: [u8; 16], proto: u8, segment: &[u8]) -> u16 {
+    let mut buf = Vec::with_capacity(40 + segment.len());
+    buf.extend_from_slice(&src);
+    buf.extend_from_slice(&dst);
+    buf.extend_from_slice(&(segment.len() as u32).to_be_bytes());
+    buf.extend_from_slice(&[0, 0, 0, proto]);
+    buf.extend_from_slice(segment);
+    inet_csum(&buf)
+}
+
+/// `segment` (TCP or UDP bytes) with its checksum computed over IPv6 from `src` to `dst`.
+fn with_csum6(mut segment: Vec<u8>, src: [u8; 16], dst: [u8; 16], proto: u8) -> Vec<u8> {
+    let at = if proto == IPPROTO_TCP { 16 } else { 6 };
+    segment[at..at + 2].copy_from_slice(&[0, 0]);
+    let c = l4_csum6(src, dst, proto, &segment);
+    segment[at..at + 2].copy_from_slice(&c.to_be_bytes());
+    segment
+}
+
+/// `segment` with its ports set to `sport`, `dport`.
+fn with_ports(mut segment: Vec<u8>, sport: u16, dport: u16) -> Vec<u8> {
+    segment[0..2].copy_from_slice(&sport.to_be_bytes());
+    segment[2..4].copy_from_slice(&dport.to_be_bytes());
+    segment
+}
+
+/// IPv6 TCP and UDP to an IPv6 ClusterIP, with and without extension headers: the frame
+/// comes out with only the destination address and port changed to the backend's and the
+/// L4 checksum right (computed here in full over the new pseudo-header), the extension
+/// headers in place; the backend's reply comes out from the ClusterIP and port, checksum
+/// right. Nothing is counted.
+#[test]
+fn ipv6_dnat_and_reply_through_extension_headers() {
+    const VIP6: [u8; 16] = [
+        0xfd, 0, 0xc6, 0x12, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10,
+    ];
+    const BACKEND6: [u8; 16] = [0xfd, 0, 0xc6, 0x12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x99];
+    let hex6 = |a: [u8; 16]| std::net::Ipv6Addr::from(a).to_string();
+    let extra = format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: web6, namespace: default}}\nspec:\n  clusterIP: \"{vip}\"\n  clusterIPs: [\"{vip}\"]\n  ipFamilies: [IPv6]\n  ports:\n  - {{name: http, port: {WEB_TCP}, protocol: TCP, targetPort: {BACKEND_TCP}}}\n  - {{name: dns, port: {WEB_UDP}, protocol: UDP, targetPort: {BACKEND_UDP}}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: web6-1, namespace: default, labels: {{kubernetes.io/service-name: web6}}}}\naddressType: IPv6\nports: [{{name: http, port: {BACKEND_TCP}, protocol: TCP}}, {{name: dns, port: {BACKEND_UDP}, protocol: UDP}}]\nendpoints: [{{addresses: [\"{backend}\"], conditions: {{ready: true}}}}]\n",
+        vip = hex6(VIP6),
+        backend = hex6(BACKEND6),
+    );
+    let rig = Rig::with_extra(&extra);
+    let served = wait_for(Duration::from_secs(5), Duration::from_millis(50), || {
+        let rows = rig.lab.inspect_json("services");
+        rows.as_array()?
+            .iter()
+            .any(|r| {
+                r["vip"] == hex6(VIP6).as_str()
+                    && r["backends"].as_array().is_some_and(|b| !b.is_empty())
+            })
+            .then_some(())
+    });
+    assert!(served.is_ok(), "the IPv6 frontend was never programmed");
+    let client = rig.client.ip6.unwrap().octets();
+    const NEXT_HOP_BY_HOP: u8 = 0;
+    const NEXT_DEST_OPTS: u8 = 60;
+    let v4 = rig.client_ip();
+    let tcp = |sport: u16, dport: u16, flags: u8| Tcp::new(sport, dport, flags).bytes(v4, WEB_VIP);
+    let udp = |sport: u16, dport: u16| Udp::new(sport, dport).bytes(v4, WEB_VIP);
+    let exts = [ext8(NEXT_DEST_OPTS), ext8(IPPROTO_TCP)].concat();
+    let exts_udp = ext8(IPPROTO_UDP).to_vec();
+    // (what, first next header, extension headers, protocol, client segment, client port, service port, backend port)
+    let cases: Vec<(&str, u8, Vec<u8>, u8, Vec<u8>, u16, u16)> = vec![
+        (
+            "TCP SYN",
+            IPPROTO_TCP,
+            vec![],
+            IPPROTO_TCP,
+            tcp(40130, WEB_TCP, SYN),
+            WEB_TCP,
+            BACKEND_TCP,
+        ),
+        (
+            "TCP SYN behind hop-by-hop and destination options",
+            NEXT_HOP_BY_HOP,
+            exts,
+            IPPROTO_TCP,
+            tcp(40131, WEB_TCP, SYN),
+            WEB_TCP,
+            BACKEND_TCP,
+        ),
+        (
+            "UDP",
+            IPPROTO_UDP,
+            vec![],
+            IPPROTO_UDP,
+            udp(40132, WEB_UDP),
+            WEB_UDP,
+            BACKEND_UDP,
+        ),
+        (
+            "UDP behind destination options",
+            NEXT_DEST_OPTS,
+            exts_udp,
+            IPPROTO_UDP,
+            udp(40133, WEB_UDP),
+            WEB_UDP,
+            BACKEND_UDP,
+        ),
+    ];
+    for (what, next, exts, proto, seg, svc_port, be_port) in cases {
+        let sport = u16::from_be_bytes([seg[0], seg[1]]);
+        let seg = with_csum6(seg, client, VIP6, proto);
+        let input = ipv6(client, VIP6, next, &[exts.clone(), seg.clone()].concat());
+        let want_seg = with_csum6(
+            with_ports(seg.clone(), sport, be_port),
+            client,
+            BACKEND6,
+            proto,
+        );
+        let want = ipv6(client, BACKEND6, next, &[exts.clone(), want_seg].concat());
+        rig.run(
+            &format!("IPv6 {what} to the ClusterIP"),
+            Prog::FromPod,
+            &input,
+        )
+        .expect(TC_ACT_UNSPEC, &want, &[]);
+        // The backend answers (a SYN-ACK, or a datagram) without extension headers.
+        let answer = if proto == IPPROTO_TCP {
+            Tcp::new(be_port, sport, SYN | 0x10).bytes(v4, WEB_VIP)
+        } else {
+            Udp::new(be_port, sport).bytes(v4, WEB_VIP)
+        };
+        let reply = ipv6(
+            BACKEND6,
+            client,
+            proto,
+            &with_csum6(answer.clone(), BACKEND6, client, proto),
+        );
+        let want_reply = ipv6(
+            VIP6,
+            client,
+            proto,
+            &with_csum6(with_ports(answer, svc_port, sport), VIP6, client, proto),
+        );
+        rig.run(
+            &format!("IPv6 {what}: the backend's answer"),
+            Prog::ToPod,
+            &reply,
+        )
+        .expect(TC_ACT_UNSPEC, &want_reply, &[]);
     }
 }
 
