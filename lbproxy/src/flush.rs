@@ -4,14 +4,15 @@
 //! selected backend, which normally answers with a RST, so the client reconnects).
 
 use std::collections::{BTreeMap, HashSet};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 
-use lbproxy_common::{FlowKey, FlowValue};
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use lbproxy_common::{FlowKeyOf, FlowValueOf};
 use serde::Serialize;
 
 use crate::bpf::{PinnedMaps, label_str};
-use crate::inspect::{Filter, FlowEnds};
+use crate::inspect::{Filter, FlowEnds, MapAddr};
 use crate::model::Protocol;
 
 /// Which flows: every given selector must match; at least one, or `all`.
@@ -43,25 +44,20 @@ struct Report<'a> {
     flows: &'a [FlushedFlow],
 }
 
-/// `--backend`: an IPv4 address, with or without a port.
+/// `--backend`: an address, with or without a port (`addr:port`, `[v6addr]:port`).
 fn check_backend(s: &str) -> anyhow::Result<()> {
-    match (s.parse::<Ipv4Addr>(), s.parse::<SocketAddr>()) {
-        (Ok(_), _) | (_, Ok(SocketAddr::V4(_))) => Ok(()),
-        (_, Ok(SocketAddr::V6(_))) => {
-            anyhow::bail!("--backend {s}: flushing IPv6 flows is not supported yet (LB_FLOWS6_V1)")
-        }
-        _ => anyhow::bail!("--backend {s}: not an IPv4 address or IPv4 address:port"),
+    match (s.parse::<IpAddr>(), s.parse::<SocketAddr>()) {
+        (Ok(_), _) | (_, Ok(_)) => Ok(()),
+        _ => anyhow::bail!(
+            "--backend {s}: not an IP address or address:port (an IPv6 one as [addr]:port)"
+        ),
     }
 }
 
-fn parse_client(s: &str) -> anyhow::Result<Ipv4Addr> {
-    match s.parse::<IpAddr>() {
-        Ok(IpAddr::V4(a)) => Ok(a),
-        Ok(IpAddr::V6(_)) => {
-            anyhow::bail!("--client {s}: flushing IPv6 flows is not supported yet (LB_FLOWS6_V1)")
-        }
-        Err(_) => anyhow::bail!("--client {s}: not an IP address (a client is matched by address)"),
-    }
+fn parse_client(s: &str) -> anyhow::Result<IpAddr> {
+    s.parse::<IpAddr>().map_err(|_| {
+        anyhow::anyhow!("--client {s}: not an IP address (a client is matched by address)")
+    })
 }
 
 pub fn run(dir: &Path, sel: &Selector, dry_run: bool, json: bool) -> anyhow::Result<()> {
@@ -99,52 +95,22 @@ pub fn run(dir: &Path, sel: &Selector, dry_run: bool, json: bool) -> anyhow::Res
             "--service {want}: no such service is programmed (see `lbproxy inspect services`; give namespace/name or namespace/name:port-name)"
         );
     }
-    let entries: Vec<(FlowKey, FlowValue)> = maps.flows.iter().flatten().collect();
-    let mut to_remove: HashSet<FlowKey> = HashSet::new();
     let mut flushed: Vec<FlushedFlow> = Vec::new();
-    for (k, v) in &entries {
-        if to_remove.contains(k) {
-            continue;
-        }
-        let ends = FlowEnds::of(k, v);
-        let label = labels.get(&ends.svc_id).cloned().unwrap_or_default();
-        let ok = sel.all
-            || (f.service_ok(&label)
-                && f.backend_ok(&ends.backend.ip().to_string(), ends.backend.port())
-                && client.is_none_or(|c| c == *ends.client.ip()));
-        if !ok {
-            continue;
-        }
-        to_remove.insert(*k);
-        // The partner, if it names this half back (else it belongs to another flow now).
-        let pk = k.partner(v);
-        if maps.flows.get(&pk, 0).is_ok_and(|pv| pk.partner(&pv) == *k) {
-            to_remove.insert(pk);
-        }
-        let proto = Protocol::from_number(k.proto).map_or("?", Protocol::as_str);
-        flushed.push(FlushedFlow {
-            service: label,
-            client: ends.client.to_string(),
-            frontend: format!("{}/{proto}", ends.frontend),
-            backend: ends.backend.to_string(),
-            protocol: proto.to_string(),
-        });
-    }
-    let mut removed = 0;
-    if !dry_run {
-        for k in &to_remove {
-            // A half the LRU or the collector removed meanwhile is gone already: fine.
-            if maps.flows.remove(k).is_ok() {
-                removed += 1;
-            }
-        }
-    }
+    let select = Selection {
+        filter: f,
+        all: sel.all,
+        client,
+        labels: &labels,
+        dry_run,
+    };
+    let entries = flush_map(&mut maps.flows, &select, &mut flushed)
+        + flush_map(&mut maps.flows6, &select, &mut flushed);
     flushed.sort();
     if json {
         let report = Report {
             dry_run,
             flushed: flushed.len(),
-            entries: if dry_run { to_remove.len() } else { removed },
+            entries,
             flows: &flushed,
         };
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -171,12 +137,76 @@ pub fn run(dir: &Path, sel: &Selector, dry_run: bool, json: bool) -> anyhow::Res
         println!(
             "would flush {} flows ({} entries); nothing removed (--dry-run)",
             flushed.len(),
-            to_remove.len()
+            entries
         );
     } else {
-        println!("flushed {} flows ({removed} entries)", flushed.len());
+        println!("flushed {} flows ({entries} entries)", flushed.len());
     }
     Ok(())
+}
+
+/// What a flush selects, for [`flush_map`].
+struct Selection<'a> {
+    filter: &'a Filter,
+    all: bool,
+    client: Option<IpAddr>,
+    labels: &'a BTreeMap<u32, String>,
+    dry_run: bool,
+}
+
+/// Removes (or, dry, only lists) the flows of one family's flow map that `sel` selects,
+/// both halves of each; returns the entries removed (or that would be).
+fn flush_map<A: MapAddr>(
+    map: &mut BpfHashMap<MapData, FlowKeyOf<A>, FlowValueOf<A>>,
+    sel: &Selection,
+    flushed: &mut Vec<FlushedFlow>,
+) -> usize
+where
+    FlowKeyOf<A>: aya::Pod,
+    FlowValueOf<A>: aya::Pod,
+{
+    let f = sel.filter;
+    let entries: Vec<(FlowKeyOf<A>, FlowValueOf<A>)> = map.iter().flatten().collect();
+    let mut to_remove: HashSet<FlowKeyOf<A>> = HashSet::new();
+    for (k, v) in &entries {
+        if to_remove.contains(k) {
+            continue;
+        }
+        let ends = FlowEnds::of(k, v);
+        let label = sel.labels.get(&ends.svc_id).cloned().unwrap_or_default();
+        let ok = sel.all
+            || (f.service_ok(&label)
+                && f.backend_ok(&ends.backend.ip().to_string(), ends.backend.port())
+                && sel.client.is_none_or(|c| c == ends.client.ip()));
+        if !ok {
+            continue;
+        }
+        to_remove.insert(*k);
+        // The partner, if it names this half back (else it belongs to another flow now).
+        let pk = k.partner(v);
+        if map.get(&pk, 0).is_ok_and(|pv| pk.partner(&pv) == *k) {
+            to_remove.insert(pk);
+        }
+        let proto = Protocol::from_number(k.proto).map_or("?", Protocol::as_str);
+        flushed.push(FlushedFlow {
+            service: label,
+            client: ends.client.to_string(),
+            frontend: format!("{}/{proto}", ends.frontend),
+            backend: ends.backend.to_string(),
+            protocol: proto.to_string(),
+        });
+    }
+    if sel.dry_run {
+        return to_remove.len();
+    }
+    let mut removed = 0;
+    for k in &to_remove {
+        // A half the LRU or the collector removed meanwhile is gone already: fine.
+        if map.remove(k).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 #[cfg(test)]
@@ -189,6 +219,12 @@ mod tests {
         check_backend("10.0.0.1:8080").unwrap();
         let e = check_backend("web-1").unwrap_err().to_string();
         assert!(e.contains("--backend web-1"), "{e}");
+        check_backend("fd00::7").unwrap();
+        check_backend("[fd00::7]:8080").unwrap();
+        assert_eq!(
+            parse_client("fd00::2").unwrap(),
+            "fd00::2".parse::<IpAddr>().unwrap()
+        );
         let e = parse_client("10.0.0.1:80").unwrap_err().to_string();
         assert!(e.contains("--client 10.0.0.1:80"), "{e}");
     }

@@ -2,10 +2,11 @@
 //! aligned table for people or JSON for scripts.
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 
-use lbproxy_common::{FLOW_DIR_FORWARD, FlowKey, FlowValue, SlotKey, map_names};
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use lbproxy_common::{Addr, FLOW_DIR_FORWARD, FlowKeyOf, FlowValueOf, SlotKey, map_names};
 use serde::Serialize;
 
 use crate::bpf::pinned::label_bytes;
@@ -93,18 +94,35 @@ impl BackendRow {
     }
 }
 
+/// An address of a map, of either family, as an `IpAddr`.
+pub trait MapAddr: Addr {
+    fn ip(self) -> IpAddr;
+}
+
+impl MapAddr for [u8; 4] {
+    fn ip(self) -> IpAddr {
+        Ipv4Addr::from(self).into()
+    }
+}
+
+impl MapAddr for [u8; 16] {
+    fn ip(self) -> IpAddr {
+        Ipv6Addr::from(self).into()
+    }
+}
+
 /// A flow's ends as one of its halves records them: the client's own address and port, the
 /// frontend it used and the backend. Both halves of a flow give the same ends.
 pub struct FlowEnds {
-    pub client: SocketAddrV4,
-    pub frontend: SocketAddrV4,
-    pub backend: SocketAddrV4,
+    pub client: SocketAddr,
+    pub frontend: SocketAddr,
+    pub backend: SocketAddr,
     pub svc_id: u32,
 }
 
 impl FlowEnds {
-    pub fn of(k: &FlowKey, v: &FlowValue) -> FlowEnds {
-        let at = |a: [u8; 4], port_be: u16| SocketAddrV4::new(a.into(), u16::from_be(port_be));
+    pub fn of<A: MapAddr>(k: &FlowKeyOf<A>, v: &FlowValueOf<A>) -> FlowEnds {
+        let at = |a: A, port_be: u16| SocketAddr::new(a.ip(), u16::from_be(port_be));
         if k.dir == FLOW_DIR_FORWARD {
             FlowEnds {
                 client: at(k.src_addr, k.src_port_be),
@@ -323,23 +341,36 @@ pub fn snat(maps: &PinnedMaps) -> Vec<SnatRow> {
 }
 
 pub fn flows(maps: &PinnedMaps) -> Vec<FlowRow> {
-    let now = crate::bpf::flow_gc::monotonic_ns();
     let labels: BTreeMap<u32, String> = maps
         .labels
         .iter()
         .flatten()
         .map(|(id, l)| (id, label_str(&l)))
         .collect();
+    let mut rows = flow_rows(&maps.flows, &labels);
+    rows.extend(flow_rows(&maps.flows6, &labels));
+    rows.sort_by(|a, b| (&a.service, &a.client).cmp(&(&b.service, &b.client)));
+    rows
+}
+
+/// One row per flow of one family's flow map.
+fn flow_rows<A: MapAddr>(
+    map: &BpfHashMap<MapData, FlowKeyOf<A>, FlowValueOf<A>>,
+    labels: &BTreeMap<u32, String>,
+) -> Vec<FlowRow>
+where
+    FlowKeyOf<A>: aya::Pod,
+    FlowValueOf<A>: aya::Pod,
+{
+    let now = crate::bpf::flow_gc::monotonic_ns();
     let secs = |ns: u64| (now.saturating_sub(ns) as f64) / 1e9;
-    let mut rows: Vec<FlowRow> = maps
-        .flows
-        .iter()
+    map.iter()
         .flatten()
         .filter(|(k, _)| k.dir == FLOW_DIR_FORWARD)
         .map(|(k, v)| {
             let ends = FlowEnds::of(&k, &v);
             let pk = k.partner(&v);
-            let partner = maps.flows.get(&pk, 0).ok().filter(|p| pk.partner(p) == k);
+            let partner = map.get(&pk, 0).ok().filter(|p| pk.partner(p) == k);
             let proto = Protocol::from_number(k.proto).map_or("?", Protocol::as_str);
             let partner_flags = partner.map_or(0, |p| p.flags);
             let state = if k.proto != lbproxy_common::IPPROTO_TCP {
@@ -365,20 +396,14 @@ pub fn flows(maps: &PinnedMaps) -> Vec<FlowRow> {
                 client_port_at_backend: (!v.snat(&k) && v.peer_port_be != k.src_port_be)
                     .then(|| u16::from_be(v.peer_port_be)),
                 snat: v.snat(&k).then(|| {
-                    format!(
-                        "{}:{}",
-                        Ipv4Addr::from(v.peer_addr),
-                        u16::from_be(v.peer_port_be)
-                    )
+                    SocketAddr::new(v.peer_addr.ip(), u16::from_be(v.peer_port_be)).to_string()
                 }),
                 reply_half: partner.is_some(),
                 age_seconds: secs(v.created_ns),
                 idle_seconds: secs(last_seen),
             }
         })
-        .collect();
-    rows.sort_by(|a, b| (&a.service, &a.client).cmp(&(&b.service, &b.client)));
-    rows
+        .collect()
 }
 
 /// Prints rows as an aligned table.
@@ -519,10 +544,12 @@ impl Filter {
         self.backend_ok(addr, port.parse().unwrap_or(0))
     }
 
+    /// Whether backend `addr`, `port` is the one asked for: the address alone, or with the
+    /// port (`addr:port`, an IPv6 address in brackets).
     pub fn backend_ok(&self, addr: &str, port: u16) -> bool {
-        self.backend
-            .as_deref()
-            .is_none_or(|want| want == addr || want == format!("{addr}:{port}"))
+        self.backend.as_deref().is_none_or(|want| {
+            want == addr || want == format!("{addr}:{port}") || want == format!("[{addr}]:{port}")
+        })
     }
 }
 

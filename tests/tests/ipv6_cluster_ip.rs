@@ -9,6 +9,9 @@
 //! apply deadline, while IPv4 keeps both. `inspect services` lists both families'
 //! frontends.
 //!
+//! `inspect flows` lists IPv6 flows beside IPv4 ones, and `flows flush --client` removes a
+//! client's IPv6 flows (both halves) and leaves its IPv4 ones.
+//!
 //! An IPv6 frontend without endpoints answers at once, as the IPv4 one does: a TCP RST
 //! (connection refused) and an ICMPv6 port unreachable for UDP (a connected socket's
 //! `recv` fails with "connection refused"), each counted under its reject reason.
@@ -25,7 +28,8 @@ use lbproxy_tests::lab::{Pod, Shape};
 
 both_shapes!(
     dual_stack_service_serves_both_families,
-    ipv6_frontend_without_endpoints_rejects
+    ipv6_frontend_without_endpoints_rejects,
+    ipv6_flows_are_listed_and_flushed
 );
 
 /// The Service's IPv6 clusterIP: outside the pods' `fd00:c612::/64`, routed nowhere.
@@ -311,4 +315,86 @@ fn ipv6_frontend_without_endpoints_rejects(shape: Shape) {
     // The frontend with an endpoint still serves over IPv6.
     let (tcp, udp) = ipv6_traffic_ok("beside the empty frontend", &s, 4);
     assert_eq!((tcp.len(), udp.len()), (1, 1), "{tcp:?} {udp:?}");
+}
+
+/// `lbproxy ARGS --bpffs-dir DIR` in the lab's node namespace, which must succeed: its
+/// stdout parsed as JSON.
+fn tool_json(s: &Setup, args: &[&str]) -> serde_json::Value {
+    let dir = s.lab.bpffs_dir().display().to_string();
+    let argv: Vec<&str> = args.iter().copied().chain(["--bpffs-dir", &dir]).collect();
+    let out = s.lab.lbproxy_cmd(&argv);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "lbproxy {argv:?}: {}{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("lbproxy {argv:?}: bad JSON ({e}): {text}"))
+}
+
+fn ipv6_flows_are_listed_and_flushed(shape: Shape) {
+    let s = Setup::new(shape, &["b1"]);
+    let b1 = s.backend("b1").clone();
+    s.lab
+        .write_manifest_text(&dual_stack_manifest(&[&b1], &[&b1]));
+    let deadline = Instant::now() + APPLY_WITHIN;
+    while s.client.run(tcp6).is_err() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ipv6_traffic_ok("flows to list", &s, 3);
+    web_traffic_ok_in(Some(&s.lab), "IPv4 flows beside", &s.client, WEB_VIP, 3);
+    let c6 = s.client.ip6.unwrap();
+    let b6 = b1.ip6.unwrap();
+    let flows = s.lab.inspect_json("flows");
+    let v6: Vec<&serde_json::Value> = flows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| {
+            f["client"]
+                .as_str()
+                .is_some_and(|c| c.starts_with(&format!("[{c6}]:")))
+        })
+        .collect();
+    // 3 TCP and 3 UDP flows (plus the probes that waited for the frontend).
+    assert!(v6.len() >= 6, "IPv6 flows listed: {flows:#}");
+    for f in &v6 {
+        let fe = f["frontend"].as_str().unwrap();
+        assert!(
+            fe == format!("[{VIP6}]:{WEB_TCP}/TCP") || fe == format!("[{VIP6}]:{WEB_UDP}/UDP"),
+            "{f:#}"
+        );
+        assert!(
+            f["backend"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("[{b6}]:")),
+            "{f:#}"
+        );
+        assert_eq!(f["reply_half"], true, "{f:#}");
+    }
+    let v4_before = flows.as_array().unwrap().len() - v6.len();
+    assert!(v4_before >= 6, "IPv4 flows listed too: {flows:#}");
+
+    let report = tool_json(
+        &s,
+        &["flows", "flush", "--json", "--client", &c6.to_string()],
+    );
+    assert_eq!(report["flushed"], v6.len(), "{report:#}");
+    assert_eq!(
+        report["entries"],
+        2 * v6.len(),
+        "both halves of each: {report:#}"
+    );
+    let after = s.lab.inspect_json("flows");
+    let rows = after.as_array().unwrap();
+    assert!(
+        rows.iter()
+            .all(|f| !f["client"].as_str().unwrap_or("").starts_with('[')),
+        "no IPv6 flow left: {after:#}"
+    );
+    assert_eq!(rows.len(), v4_before, "the IPv4 flows stay: {after:#}");
+    // The client's next IPv6 requests are new flows, served as before.
+    ipv6_traffic_ok("after the flush", &s, 2);
 }
