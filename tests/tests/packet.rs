@@ -2040,8 +2040,10 @@ fn ipv6_dnat_and_reply_through_extension_headers() {
     let udp = |sport: u16, dport: u16| Udp::new(sport, dport).bytes(v4, WEB_VIP);
     let exts = [ext8(NEXT_DEST_OPTS), ext8(IPPROTO_TCP)].concat();
     let exts_udp = ext8(IPPROTO_UDP).to_vec();
-    // (what, first next header, extension headers, protocol, client segment, client port, service port, backend port)
-    let cases: Vec<(&str, u8, Vec<u8>, u8, Vec<u8>, u16, u16)> = vec![
+    // (what, first next header, extension headers, protocol, client segment, service port,
+    // backend port)
+    type Case = (&'static str, u8, Vec<u8>, u8, Vec<u8>, u16, u16);
+    let cases: Vec<Case> = vec![
         (
             "TCP SYN",
             IPPROTO_TCP,
