@@ -856,14 +856,26 @@ pub fn affinity_rows(maps: &PinnedMaps) -> Vec<AffinityRow> {
     let now = crate::bpf::flow_gc::monotonic_ns();
     // Each svc_id's timeout and label.
     let mut timeouts: BTreeMap<u32, u32> = BTreeMap::new();
-    for (_, v) in maps.services.iter().flatten() {
+    for (_, v) in maps.all_services() {
         timeouts.insert(v.svc_id, v.affinity_timeout_s);
     }
-    let mut rows: Vec<AffinityRow> = maps
+    let entries = maps
         .affinity
         .iter()
         .flatten()
-        .map(|(k, v)| {
+        .map(|(k, v)| (k.svc_id, k.client_addr.ip(), v))
+        .chain(
+            maps.affinity6
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.svc_id, k.client_addr.ip(), v)),
+        );
+    let mut rows: Vec<AffinityRow> = entries
+        .map(|(svc_id, client, v)| {
+            let k = lbproxy_common::AffinityKey {
+                svc_id,
+                client_addr: [0; 4],
+            };
             let timeout = timeouts.get(&k.svc_id).copied().unwrap_or(0);
             let idle = now.saturating_sub(v.last_ns) as f64 / 1e9;
             let member = maps
@@ -885,7 +897,7 @@ pub fn affinity_rows(maps: &PinnedMaps) -> Vec<AffinityRow> {
                     .get(&k.svc_id, 0)
                     .map(|l| label_str(&l))
                     .unwrap_or_default(),
-                client: Ipv4Addr::from(k.client_addr).to_string(),
+                client: client.to_string(),
                 backend,
                 backend_id: v.backend_id,
                 idle_seconds: idle,

@@ -12,6 +12,10 @@
 //! `inspect flows` lists IPv6 flows beside IPv4 ones, and `flows flush --client` removes a
 //! client's IPv6 flows (both halves) and leaves its IPv4 ones.
 //!
+//! `sessionAffinity: ClientIP` holds over IPv6 (`LB_AFFINITY6_V1`). When a backend leaves
+//! the IPv6 slice, an open IPv6 TCP connection to it is reset on its next packet and a UDP
+//! flow moves to a live backend, as over IPv4.
+//!
 //! An IPv6 frontend without endpoints answers at once, as the IPv4 one does: a TCP RST
 //! (connection refused) and an ICMPv6 port unreachable for UDP (a connected socket's
 //! `recv` fails with "connection refused"), each counted under its reject reason.
@@ -29,7 +33,9 @@ use lbproxy_tests::lab::{Pod, Shape};
 both_shapes!(
     dual_stack_service_serves_both_families,
     ipv6_frontend_without_endpoints_rejects,
-    ipv6_flows_are_listed_and_flushed
+    ipv6_flows_are_listed_and_flushed,
+    ipv6_session_affinity,
+    ipv6_flows_of_a_backend_that_left
 );
 
 /// The Service's IPv6 clusterIP: outside the pods' `fd00:c612::/64`, routed nowhere.
@@ -38,6 +44,12 @@ const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x10);
 /// The `web` Service with clusterIPs `WEB_VIP` and `VIP6`, its IPv4 slice holding the IPv4
 /// addresses of `v4` and its IPv6 slice the IPv6 addresses of `v6`.
 fn dual_stack_manifest(v4: &[&Pod], v6: &[&Pod]) -> String {
+    dual_stack_manifest_with(v4, v6, "")
+}
+
+/// [`dual_stack_manifest`] with `spec` (YAML lines, indented two spaces) added to the
+/// Service's spec.
+fn dual_stack_manifest_with(v4: &[&Pod], v6: &[&Pod], spec: &str) -> String {
     let endpoints = |addrs: Vec<String>| -> String {
         if addrs.is_empty() {
             return "null".into();
@@ -55,7 +67,7 @@ fn dual_stack_manifest(v4: &[&Pod], v6: &[&Pod]) -> String {
         )
     };
     format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: default}}\nspec:\n  clusterIP: {WEB_VIP}\n  clusterIPs: [\"{WEB_VIP}\", \"{VIP6}\"]\n  ipFamilies: [IPv4, IPv6]\n  ipFamilyPolicy: RequireDualStack\n  ports:\n  - {{name: http, port: {WEB_TCP}, protocol: TCP, targetPort: {BACKEND_TCP}}}\n  - {{name: dns, port: {WEB_UDP}, protocol: UDP, targetPort: {BACKEND_UDP}}}\n{}{}",
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: default}}\nspec:\n  clusterIP: {WEB_VIP}\n  clusterIPs: [\"{WEB_VIP}\", \"{VIP6}\"]\n  ipFamilies: [IPv4, IPv6]\n  ipFamilyPolicy: RequireDualStack\n{spec}  ports:\n  - {{name: http, port: {WEB_TCP}, protocol: TCP, targetPort: {BACKEND_TCP}}}\n  - {{name: dns, port: {WEB_UDP}, protocol: UDP, targetPort: {BACKEND_UDP}}}\n{}{}",
         slice(
             "web-v4",
             "IPv4",
@@ -397,4 +409,142 @@ fn ipv6_flows_are_listed_and_flushed(shape: Shape) {
     assert_eq!(rows.len(), v4_before, "the IPv4 flows stay: {after:#}");
     // The client's next IPv6 requests are new flows, served as before.
     ipv6_traffic_ok("after the flush", &s, 2);
+}
+
+/// Waits until a TCP connection to the IPv6 frontend succeeds (the frontend is programmed).
+fn wait_ipv6_served(s: &Setup) {
+    let deadline = Instant::now() + APPLY_WITHIN;
+    while s.client.run(tcp6).is_err() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn ipv6_session_affinity(shape: Shape) {
+    let s = Setup::new(shape, &["b1", "b2", "b3"]);
+    let pods: Vec<Pod> = ["b1", "b2", "b3"]
+        .iter()
+        .map(|n| s.backend(n).clone())
+        .collect();
+    let refs: Vec<&Pod> = pods.iter().collect();
+    let affinity =
+        "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}\n";
+    s.lab
+        .write_manifest_text(&dual_stack_manifest_with(&refs, &refs, affinity));
+    wait_ipv6_served(&s);
+    // Every new flow of the client (new source ports, both protocols' frontends each keep
+    // their own choice) goes to one backend.
+    let (tcp, udp) = ipv6_traffic_ok("with affinity", &s, 16);
+    assert_eq!(
+        tcp.len(),
+        1,
+        "TCP over IPv6 with ClientIP affinity: {tcp:?}"
+    );
+    assert_eq!(
+        udp.len(),
+        1,
+        "UDP over IPv6 with ClientIP affinity: {udp:?}"
+    );
+    let rows = tool_json(&s, &["inspect", "affinity", "--json"]);
+    let mine: Vec<&serde_json::Value> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["client"] == s.client.ip6.unwrap().to_string())
+        .collect();
+    assert_eq!(
+        mine.len(),
+        2,
+        "one IPv6 affinity entry per frontend: {rows:#}"
+    );
+}
+
+fn ipv6_flows_of_a_backend_that_left(shape: Shape) {
+    let s = Setup::new(shape, &["b1", "b2"]);
+    let (b1, b2) = (s.backend("b1").clone(), s.backend("b2").clone());
+    s.lab
+        .write_manifest_text(&dual_stack_manifest(&[&b1, &b2], &[&b1, &b2]));
+    wait_ipv6_served(&s);
+    // An open IPv6 TCP connection, and a UDP socket with a fixed source port.
+    let (mut conn, first) = s.client.run(|| {
+        let c = TcpStream::connect_timeout(&SocketAddr::from((VIP6, WEB_TCP)), T).unwrap();
+        c.set_read_timeout(Some(T)).unwrap();
+        let mut w = c.try_clone().unwrap();
+        w.write_all(b"hello\n").unwrap();
+        let mut line = String::new();
+        BufReader::new(&c).read_line(&mut line).unwrap();
+        (c, line.split_whitespace().next().unwrap().to_string())
+    });
+    let udp = s
+        .client
+        .run(|| UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).unwrap());
+    udp.set_read_timeout(Some(T)).unwrap();
+    let ask = |u: &UdpSocket| -> String {
+        s.client.run(|| {
+            u.send_to(b"hello\n", (VIP6, WEB_UDP)).unwrap();
+            let mut buf = [0u8; 256];
+            let (n, from) = u.recv_from(&mut buf).unwrap();
+            assert_eq!(from, SocketAddr::from((VIP6, WEB_UDP)));
+            String::from_utf8_lossy(&buf[..n])
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .to_string()
+        })
+    };
+    let udp_first = ask(&udp);
+    // Take the TCP connection's backend out of the IPv6 slice (IPv4 keeps both).
+    let (stay, gone) = if first == "b1" {
+        (&b2, &b1)
+    } else {
+        (&b1, &b2)
+    };
+    let resets = |lab: &lbproxy_tests::lab::Lab| {
+        lab.inspect_json("drops")["backend_gone_tcp_reset"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let before = resets(&s.lab);
+    s.lab
+        .write_manifest_text(&dual_stack_manifest(&[&b1, &b2], &[stay]));
+    // Once applied, the open connection's next request is reset.
+    let started = Instant::now();
+    let mut reset = false;
+    while started.elapsed() < APPLY_WITHIN + Duration::from_secs(1) {
+        let r = s.client.run(|| {
+            conn.write_all(b"hello\n")?;
+            let mut line = String::new();
+            BufReader::new(&conn).read_line(&mut line)?;
+            Ok::<_, std::io::Error>(line)
+        });
+        match r {
+            Ok(line) => assert!(line.starts_with(gone.name.as_str()), "{line}"),
+            Err(e) => {
+                assert!(
+                    matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+                    ),
+                    "the open IPv6 connection to {} must be reset, got {e}",
+                    gone.name
+                );
+                reset = true;
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        reset,
+        "the open IPv6 connection to {} was never reset",
+        gone.name
+    );
+    assert!(resets(&s.lab) > before, "backend_gone_tcp_reset counted");
+    // The UDP flow (same source port) now gets the backend that stayed.
+    let udp_after = ask(&udp);
+    assert_eq!(
+        udp_after, stay.name,
+        "the IPv6 UDP flow moves off {} (it was on {udp_first})",
+        gone.name
+    );
+    let _ = conn.shutdown(std::net::Shutdown::Both);
 }
