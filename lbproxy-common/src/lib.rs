@@ -321,10 +321,25 @@ pub mod program_names {
     pub const RECVMSG4: &str = "lb_recvmsg4";
     /// cgroup `getpeername4`: the peer of a translated socket.
     pub const GETPEERNAME4: &str = "lb_getpeername4";
+    /// cgroup `connect6`, `sendmsg6`, `recvmsg6`, `getpeername6`: the same for a dual-stack
+    /// IPv6 socket addressing an IPv4-mapped frontend (`::ffff:a.b.c.d`).
+    pub const CONNECT6: &str = "lb_connect6";
+    pub const SENDMSG6: &str = "lb_sendmsg6";
+    pub const RECVMSG6: &str = "lb_recvmsg6";
+    pub const GETPEERNAME6: &str = "lb_getpeername6";
     /// The tcx programs, each attached to interfaces.
     pub const TC: [&str; 4] = [FROM_POD, TO_POD, FROM_NODE, TO_NODE];
     /// The cgroup programs, each attached to the `--cgroup-root` cgroup.
-    pub const SOCK: [&str; 4] = [CONNECT4, SENDMSG4, RECVMSG4, GETPEERNAME4];
+    pub const SOCK: [&str; 8] = [
+        CONNECT4,
+        SENDMSG4,
+        RECVMSG4,
+        GETPEERNAME4,
+        CONNECT6,
+        SENDMSG6,
+        RECVMSG6,
+        GETPEERNAME6,
+    ];
 }
 
 pub const IPPROTO_TCP: u8 = 6;

@@ -24,7 +24,8 @@
 //!
 //! Socket level (`sock`): `lb_connect4`, `lb_sendmsg4`, `lb_recvmsg4` and
 //! `lb_getpeername4` (cgroup programs on `--cgroup-root`) translate the node's own
-//! processes' sockets, which no interface program sees before the stack routes them.
+//! processes' sockets, which no interface program sees before the stack routes them; their
+//! `*6` twins do the same for dual-stack IPv6 sockets addressing IPv4 (mapped) frontends.
 //!
 //! North-south (`north`): `lb_from_node` (tcx ingress on the node's own interfaces) serves
 //! NodePorts, externalIPs and load-balancer IPs to traffic from outside the node, and takes
@@ -499,6 +500,7 @@ fn try_to_node(ctx: &TcContext) -> Result<i32, DropReason> {
 pub fn lb_connect4(ctx: SockAddrContext) -> i32 {
     sock::forward(
         &ctx,
+        false,
         SockEvent::ConnectTranslated,
         SockEvent::ConnectRefused,
     )
@@ -508,6 +510,7 @@ pub fn lb_connect4(ctx: SockAddrContext) -> i32 {
 pub fn lb_sendmsg4(ctx: SockAddrContext) -> i32 {
     sock::forward(
         &ctx,
+        false,
         SockEvent::SendmsgTranslated,
         SockEvent::SendmsgRefused,
     )
@@ -515,13 +518,44 @@ pub fn lb_sendmsg4(ctx: SockAddrContext) -> i32 {
 
 #[cgroup_sock_addr(recvmsg4)]
 pub fn lb_recvmsg4(ctx: SockAddrContext) -> i32 {
-    sock::reverse(&ctx, IPPROTO_UDP, SockEvent::RecvmsgRestored)
+    sock::reverse(&ctx, false, IPPROTO_UDP, SockEvent::RecvmsgRestored)
 }
 
 #[cgroup_sock_addr(getpeername4)]
 pub fn lb_getpeername4(ctx: SockAddrContext) -> i32 {
     let proto = sock::protocol(&ctx);
-    sock::reverse(&ctx, proto, SockEvent::GetpeernameRestored)
+    sock::reverse(&ctx, false, proto, SockEvent::GetpeernameRestored)
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn lb_connect6(ctx: SockAddrContext) -> i32 {
+    sock::forward(
+        &ctx,
+        true,
+        SockEvent::ConnectTranslated,
+        SockEvent::ConnectRefused,
+    )
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn lb_sendmsg6(ctx: SockAddrContext) -> i32 {
+    sock::forward(
+        &ctx,
+        true,
+        SockEvent::SendmsgTranslated,
+        SockEvent::SendmsgRefused,
+    )
+}
+
+#[cgroup_sock_addr(recvmsg6)]
+pub fn lb_recvmsg6(ctx: SockAddrContext) -> i32 {
+    sock::reverse(&ctx, true, IPPROTO_UDP, SockEvent::RecvmsgRestored)
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn lb_getpeername6(ctx: SockAddrContext) -> i32 {
+    let proto = sock::protocol(&ctx);
+    sock::reverse(&ctx, true, proto, SockEvent::GetpeernameRestored)
 }
 
 #[cfg(not(test))]

@@ -8,6 +8,11 @@
 //! - `recvmsg4`, `getpeername4`: a translated socket sees the frontend as its peer, never the
 //!   backend (`LB_SOCKREV_V1`, written by the two above).
 //!
+//! The `*6` twins do the same for a dual-stack IPv6 socket talking IPv4: an IPv4-mapped
+//! address (`::ffff:a.b.c.d`) is looked up as its IPv4 address and rewritten to the
+//! backend's, mapped (Cilium's `sock6_xlate_v4_in_v6`). Without them, such a socket (a
+//! Java client's, say) would bypass the socket programs and reach no backend.
+//!
 //! Only sockets of the node's network namespace are translated (`LB_SOCKCFG_V1`'s netns
 //! cookie): pods keep the per-packet path and its flow lifecycle, unless `--socket-lb pods`
 //! sets `SOCK_F_ALL_NETNS`.
@@ -91,6 +96,63 @@ fn destination(ctx: &SockAddrContext) -> Option<([u8; 4], u16, u8)> {
     Some((ip.to_ne_bytes(), port as u16, proto))
 }
 
+/// The third word of an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`), as it lies in memory.
+const V4_MAPPED_PREFIX: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
+
+/// [`destination`] for an IPv6 socket: an IPv4-mapped address (`::ffff:a.b.c.d`, a
+/// dual-stack socket talking IPv4) gives its IPv4 address, served like an IPv4 socket's.
+/// Any other IPv6 address is not translated at the socket (IPv6 frontends are served per
+/// packet to pods only).
+#[inline(always)]
+fn destination6(ctx: &SockAddrContext) -> Option<([u8; 4], u16, u8)> {
+    let sa = ctx.sock_addr;
+    // SAFETY: as in `destination`; 4-byte loads of `user_ip6`.
+    let (proto, w0, w1, w2, w3, port) = unsafe {
+        (
+            (*sa).protocol,
+            (*sa).user_ip6[0],
+            (*sa).user_ip6[1],
+            (*sa).user_ip6[2],
+            (*sa).user_ip6[3],
+            (*sa).user_port,
+        )
+    };
+    let proto = proto as u8;
+    if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+        || w0 != 0
+        || w1 != 0
+        || w2 != V4_MAPPED_PREFIX
+    {
+        return None;
+    }
+    Some((w3.to_ne_bytes(), port as u16, proto))
+}
+
+/// The syscall's address, as [`destination`] or [`destination6`] reads it.
+#[inline(always)]
+fn destination_of(ctx: &SockAddrContext, v6: bool) -> Option<([u8; 4], u16, u8)> {
+    if v6 {
+        destination6(ctx)
+    } else {
+        destination(ctx)
+    }
+}
+
+/// Rewrites the syscall's address: the IPv4 address, or for an IPv6 socket the IPv4 part
+/// of its IPv4-mapped address (the `::ffff:` prefix is already there).
+#[inline(always)]
+fn set_destination_of(ctx: &SockAddrContext, v6: bool, addr: [u8; 4], port_be: u16) {
+    if !v6 {
+        return set_destination(ctx, addr, port_be);
+    }
+    let sa = ctx.sock_addr;
+    // SAFETY: as in `set_destination`.
+    unsafe {
+        (*sa).user_ip6[3] = u32::from_ne_bytes(addr);
+        (*sa).user_port = u32::from(port_be);
+    }
+}
+
 /// Rewrites the syscall's address.
 #[inline(always)]
 fn set_destination(ctx: &SockAddrContext, addr: [u8; 4], port_be: u16) {
@@ -143,11 +205,12 @@ fn choose(
     affinity::select_for(svc, [0; 4], now, pick)
 }
 
-/// `connect4` and `sendmsg4`: translates a socket addressed to a frontend. `refused` and
-/// `translated` are the events to count.
+/// `connect4` and `sendmsg4` (and `connect6`, `sendmsg6` with `v6`, for IPv4-mapped
+/// addresses): translates a socket addressed to a frontend. `refused` and `translated` are
+/// the events to count.
 #[inline(always)]
-pub fn forward(ctx: &SockAddrContext, translated: SockEvent, refused: SockEvent) -> i32 {
-    let Some((addr, port_be, proto)) = destination(ctx) else {
+pub fn forward(ctx: &SockAddrContext, v6: bool, translated: SockEvent, refused: SockEvent) -> i32 {
+    let Some((addr, port_be, proto)) = destination_of(ctx, v6) else {
         return ALLOW;
     };
     let Some(svc) = service::lookup_local(addr, port_be, proto) else {
@@ -197,33 +260,42 @@ pub fn forward(ctx: &SockAddrContext, translated: SockEvent, refused: SockEvent)
     if known != Some(value) && LB_SOCKREV_V1.insert(key, value, 0).is_err() {
         count(SockEvent::RevWriteFailed);
     }
-    set_destination(ctx, backend.addr, backend.port_be);
+    set_destination_of(ctx, v6, backend.addr, backend.port_be);
     count(translated);
     ALLOW
 }
 
-/// `recvmsg4` and `getpeername4`: a translated socket's peer is shown as the frontend it
-/// asked for. Always lets the syscall go on (these hooks cannot fail it).
+/// `recvmsg4` and `getpeername4` (and `recvmsg6`, `getpeername6` with `v6`, for
+/// IPv4-mapped peers): a translated socket's peer is shown as the frontend it asked for.
+/// Always lets the syscall go on (these hooks cannot fail it).
 #[inline(always)]
-pub fn reverse(ctx: &SockAddrContext, proto: u8, restored: SockEvent) -> i32 {
+pub fn reverse(ctx: &SockAddrContext, v6: bool, proto: u8, restored: SockEvent) -> i32 {
     if in_scope(ctx).is_err() {
         return ALLOW;
     }
-    let sa = ctx.sock_addr;
-    // SAFETY: as in `destination`.
-    let (ip, port) = unsafe { ((*sa).user_ip4, (*sa).user_port) };
+    let peer = if v6 {
+        destination6(ctx).map(|(a, p, _)| (a, p))
+    } else {
+        let sa = ctx.sock_addr;
+        // SAFETY: as in `destination`.
+        let (ip, port) = unsafe { ((*sa).user_ip4, (*sa).user_port) };
+        Some((ip.to_ne_bytes(), port as u16))
+    };
+    let Some((ip, port)) = peer else {
+        return ALLOW;
+    };
     // SAFETY: as in `forward`.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let key = SockRevKey {
         cookie,
-        backend_addr: ip.to_ne_bytes(),
-        backend_port_be: port as u16,
+        backend_addr: ip,
+        backend_port_be: port,
         proto,
         _pad: 0,
     };
     // SAFETY: copied out at once.
     if let Some(v) = unsafe { LB_SOCKREV_V1.get(key) }.copied() {
-        set_destination(ctx, v.frontend_addr, v.frontend_port_be);
+        set_destination_of(ctx, v6, v.frontend_addr, v.frontend_port_be);
         count(restored);
     }
     ALLOW

@@ -191,6 +191,44 @@ fn node_processes_reach_node_ports_on_both_nodes() {
     }
 }
 
+/// A dual-stack IPv6 socket talking IPv4 (an IPv4-mapped address, as a Java client or any
+/// `AF_INET6` socket given `::ffff:a.b.c.d` uses): TCP, unconnected UDP and connected UDP
+/// to the ClusterIP's mapped address reach both backends, the peer shown is the mapped
+/// ClusterIP, and the mapped address of a frontend without endpoints is refused at once.
+/// Translated by `lb_connect6`/`lb_sendmsg6`/`lb_recvmsg6`/`lb_getpeername6`; without them
+/// these sockets would go to the ClusterIP itself, which answers nothing.
+#[test]
+fn dual_stack_sockets_reach_ipv4_frontends_through_mapped_addresses() {
+    let s = Setup::new("Cluster", "");
+    let mapped = |ip: Ipv4Addr, port: u16| SocketAddr::from((ip.to_ipv6_mapped(), port));
+    for (mode, port) in [(Mode::Tcp, 80), (Mode::Udp, 53), (Mode::UdpConnected, 53)] {
+        let to = mapped(CLUSTER_IP, port);
+        let out = s.requests(NodeId::A, mode, to, 16);
+        let ctx = format!("{mode:?} to {to}\n{}", s.logs());
+        let m = tally(&out, to, &ctx);
+        let want = if matches!(mode, Mode::UdpConnected) {
+            1
+        } else {
+            2
+        };
+        assert!(
+            m.len() >= want,
+            "{ctx}: want {want} backend(s) reached, got {m:?}"
+        );
+    }
+    for (mode, port) in [(Mode::Tcp, 80), (Mode::UdpConnected, 53)] {
+        let out = s.requests(NodeId::A, mode, mapped(EMPTY_IP, port), 2);
+        for o in &out {
+            assert_eq!(o.errno, Some(libc::ECONNREFUSED), "{mode:?} mapped: {o:?}");
+            assert!(
+                o.ms < 100.0,
+                "{mode:?} mapped: refused only after {} ms",
+                o.ms
+            );
+        }
+    }
+}
+
 /// A frontend without endpoints: `connect()` fails at once with ECONNREFUSED, for TCP and
 /// for a UDP socket being connected, and an unconnected UDP `sendto` fails the same way.
 #[test]
@@ -472,6 +510,10 @@ fn cleanup_detaches_the_socket_programs() {
         "lb_sendmsg4",
         "lb_recvmsg4",
         "lb_getpeername4",
+        "lb_connect6",
+        "lb_sendmsg6",
+        "lb_recvmsg6",
+        "lb_getpeername6",
     ] {
         assert!(text.contains(p), "cleanup did not report {p}: {text}");
     }

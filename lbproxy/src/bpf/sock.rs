@@ -239,7 +239,7 @@ pub fn attach(
         cgroup = %cgroup.display(),
         mode = mode.as_str(),
         netns_cookie,
-        "socket-level load balancing attached (connect4, sendmsg4, recvmsg4, getpeername4)"
+        "socket-level load balancing attached (connect, sendmsg, recvmsg, getpeername; 4 and 6)"
     );
     Ok(Some(cgroup))
 }

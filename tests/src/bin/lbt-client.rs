@@ -141,8 +141,18 @@ fn udp_once(sock: &UdpSocket, target: Option<SocketAddr>, timeout: Duration) -> 
     Ok((b, c, from))
 }
 
+/// A UDP socket of `target`'s family: an IPv6 one (dual-stack, so it can also talk to an
+/// IPv4-mapped address) for an IPv6 target.
+fn udp_for(target: SocketAddr) -> std::io::Result<UdpSocket> {
+    UdpSocket::bind(if target.is_ipv6() {
+        "[::]:0"
+    } else {
+        "0.0.0.0:0"
+    })
+}
+
 fn connected(target: SocketAddr) -> std::io::Result<UdpSocket> {
-    let s = UdpSocket::bind("0.0.0.0:0")?;
+    let s = udp_for(target)?;
     s.connect(target)?;
     Ok(s)
 }
@@ -176,8 +186,9 @@ fn main() {
         let start = Instant::now();
         let r = match args.mode.as_str() {
             "tcp" => tcp(args.target, args.timeout),
-            "udp" => UdpSocket::bind("0.0.0.0:0")
-                .and_then(|s| udp_once(&s, Some(args.target), args.timeout)),
+            "udp" => {
+                udp_for(args.target).and_then(|s| udp_once(&s, Some(args.target), args.timeout))
+            }
             "udp-connected" => {
                 let s = match sock.take() {
                     Some(s) => Ok(s),
