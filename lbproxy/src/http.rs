@@ -52,13 +52,17 @@ impl MapLabel {
     }
 }
 
-/// kube-proxy's `ip_family` label; lbproxy serves IPv4.
+/// kube-proxy's `ip_family` label. One lbproxy sync programs both families; the sync and
+/// programming series carry `IPv4` (a dual-stack kube-proxy has one series per family);
+/// the per-family counts (`no_local_endpoints`) have both.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FamilyLabel {
     pub ip_family: &'static str,
 }
 
 pub const IPV4: FamilyLabel = FamilyLabel { ip_family: "IPv4" };
+pub const IPV6: FamilyLabel = FamilyLabel { ip_family: "IPv6" };
+pub const FAMILIES: [FamilyLabel; 2] = [IPV4, IPV6];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PolicyLabel {
@@ -267,13 +271,15 @@ impl Metrics {
             no_local_endpoints.clone(),
         );
         // Present from the start, as kube-proxy's are.
-        for policy in ["internal", "external"] {
-            no_local_endpoints
-                .get_or_create(&PolicyLabel {
-                    ip_family: IPV4.ip_family,
-                    traffic_policy: policy,
-                })
-                .set(0);
+        for family in FAMILIES {
+            for policy in ["internal", "external"] {
+                no_local_endpoints
+                    .get_or_create(&PolicyLabel {
+                        ip_family: family.ip_family,
+                        traffic_policy: policy,
+                    })
+                    .set(0);
+            }
         }
         let healthz_total = Family::<CodeLabel, Counter>::default();
         r.register(
@@ -314,7 +320,7 @@ impl Metrics {
             build_info,
         );
         r.register_collector(Box::new(ProcessCollector));
-        // Every IPv4 series exists from the start, as kube-proxy's do.
+        // Every series exists from the start, as kube-proxy's do.
         for h in [
             &sync_duration,
             &sync_full_duration,
@@ -493,12 +499,13 @@ impl Metrics {
             .observe(seconds);
     }
 
-    /// Service ports with a Local policy and no local endpoint, as of the last sync.
-    pub fn set_no_local_endpoints(&self, internal: usize, external: usize) {
+    /// Service ports of `family` with a Local policy and no local endpoint of that family,
+    /// as of the last sync.
+    pub fn set_no_local_endpoints(&self, family: &FamilyLabel, internal: usize, external: usize) {
         for (policy, n) in [("internal", internal), ("external", external)] {
             self.no_local_endpoints
                 .get_or_create(&PolicyLabel {
-                    ip_family: IPV4.ip_family,
+                    ip_family: family.ip_family,
                     traffic_policy: policy,
                 })
                 .set(i64::try_from(n).unwrap_or(i64::MAX));

@@ -227,7 +227,7 @@ fn mixin_proxy_dashboard_metrics_are_exported() {
     assert!(
         sc.value(
             "kubeproxy_sync_full_proxy_rules_duration_seconds_count",
-            &[]
+            &[("ip_family", "IPv4")]
         ) >= 1.0
     );
     let prog = les("kubeproxy_network_programming_duration_seconds");
@@ -290,13 +290,21 @@ fn mixin_proxy_dashboard_metrics_are_exported() {
     let seen = wait_for(APPLY, POLL, || {
         (scrape(&k).value(
             "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
-            &[("traffic_policy", "internal")],
+            &[("traffic_policy", "internal"), ("ip_family", "IPv4")],
         ) == 2.0)
             .then_some(())
     });
     assert!(
         seen.is_ok(),
-        "no_local_endpoints_total{{internal}} not 2 (TCP and UDP ports)"
+        "no_local_endpoints_total{{internal, IPv4}} not 2 (TCP and UDP ports)"
+    );
+    // An IPv4-only service counts under IPv4 only.
+    assert_eq!(
+        scrape(&k).value(
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+            &[("traffic_policy", "internal"), ("ip_family", "IPv6")],
+        ),
+        0.0
     );
 }
 

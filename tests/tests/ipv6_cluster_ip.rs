@@ -222,6 +222,34 @@ fn dual_stack_service_serves_both_families(shape: Shape) {
         assert_eq!(addrs, want, "IPv6 backends of {r:#}");
     }
 
+    // Each family's map fill is its own series: 2 frontends (TCP, UDP) and 4 backends (2
+    // pods x 2 ports) per family.
+    let metrics = lbproxy_tests::lab::ns::http_get_full(
+        s.lab.node_ns(),
+        lbproxy_tests::lab::METRICS_ADDR.parse().unwrap(),
+        "/metrics",
+        Duration::from_secs(2),
+    )
+    .unwrap()
+    .body;
+    for (map, n) in [
+        ("services", 2),
+        ("services6", 2),
+        ("backends", 4),
+        ("backends6", 4),
+    ] {
+        let line = format!("lbproxy_map_entries{{map=\"{map}\"}} {n}");
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "want `{line}` in /metrics:\n{}",
+            metrics
+                .lines()
+                .filter(|l| l.starts_with("lbproxy_map_entries"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+
     // b1 leaves the IPv6 slice only: new IPv6 flows go to b2 within the deadline; IPv4
     // keeps both.
     s.lab

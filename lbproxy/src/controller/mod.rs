@@ -320,12 +320,20 @@ impl<M: Maps> Controller<M> {
             }
         };
         self.report.programmed(self.sync.programmed());
-        let (internal, external) =
-            crate::desired::endpoints::no_local_endpoints(&self.ingest.model, &self.node);
-        self.report
-            .health
-            .metrics
-            .set_no_local_endpoints(internal, external);
+        for (family, label) in [
+            (crate::model::Family::V4, &crate::http::IPV4),
+            (crate::model::Family::V6, &crate::http::IPV6),
+        ] {
+            let (internal, external) = crate::desired::endpoints::no_local_endpoints(
+                &self.ingest.model,
+                &self.node,
+                family,
+            );
+            self.report
+                .health
+                .metrics
+                .set_no_local_endpoints(label, internal, external);
+        }
         self.sync_health_checks();
         self.report.unserved(&self.sync.unserved_by_kind());
         self.report.conflicts(self.sync.conflicts());

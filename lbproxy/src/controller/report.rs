@@ -323,9 +323,16 @@ impl Report {
         let set = |map: &str, n: i64| {
             m.map_entries.get_or_create(&http::MapLabel::of(map)).set(n);
         };
-        set(map_names::SERVICES, as_i64(p.frontends.len()));
+        let v6_frontends = p.frontends.keys().filter(|f| f.addr.is_ipv6()).count();
+        let v6_backends = p.backends.values().filter(|b| b.addr.is_ipv6()).count();
+        set(
+            map_names::SERVICES,
+            as_i64(p.frontends.len() - v6_frontends),
+        );
+        set(map_names::SERVICES6, as_i64(v6_frontends));
         set(map_names::LABELS, as_i64(p.frontends.len()));
-        set(map_names::BACKENDS, as_i64(p.backends.len()));
+        set(map_names::BACKENDS, as_i64(p.backends.len() - v6_backends));
+        set(map_names::BACKENDS6, as_i64(v6_backends));
         set(
             map_names::SLOTS,
             as_i64(p.frontends.values().map(|f| f.slots.len()).sum()),

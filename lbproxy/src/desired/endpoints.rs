@@ -59,6 +59,7 @@ pub struct EndpointSet {
 /// The endpoints of `port` for a frontend whose traffic policy is `local_only` (only
 /// endpoints on `node`; see [`local_only`]). With `local_only` and no local endpoint, `serving` is empty: the
 /// traffic is rejected, as kube-proxy does.
+#[cfg(test)]
 pub fn endpoint_set(
     model: &Model,
     svc: &Service,
@@ -124,9 +125,23 @@ fn endpoint_set_where(
 /// Service ports with a `Local` traffic policy and no endpoint on `node` for new
 /// connections, as (internal, external): kube-proxy's
 /// `sync_proxy_rules_no_local_endpoints_total`. Traffic to them is rejected here.
-pub fn no_local_endpoints(model: &Model, node: &str) -> (usize, usize) {
+///
+/// Counted per family, as kube-proxy's proxier of each family counts: a service port is
+/// counted for each family of its clusterIPs that has no local endpoint.
+pub fn no_local_endpoints(
+    model: &Model,
+    node: &str,
+    family: crate::model::Family,
+) -> (usize, usize) {
     let (mut internal, mut external) = (0, 0);
     for svc in model.services.values() {
+        if !svc
+            .cluster_ips
+            .iter()
+            .any(|ip| crate::model::Family::of(ip) == family)
+        {
+            continue;
+        }
         for (scope, n) in [
             (Scope::Internal, &mut internal),
             (Scope::External, &mut external),
@@ -135,7 +150,11 @@ pub fn no_local_endpoints(model: &Model, node: &str) -> (usize, usize) {
                 *n += svc
                     .ports
                     .iter()
-                    .filter(|p| endpoint_set(model, svc, p, node, true).serving.is_empty())
+                    .filter(|p| {
+                        endpoint_set_in(model, svc, p, node, true, family)
+                            .serving
+                            .is_empty()
+                    })
                     .count();
             }
         }
