@@ -34,5 +34,27 @@ pub struct FragPorts {
 }
 const _: () = assert!(core::mem::size_of::<FragPorts>() == 4);
 
+/// Key of `LB_FRAGS6_V1`: an IPv6 datagram, as the fragment header of each of its fragments
+/// names it (RFC 8200, 4.5: source, destination and the 32-bit identification).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FragKey6 {
+    pub src_addr: [u8; 16],
+    pub dst_addr: [u8; 16],
+    /// The fragment header's identification, as read (network order).
+    pub id_be: u32,
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(core::mem::size_of::<FragKey6>() == 40);
+
+/// The IPv6 twin of `LB_FRAGS_V1`: the ports of IPv6 datagrams that arrive in fragments.
+pub const SPEC6: MapSpec = MapSpec::of::<FragKey6, FragPorts>(
+    "LB_FRAGS6_V1",
+    "frags6",
+    MapKind::LruHash,
+    MAX_FRAG_DATAGRAMS,
+);
+
 pub const SPEC: MapSpec =
     MapSpec::of::<FragKey, FragPorts>("LB_FRAGS_V1", "frags", MapKind::LruHash, MAX_FRAG_DATAGRAMS);

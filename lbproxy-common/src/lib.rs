@@ -105,7 +105,7 @@ pub use flows::{
     FLOW_STATE_SYN_SENT, FlowKey, FlowKey6, FlowKeyOf, FlowValue, FlowValue6, FlowValueOf,
     FlowValueV1, FlowValueV2, FlowWork,
 };
-pub use frags::{FragKey, FragPorts, MAX_FRAG_DATAGRAMS};
+pub use frags::{FragKey, FragKey6, FragPorts, MAX_FRAG_DATAGRAMS};
 pub use hairpin::HAIRPIN_ADDR;
 pub use labels::{ServiceLabel, nul_padded};
 pub use members::MemberKey;
@@ -137,6 +137,7 @@ pod!(
     FlowKey6,
     FlowValue6,
     AffinityKey6,
+    FragKey6,
     ServiceValue,
     ServiceValueV1,
     SlotKey,
@@ -202,6 +203,7 @@ pub const MAPS: &[MapSpec] = &[
     affinity::SPEC6,
     flows::SCRATCH6_SPEC,
     flows::SCRATCH_SPEC,
+    frags::SPEC6,
 ];
 
 /// Earlier layouts a controller reads once at start, copies into their successor, then

@@ -57,7 +57,7 @@ fn sizes<K, V>() -> (u32, u32) {
 
 #[test]
 fn spec_sizes_are_their_types() {
-    let cases: [(MapSpec, (u32, u32)); 34] = [
+    let cases: [(MapSpec, (u32, u32)); 35] = [
         (services::SPEC, sizes::<ServiceKey, ServiceValue>()),
         (services::SPEC_V1, sizes::<ServiceKey, ServiceValueV1>()),
         (slots::SPEC, sizes::<SlotKey, u32>()),
@@ -92,6 +92,7 @@ fn spec_sizes_are_their_types() {
         (affinity::SPEC6, sizes::<AffinityKey6, AffinityValue>()),
         (flows::SCRATCH6_SPEC, sizes::<u32, FlowWork<family::V6>>()),
         (flows::SCRATCH_SPEC, sizes::<u32, FlowWork<family::V4>>()),
+        (frags::SPEC6, sizes::<FragKey6, FragPorts>()),
     ];
     for (spec, (k, v)) in cases {
         assert_eq!((spec.key_size, spec.value_size), (k, v), "{}", spec.name);
@@ -111,7 +112,7 @@ fn spec_sizes_are_their_types() {
 #[test]
 fn layouts_are_unchanged() {
     use MapKind::*;
-    let expected: [(&str, &str, MapKind, u32, u32, u32); 31] = [
+    let expected: [(&str, &str, MapKind, u32, u32, u32); 32] = [
         ("LB_BACKENDS_V1", "backends", Hash, 4, 8, 262_144),
         ("LB_SLOTS_V1", "slots", Hash, 8, 4, 262_144),
         ("LB_SERVICES_V2", "services", Hash, 8, 16, 65_536),
@@ -143,6 +144,7 @@ fn layouts_are_unchanged() {
         ("LB_AFFINITY6_V1", "affinity6", LruHash, 20, 16, 262_144),
         ("LB_SCRATCH6_V1", "scratch6", PerCpuArray, 4, 240, 1),
         ("LB_SCRATCH_V1", "scratch", PerCpuArray, 4, 112, 1),
+        ("LB_FRAGS6_V1", "frags6", LruHash, 40, 4, 8_192),
     ];
     let got: Vec<_> = MAPS
         .iter()

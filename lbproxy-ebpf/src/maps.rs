@@ -11,11 +11,12 @@ use aya_ebpf::btf_maps::{
 };
 use lbproxy_common::{
     AffinityKey, AffinityKey6, AffinityValue, Backend, Backend6, DatapathConfig, FlowKey, FlowKey6,
-    FlowValue, FlowValue6, FlowWork, FragKey, FragPorts, MemberKey, MonitorCtl, MonitorEvent,
-    MonitorRate, NodeAddr, NodeIf, PodAddr, PodIf, ServiceKey, ServiceKey6, ServiceLabel,
-    ServiceValue, SlotKey, SockConfig, SockRevKey, SockRevValue, SrcCheck, SrcRangeData,
-    UnservedKey, UnservedValue, affinity, backends, config, delivery, drops, flows, frags, labels,
-    members, monitor, node_addrs, node_ifs, pod_addrs, pod_ifs, services, slots, snat_tries, sock,
+    FlowValue, FlowValue6, FlowWork, FragKey, FragKey6, FragPorts, MemberKey, MonitorCtl,
+    MonitorEvent, MonitorRate, NodeAddr, NodeIf, PodAddr, PodIf, ServiceKey, ServiceKey6,
+    ServiceLabel, ServiceValue, SlotKey, SockConfig, SockRevKey, SockRevValue, SrcCheck,
+    SrcRangeData, UnservedKey, UnservedValue, affinity, backends, config, delivery, drops, flows,
+    frags, labels, members, monitor, node_addrs, node_ifs, pod_addrs, pod_ifs, services, slots,
+    snat_tries, sock,
     spec::{MapKind, MapSpec, size_u32, str_eq},
     src_check, src_ranges, unserved,
 };
@@ -203,6 +204,9 @@ map! {
     LB_SCRATCH6_V1: PerCpuArray<FlowWork<[u8; 16]>> = flows::SCRATCH6_SPEC;
     /// The same for IPv4.
     LB_SCRATCH_V1: PerCpuArray<FlowWork<[u8; 4]>> = flows::SCRATCH_SPEC;
+    /// The ports of fragmented IPv6 datagrams, from each first fragment for the later ones.
+    /// Owned by `parse6`.
+    LB_FRAGS6_V1: LruHashMap<FragKey6, FragPorts> = frags::SPEC6;
 }
 
 /// The controller's settings (`LB_CONFIG_V1`, entry 0): the stack bypass flag (for

@@ -16,6 +16,10 @@
 //! the IPv6 slice, an open IPv6 TCP connection to it is reset on its next packet and a UDP
 //! flow moves to a live backend, as over IPv4.
 //!
+//! UDP datagrams larger than the MTU, fragmented at their source, are translated in every
+//! fragment both ways (`LB_FRAGS6_V1`): a 3000-byte request reaches the backend whole, and
+//! its 4000-byte answer reaches the client whole, from the ClusterIP.
+//!
 //! An IPv6 frontend without endpoints answers at once, as the IPv4 one does: a TCP RST
 //! (connection refused) and an ICMPv6 port unreachable for UDP (a connected socket's
 //! `recv` fails with "connection refused"), each counted under its reject reason.
@@ -35,7 +39,8 @@ both_shapes!(
     ipv6_frontend_without_endpoints_rejects,
     ipv6_flows_are_listed_and_flushed,
     ipv6_session_affinity,
-    ipv6_flows_of_a_backend_that_left
+    ipv6_flows_of_a_backend_that_left,
+    ipv6_fragmented_datagrams_both_ways
 );
 
 /// The Service's IPv6 clusterIP: outside the pods' `fd00:c612::/64`, routed nowhere.
@@ -575,4 +580,77 @@ fn ipv6_flows_of_a_backend_that_left(shape: Shape) {
         gone.name
     );
     let _ = conn.shutdown(std::net::Shutdown::Both);
+}
+
+fn ipv6_fragmented_datagrams_both_ways(shape: Shape) {
+    let s = Setup::new(shape, &["b1"]);
+    let b1 = s.backend("b1").clone();
+    // A backend of its own for IPv6: answers each datagram with 4000 bytes that start
+    // with the size it got and who sent it.
+    let big = s.lab.add_pod("big");
+    let sock = big.run(|| UdpSocket::bind((Ipv6Addr::UNSPECIFIED, BACKEND_UDP)).unwrap());
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let server = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 65536];
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Ok((n, from)) = sock.recv_from(&mut buf) {
+                    let mut answer = format!("big {n} {from}\n").into_bytes();
+                    answer.resize(4000, b'x');
+                    let _ = sock.send_to(&answer, from);
+                }
+            }
+        })
+    };
+    s.lab
+        .write_manifest_text(&dual_stack_manifest(&[&b1], &[&big]));
+    let c6 = s.client.ip6.unwrap();
+    let before = s.lab.inspect_json("drops");
+    let results = s.client.run(|| {
+        let u = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).unwrap();
+        u.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        let request = vec![b'q'; 3000];
+        let deadline = Instant::now() + APPLY_WITHIN + Duration::from_secs(2);
+        let mut got = Vec::new();
+        while got.len() < 3 && Instant::now() < deadline {
+            u.send_to(&request, (VIP6, WEB_UDP)).unwrap();
+            let mut buf = vec![0u8; 65536];
+            if let Ok((n, from)) = u.recv_from(&mut buf) {
+                let head = String::from_utf8_lossy(&buf[..n.min(200)])
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .to_string();
+                got.push((n, from, head));
+            }
+        }
+        got
+    });
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    server.join().unwrap();
+    assert_eq!(
+        results.len(),
+        3,
+        "3000-byte requests over IPv6 answered with 4000 bytes: {results:?}\n{}",
+        s.lab.diagnostics()
+    );
+    for (n, from, head) in &results {
+        assert_eq!(*n, 4000, "the whole answer, reassembled: {results:?}");
+        assert_eq!(*from, SocketAddr::from((VIP6, WEB_UDP)), "{results:?}");
+        let mut words = head.split_whitespace();
+        assert_eq!(words.next(), Some("big"), "{head}");
+        assert_eq!(
+            words.next(),
+            Some("3000"),
+            "the whole request reached the backend: {head}"
+        );
+        let seen: SocketAddr = words.next().unwrap().parse().unwrap();
+        assert_eq!(seen.ip(), IpAddr::V6(c6), "{head}");
+    }
+    let after = s.lab.inspect_json("drops");
+    let n = |v: &serde_json::Value| v["fragment_without_first"].as_u64().unwrap_or(0);
+    assert_eq!(n(&after), n(&before), "no fragment went untranslated");
 }

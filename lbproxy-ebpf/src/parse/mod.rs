@@ -4,7 +4,7 @@
 mod offsets;
 
 use aya_ebpf::programs::TcContext;
-use lbproxy_common::{DropReason, FragKey, FragPorts, IPPROTO_TCP, IPPROTO_UDP};
+use lbproxy_common::{DropReason, FragKey, FragKey6, FragPorts, IPPROTO_TCP, IPPROTO_UDP};
 use network_types::{
     eth::{EthHdr, EtherType},
     ip::Ipv4Hdr,
@@ -14,7 +14,7 @@ use network_types::{
 
 pub use self::offsets::*;
 use crate::{
-    maps::LB_FRAGS_V1,
+    maps::{LB_FRAGS_V1, LB_FRAGS6_V1},
     reason::{Verdict, count},
 };
 
@@ -236,10 +236,10 @@ pub const MAX_EXT_HEADERS: u32 = 8;
 /// extension headers, an extension header cut short, ESP. The walk steps over hop-by-hop
 /// options, routing, destination options, AH and fragment headers to find TCP or UDP.
 ///
-/// A fragment after the first (offset > 0) passes: IPv6 fragments are not tracked yet (the
-/// IPv4 path's `LB_FRAGS_V1` has no IPv6 twin), so a datagram to an IPv6 frontend that is
-/// fragmented at its source is translated in its first fragment only. A first fragment is
-/// parsed like a whole datagram.
+/// Fragments are handled as IPv4's: a first fragment (offset 0, M set) is parsed like a
+/// whole datagram and its ports recorded in `LB_FRAGS6_V1` under the datagram's identity
+/// (source, destination, identification, protocol); a later one gets those ports, with no L4
+/// header ([`L4::Absent`]), or passes counted as `fragment_without_first`.
 ///
 /// The extension headers and the L4 fields are read with `bpf_skb_load_bytes` at the
 /// offsets the walk found, so paged data needs no pull for them.
@@ -274,6 +274,8 @@ pub fn parse6(ctx: &TcContext) -> Result<Option<Packet<[u8; 16]>>, Verdict> {
     let mut next = next;
     let mut off = L2_L3_LEN6;
     let mut later_fragment = false;
+    // The fragment header's identification (as read) and M flag, when there is one.
+    let mut frag: Option<(u32, bool)> = None;
     let mut walked = 0;
     while walked < MAX_EXT_HEADERS {
         if next != NH_HOP_BY_HOP
@@ -288,10 +290,13 @@ pub fn parse6(ctx: &TcContext) -> Result<Option<Packet<[u8; 16]>>, Verdict> {
             return Ok(None);
         };
         let len = if next == NH_FRAGMENT {
+            let Ok(id) = ctx.load::<u32>(off + 4) else {
+                return Ok(None);
+            };
             // Offset (13 bits, in 8-byte units), 2 reserved bits, the M flag.
-            if u16::from_be_bytes([h[2], h[3]]) & 0xfff8 != 0 {
-                later_fragment = true;
-            }
+            let word = u16::from_be_bytes([h[2], h[3]]);
+            later_fragment = word & 0xfff8 != 0;
+            frag = Some((id, word & 1 != 0));
             8
         } else if next == NH_AH {
             (usize::from(h[1]) + 2) * 4
@@ -301,12 +306,28 @@ pub fn parse6(ctx: &TcContext) -> Result<Option<Packet<[u8; 16]>>, Verdict> {
         next = h[0];
         off += len;
         walked += 1;
+        if later_fragment {
+            // What follows is the middle of a datagram, not headers.
+            break;
+        }
     }
     if next != IPPROTO_TCP && next != IPPROTO_UDP {
         return Ok(None);
     }
     if later_fragment {
-        return Ok(None);
+        // No L4 header: the first fragment's ports, when it was seen.
+        let id = frag.map_or(0, |(id, _)| id);
+        let found = frag6_ports(&pkt.src_addr, &pkt.dst_addr, id, next);
+        if found == 0 {
+            count(DropReason::FragmentWithoutFirst);
+            return Ok(None);
+        }
+        pkt.src_port_be = found as u16;
+        pkt.dst_port_be = (found >> 16) as u16;
+        pkt.proto = next;
+        pkt.l4_off = off;
+        pkt.l4 = L4::Absent;
+        return Ok(Some(pkt));
     }
     let Ok(ports) = ctx.load::<[u16; 2]>(off) else {
         count(DropReason::L4HeaderBadPassed);
@@ -329,6 +350,13 @@ pub fn parse6(ctx: &TcContext) -> Result<Option<Packet<[u8; 16]>>, Verdict> {
     } else {
         (0, L4::Bad)
     };
+    if let Some((id, true)) = frag
+        && l4 == L4::Header
+    {
+        // A first fragment: the later ones will need its ports.
+        let word = u32::from(ports[0]) | u32::from(ports[1]) << 16;
+        record_frag6(&pkt.src_addr, &pkt.dst_addr, id, next, word);
+    }
     pkt.src_port_be = ports[0];
     pkt.dst_port_be = ports[1];
     pkt.proto = next;
@@ -336,6 +364,47 @@ pub fn parse6(ctx: &TcContext) -> Result<Option<Packet<[u8; 16]>>, Verdict> {
     pkt.l4_off = off;
     pkt.l4 = l4;
     Ok(Some(pkt))
+}
+
+/// The ports recorded for the IPv6 datagram `(src, dst, id, proto)` (`LB_FRAGS6_V1`): the
+/// source port in bits 0-15 and the destination port in bits 16-31, each as read, and bit
+/// 32 set; 0 when none are. Its own BPF function, so that the 40-byte key takes room in its
+/// frame only; a scalar result, since an `Option` of a struct comes back in two registers
+/// of which the verifier finds one unset on the `None` path.
+#[inline(never)]
+fn frag6_ports(src: &[u8; 16], dst: &[u8; 16], id: u32, proto: u8) -> u64 {
+    let key = FragKey6 {
+        src_addr: *src,
+        dst_addr: *dst,
+        id_be: id,
+        proto,
+        _pad: [0; 3],
+    };
+    // SAFETY: read at once.
+    match unsafe { LB_FRAGS6_V1.get(key) } {
+        Some(p) => 1 << 32 | u64::from(p.src_port_be) | u64::from(p.dst_port_be) << 16,
+        None => 0,
+    }
+}
+
+/// Records the ports of the IPv6 datagram `(src, dst, id, proto)`'s first fragment
+/// (`ports`: the source port in the low half, the destination port in the high half, each
+/// as read; one argument, as a BPF function takes at most five). Overwrites an entry of an
+/// earlier datagram with the same identity.
+#[inline(never)]
+fn record_frag6(src: &[u8; 16], dst: &[u8; 16], id: u32, proto: u8, ports: u32) {
+    let key = FragKey6 {
+        src_addr: *src,
+        dst_addr: *dst,
+        id_be: id,
+        proto,
+        _pad: [0; 3],
+    };
+    let ports = FragPorts {
+        src_port_be: ports as u16,
+        dst_port_be: (ports >> 16) as u16,
+    };
+    let _ = LB_FRAGS6_V1.insert(key, ports, 0);
 }
 
 /// Whether the frame is IPv6 by its EtherType: which of [`parse`] and [`parse6`] reads it.
