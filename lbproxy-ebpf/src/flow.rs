@@ -732,30 +732,66 @@ pub fn direct<A: Family>(pkt: &Packet<A>) {
 /// (client -> backend), as quoted by an ICMP error: the VIP and the client's own port. Read
 /// only; `icmp` uses it.
 #[inline(always)]
-pub fn quoted_reply(
+pub fn quoted_reply<A: Family>(
     proto: u8,
-    dst: [u8; 4],
+    dst: A,
     dport: u16,
-    src: [u8; 4],
+    src: A,
     sport: u16,
-) -> Option<NatTarget> {
+) -> Option<NatTarget<A>> {
     let key = reply_key(dst, dport, src, sport, proto);
-    let r = <[u8; 4]>::flow(&key)?;
+    let r = A::flow(&key)?;
     // SAFETY: a successful lookup; the fields are read once each.
     Some(NatTarget::of(unsafe { &*r }))
+}
+
+/// [`quoted_reply`] (`reply`) or [`quoted_forward`] as the flow entry itself, its key built
+/// in the family's working state (`Family::work`): nothing of either takes stack room (the
+/// ICMPv6 path is short of it). The addresses are read from `quote`, an IPv6 header as an
+/// ICMPv6 error quotes it (source at 8, destination at 24).
+#[inline(always)]
+pub fn quoted_entry6(
+    reply: bool,
+    proto: u8,
+    quote: &[u8; 48],
+    sport: u16,
+    dport: u16,
+) -> Option<&'static FlowValueOf<[u8; 16]>> {
+    let w = <[u8; 16]>::work()?;
+    let (src, dst) = (&quote[8..24], &quote[24..40]);
+    if reply {
+        // The quote is client -> backend: its reply half is keyed backend -> client.
+        w.key.src_addr.copy_from_slice(dst);
+        w.key.dst_addr.copy_from_slice(src);
+        w.key.src_port_be = dport;
+        w.key.dst_port_be = sport;
+        w.key.dir = FLOW_DIR_REPLY;
+    } else {
+        // The quote is VIP -> client: its forward half is keyed client -> VIP.
+        w.key.src_addr.copy_from_slice(dst);
+        w.key.dst_addr.copy_from_slice(src);
+        w.key.src_port_be = dport;
+        w.key.dst_port_be = sport;
+        w.key.dir = FLOW_DIR_FORWARD;
+    }
+    w.key.proto = proto;
+    w.key._pad = [0; 2];
+    let e = <[u8; 16]>::flow(&w.key)?;
+    // SAFETY: a successful lookup; read only, field by field.
+    Some(unsafe { &*e })
 }
 
 /// The forward half of the flow whose reverse-translated reply was `src:sport -> dst:dport`
 /// (VIP -> client), as quoted by an ICMP error: the backend and the client's port as the
 /// backend knows it. Read only; `icmp` uses it.
 #[inline(always)]
-pub fn quoted_forward(
+pub fn quoted_forward<A: Family>(
     proto: u8,
-    dst: [u8; 4],
+    dst: A,
     dport: u16,
-    src: [u8; 4],
+    src: A,
     sport: u16,
-) -> Option<NatTarget> {
+) -> Option<NatTarget<A>> {
     let key = FlowKeyOf {
         src_addr: dst,
         dst_addr: src,
@@ -765,7 +801,7 @@ pub fn quoted_forward(
         dir: FLOW_DIR_FORWARD,
         _pad: [0; 2],
     };
-    let f = <[u8; 4]>::flow(&key)?;
+    let f = A::flow(&key)?;
     // SAFETY: as above.
     Some(NatTarget::of(unsafe { &*f }))
 }

@@ -25,6 +25,12 @@
 //! - `lb_to_node` uses [`to_client`] for the errors of this node's backends to clients
 //!   outside, and `lb_from_node` [`from_client`] for outside clients' errors about replies.
 //!
+//! IPv6 ([`to_client6`], [`from_client6`], for pods): ICMPv6 destination unreachable, packet
+//! too big, time exceeded and parameter problem, quoting an IPv6 header of TCP or UDP
+//! without extension headers, right after the outer IPv6 header, are translated the same
+//! way. Their checksum covers the outer addresses too (the pseudo-header), and is updated
+//! for both.
+//!
 //! Only quotes with a 20-byte inner IP header of TCP or UDP are translated; the ICMP
 //! checksum (which covers the quote), the quoted IP header checksum and, when the quote holds
 //! it, the quoted L4 checksum are updated incrementally. Nothing here creates or changes flow
@@ -37,7 +43,7 @@ use network_types::{eth::EtherType, ip::Ipv4Hdr};
 use crate::{
     flow::{self, NatTarget},
     nat::csum,
-    parse::{ETH_LEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, TCP_CSUM_OFF, UDP_CSUM_OFF},
+    parse::{ETH_LEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, TCP_CSUM_OFF, UDP_CSUM_OFF, ptr_at},
 };
 
 pub const IPPROTO_ICMP: u8 = 1;
@@ -242,4 +248,140 @@ fn translate(ctx: &TcContext, side: Side) -> Option<([u8; 4], [u8; 4])> {
         ctx.store(IP_CSUM_OFF, &c, 0).ok()?;
     }
     Some((out_src, out_dst))
+}
+
+pub const IPPROTO_ICMPV6: u8 = 58;
+/// ICMPv6 errors (RFC 4443): destination unreachable, packet too big, time exceeded,
+/// parameter problem.
+const ICMPV6_ERROR_MAX: u8 = 4;
+/// The quoted IPv6 header and 8 bytes of its L4 header.
+const QUOTE6_LEN: usize = 40 + 8;
+
+/// [`to_client`] for IPv6. Its own BPF function (the quote and the checksum words take
+/// room in its frame only), taking the context by value.
+#[inline(never)]
+pub fn to_client6(ctx: TcContext) -> bool {
+    translate6(&ctx, Side::ToClient).is_some()
+}
+
+/// [`from_client`] for IPv6.
+#[inline(never)]
+pub fn from_client6(ctx: TcContext) -> bool {
+    translate6(&ctx, Side::FromClient).is_some()
+}
+
+/// The one's-complement sum of `b` (a multiple of 4 bytes) read as 16-bit words in memory
+/// order, folded to 16 bits. Read a 32-bit word at a time: byte by byte, the compiler keeps
+/// each byte in a stack slot of its own, and the ICMPv6 path runs out of stack.
+#[inline(always)]
+fn sum16(b: &[u8]) -> u16 {
+    let p = b.as_ptr().cast::<u32>();
+    let mut acc: u64 = 0;
+    let mut i = 0;
+    while i < b.len() / 4 {
+        // SAFETY: within `b`; unaligned reads.
+        let w = unsafe { p.add(i).read_unaligned() };
+        acc += u64::from(w & 0xffff) + u64::from(w >> 16);
+        i += 1;
+    }
+    while acc > 0xffff {
+        acc = (acc & 0xffff) + (acc >> 16);
+    }
+    acc as u16
+}
+
+/// Whether the 16 bytes at `a` and `b` are equal, compared 8 bytes at a time.
+#[inline(always)]
+fn same16(a: &[u8], b: &[u8; 16]) -> bool {
+    let (pa, pb) = (a.as_ptr().cast::<u64>(), b.as_ptr().cast::<u64>());
+    // SAFETY: 16 bytes each (`a` is a 16-byte slice of the quote); unaligned reads.
+    unsafe {
+        pa.read_unaligned() == pb.read_unaligned()
+            && pa.add(1).read_unaligned() == pb.add(1).read_unaligned()
+    }
+}
+
+/// Checksum `csum` updated for data whose folded sum went from `old` to `new` (RFC 1624).
+#[inline(always)]
+fn replace_sum(csum: u16, old: u16, new: u16) -> u16 {
+    csum::update(csum, &[old], &[new])
+}
+
+/// The quote of an ICMPv6 error, read in place.
+#[inline(always)]
+fn quote6(ctx: &TcContext, at: usize) -> Option<&[u8; QUOTE6_LEN]> {
+    let p = ptr_at::<[u8; QUOTE6_LEN]>(ctx, at)?;
+    // SAFETY: bounds checked by `ptr_at`; read only, and used before the packet changes.
+    Some(unsafe { &*p })
+}
+
+/// Translates an ICMPv6 error in place (see the module docs). Everything is read from the
+/// packet and written back with `bpf_skb_store_bytes`, the new addresses from the flow
+/// entry itself: no copy of the quote takes stack room (the caller's frame and this one
+/// must fit the verifier's 512 bytes together).
+#[inline(always)]
+fn translate6(ctx: &TcContext, side: Side) -> Option<()> {
+    let icmp_off = ETH_LEN + 40;
+    let inner_off = icmp_off + ICMP_LEN;
+    let end = inner_off + QUOTE6_LEN;
+    if ctx.data() + end > ctx.data_end() {
+        let _ = ctx.pull_data(end as u32);
+    }
+    let kind: u8 = ctx.load(icmp_off).ok()?;
+    if kind == 0 || kind > ICMPV6_ERROR_MAX {
+        return None;
+    }
+    // (where the translated address and port are in the quote, where the client's are,
+    // where the translated address is in the outer header)
+    let (addr_at, port_at, peer_addr_at, peer_at, outer_at) = match side {
+        Side::ToClient => (24, 42, 8, 40, 8),
+        Side::FromClient => (8, 40, 24, 42, 24),
+    };
+    let q = quote6(ctx, inner_off)?;
+    let proto = q[6];
+    if q[0] >> 4 != 6 || (proto != IPPROTO_TCP && proto != IPPROTO_UDP) {
+        return None;
+    }
+    // SAFETY: within the quote; unaligned reads.
+    let ports = unsafe { q.as_ptr().add(40).cast::<u32>().read_unaligned() };
+    let (sport, dport) = (ports as u16, (ports >> 16) as u16);
+    // The flow entry that names the other ends (see `translate`): the reply half for an
+    // error to the client, the forward half for the client's own.
+    let e = flow::quoted_entry6(side == Side::ToClient, proto, q, sport, dport)?;
+    let outer = ptr_at::<[u8; 16]>(ctx, ETH_LEN + outer_at)?;
+    // SAFETY: bounds checked by `ptr_at`.
+    let outer = unsafe { &*outer };
+    // A backend's own error, or a client's error to the VIP: the outer end is the quote's
+    // translated address, and changes with it.
+    let outer_too = same16(&q[addr_at..addr_at + 16], outer);
+    let outer_sum = sum16(outer);
+    // Every byte of the quote that changes is in q[8..44]: both addresses and both ports.
+    let old_sum = sum16(&q[8..44]);
+    let udp_csum: u16 = if proto == IPPROTO_UDP {
+        ctx.load(inner_off + 46).ok()?
+    } else {
+        0
+    };
+    let icmp_csum: u16 = ctx.load(icmp_off + ICMP_CSUM).ok()?;
+    ctx.store(inner_off + addr_at, &e.nat_addr, 0).ok()?;
+    ctx.store(inner_off + peer_addr_at, &e.peer_addr, 0).ok()?;
+    ctx.store(inner_off + port_at, &e.nat_port_be, 0).ok()?;
+    ctx.store(inner_off + peer_at, &e.peer_port_be, 0).ok()?;
+    // The stores moved the packet: read the quote again.
+    let q = quote6(ctx, inner_off)?;
+    let new_sum = sum16(&q[8..44]);
+    let mut icmp_csum = replace_sum(icmp_csum, old_sum, new_sum);
+    // The quoted UDP checksum (in the 8 bytes): its pseudo-header holds both addresses.
+    if udp_csum != 0 {
+        let c2 = replace_sum(udp_csum, old_sum, new_sum);
+        ctx.store(inner_off + 46, &c2, 0).ok()?;
+        icmp_csum = csum::update(icmp_csum, &[udp_csum], &[c2]);
+    }
+    // The outer end is in the ICMPv6 pseudo-header.
+    if outer_too {
+        icmp_csum = replace_sum(icmp_csum, outer_sum, sum16(&e.nat_addr));
+        ctx.store(ETH_LEN + outer_at, &e.nat_addr, 0).ok()?;
+    }
+    ctx.store(icmp_off + ICMP_CSUM, &icmp_csum, 0).ok()?;
+    Some(())
 }

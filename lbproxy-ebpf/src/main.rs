@@ -69,6 +69,11 @@ use crate::{
 #[classifier]
 pub fn lb_from_pod(ctx: TcContext) -> i32 {
     if parse::is_ipv6(&ctx) {
+        if parse::is_icmp6(&ctx) {
+            // An ICMPv6 error about a reply from an IPv6 frontend is translated.
+            icmp::from_client6(ctx);
+            return TC_ACT_UNSPEC;
+        }
         from_pod6(ctx)
     } else {
         from_pod4(ctx)
@@ -293,6 +298,11 @@ fn pass_bad_l4() -> i32 {
 #[classifier]
 pub fn lb_to_pod(ctx: TcContext) -> i32 {
     if parse::is_ipv6(&ctx) {
+        if parse::is_icmp6(&ctx) {
+            // An ICMPv6 error about a translated packet is translated.
+            icmp::to_client6(ctx);
+            return TC_ACT_UNSPEC;
+        }
         to_pod6(ctx)
     } else {
         to_pod4(ctx)

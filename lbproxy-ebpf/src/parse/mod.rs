@@ -407,6 +407,12 @@ fn record_frag6(src: &[u8; 16], dst: &[u8; 16], id: u32, proto: u8, ports: u32) 
     let _ = LB_FRAGS6_V1.insert(key, ports, 0);
 }
 
+/// Whether an IPv6 frame carries ICMPv6 right after its fixed header.
+#[inline(always)]
+pub fn is_icmp6(ctx: &TcContext) -> bool {
+    matches!(ctx.load::<u8>(ETH_LEN + 6), Ok(crate::icmp::IPPROTO_ICMPV6))
+}
+
 /// Whether the frame is IPv6 by its EtherType: which of [`parse`] and [`parse6`] reads it.
 #[inline(always)]
 pub fn is_ipv6(ctx: &TcContext) -> bool {
