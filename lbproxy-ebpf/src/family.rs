@@ -85,53 +85,71 @@ pub fn words_diff<const N: usize>(old: [u32; N], new: [u32; N]) -> u32 {
     d
 }
 
+/// The map accessors of [`Family`], the same code over each family's maps: its frontends,
+/// backends, flows, working state and affinity.
+macro_rules! family_maps {
+    ($services:ident, $backends:ident, $flows:ident, $scratch:ident, $affinity:ident) => {
+        #[inline(always)]
+        fn service(key: &ServiceKeyOf<Self>) -> Option<ServiceValue> {
+            // SAFETY: copied out at once; hash map values are not freed under RCU while
+            // this program runs.
+            unsafe { $services.get(key) }.copied()
+        }
+        #[inline(always)]
+        fn backend(id: u32) -> Option<BackendOf<Self>> {
+            // SAFETY: as above.
+            unsafe { $backends.get(id) }.copied()
+        }
+        #[inline(always)]
+        fn flow(key: &FlowKeyOf<Self>) -> Option<*mut FlowValueOf<Self>> {
+            $flows.get_ptr_mut(key)
+        }
+        #[inline(always)]
+        fn flow_insert(
+            key: &FlowKeyOf<Self>,
+            value: &FlowValueOf<Self>,
+            flags: u64,
+        ) -> Result<(), ()> {
+            $flows.insert(key, value, flags).map_err(|_| ())
+        }
+        #[inline(always)]
+        fn flow_remove(key: &FlowKeyOf<Self>) {
+            let _ = $flows.remove(key);
+        }
+        #[inline(always)]
+        fn work() -> Option<&'static mut FlowWork<Self>> {
+            let w = $scratch.get_ptr_mut(0)?;
+            // SAFETY: this CPU's entry, used by one program run at a time (see the trait).
+            Some(unsafe { &mut *w })
+        }
+        #[inline(always)]
+        fn affinity(key: &AffinityKeyOf<Self>) -> Option<*mut AffinityValue> {
+            $affinity.get_ptr_mut(key)
+        }
+        /// Failing to remember only costs affinity for the next flow, not this one.
+        #[inline(always)]
+        fn affinity_insert(key: &AffinityKeyOf<Self>, value: &AffinityValue) {
+            let _ = $affinity.insert(key, value, 0);
+        }
+    };
+}
+
 impl Family for [u8; 4] {
-    #[inline(always)]
-    fn service(key: &ServiceKeyOf<Self>) -> Option<ServiceValue> {
-        // SAFETY: copied out at once; hash map values are not freed under RCU while this
-        // program runs.
-        unsafe { LB_SERVICES_V2.get(key) }.copied()
-    }
+    family_maps!(
+        LB_SERVICES_V2,
+        LB_BACKENDS_V1,
+        LB_FLOWS_V3,
+        LB_SCRATCH_V1,
+        LB_AFFINITY_V1
+    );
     #[inline(always)]
     fn nodeport_addr(addr: Self) -> bool {
-        // SAFETY: as above.
+        // SAFETY: copied out at once.
         matches!(unsafe { LB_NODEADDRS_V1.get(addr) }, Some(n) if n.flags & NODE_ADDR_F_NODEPORT != 0)
     }
     #[inline(always)]
     fn in_source_ranges(svc_id: u32, src: Self) -> bool {
         crate::lb::service::in_ranges(svc_id, u32::from_ne_bytes(src)) != 0
-    }
-    #[inline(always)]
-    fn backend(id: u32) -> Option<BackendOf<Self>> {
-        // SAFETY: as above.
-        unsafe { LB_BACKENDS_V1.get(id) }.copied()
-    }
-    #[inline(always)]
-    fn flow(key: &FlowKeyOf<Self>) -> Option<*mut FlowValueOf<Self>> {
-        LB_FLOWS_V3.get_ptr_mut(key)
-    }
-    #[inline(always)]
-    fn flow_insert(key: &FlowKeyOf<Self>, value: &FlowValueOf<Self>, flags: u64) -> Result<(), ()> {
-        LB_FLOWS_V3.insert(key, value, flags).map_err(|_| ())
-    }
-    #[inline(always)]
-    fn flow_remove(key: &FlowKeyOf<Self>) {
-        let _ = LB_FLOWS_V3.remove(key);
-    }
-    #[inline(always)]
-    fn work() -> Option<&'static mut FlowWork<Self>> {
-        let w = LB_SCRATCH_V1.get_ptr_mut(0)?;
-        // SAFETY: this CPU's entry, used by one program run at a time (see the trait).
-        Some(unsafe { &mut *w })
-    }
-    #[inline(always)]
-    fn affinity(key: &AffinityKeyOf<Self>) -> Option<*mut AffinityValue> {
-        LB_AFFINITY_V1.get_ptr_mut(key)
-    }
-    /// Failing to remember only costs affinity for the next flow, not this one.
-    #[inline(always)]
-    fn affinity_insert(key: &AffinityKeyOf<Self>, value: &AffinityValue) {
-        let _ = LB_AFFINITY_V1.insert(key, value, 0);
     }
     #[inline(always)]
     fn addr_diff(old: (&Self, &Self), new: (&Self, &Self)) -> u32 {
@@ -165,11 +183,13 @@ impl Family for [u8; 4] {
 }
 
 impl Family for [u8; 16] {
-    #[inline(always)]
-    fn service(key: &ServiceKeyOf<Self>) -> Option<ServiceValue> {
-        // SAFETY: as for IPv4.
-        unsafe { LB_SERVICES6_V1.get(key) }.copied()
-    }
+    family_maps!(
+        LB_SERVICES6_V1,
+        LB_BACKENDS6_V1,
+        LB_FLOWS6_V1,
+        LB_SCRATCH6_V1,
+        LB_AFFINITY6_V1
+    );
     /// NodePorts are served on IPv4 node addresses only, so far.
     #[inline(always)]
     fn nodeport_addr(_addr: Self) -> bool {
@@ -180,38 +200,6 @@ impl Family for [u8; 16] {
     #[inline(always)]
     fn in_source_ranges(_svc_id: u32, _src: Self) -> bool {
         false
-    }
-    #[inline(always)]
-    fn backend(id: u32) -> Option<BackendOf<Self>> {
-        // SAFETY: as for IPv4.
-        unsafe { LB_BACKENDS6_V1.get(id) }.copied()
-    }
-    #[inline(always)]
-    fn flow(key: &FlowKeyOf<Self>) -> Option<*mut FlowValueOf<Self>> {
-        LB_FLOWS6_V1.get_ptr_mut(key)
-    }
-    #[inline(always)]
-    fn flow_insert(key: &FlowKeyOf<Self>, value: &FlowValueOf<Self>, flags: u64) -> Result<(), ()> {
-        LB_FLOWS6_V1.insert(key, value, flags).map_err(|_| ())
-    }
-    #[inline(always)]
-    fn flow_remove(key: &FlowKeyOf<Self>) {
-        let _ = LB_FLOWS6_V1.remove(key);
-    }
-    #[inline(always)]
-    fn work() -> Option<&'static mut FlowWork<Self>> {
-        let w = LB_SCRATCH6_V1.get_ptr_mut(0)?;
-        // SAFETY: as for IPv4.
-        Some(unsafe { &mut *w })
-    }
-    #[inline(always)]
-    fn affinity(key: &AffinityKeyOf<Self>) -> Option<*mut AffinityValue> {
-        LB_AFFINITY6_V1.get_ptr_mut(key)
-    }
-    /// Failing to remember only costs affinity for the next flow, not this one.
-    #[inline(always)]
-    fn affinity_insert(key: &AffinityKeyOf<Self>, value: &AffinityValue) {
-        let _ = LB_AFFINITY6_V1.insert(key, value, 0);
     }
     /// Word by word, read in place.
     #[inline(always)]

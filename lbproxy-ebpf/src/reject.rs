@@ -51,6 +51,17 @@ fn ifindex(ctx: &TcContext) -> u32 {
     unsafe { (*(ctx.as_ptr() as *const __sk_buff)).ifindex }
 }
 
+/// Cuts the packet to its answer's `len` bytes and sends it back out of the interface it
+/// came in on.
+#[inline(always)]
+fn send_back(ctx: &TcContext, len: u32) -> Result<i32, Verdict> {
+    // SAFETY: helpers of tc programs, with this program's own context.
+    if unsafe { bpf_skb_change_tail(ctx.as_ptr().cast(), len, 0) } != 0 {
+        return Err(fail());
+    }
+    Ok(unsafe { bpf_redirect(ifindex(ctx), 0) } as i32)
+}
+
 #[inline(always)]
 fn swap_macs(ctx: &TcContext) -> Result<(), Verdict> {
     let macs: *const [u8; 12] = ptr_at(ctx, 0).ok_or_else(fail)?;
@@ -107,6 +118,41 @@ pub fn answer(ctx: &TcContext, pkt: &Packet, reason: DropReason, hook: u8) -> Re
     Ok(action)
 }
 
+/// The TCP header (checksum 0) of the RST answering a segment from port `sport` to `dport`
+/// with sequence `seq`, acknowledgment `ack_seq`, `flags` and `payload` bytes. RFC 793:
+/// answer an ACK with a RST carrying its ack number; anything else with RST+ACK
+/// acknowledging what the segment occupied.
+#[inline(always)]
+fn rst_header(
+    sport: u16,
+    dport: u16,
+    seq: u32,
+    ack_seq: u32,
+    flags: u8,
+    payload: u32,
+) -> [u8; TCP_LEN] {
+    let (rst_seq, rst_ack, rst_flags) = if flags & TCP_FLAG_ACK != 0 {
+        (ack_seq, 0, TCP_FLAG_RST)
+    } else {
+        let mut len = payload;
+        if flags & TCP_FLAG_SYN != 0 {
+            len += 1;
+        }
+        if flags & TCP_FLAG_FIN != 0 {
+            len += 1;
+        }
+        (0, seq.wrapping_add(len), TCP_FLAG_RST | TCP_FLAG_ACK)
+    };
+    let mut t = [0u8; TCP_LEN];
+    t[0..2].copy_from_slice(&dport.to_ne_bytes());
+    t[2..4].copy_from_slice(&sport.to_ne_bytes());
+    t[4..8].copy_from_slice(&rst_seq.to_be_bytes());
+    t[8..12].copy_from_slice(&rst_ack.to_be_bytes());
+    t[12] = 5 << 4;
+    t[13] = rst_flags;
+    t
+}
+
 /// Rewrites a TCP segment into the RST its sender should get, and sends it back.
 #[inline(always)]
 fn tcp_reset(ctx: &TcContext, pkt: &Packet) -> Result<i32, Verdict> {
@@ -127,28 +173,14 @@ fn tcp_reset(ctx: &TcContext, pkt: &Packet) -> Result<i32, Verdict> {
     let flags = doff_flags[1];
     let payload = usize::from(tot_len).saturating_sub(IP_LEN + doff) as u32;
 
-    // RFC 793: answer an ACK with a RST carrying its ack number; anything else with RST+ACK
-    // acknowledging what the segment occupied.
-    let (rst_seq, rst_ack, rst_flags) = if flags & TCP_FLAG_ACK != 0 {
-        (ack_seq, 0, TCP_FLAG_RST)
-    } else {
-        let mut len = payload;
-        if flags & TCP_FLAG_SYN != 0 {
-            len += 1;
-        }
-        if flags & TCP_FLAG_FIN != 0 {
-            len += 1;
-        }
-        (0, seq.wrapping_add(len), TCP_FLAG_RST | TCP_FLAG_ACK)
-    };
-
-    let mut t = [0u8; TCP_LEN];
-    t[0..2].copy_from_slice(&pkt.dst_port_be.to_ne_bytes());
-    t[2..4].copy_from_slice(&pkt.src_port_be.to_ne_bytes());
-    t[4..8].copy_from_slice(&rst_seq.to_be_bytes());
-    t[8..12].copy_from_slice(&rst_ack.to_be_bytes());
-    t[12] = 5 << 4;
-    t[13] = rst_flags;
+    let mut t = rst_header(
+        pkt.src_port_be,
+        pkt.dst_port_be,
+        seq,
+        ack_seq,
+        flags,
+        payload,
+    );
     // Pseudo-header: source, destination, zero, protocol, TCP length.
     let mut acc = sum_words(&pkt.dst_addr, 0);
     acc = sum_words(&pkt.src_addr, acc);
@@ -160,11 +192,7 @@ fn tcp_reset(ctx: &TcContext, pkt: &Packet) -> Result<i32, Verdict> {
     swap_macs(ctx)?;
     ctx.store(ETH_LEN, &iph, 0).map_err(|_| fail())?;
     ctx.store(ETH_LEN + IP_LEN, &t, 0).map_err(|_| fail())?;
-    let len = (ETH_LEN + IP_LEN + TCP_LEN) as u32;
-    if unsafe { bpf_skb_change_tail(ctx.as_ptr().cast(), len, 0) } != 0 {
-        return Err(fail());
-    }
-    Ok(unsafe { bpf_redirect(ifindex(ctx), 0) } as i32)
+    send_back(ctx, (ETH_LEN + IP_LEN + TCP_LEN) as u32)
 }
 
 /// Rewrites a UDP datagram into the ICMP port unreachable its sender should get, and sends
@@ -191,11 +219,7 @@ fn udp_unreachable(ctx: &TcContext, pkt: &Packet) -> Result<i32, Verdict> {
     swap_macs(ctx)?;
     ctx.store(ETH_LEN, &iph, 0).map_err(|_| fail())?;
     ctx.store(ETH_LEN + IP_LEN, &icmp, 0).map_err(|_| fail())?;
-    let len = (ETH_LEN + usize::from(total)) as u32;
-    if unsafe { bpf_skb_change_tail(ctx.as_ptr().cast(), len, 0) } != 0 {
-        return Err(fail());
-    }
-    Ok(unsafe { bpf_redirect(ifindex(ctx), 0) } as i32)
+    send_back(ctx, (ETH_LEN + usize::from(total)) as u32)
 }
 
 const IPPROTO_ICMPV6: u8 = 58;
@@ -276,25 +300,14 @@ fn tcp_reset6(ctx: &TcContext, pkt: &Packet<[u8; 16]>) -> Result<i32, Verdict> {
     let doff = usize::from(doff_flags[0] >> 4) * 4;
     let flags = doff_flags[1];
     let payload = usize::from(payload_len).saturating_sub(doff) as u32;
-    let (rst_seq, rst_ack, rst_flags) = if flags & TCP_FLAG_ACK != 0 {
-        (ack_seq, 0, TCP_FLAG_RST)
-    } else {
-        let mut len = payload;
-        if flags & TCP_FLAG_SYN != 0 {
-            len += 1;
-        }
-        if flags & TCP_FLAG_FIN != 0 {
-            len += 1;
-        }
-        (0, seq.wrapping_add(len), TCP_FLAG_RST | TCP_FLAG_ACK)
-    };
-    let mut t = [0u8; TCP_LEN];
-    t[0..2].copy_from_slice(&pkt.dst_port_be.to_ne_bytes());
-    t[2..4].copy_from_slice(&pkt.src_port_be.to_ne_bytes());
-    t[4..8].copy_from_slice(&rst_seq.to_be_bytes());
-    t[8..12].copy_from_slice(&rst_ack.to_be_bytes());
-    t[12] = 5 << 4;
-    t[13] = rst_flags;
+    let mut t = rst_header(
+        pkt.src_port_be,
+        pkt.dst_port_be,
+        seq,
+        ack_seq,
+        flags,
+        payload,
+    );
     let acc = pseudo6(&pkt.dst_addr, &pkt.src_addr, TCP_LEN as u32, IPPROTO_TCP);
     let csum = fold(sum_words(&t, acc));
     t[16..18].copy_from_slice(&csum.to_be_bytes());
@@ -302,11 +315,7 @@ fn tcp_reset6(ctx: &TcContext, pkt: &Packet<[u8; 16]>) -> Result<i32, Verdict> {
     swap_macs(ctx)?;
     answer_ip6(ctx, pkt, TCP_LEN as u16, IPPROTO_TCP)?;
     ctx.store(ETH_LEN + IP6_LEN, &t, 0).map_err(|_| fail())?;
-    let len = (ETH_LEN + IP6_LEN + TCP_LEN) as u32;
-    if unsafe { bpf_skb_change_tail(ctx.as_ptr().cast(), len, 0) } != 0 {
-        return Err(fail());
-    }
-    Ok(unsafe { bpf_redirect(ifindex(ctx), 0) } as i32)
+    send_back(ctx, (ETH_LEN + IP6_LEN + TCP_LEN) as u32)
 }
 
 /// [`udp_unreachable`] for IPv6: ICMPv6 destination unreachable, port unreachable.
@@ -329,9 +338,5 @@ fn udp_unreachable6(ctx: &TcContext, pkt: &Packet<[u8; 16]>) -> Result<i32, Verd
     swap_macs(ctx)?;
     answer_ip6(ctx, pkt, len as u16, IPPROTO_ICMPV6)?;
     ctx.store(ETH_LEN + IP6_LEN, &icmp, 0).map_err(|_| fail())?;
-    let total = (ETH_LEN + IP6_LEN) as u32 + len;
-    if unsafe { bpf_skb_change_tail(ctx.as_ptr().cast(), total, 0) } != 0 {
-        return Err(fail());
-    }
-    Ok(unsafe { bpf_redirect(ifindex(ctx), 0) } as i32)
+    send_back(ctx, (ETH_LEN + IP6_LEN) as u32 + len)
 }

@@ -518,46 +518,39 @@ fn spawn_flow_gc(
             .await;
             match r {
                 Ok(Ok((stats, v6))) => {
-                    health.metrics.flow_gc_deleted.inc_by(v6.deleted as u64);
-                    health
-                        .metrics
-                        .map_entries
-                        .get_or_create(&http::MapLabel::of(lbproxy_common::map_names::FLOWS6))
-                        .set(i64::try_from(v6.scanned - v6.deleted).unwrap_or(i64::MAX));
-                    if v6.deleted > 0 || v6.under_pressure {
-                        tracing::info!(
-                            scanned = v6.scanned,
-                            deleted = v6.deleted,
-                            under_pressure = v6.under_pressure,
-                            took_ms = u64::try_from(v6.took.as_millis()).unwrap_or(u64::MAX),
-                            "flow gc (IPv6)"
-                        );
-                    }
-                    health.metrics.flow_gc_deleted.inc_by(stats.deleted as u64);
+                    report_gc(&health, lbproxy_common::map_names::FLOWS, &stats);
+                    report_gc(&health, lbproxy_common::map_names::FLOWS6, &v6);
                     health
                         .metrics
                         .snat_ports_max_ratio
                         .set(stats.snat_ports_max as f64 / snat_range as f64);
-                    health
-                        .metrics
-                        .map_entries
-                        .get_or_create(&http::MapLabel::of(lbproxy_common::map_names::FLOWS))
-                        .set(i64::try_from(stats.scanned - stats.deleted).unwrap_or(i64::MAX));
-                    if stats.deleted > 0 || stats.under_pressure {
-                        tracing::info!(
-                            scanned = stats.scanned,
-                            deleted = stats.deleted,
-                            under_pressure = stats.under_pressure,
-                            took_ms = u64::try_from(stats.took.as_millis()).unwrap_or(u64::MAX),
-                            "flow gc"
-                        );
-                    }
                 }
                 Ok(Err(e)) => tracing::warn!("flow gc: {e}"),
                 Err(e) => tracing::warn!("flow gc task: {e}"),
             }
         }
     });
+}
+
+/// One collection of the flow map `map`: its deletions and fill in the metrics, and a log
+/// line when it deleted anything or ran under pressure.
+fn report_gc(health: &http::Health, map: &'static str, stats: &bpf::flow_gc::GcStats) {
+    health.metrics.flow_gc_deleted.inc_by(stats.deleted as u64);
+    health
+        .metrics
+        .map_entries
+        .get_or_create(&http::MapLabel::of(map))
+        .set(i64::try_from(stats.scanned - stats.deleted).unwrap_or(i64::MAX));
+    if stats.deleted > 0 || stats.under_pressure {
+        tracing::info!(
+            map,
+            scanned = stats.scanned,
+            deleted = stats.deleted,
+            under_pressure = stats.under_pressure,
+            took_ms = u64::try_from(stats.took.as_millis()).unwrap_or(u64::MAX),
+            "flow gc"
+        );
+    }
 }
 
 /// The effective settings, and the warnings about what the config file held that lbproxy

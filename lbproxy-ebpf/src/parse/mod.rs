@@ -366,6 +366,18 @@ pub fn parse6(ctx: &TcContext) -> Result<Option<Packet<[u8; 16]>>, Verdict> {
     Ok(Some(pkt))
 }
 
+/// The `LB_FRAGS6_V1` key of the IPv6 datagram `(src, dst, id, proto)`.
+#[inline(always)]
+fn frag6_key(src: &[u8; 16], dst: &[u8; 16], id: u32, proto: u8) -> FragKey6 {
+    FragKey6 {
+        src_addr: *src,
+        dst_addr: *dst,
+        id_be: id,
+        proto,
+        _pad: [0; 3],
+    }
+}
+
 /// The ports recorded for the IPv6 datagram `(src, dst, id, proto)` (`LB_FRAGS6_V1`): the
 /// source port in bits 0-15 and the destination port in bits 16-31, each as read, and bit
 /// 32 set; 0 when none are. Its own BPF function, so that the 40-byte key takes room in its
@@ -373,13 +385,7 @@ pub fn parse6(ctx: &TcContext) -> Result<Option<Packet<[u8; 16]>>, Verdict> {
 /// of which the verifier finds one unset on the `None` path.
 #[inline(never)]
 fn frag6_ports(src: &[u8; 16], dst: &[u8; 16], id: u32, proto: u8) -> u64 {
-    let key = FragKey6 {
-        src_addr: *src,
-        dst_addr: *dst,
-        id_be: id,
-        proto,
-        _pad: [0; 3],
-    };
+    let key = frag6_key(src, dst, id, proto);
     // SAFETY: read at once.
     match unsafe { LB_FRAGS6_V1.get(key) } {
         Some(p) => 1 << 32 | u64::from(p.src_port_be) | u64::from(p.dst_port_be) << 16,
@@ -393,13 +399,7 @@ fn frag6_ports(src: &[u8; 16], dst: &[u8; 16], id: u32, proto: u8) -> u64 {
 /// earlier datagram with the same identity.
 #[inline(never)]
 fn record_frag6(src: &[u8; 16], dst: &[u8; 16], id: u32, proto: u8, ports: u32) {
-    let key = FragKey6 {
-        src_addr: *src,
-        dst_addr: *dst,
-        id_be: id,
-        proto,
-        _pad: [0; 3],
-    };
+    let key = frag6_key(src, dst, id, proto);
     let ports = FragPorts {
         src_port_be: ports as u16,
         dst_port_be: (ports >> 16) as u16,
