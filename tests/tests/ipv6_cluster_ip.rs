@@ -25,6 +25,10 @@
 //! client's path MTU (the transfer completes), and a backend's port unreachable reaches a
 //! connected UDP client as "connection refused".
 //!
+//! A restart (SIGTERM, then a new `lbproxy run`) keeps IPv6 serving throughout: an open
+//! IPv6 connection stays on its backend while lbproxy is stopped and after the new one
+//! adopts the pinned IPv6 maps.
+//!
 //! An IPv6 frontend without endpoints answers at once, as the IPv4 one does: a TCP RST
 //! (connection refused) and an ICMPv6 port unreachable for UDP (a connected socket's
 //! `recv` fails with "connection refused"), each counted under its reject reason.
@@ -46,7 +50,8 @@ both_shapes!(
     ipv6_session_affinity,
     ipv6_flows_of_a_backend_that_left,
     ipv6_fragmented_datagrams_both_ways,
-    ipv6_port_unreachable_reaches_the_client
+    ipv6_port_unreachable_reaches_the_client,
+    ipv6_survives_a_restart
 );
 
 mod ipv6_packet_too_big {
@@ -751,5 +756,61 @@ fn ipv6_port_unreachable_reaches_the_client(shape: Shape) {
         "[{shape}] UDP over IPv6 to a backend port nobody listens on: {r:?} after {took:?} \
          (want connection refused within {T:?})\n{}",
         s.lab.diagnostics()
+    );
+}
+
+fn ipv6_survives_a_restart(shape: Shape) {
+    let mut s = Setup::new(shape, &["b1", "b2"]);
+    let (b1, b2) = (s.backend("b1").clone(), s.backend("b2").clone());
+    s.lab
+        .write_manifest_text(&dual_stack_manifest(&[&b1, &b2], &[&b1, &b2]));
+    wait_ipv6_served(&s);
+    let conn = s
+        .client
+        .run(|| TcpStream::connect_timeout(&SocketAddr::from((VIP6, WEB_TCP)), T).unwrap());
+    conn.set_read_timeout(Some(T)).unwrap();
+    let request = |c: &TcpStream| -> std::io::Result<String> {
+        (&*c).write_all(b"hello\n")?;
+        let mut line = String::new();
+        BufReader::new(c).read_line(&mut line)?;
+        Ok(line.split_whitespace().next().unwrap_or("").to_string())
+    };
+    let first = request(&conn).unwrap();
+    let (status, _) = s.lb.terminate(EXIT_WITHIN);
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "exit status after SIGTERM: {status}"
+    );
+    // Stopped: the datapath keeps serving IPv6 from the pinned maps.
+    ipv6_traffic_ok("lbproxy stopped", &s, 8);
+    let r = request(&conn);
+    assert!(
+        matches!(&r, Ok(b) if *b == first),
+        "the open IPv6 connection (to {first}) with lbproxy stopped: {r:?}"
+    );
+    let mut lb2 = s.lab.start_lbproxy();
+    lb2.expect_healthy(HEALTHY_WITHIN);
+    let (tcp, udp) = ipv6_traffic_ok("after the restart", &s, 16);
+    assert_eq!(
+        (tcp.len(), udp.len()),
+        (2, 2),
+        "both backends: {tcp:?} {udp:?}"
+    );
+    let r = request(&conn);
+    assert!(
+        matches!(&r, Ok(b) if *b == first),
+        "the open IPv6 connection (to {first}) after the restart: {r:?}\n{}",
+        lb2.log()
+    );
+    let rows = s.lab.inspect_json("services");
+    assert_eq!(
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["vip"] == VIP6.to_string())
+            .count(),
+        2,
+        "the IPv6 frontends adopted: {rows:#}"
     );
 }
