@@ -19,6 +19,8 @@ pub trait Addr: Copy + Eq + Ord + core::fmt::Debug + core::hash::Hash + Sized + 
     const FAMILY: u8;
     /// The address folded to 32 bits, for the flow hash: the address itself for IPv4.
     fn fold(&self) -> u32;
+    /// The address as an `IpAddr`, for userspace to show and compare.
+    fn ip(self) -> core::net::IpAddr;
 }
 
 impl Addr for [u8; 4] {
@@ -29,6 +31,9 @@ impl Addr for [u8; 4] {
     #[inline(always)]
     fn fold(&self) -> u32 {
         u32::from_ne_bytes(*self)
+    }
+    fn ip(self) -> core::net::IpAddr {
+        core::net::Ipv4Addr::from(self).into()
     }
 }
 
@@ -45,6 +50,9 @@ impl Addr for [u8; 16] {
         // byte-aligned.
         let w = |i: usize| unsafe { p.add(i).read_unaligned() };
         w(0) ^ w(1).rotate_left(8) ^ w(2).rotate_left(16) ^ w(3).rotate_left(24)
+    }
+    fn ip(self) -> core::net::IpAddr {
+        core::net::Ipv6Addr::from(self).into()
     }
 }
 

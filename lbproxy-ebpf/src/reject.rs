@@ -21,7 +21,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use lbproxy_common::{DropReason, IPPROTO_TCP, VERDICT_REJECT};
-use network_types::{ip::Ipv4Hdr, tcp::TcpHdr};
+use network_types::ip::Ipv4Hdr;
 
 use crate::{
     monitor,
@@ -118,6 +118,26 @@ pub fn answer(ctx: &TcContext, pkt: &Packet, reason: DropReason, hook: u8) -> Re
     Ok(action)
 }
 
+/// The TCP header (checksum 0) of the RST answering the segment at `l4_off` from port
+/// `sport` to `dport`, `l4_len` bytes with its header.
+#[inline(always)]
+fn rst_for(
+    ctx: &TcContext,
+    l4_off: usize,
+    sport: u16,
+    dport: u16,
+    l4_len: usize,
+) -> Result<[u8; TCP_LEN], Verdict> {
+    let raw: *const [u8; 14] = ptr_at(ctx, l4_off).ok_or_else(fail)?;
+    // SAFETY: bounds checked by `ptr_at`.
+    let r = unsafe { *raw };
+    let seq = u32::from_be_bytes([r[4], r[5], r[6], r[7]]);
+    let ack_seq = u32::from_be_bytes([r[8], r[9], r[10], r[11]]);
+    let doff = usize::from(r[12] >> 4) * 4;
+    let payload = l4_len.saturating_sub(doff) as u32;
+    Ok(rst_header(sport, dport, seq, ack_seq, r[13], payload))
+}
+
 /// The TCP header (checksum 0) of the RST answering a segment from port `sport` to `dport`
 /// with sequence `seq`, acknowledgment `ack_seq`, `flags` and `payload` bytes. RFC 793:
 /// answer an ACK with a RST carrying its ack number; anything else with RST+ACK
@@ -158,29 +178,15 @@ fn rst_header(
 fn tcp_reset(ctx: &TcContext, pkt: &Packet) -> Result<i32, Verdict> {
     require_plain_ip(ctx, pkt)?;
     let ip: *const Ipv4Hdr = ptr_at(ctx, ETH_LEN).ok_or_else(fail)?;
-    let tcp: *const TcpHdr = ptr_at(ctx, pkt.l4_off).ok_or_else(fail)?;
-    let (tot_len, seq, ack_seq, doff_flags) = unsafe {
-        let raw: *const [u8; 14] = tcp.cast();
-        let r = *raw;
-        (
-            u16::from_be_bytes((*ip).tot_len),
-            u32::from_be_bytes([r[4], r[5], r[6], r[7]]),
-            u32::from_be_bytes([r[8], r[9], r[10], r[11]]),
-            [r[12], r[13]],
-        )
-    };
-    let doff = usize::from(doff_flags[0] >> 4) * 4;
-    let flags = doff_flags[1];
-    let payload = usize::from(tot_len).saturating_sub(IP_LEN + doff) as u32;
-
-    let mut t = rst_header(
+    // SAFETY: bounds checked by `ptr_at`.
+    let tot_len = usize::from(u16::from_be_bytes(unsafe { (*ip).tot_len }));
+    let mut t = rst_for(
+        ctx,
+        pkt.l4_off,
         pkt.src_port_be,
         pkt.dst_port_be,
-        seq,
-        ack_seq,
-        flags,
-        payload,
-    );
+        tot_len.saturating_sub(IP_LEN),
+    )?;
     // Pseudo-header: source, destination, zero, protocol, TCP length.
     let mut acc = sum_words(&pkt.dst_addr, 0);
     acc = sum_words(&pkt.src_addr, acc);
@@ -287,27 +293,16 @@ fn answer_ip6(
 #[inline(always)]
 fn tcp_reset6(ctx: &TcContext, pkt: &Packet<[u8; 16]>) -> Result<i32, Verdict> {
     let first: *const [u8; 8] = ptr_at(ctx, ETH_LEN).ok_or_else(fail)?;
-    let raw: *const [u8; 14] = ptr_at(ctx, pkt.l4_off).ok_or_else(fail)?;
-    let (payload_len, seq, ack_seq, doff_flags) = unsafe {
-        let (f, r) = (*first, *raw);
-        (
-            u16::from_be_bytes([f[4], f[5]]),
-            u32::from_be_bytes([r[4], r[5], r[6], r[7]]),
-            u32::from_be_bytes([r[8], r[9], r[10], r[11]]),
-            [r[12], r[13]],
-        )
-    };
-    let doff = usize::from(doff_flags[0] >> 4) * 4;
-    let flags = doff_flags[1];
-    let payload = usize::from(payload_len).saturating_sub(doff) as u32;
-    let mut t = rst_header(
+    // SAFETY: bounds checked by `ptr_at`. Without extension headers (`answer6` checked), the
+    // payload length is the L4 segment's.
+    let payload_len = unsafe { u16::from_be_bytes([(*first)[4], (*first)[5]]) };
+    let mut t = rst_for(
+        ctx,
+        pkt.l4_off,
         pkt.src_port_be,
         pkt.dst_port_be,
-        seq,
-        ack_seq,
-        flags,
-        payload,
-    );
+        usize::from(payload_len),
+    )?;
     let acc = pseudo6(&pkt.dst_addr, &pkt.src_addr, TCP_LEN as u32, IPPROTO_TCP);
     let csum = fold(sum_words(&t, acc));
     t[16..18].copy_from_slice(&csum.to_be_bytes());

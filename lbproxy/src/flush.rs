@@ -12,7 +12,7 @@ use lbproxy_common::{FlowKeyOf, FlowValueOf};
 use serde::Serialize;
 
 use crate::bpf::{PinnedMaps, label_str};
-use crate::inspect::{Filter, FlowEnds, MapAddr};
+use crate::inspect::{Filter, FlowEnds};
 use crate::model::Protocol;
 
 /// Which flows: every given selector must match; at least one, or `all`.
@@ -156,7 +156,7 @@ struct Selection<'a> {
 
 /// Removes (or, dry, only lists) the flows of one family's flow map that `sel` selects,
 /// both halves of each; returns the entries removed (or that would be).
-fn flush_map<A: MapAddr>(
+fn flush_map<A: lbproxy_common::Addr>(
     map: &mut BpfHashMap<MapData, FlowKeyOf<A>, FlowValueOf<A>>,
     sel: &Selection,
     flushed: &mut Vec<FlushedFlow>,

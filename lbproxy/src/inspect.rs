@@ -2,7 +2,7 @@
 //! aligned table for people or JSON for scripts.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
@@ -94,23 +94,6 @@ impl BackendRow {
     }
 }
 
-/// An address of a map, of either family, as an `IpAddr`.
-pub trait MapAddr: Addr {
-    fn ip(self) -> IpAddr;
-}
-
-impl MapAddr for [u8; 4] {
-    fn ip(self) -> IpAddr {
-        Ipv4Addr::from(self).into()
-    }
-}
-
-impl MapAddr for [u8; 16] {
-    fn ip(self) -> IpAddr {
-        Ipv6Addr::from(self).into()
-    }
-}
-
 /// A flow's ends as one of its halves records them: the client's own address and port, the
 /// frontend it used and the backend. Both halves of a flow give the same ends.
 pub struct FlowEnds {
@@ -121,7 +104,7 @@ pub struct FlowEnds {
 }
 
 impl FlowEnds {
-    pub fn of<A: MapAddr>(k: &FlowKeyOf<A>, v: &FlowValueOf<A>) -> FlowEnds {
+    pub fn of<A: Addr>(k: &FlowKeyOf<A>, v: &FlowValueOf<A>) -> FlowEnds {
         let at = |a: A, port_be: u16| SocketAddr::new(a.ip(), u16::from_be(port_be));
         if k.dir == FLOW_DIR_FORWARD {
             FlowEnds {
@@ -354,7 +337,7 @@ pub fn flows(maps: &PinnedMaps) -> Vec<FlowRow> {
 }
 
 /// One row per flow of one family's flow map.
-fn flow_rows<A: MapAddr>(
+fn flow_rows<A: Addr>(
     map: &BpfHashMap<MapData, FlowKeyOf<A>, FlowValueOf<A>>,
     labels: &BTreeMap<u32, String>,
 ) -> Vec<FlowRow>

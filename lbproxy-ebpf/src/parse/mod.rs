@@ -410,7 +410,14 @@ fn record_frag6(src: &[u8; 16], dst: &[u8; 16], id: u32, proto: u8, ports: u32) 
 /// Whether an IPv6 frame carries ICMPv6 right after its fixed header.
 #[inline(always)]
 pub fn is_icmp6(ctx: &TcContext) -> bool {
-    matches!(ctx.load::<u8>(ETH_LEN + 6), Ok(crate::icmp::IPPROTO_ICMPV6))
+    // Read in place when the byte is in the linear part (every IPv6 packet asks), with a
+    // helper call only when it is not.
+    let next = match ptr_at::<u8>(ctx, IP6_NEXT_OFF) {
+        // SAFETY: bounds checked by `ptr_at`.
+        Some(p) => unsafe { *p },
+        None => ctx.load::<u8>(IP6_NEXT_OFF).unwrap_or(0),
+    };
+    next == crate::icmp::IPPROTO_ICMPV6
 }
 
 /// Whether the frame is IPv6 by its EtherType: which of [`parse`] and [`parse6`] reads it.

@@ -25,6 +25,8 @@ pub const L2_L3_LEN: usize = ETH_LEN + IP_LEN;
 
 /// The fixed IPv6 header (RFC 8200): no checksum, extension headers after it.
 pub const IP6_LEN: usize = 40;
+/// Its next-header byte.
+pub const IP6_NEXT_OFF: usize = ETH_LEN + 6;
 pub const IP6_SRC_OFF: usize = ETH_LEN + 8;
 pub const IP6_DST_OFF: usize = ETH_LEN + 24;
 /// The Ethernet header and the fixed IPv6 header.

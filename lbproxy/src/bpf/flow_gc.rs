@@ -234,9 +234,9 @@ where
     Ok(stats)
 }
 
-/// Whether `addr` is the hairpin address (IPv4 only: IPv6 has no hairpin flows yet).
+/// Whether `addr` is the hairpin address (an IPv4 one: IPv6 has no hairpin flows yet).
 fn is_hairpin<A: Addr>(addr: &A) -> bool {
-    A::FAMILY == lbproxy_common::FAMILY_IPV4 && addr.fold() == u32::from_ne_bytes(HAIRPIN_ADDR)
+    addr.ip() == std::net::IpAddr::from(HAIRPIN_ADDR)
 }
 
 #[cfg(test)]
