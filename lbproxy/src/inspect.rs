@@ -82,6 +82,14 @@ pub struct FlowRow {
 }
 
 impl BackendRow {
+    /// `addr:port`, an IPv6 address in brackets.
+    fn at(&self) -> String {
+        match self.addr.parse::<std::net::IpAddr>() {
+            Ok(ip) => SocketAddr::new(ip, self.port).to_string(),
+            Err(_) => format!("{}:{}", self.addr, self.port),
+        }
+    }
+
     fn of(id: u32, b: &BackendAddr) -> BackendRow {
         BackendRow {
             id,
@@ -586,7 +594,7 @@ pub fn render(
                                     (Some(s), None) => s.to_string(),
                                     (None, _) => "-".into(),
                                 };
-                                [format!("{}:{}", b.addr, b.port), state]
+                                [b.at(), state]
                             })
                             .collect()
                     };
@@ -608,13 +616,7 @@ pub fn render(
             } else {
                 let cells: Vec<Vec<String>> = rows
                     .iter()
-                    .map(|r| {
-                        vec![
-                            r.id.to_string(),
-                            format!("{}:{}", r.addr, r.port),
-                            r.protocol.clone(),
-                        ]
-                    })
+                    .map(|r| vec![r.id.to_string(), r.at(), r.protocol.clone()])
                     .collect();
                 table(&["ID", "BACKEND", "PROTO"], &cells)
             }

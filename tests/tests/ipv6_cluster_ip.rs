@@ -244,6 +244,14 @@ fn dual_stack_service_serves_both_families(shape: Shape) {
         addrs.sort();
         assert_eq!(addrs, want, "IPv6 backends of {r:#}");
     }
+    // The table shows an IPv6 backend as [address]:port.
+    let dir = s.lab.bpffs_dir().display().to_string();
+    let out = s
+        .lab
+        .lbproxy_cmd(&["inspect", "services", "--bpffs-dir", &dir]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    let shown = format!("[{}]:{BACKEND_TCP}", b1.ip6.unwrap());
+    assert!(table.contains(&shown), "want {shown} in:\n{table}");
 
     // Each family's map fill is its own series: 2 frontends (TCP, UDP) and 4 backends (2
     // pods x 2 ports) per family.
