@@ -18,3 +18,12 @@
 /// 169.254.42.1, link-local, never routed off the node (the address Cilium's kube-proxy
 /// replacement uses for the same purpose, so rules written for one fit the other).
 pub const HAIRPIN_ADDR: [u8; 4] = [169, 254, 42, 1];
+
+/// The same for IPv6: `fd00:a9fe:2a01::1`, a unique local address (RFC 4193) with
+/// 169.254.42.1 in its global ID, held by no pod or node and never routed off the node. Not
+/// link-local: a pod answers a link-local source on its own link (after neighbour discovery
+/// that nobody would answer), while a unique local address is answered through its default
+/// route, to the node, where the reply is translated.
+pub const HAIRPIN_ADDR6: [u8; 16] = [
+    0xfd, 0x00, 0xa9, 0xfe, 0x2a, 0x01, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1,
+];

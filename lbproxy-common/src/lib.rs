@@ -106,7 +106,7 @@ pub use flows::{
     FlowValueV1, FlowValueV2, FlowWork,
 };
 pub use frags::{FragKey, FragKey6, FragPorts, MAX_FRAG_DATAGRAMS};
-pub use hairpin::HAIRPIN_ADDR;
+pub use hairpin::{HAIRPIN_ADDR, HAIRPIN_ADDR6};
 pub use labels::{ServiceLabel, nul_padded};
 pub use members::MemberKey;
 pub use monitor::{

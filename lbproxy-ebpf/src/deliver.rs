@@ -16,18 +16,17 @@ use aya_ebpf::{
     helpers::generated::{bpf_fib_lookup, bpf_redirect_peer},
     programs::TcContext,
 };
-use lbproxy_common::{CONFIG_F_STACK_BYPASS, DatapathConfig, Delivery, DropReason, POD_IF_BRIDGE};
+use lbproxy_common::{CONFIG_F_STACK_BYPASS, DatapathConfig, Delivery, POD_IF_BRIDGE};
 
 use crate::{
+    family::Family,
     maps::{LB_DELIVERY_V1, LB_PODIFS_V1},
-    nat::csum,
-    parse::{IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, IP_TTL_OFF, L2_L3_LEN, Packet, ptr_at},
+    parse::{Packet, ptr_at},
     reason::Verdict,
 };
 
 pub use aya_ebpf::bindings::bpf_fib_lookup as FibParams;
 
-const AF_INET: u8 = 2;
 const _: () = assert!(size_of::<FibParams>() == 64);
 
 /// Where to send a translated packet instead of the node's stack.
@@ -36,7 +35,7 @@ pub struct Peer {
     ifindex: u32,
     /// Destination then source MAC: the first 12 bytes of the frame as the stack would
     /// have written them when forwarding.
-    macs: [u8; 12],
+    pub macs: [u8; 12],
 }
 
 impl Peer {
@@ -77,7 +76,12 @@ pub fn enabled(config: &DatapathConfig) -> bool {
 /// the reason counted) when it must go through the node's stack. Call before translating:
 /// the route is the one the stack would pick for the packet after translation.
 #[inline(always)]
-pub fn route(ctx: &TcContext, pkt: &Packet, dst: [u8; 4], dst_port_be: u16) -> Option<Peer> {
+pub fn route<A: Family>(
+    ctx: &TcContext,
+    pkt: &Packet<A>,
+    dst: &A,
+    dst_port_be: u16,
+) -> Option<Peer> {
     match try_route(ctx, pkt, dst, dst_port_be) {
         Ok(peer) => Some(peer),
         Err(why) => {
@@ -88,13 +92,13 @@ pub fn route(ctx: &TcContext, pkt: &Packet, dst: [u8; 4], dst_port_be: u16) -> O
 }
 
 #[inline(always)]
-fn try_route(
+fn try_route<A: Family>(
     ctx: &TcContext,
-    pkt: &Packet,
-    dst: [u8; 4],
+    pkt: &Packet<A>,
+    dst: &A,
     dst_port_be: u16,
 ) -> Result<Peer, Delivery> {
-    let ttl: *const u8 = ptr_at(ctx, IP_TTL_OFF).ok_or(Delivery::StackNoRoute)?;
+    let ttl: *const u8 = ptr_at(ctx, A::TTL_OFF).ok_or(Delivery::StackNoRoute)?;
     // SAFETY: bounds-checked by ptr_at.
     if unsafe { *ttl } <= 1 {
         return Err(Delivery::StackTtl);
@@ -102,7 +106,7 @@ fn try_route(
     let (rc, p, in_ifindex) = fib(
         ctx,
         pkt.proto,
-        pkt.src_addr,
+        &pkt.src_addr,
         dst,
         pkt.src_port_be,
         dst_port_be,
@@ -143,11 +147,11 @@ pub fn macs(p: &FibParams) -> [u8; 12] {
 /// `proto` from `src:sport` to `dst:dport` arriving on this packet's interface, and that
 /// interface's index.
 #[inline(always)]
-pub fn fib(
+pub fn fib<A: Family>(
     ctx: &TcContext,
     proto: u8,
-    src: [u8; 4],
-    dst: [u8; 4],
+    src: &A,
+    dst: &A,
     sport_be: u16,
     dport_be: u16,
 ) -> (i64, FibParams, u32) {
@@ -155,22 +159,24 @@ pub fn fib(
     // SAFETY: the context pointer is valid for the whole program run.
     let in_ifindex = unsafe { (*skb).ifindex };
     // The input, as bpf_fib_lookup's little-endian words: family, l4_protocol, sport, dport,
-    // tot_len 0 (the MTU check then uses the skb, which understands GSO); ifindex, tos 0;
-    // ipv4_src; ipv4_dst. The other words are ignored for IPv4 without flags (the rest of
-    // the IPv6 addresses, tbid/VLAN, mark) or outputs (MACs). They get a filler known only
-    // at run time: constant bytes there would be merged into a call to a BPF-to-BPF memset
-    // subprogram, which costs more than the lookup's own setup.
+    // tot_len 0 (the MTU check then uses the skb, which understands GSO); ifindex, tos or
+    // flow label 0; the source; the destination ([`Family::fib_addrs`]). The other words
+    // are ignored without flags (tbid/VLAN, mark, and for IPv4 the rest of the IPv6
+    // addresses) or outputs (MACs). They get a filler known only at run time: constant
+    // bytes there would be merged into a call to a BPF-to-BPF memset subprogram, which
+    // costs more than the lookup's own setup.
     let filler = u64::from(in_ifindex);
+    let a = A::fib_addrs(src, dst, filler);
     let words: [u64; 8] = [
-        u64::from(AF_INET)
+        u64::from(A::AF)
             | u64::from(proto) << 8
             | u64::from(sport_be) << 16
             | u64::from(dport_be) << 32,
         u64::from(in_ifindex),
-        u64::from(u32::from_ne_bytes(src)),
-        filler,
-        u64::from(u32::from_ne_bytes(dst)),
-        filler,
+        a[0],
+        a[1],
+        a[2],
+        a[3],
         filler,
         filler,
     ];
@@ -182,50 +188,19 @@ pub fn fib(
 }
 
 /// Finishes a translation's L3 half (the addresses become `addrs`, source then destination)
-/// and the hop the stack would have made (MACs, TTL), all in one store with the header
-/// checksum updated incrementally, then redirects into the pod and counts the packet under
-/// `counted`. The L4 half (`nat::dnat_l4`/`snat_l4`) is the caller's. Everything rewritten is
-/// in the first `L2_L3_LEN` bytes (the Ethernet header and the fixed part of the IPv4
-/// header), written back in one store. A TTL of 1 is left as it is (the bypass checked it
-/// before; a hairpin packet goes back into the pod it came from). Returns the TC action.
+/// and the hop the stack would have made (MACs, TTL or hop limit; [`Family::write_hop`]),
+/// then redirects into the pod and counts the packet under `counted`. The L4 half
+/// (`nat::dnat_l4`/`snat_l4`) is the caller's. A TTL of 1 is left as it is (the bypass
+/// checked it before; a hairpin packet goes back into the pod it came from). Returns the TC
+/// action.
 #[inline(always)]
-pub fn redirect(
+pub fn redirect<A: Family>(
     ctx: &TcContext,
     peer: Peer,
-    addrs: [[u8; 4]; 2],
+    addrs: (&A, &A),
     counted: Delivery,
 ) -> Result<i32, Verdict> {
-    const FAIL: Verdict = Verdict::Drop(DropReason::NatFailed);
-    let hdr: *const [u8; L2_L3_LEN] = ptr_at(ctx, 0).ok_or(FAIL)?;
-    // SAFETY: bounds-checked by ptr_at.
-    let mut h = unsafe { *hdr };
-    let word = |h: &[u8; L2_L3_LEN], at: usize| u16::from_ne_bytes([h[at], h[at + 1]]);
-    let old = [
-        word(&h, IP_TTL_OFF),
-        word(&h, IP_SRC_OFF),
-        word(&h, IP_SRC_OFF + 2),
-        word(&h, IP_DST_OFF),
-        word(&h, IP_DST_OFF + 2),
-    ];
-    h[..12].copy_from_slice(&peer.macs);
-    if h[IP_TTL_OFF] > 1 {
-        h[IP_TTL_OFF] -= 1;
-    }
-    h[IP_SRC_OFF..IP_SRC_OFF + 4].copy_from_slice(&addrs[0]);
-    h[IP_DST_OFF..IP_DST_OFF + 4].copy_from_slice(&addrs[1]);
-    let csum = csum::update(
-        word(&h, IP_CSUM_OFF),
-        &old,
-        &[
-            word(&h, IP_TTL_OFF),
-            word(&h, IP_SRC_OFF),
-            word(&h, IP_SRC_OFF + 2),
-            word(&h, IP_DST_OFF),
-            word(&h, IP_DST_OFF + 2),
-        ],
-    );
-    h[IP_CSUM_OFF..IP_CSUM_OFF + 2].copy_from_slice(&csum.to_ne_bytes());
-    ctx.store(0, &h, 0).map_err(|_| FAIL)?;
+    A::write_hop(ctx, &peer.macs, addrs)?;
     count(counted);
     // SAFETY: a helper call with no pointer arguments.
     Ok(unsafe { bpf_redirect_peer(peer.ifindex, 0) } as i32)

@@ -10,16 +10,20 @@
 use aya_ebpf::programs::TcContext;
 use lbproxy_common::{
     Addr, AffinityKeyOf, AffinityValue, BackendOf, DropReason, FlowKeyOf, FlowValueOf, FlowWork,
-    NODE_ADDR_F_NODEPORT, ServiceKeyOf, ServiceValue,
+    HAIRPIN_ADDR, HAIRPIN_ADDR6, NODE_ADDR_F_NODEPORT, ServiceKeyOf, ServiceValue,
 };
 
 use crate::{
     maps::{
         LB_AFFINITY_V1, LB_AFFINITY6_V1, LB_BACKENDS_V1, LB_BACKENDS6_V1, LB_FLOWS_V3,
-        LB_FLOWS6_V1, LB_NODEADDRS_V1, LB_SCRATCH_V1, LB_SCRATCH6_V1, LB_SERVICES_V2,
-        LB_SERVICES6_V1,
+        LB_FLOWS6_V1, LB_NODEADDRS_V1, LB_PODADDRS_V1, LB_SCRATCH_V1, LB_SCRATCH6_V1,
+        LB_SERVICES_V2, LB_SERVICES6_V1,
     },
-    parse::{IP_CSUM_OFF, IP_SRC_OFF, IP6_DST_OFF, IP6_SRC_OFF},
+    nat::csum,
+    parse::{
+        IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, IP_TTL_OFF, IP6_DST_OFF, IP6_HOPS_OFF, IP6_SRC_OFF,
+        L2_L3_LEN, ptr_at,
+    },
     reason::Verdict,
 };
 
@@ -27,6 +31,23 @@ const FAIL: Verdict = Verdict::Drop(DropReason::NatFailed);
 
 /// One IP family's maps and the parts of its header that differ.
 pub trait Family: Addr {
+    /// The family's `AF_*` number, as `bpf_fib_lookup` takes it.
+    const AF: u8;
+    /// The address a pod's hairpin flow comes from (`lbproxy_common::hairpin`).
+    const HAIRPIN: Self;
+    /// Words 2 to 5 of a `bpf_fib_lookup` input: its source then destination address (an
+    /// IPv4 address in the low half of its word, `filler` in the words IPv4 leaves unread).
+    fn fib_addrs(src: &Self, dst: &Self, filler: u64) -> [u64; 4];
+    /// Offset in the frame of the TTL (IPv4) or hop limit (IPv6).
+    const TTL_OFF: usize;
+    /// Writes the hop the stack would have made when forwarding and a translation's L3 half:
+    /// the frame's MACs (`macs`: destination then source), the TTL or hop limit one lower
+    /// (unless it is 1 already), and the addresses `addrs` (source, destination), with the
+    /// header checksum where the family has one.
+    fn write_hop(ctx: &TcContext, macs: &[u8; 12], addrs: (&Self, &Self)) -> Result<(), Verdict>;
+    /// Whether the controller listed `addr` as a routed pod address of interface `ifindex`
+    /// (the source check's fast path; `LB_PODADDRS_V1`).
+    fn pod_addr_on(addr: &Self, ifindex: u32) -> bool;
     /// The frontend entry under `key`, copied out.
     fn service(key: &ServiceKeyOf<Self>) -> Option<ServiceValue>;
     /// Whether `addr` is one of this node's NodePort addresses.
@@ -142,6 +163,59 @@ impl Family for [u8; 4] {
         LB_SCRATCH_V1,
         LB_AFFINITY_V1
     );
+    const AF: u8 = 2;
+    const HAIRPIN: Self = HAIRPIN_ADDR;
+    const TTL_OFF: usize = IP_TTL_OFF;
+    /// Everything rewritten is in the first `L2_L3_LEN` bytes (the Ethernet header and the
+    /// fixed part of the IPv4 header): read once, the header checksum updated incrementally,
+    /// written back in one store.
+    #[inline(always)]
+    fn write_hop(ctx: &TcContext, macs: &[u8; 12], addrs: (&Self, &Self)) -> Result<(), Verdict> {
+        let hdr: *const [u8; L2_L3_LEN] = ptr_at(ctx, 0).ok_or(FAIL)?;
+        // SAFETY: bounds-checked by ptr_at.
+        let mut h = unsafe { *hdr };
+        let word = |h: &[u8; L2_L3_LEN], at: usize| u16::from_ne_bytes([h[at], h[at + 1]]);
+        let old = [
+            word(&h, IP_TTL_OFF),
+            word(&h, IP_SRC_OFF),
+            word(&h, IP_SRC_OFF + 2),
+            word(&h, IP_DST_OFF),
+            word(&h, IP_DST_OFF + 2),
+        ];
+        h[..12].copy_from_slice(macs);
+        if h[IP_TTL_OFF] > 1 {
+            h[IP_TTL_OFF] -= 1;
+        }
+        h[IP_SRC_OFF..IP_SRC_OFF + 4].copy_from_slice(addrs.0);
+        h[IP_DST_OFF..IP_DST_OFF + 4].copy_from_slice(addrs.1);
+        let sum = csum::update(
+            word(&h, IP_CSUM_OFF),
+            &old,
+            &[
+                word(&h, IP_TTL_OFF),
+                word(&h, IP_SRC_OFF),
+                word(&h, IP_SRC_OFF + 2),
+                word(&h, IP_DST_OFF),
+                word(&h, IP_DST_OFF + 2),
+            ],
+        );
+        h[IP_CSUM_OFF..IP_CSUM_OFF + 2].copy_from_slice(&sum.to_ne_bytes());
+        ctx.store(0, &h, 0).map_err(|_| FAIL)
+    }
+    #[inline(always)]
+    fn fib_addrs(src: &Self, dst: &Self, filler: u64) -> [u64; 4] {
+        [
+            u64::from(u32::from_ne_bytes(*src)),
+            filler,
+            u64::from(u32::from_ne_bytes(*dst)),
+            filler,
+        ]
+    }
+    #[inline(always)]
+    fn pod_addr_on(addr: &Self, ifindex: u32) -> bool {
+        // SAFETY: a plain lookup; the value is copied out at once.
+        unsafe { LB_PODADDRS_V1.get(addr) }.is_some_and(|a| a.ifindex == ifindex)
+    }
     #[inline(always)]
     fn nodeport_addr(addr: Self) -> bool {
         // SAFETY: copied out at once.
@@ -190,6 +264,34 @@ impl Family for [u8; 16] {
         LB_SCRATCH6_V1,
         LB_AFFINITY6_V1
     );
+    const AF: u8 = 10;
+    const HAIRPIN: Self = HAIRPIN_ADDR6;
+    const TTL_OFF: usize = IP6_HOPS_OFF;
+    /// No header checksum: the MACs, the hop limit and each address that changes, stored in
+    /// place.
+    #[inline(always)]
+    fn write_hop(ctx: &TcContext, macs: &[u8; 12], addrs: (&Self, &Self)) -> Result<(), Verdict> {
+        ctx.store(0, macs, 0).map_err(|_| FAIL)?;
+        let hops: *const u8 = ptr_at(ctx, IP6_HOPS_OFF).ok_or(FAIL)?;
+        // SAFETY: bounds-checked by ptr_at.
+        let h = unsafe { *hops };
+        if h > 1 {
+            ctx.store(IP6_HOPS_OFF, &(h - 1), 0).map_err(|_| FAIL)?;
+        }
+        ctx.store(IP6_SRC_OFF, addrs.0, 0).map_err(|_| FAIL)?;
+        ctx.store(IP6_DST_OFF, addrs.1, 0).map_err(|_| FAIL)
+    }
+    #[inline(always)]
+    fn fib_addrs(src: &Self, dst: &Self, _filler: u64) -> [u64; 4] {
+        let (s, d) = (words6(src), words6(dst));
+        let w = |lo: u32, hi: u32| u64::from(lo) | u64::from(hi) << 32;
+        [w(s[0], s[1]), w(s[2], s[3]), w(d[0], d[1]), w(d[2], d[3])]
+    }
+    /// IPv6 pod addresses are not listed: every new IPv6 tuple gets the FIB's answer.
+    #[inline(always)]
+    fn pod_addr_on(_addr: &Self, _ifindex: u32) -> bool {
+        false
+    }
     /// NodePorts are served on IPv4 node addresses only, so far.
     #[inline(always)]
     fn nodeport_addr(_addr: Self) -> bool {

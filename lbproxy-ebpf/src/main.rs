@@ -57,8 +57,8 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 
 use lbproxy_common::{
-    DatapathConfig, Delivery, DropReason, HAIRPIN_ADDR, HOOK_FROM_NODE, HOOK_FROM_POD,
-    HOOK_TO_NODE, HOOK_TO_POD, IPPROTO_UDP, SVC_KIND_CLUSTER_IP, SockEvent,
+    DatapathConfig, Delivery, DropReason, HAIRPIN_ADDR, HAIRPIN_ADDR6, HOOK_FROM_NODE,
+    HOOK_FROM_POD, HOOK_TO_NODE, HOOK_TO_POD, IPPROTO_UDP, SVC_KIND_CLUSTER_IP, SockEvent,
 };
 
 use crate::{
@@ -95,10 +95,7 @@ fn from_pod4(ctx: TcContext) -> i32 {
 
 #[inline(never)]
 fn from_pod6(ctx: TcContext) -> i32 {
-    match try_from_pod6(&ctx) {
-        Ok(action) => action,
-        Err(reason) => count_and_drop(&ctx, HOOK_FROM_POD, reason),
-    }
+    from_pod_action(&ctx, try_from_pod6(&ctx))
 }
 
 // Inlined, as `try_from_node` is: as a BPF subprogram returning its `Result` through the
@@ -139,7 +136,7 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
         config.hash_seed(),
         source::ingress(ctx),
         || source::check(ctx, &pkt),
-        |backend, _| Ok(hairpin::source_for(&pkt, backend)),
+        |backend, _| Ok(hairpin::source_for(&pkt, &backend)),
     ) {
         Ok(to) => to,
         Err(Verdict::Drop(reason)) => return Err(reason),
@@ -151,7 +148,7 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
         return hairpin::forward(ctx, &pkt, to).map_err(|v| v.reason());
     }
     let peer = if deliver::enabled(&config) {
-        deliver::route(ctx, &pkt, to.addr, to.port_be)
+        deliver::route(ctx, &pkt, &to.addr, to.port_be)
     } else {
         None
     };
@@ -161,7 +158,7 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
             deliver::redirect(
                 ctx,
                 peer,
-                [to.peer_addr, to.addr],
+                (&to.peer_addr, &to.addr),
                 Delivery::RedirectToBackend,
             )
             .map_err(|v| v.reason())
@@ -175,85 +172,167 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, DropReason> {
 
 /// An IPv6 packet leaving a pod: a packet to an IPv6 frontend is DNATed to a backend
 /// through the same stages as IPv4 (`parse6`, then the family-generic `lb::service`,
-/// `flow` and `nat`), and goes to the stack. Not yet for IPv6: rejects (a frontend without
-/// a usable backend drops, counted under the reject's reason), the source check, the stack
-/// bypass and hairpin.
+/// `source`, `flow`, `hairpin`, `nat` and `deliver`). The parsed packet and the flow's
+/// working state live in per-CPU map memory (`LB_PACKET6`, `LB_SCRATCH6_V1`): IPv6
+/// addresses on the stack would not fit the verifier's 512 bytes.
 #[inline(always)]
 fn try_from_pod6(ctx: &TcContext) -> Result<i32, DropReason> {
     let Some(slot) = maps::LB_PACKET6.get_ptr_mut(0) else {
         return Ok(TC_ACT_UNSPEC);
     };
-    let pkt = unsafe { &mut *slot };
-    match parse::parse6(ctx) {
-        Ok(Some(p)) => *pkt = p,
-        Ok(None) => return Ok(TC_ACT_UNSPEC),
-        Err(v) => return Err(v.reason()),
-    };
-    let pkt = &*pkt;
-    let Some(svc) = lb::service::lookup_from_pod(pkt) else {
-        if pkt.l4 == L4::Bad {
-            return Ok(pass_bad_l4());
-        }
-        if pkt.l4 == L4::Header {
-            flow::direct(pkt);
-        }
-        return Ok(TC_ACT_UNSPEC);
-    };
-    if pkt.l4 == L4::Bad {
-        return Err(DropReason::Malformed);
+    let slot = unsafe { &mut *slot };
+    let parsed = parse6_into(ctx, &mut slot.pkt);
+    if parsed != PARSED6 {
+        return Ok(parsed);
     }
-    lb::service::source_allowed(&svc, pkt)?;
-    let mut to = flow::NatTarget {
-        addr: [0; 16],
-        port_be: 0,
-        peer_port_be: 0,
-        peer_addr: [0; 16],
-    };
-    let mut reason = DropReason::Malformed;
-    let mut reject = false;
-    if !forward6(
-        pkt,
-        &svc,
-        source::ingress(ctx),
-        &mut to,
-        &mut reason,
-        &mut reject,
-    ) {
-        if reject {
-            return reject::answer6(ctx, pkt, reason, HOOK_FROM_POD).map_err(|v| v.reason());
+    match forward6(ctx, slot) {
+        FORWARD6_OK => Ok(translate6(ctx, &slot.pkt, &slot.to)),
+        FORWARD6_REJECT => Ok(reject6(ctx, &slot.pkt, slot.reason)),
+        FORWARD6_DROP => Err(slot.reason),
+        _ => {
+            let pkt = &slot.pkt;
+            if pkt.l4 == L4::Bad {
+                return Ok(pass_bad_l4());
+            }
+            if pkt.l4 == L4::Header && pkt.dst_addr != HAIRPIN_ADDR6 {
+                flow::direct(pkt);
+            }
+            Ok(reply6(ctx, pkt))
         }
-        return Err(reason);
     }
-    nat::dnat(ctx, pkt, to).map_err(|v| v.reason())?;
-    Ok(TC_ACT_UNSPEC)
 }
 
-#[inline(always)]
-fn forward6(
-    pkt: &parse::Packet<[u8; 16]>,
-    svc: &lbproxy_common::ServiceValue,
-    ingress: u32,
-    to: &mut flow::NatTarget<[u8; 16]>,
-    reason: &mut DropReason,
-    reject: &mut bool,
-) -> bool {
-    let seed = maps::config().hash_seed();
-    match flow::forward(
-        pkt,
-        svc,
-        seed,
-        ingress,
-        || Ok(()),
-        |_, _| Ok(flow::Source::CLIENT),
-    ) {
-        Ok(t) => {
-            *to = t;
-            true
+/// [`parse6_into`]'s answer when it parsed a packet (never a TC action).
+const PARSED6: i32 = i32::MIN;
+
+/// Parses an IPv6 packet from a pod into `pkt` and returns [`PARSED6`], or returns the TC
+/// action of a packet that is not parsed (not TCP or UDP: passed; malformed: dropped and
+/// counted). A BPF function of its own, as [`translate6`]: the parsed packet crosses the
+/// call in map memory, not on the stack.
+#[inline(never)]
+fn parse6_into(ctx: &TcContext, pkt: &mut parse::Packet<[u8; 16]>) -> i32 {
+    match parse::parse6(ctx) {
+        Ok(Some(p)) => {
+            *pkt = p;
+            PARSED6
         }
-        Err(v) => {
-            *reason = v.reason();
-            *reject = matches!(v, Verdict::Reject(_));
-            false
+        Ok(None) => TC_ACT_UNSPEC,
+        Err(v) => from_pod_action(ctx, Err(v.reason())),
+    }
+}
+
+/// The TC action of a stage's result: an error is counted and dropped (`HOOK_FROM_POD`).
+#[inline(always)]
+fn from_pod_action(ctx: &TcContext, r: Result<i32, DropReason>) -> i32 {
+    match r {
+        Ok(action) => action,
+        Err(reason) => count_and_drop(ctx, HOOK_FROM_POD, reason),
+    }
+}
+
+/// An IPv6 packet from a pod translated to `to` (from [`forward6`]): a hairpin flow's is
+/// sent back into the pod; with the stack bypass, one routed to a pod of this node is
+/// redirected into it; anything else goes to the stack. A BPF function of its own, called
+/// after `forward6` returned, so that the two frames are never on the stack together.
+#[inline(never)]
+fn translate6(
+    ctx: &TcContext,
+    pkt: &parse::Packet<[u8; 16]>,
+    to: &flow::NatTarget<[u8; 16]>,
+) -> i32 {
+    let to = *to;
+    if hairpin::is_hairpin(&to) {
+        return from_pod_action(ctx, hairpin::forward(ctx, pkt, to).map_err(|v| v.reason()));
+    }
+    let peer = if deliver::enabled(&maps::config()) {
+        deliver::route(ctx, pkt, &to.addr, to.port_be)
+    } else {
+        None
+    };
+    let r = match peer {
+        Some(peer) => nat::dnat_l4(ctx, pkt, to).and_then(|()| {
+            deliver::redirect(
+                ctx,
+                peer,
+                (&to.peer_addr, &to.addr),
+                Delivery::RedirectToBackend,
+            )
+        }),
+        None => nat::dnat(ctx, pkt, to).map(|()| TC_ACT_UNSPEC),
+    };
+    from_pod_action(ctx, r.map_err(|v| v.reason()))
+}
+
+/// The reject of an IPv6 packet from a pod (`reject::answer6`), as a BPF function of its
+/// own, as [`translate6`].
+#[inline(never)]
+fn reject6(ctx: &TcContext, pkt: &parse::Packet<[u8; 16]>, reason: DropReason) -> i32 {
+    from_pod_action(
+        ctx,
+        reject::answer6(ctx, pkt, reason, HOOK_FROM_POD).map_err(|v| v.reason()),
+    )
+}
+
+/// An IPv6 packet from a pod to no frontend: the reply of a hairpin flow (to
+/// `HAIRPIN_ADDR6`), or with the stack bypass a backend's reply (see [`reply_from_pod`]).
+/// Anything else passes untouched. A BPF function of its own, as [`translate6`].
+#[inline(never)]
+fn reply6(ctx: &TcContext, pkt: &parse::Packet<[u8; 16]>) -> i32 {
+    let r = if pkt.dst_addr == HAIRPIN_ADDR6 {
+        hairpin::reply(ctx, pkt)
+    } else {
+        reply_from_pod(ctx, pkt, &maps::config())
+    };
+    from_pod_action(ctx, r)
+}
+
+const FORWARD6_OK: u32 = 0;
+const FORWARD6_DROP: u32 = 1;
+const FORWARD6_REJECT: u32 = 2;
+const FORWARD6_NO_FRONTEND: u32 = 3;
+
+/// The frontend stages for an IPv6 packet from a pod (`slot.pkt`): the frontend's lookup,
+/// its source ranges, then `flow::forward` with the source check and hairpin. As a BPF
+/// function of its own: its stack frame is not added to the rest of `from_pod6`'s, and its
+/// code is laid out on its own (inlined, LLVM merged a drop counter's index with a flow
+/// pointer in one register, which the verifier refuses). The answer goes to `slot.to` or
+/// `slot.reason`; the return value says which (`FORWARD6_*`; `FORWARD6_NO_FRONTEND` when
+/// the packet is addressed to no frontend): only scalars cross the call.
+#[inline(never)]
+fn forward6(ctx: &TcContext, slot: &mut maps::FromPod6) -> u32 {
+    let pkt = &slot.pkt;
+    let Some(svc) = lb::service::lookup_from_pod(pkt) else {
+        return FORWARD6_NO_FRONTEND;
+    };
+    let r = if pkt.l4 == L4::Bad {
+        // Addressed to a frontend, but there is no header to translate.
+        Err(Verdict::Drop(DropReason::Malformed))
+    } else {
+        lb::service::source_allowed(&svc, pkt)
+            .map_err(Verdict::Drop)
+            .and_then(|()| {
+                flow::forward(
+                    pkt,
+                    &svc,
+                    maps::config().hash_seed(),
+                    source::ingress(ctx),
+                    || source::check(ctx, pkt),
+                    |backend, _| Ok(hairpin::source_for(pkt, &backend)),
+                )
+            })
+    };
+    match r {
+        Ok(t) => {
+            slot.to = t;
+            FORWARD6_OK
+        }
+        Err(Verdict::Drop(r)) => {
+            slot.reason = r;
+            FORWARD6_DROP
+        }
+        Err(Verdict::Reject(r)) => {
+            slot.reason = r;
+            FORWARD6_REJECT
         }
     }
 }
@@ -263,9 +342,9 @@ fn forward6(
 /// or a reply that cannot be redirected, goes to the stack untouched (`lb_to_pod` translates
 /// such a reply on its way into the client's pod).
 #[inline(always)]
-fn reply_from_pod(
+fn reply_from_pod<A: family::Family>(
     ctx: &TcContext,
-    pkt: &parse::Packet,
+    pkt: &parse::Packet<A>,
     config: &DatapathConfig,
 ) -> Result<i32, DropReason> {
     if !deliver::enabled(config) {
@@ -274,14 +353,14 @@ fn reply_from_pod(
     let Some(to) = flow::reply(pkt) else {
         return Ok(TC_ACT_UNSPEC);
     };
-    let Some(peer) = deliver::route(ctx, pkt, pkt.dst_addr, pkt.dst_port_be) else {
+    let Some(peer) = deliver::route(ctx, pkt, &pkt.dst_addr, pkt.dst_port_be) else {
         return Ok(TC_ACT_UNSPEC);
     };
     nat::snat_l4(ctx, pkt, to).map_err(|v| v.reason())?;
     deliver::redirect(
         ctx,
         peer,
-        [to.addr, to.peer_addr],
+        (&to.addr, &to.peer_addr),
         Delivery::RedirectToClient,
     )
     .map_err(|v| v.reason())

@@ -51,7 +51,7 @@ fn next_hop(
     sport_be: u16,
     dport_be: u16,
 ) -> Result<(u32, Option<[u8; 12]>), DropReason> {
-    let (rc, p, _) = deliver::fib(ctx, proto, src, dst, sport_be, dport_be);
+    let (rc, p, _) = deliver::fib(ctx, proto, &src, &dst, sport_be, dport_be);
     if rc == i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
         return Ok((p.ifindex, Some(deliver::macs(&p))));
     }

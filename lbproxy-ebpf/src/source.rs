@@ -49,12 +49,8 @@ use aya_ebpf::{
 };
 use lbproxy_common::DropReason;
 
-use crate::{
-    maps::{LB_PODADDRS_V1, LB_SRCCHECK_V1},
-    parse::Packet,
-};
+use crate::{family::Family, maps::LB_SRCCHECK_V1, parse::Packet};
 
-const AF_INET: u8 = 2;
 const _: () = assert!(size_of::<FibParams>() == 64);
 
 /// The interface the packet arrived on (the host side of a pod interface).
@@ -69,7 +65,7 @@ pub fn ingress(ctx: &TcContext) -> u32 {
 /// out of the expected interface. `Err(SpoofedSource)` otherwise, for the caller to drop and
 /// count.
 #[inline(always)]
-pub fn check(ctx: &TcContext, pkt: &Packet) -> Result<(), DropReason> {
+pub fn check<A: Family>(ctx: &TcContext, pkt: &Packet<A>) -> Result<(), DropReason> {
     let skb = ctx.skb.skb;
     // SAFETY: the context pointer is valid for the whole program run.
     let in_ifindex = unsafe { (*skb).ifindex };
@@ -80,30 +76,30 @@ pub fn check(ctx: &TcContext, pkt: &Packet) -> Result<(), DropReason> {
     };
     // The fast path: a routed pod network's address, listed (`LB_PODADDRS_V1`) for the very
     // interface the packet came in on. Anything else gets the FIB's answer.
-    // SAFETY: a plain lookup; the value is copied out at once.
-    if unsafe { LB_PODADDRS_V1.get(pkt.src_addr) }.is_some_and(|a| a.ifindex == in_ifindex) {
+    if A::pod_addr_on(&pkt.src_addr, in_ifindex) {
         return Ok(());
     }
-    // The input, as bpf_fib_lookup's little-endian words (see `deliver::try_route`): family,
+    // The input, as bpf_fib_lookup's little-endian words (see `deliver::fib`): family,
     // l4_protocol, sport and dport swapped (the way back), tot_len 1 (so the MTU is checked
     // against 1 byte, never failing: the route is what is checked, not the packet's size);
-    // ifindex (the expected interface, where the packet enters the node's IP layer), tos 0;
-    // ipv4_src = the packet's destination; ipv4_dst = the packet's source. The other words
-    // are ignored for IPv4 with only BPF_FIB_LOOKUP_SKIP_NEIGH (the rest of the IPv6
-    // addresses, tbid/VLAN, mark) or outputs (MACs); they get a filler known only at run
-    // time, so that no constant bytes are merged into a BPF-to-BPF memset call.
+    // ifindex (the expected interface, where the packet enters the node's IP layer), tos or
+    // flow label 0; the source = the packet's destination; the destination = the packet's
+    // source ([`Family::fib_addrs`]). The other words are ignored with only
+    // BPF_FIB_LOOKUP_SKIP_NEIGH (tbid/VLAN, mark) or outputs (MACs); they get a filler known
+    // only at run time, so that no constant bytes are merged into a BPF-to-BPF memset call.
     let filler = u64::from(in_ifindex);
+    let a = A::fib_addrs(&pkt.dst_addr, &pkt.src_addr, filler);
     let words: [u64; 8] = [
-        u64::from(AF_INET)
+        u64::from(A::AF)
             | u64::from(pkt.proto) << 8
             | u64::from(pkt.dst_port_be) << 16
             | u64::from(pkt.src_port_be) << 32
             | 1 << 48,
         u64::from(expected),
-        u64::from(u32::from_ne_bytes(pkt.dst_addr)),
-        filler,
-        u64::from(u32::from_ne_bytes(pkt.src_addr)),
-        filler,
+        a[0],
+        a[1],
+        a[2],
+        a[3],
         filler,
         filler,
     ];

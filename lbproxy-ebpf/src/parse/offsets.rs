@@ -27,6 +27,8 @@ pub const L2_L3_LEN: usize = ETH_LEN + IP_LEN;
 pub const IP6_LEN: usize = 40;
 /// Its next-header byte.
 pub const IP6_NEXT_OFF: usize = ETH_LEN + 6;
+/// The hop limit, IPv6's TTL.
+pub const IP6_HOPS_OFF: usize = ETH_LEN + 7;
 pub const IP6_SRC_OFF: usize = ETH_LEN + 8;
 pub const IP6_DST_OFF: usize = ETH_LEN + 24;
 /// The Ethernet header and the fixed IPv6 header.
