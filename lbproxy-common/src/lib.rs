@@ -114,7 +114,9 @@ pub use monitor::{
     MonitorCtl, MonitorEvent, MonitorRate, VERDICT_DROP, VERDICT_REJECT,
 };
 pub use node_addrs::{MAX_NODE_ADDRS, NODE_ADDR_F_NODEPORT, NODE_ADDR_F_SNAT, NodeAddr};
-pub use node_ifs::{DEFAULT_SNAT_PORT_MAX, DEFAULT_SNAT_PORT_MIN, MAX_NODE_IFS, NodeIf};
+pub use node_ifs::{
+    DEFAULT_SNAT_PORT_MAX, DEFAULT_SNAT_PORT_MIN, MAX_NODE_IFS, NodeIf, NodeIf6, NodeIfOf,
+};
 pub use pod_addrs::{MAX_POD_ADDRS, PodAddr};
 pub use pod_ifs::{MAX_POD_IFS, POD_IF_BRIDGE, POD_IF_NETKIT, POD_IF_VETH, PodIf};
 pub use services::{
@@ -159,6 +161,7 @@ pod!(
     SrcCheck,
     PodAddr,
     NodeIf,
+    NodeIf6,
     NodeAddr,
     SrcRangeData,
     SrcRangeKey,
@@ -204,6 +207,8 @@ pub const MAPS: &[MapSpec] = &[
     flows::SCRATCH6_SPEC,
     flows::SCRATCH_SPEC,
     frags::SPEC6,
+    node_ifs::SPEC6,
+    node_addrs::SPEC6,
 ];
 
 /// Earlier layouts a controller reads once at start, copies into their successor, then
@@ -277,6 +282,10 @@ pub mod map_names {
     pub const NODE_IFS: &str = crate::node_ifs::SPEC.name;
     /// The node's addresses that serve NodePorts.
     pub const NODE_ADDRS: &str = crate::node_addrs::SPEC.name;
+    /// [`NODE_IFS`] for IPv6: each node interface's IPv6 SNAT address and ports.
+    pub const NODE_IFS6: &str = crate::node_ifs::SPEC6.name;
+    /// [`NODE_ADDRS`] for IPv6.
+    pub const NODE_ADDRS6: &str = crate::node_addrs::SPEC6.name;
     /// Each load-balancer IP's `loadBalancerSourceRanges`, by (service id, prefix).
     pub const SRC_RANGES: &str = crate::src_ranges::SPEC.name;
     /// Per-CPU counts of the tries each SNAT port allocation took.

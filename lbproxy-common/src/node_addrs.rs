@@ -5,6 +5,9 @@
 //! address), so a node address that comes or goes changes one entry here, not one per
 //! NodePort. A packet to a port with no exact frontend is looked up again as a NodePort
 //! only when its destination is in this map.
+//!
+//! `LB_NODEADDR6_V1` is the same for the node's IPv6 addresses (keyed by `[u8; 16]`), with
+//! the IPv6 NodePort entry at `::` in `LB_SERVICES6_V1`.
 
 use crate::spec::{MapKind, MapSpec};
 
@@ -30,6 +33,12 @@ const _: () = assert!(core::mem::size_of::<NodeAddr>() == 4);
 pub const SPEC: MapSpec = MapSpec::of::<[u8; 4], NodeAddr>(
     "LB_NODEADDRS_V1",
     "node_addrs",
+    MapKind::Hash,
+    MAX_NODE_ADDRS,
+);
+pub const SPEC6: MapSpec = MapSpec::of::<[u8; 16], NodeAddr>(
+    "LB_NODEADDR6_V1",
+    "node_addrs6",
     MapKind::Hash,
     MAX_NODE_ADDRS,
 );

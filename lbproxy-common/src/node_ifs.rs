@@ -7,8 +7,14 @@
 //! address of the interface it leaves by (chosen per egress interface, as the stack's own
 //! source address selection would, not one global address). The controller writes an entry
 //! for every non-pod interface with an IPv4 address, before it attaches the programs there.
+//!
+//! `LB_NODEIFS6_V1` is the same for IPv6: the interface's IPv6 SNAT address (a global or
+//! unique local one, never link-local), for every non-pod interface that has one.
 
-use crate::spec::{MapKind, MapSpec};
+use crate::{
+    family::{V4, V6},
+    spec::{MapKind, MapSpec},
+};
 
 /// Node interfaces on one node.
 pub const MAX_NODE_IFS: u32 = 256;
@@ -19,12 +25,13 @@ pub const MAX_NODE_IFS: u32 = 256;
 pub const DEFAULT_SNAT_PORT_MIN: u16 = 1024;
 pub const DEFAULT_SNAT_PORT_MAX: u16 = 29_999;
 
-/// Value of `LB_NODEIFS_V1`, keyed by ifindex (`u32`).
+/// Value of `LB_NODEIFS_V1` (`LB_NODEIFS6_V1`), keyed by ifindex (`u32`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct NodeIf {
-    /// The interface's primary IPv4 address: the source of SNATed flows leaving through it.
-    pub snat_addr: [u8; 4],
+pub struct NodeIfOf<A> {
+    /// The interface's primary address of the family: the source of SNATed flows leaving
+    /// through it.
+    pub snat_addr: A,
     /// The SNAT port range, inclusive, in host byte order (numbers the datapath computes
     /// with, not header fields).
     pub snat_port_min: u16,
@@ -32,7 +39,14 @@ pub struct NodeIf {
     /// Zero; room for flags without a new layout.
     pub _reserved: u32,
 }
+/// An interface's IPv4 SNAT address and ports (`LB_NODEIFS_V1`).
+pub type NodeIf = NodeIfOf<V4>;
+/// An interface's IPv6 SNAT address and ports (`LB_NODEIFS6_V1`).
+pub type NodeIf6 = NodeIfOf<V6>;
 const _: () = assert!(core::mem::size_of::<NodeIf>() == 12);
+const _: () = assert!(core::mem::size_of::<NodeIf6>() == 24);
 
 pub const SPEC: MapSpec =
     MapSpec::of::<u32, NodeIf>("LB_NODEIFS_V1", "node_ifs", MapKind::Hash, MAX_NODE_IFS);
+pub const SPEC6: MapSpec =
+    MapSpec::of::<u32, NodeIf6>("LB_NODEIFS6_V1", "node_ifs6", MapKind::Hash, MAX_NODE_IFS);

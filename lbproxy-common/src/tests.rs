@@ -57,7 +57,7 @@ fn sizes<K, V>() -> (u32, u32) {
 
 #[test]
 fn spec_sizes_are_their_types() {
-    let cases: [(MapSpec, (u32, u32)); 35] = [
+    let cases: [(MapSpec, (u32, u32)); 37] = [
         (services::SPEC, sizes::<ServiceKey, ServiceValue>()),
         (services::SPEC_V1, sizes::<ServiceKey, ServiceValueV1>()),
         (slots::SPEC, sizes::<SlotKey, u32>()),
@@ -93,6 +93,8 @@ fn spec_sizes_are_their_types() {
         (flows::SCRATCH6_SPEC, sizes::<u32, FlowWork<family::V6>>()),
         (flows::SCRATCH_SPEC, sizes::<u32, FlowWork<family::V4>>()),
         (frags::SPEC6, sizes::<FragKey6, FragPorts>()),
+        (node_ifs::SPEC6, sizes::<u32, NodeIf6>()),
+        (node_addrs::SPEC6, sizes::<[u8; 16], NodeAddr>()),
     ];
     for (spec, (k, v)) in cases {
         assert_eq!((spec.key_size, spec.value_size), (k, v), "{}", spec.name);
@@ -112,7 +114,7 @@ fn spec_sizes_are_their_types() {
 #[test]
 fn layouts_are_unchanged() {
     use MapKind::*;
-    let expected: [(&str, &str, MapKind, u32, u32, u32); 32] = [
+    let expected: [(&str, &str, MapKind, u32, u32, u32); 34] = [
         ("LB_BACKENDS_V1", "backends", Hash, 4, 8, 262_144),
         ("LB_SLOTS_V1", "slots", Hash, 8, 4, 262_144),
         ("LB_SERVICES_V2", "services", Hash, 8, 16, 65_536),
@@ -145,6 +147,8 @@ fn layouts_are_unchanged() {
         ("LB_SCRATCH6_V1", "scratch6", PerCpuArray, 4, 240, 1),
         ("LB_SCRATCH_V1", "scratch", PerCpuArray, 4, 112, 1),
         ("LB_FRAGS6_V1", "frags6", LruHash, 40, 4, 8_192),
+        ("LB_NODEIFS6_V1", "node_ifs6", Hash, 4, 24, 256),
+        ("LB_NODEADDR6_V1", "node_addrs6", Hash, 16, 4, 1_024),
     ];
     let got: Vec<_> = MAPS
         .iter()

@@ -10,14 +10,16 @@
 use aya_ebpf::programs::TcContext;
 use lbproxy_common::{
     Addr, AffinityKeyOf, AffinityValue, BackendOf, DropReason, FlowKeyOf, FlowValueOf, FlowWork,
-    HAIRPIN_ADDR, HAIRPIN_ADDR6, NODE_ADDR_F_NODEPORT, ServiceKeyOf, ServiceValue,
+    HAIRPIN_ADDR, HAIRPIN_ADDR6, NODE_ADDR_F_NODEPORT, NODE_ADDR_F_SNAT, ServiceKeyOf,
+    ServiceValue,
 };
 
 use crate::{
+    flow::Source,
     maps::{
         LB_AFFINITY_V1, LB_AFFINITY6_V1, LB_BACKENDS_V1, LB_BACKENDS6_V1, LB_FLOWS_V3,
-        LB_FLOWS6_V1, LB_NODEADDRS_V1, LB_PODADDRS_V1, LB_SCRATCH_V1, LB_SCRATCH6_V1,
-        LB_SERVICES_V2, LB_SERVICES6_V1,
+        LB_FLOWS6_V1, LB_NODEADDR6_V1, LB_NODEADDRS_V1, LB_NODEIFS_V1, LB_NODEIFS6_V1,
+        LB_PODADDRS_V1, LB_SCRATCH_V1, LB_SCRATCH6_V1, LB_SERVICES_V2, LB_SERVICES6_V1,
     },
     nat::csum,
     parse::{
@@ -52,6 +54,11 @@ pub trait Family: Addr {
     fn service(key: &ServiceKeyOf<Self>) -> Option<ServiceValue>;
     /// Whether `addr` is one of this node's NodePort addresses.
     fn nodeport_addr(addr: Self) -> bool;
+    /// Whether `addr` is one of this node's SNAT addresses (`NODE_ADDR_F_SNAT`).
+    fn snat_addr(addr: &Self) -> bool;
+    /// The SNAT source of node interface `ifindex` (`LB_NODEIFS_V1`, `LB_NODEIFS6_V1`): its
+    /// address and port range, if it has one of the family.
+    fn node_if_source(ifindex: u32) -> Option<Source<Self>>;
     /// Whether `src` is in one of frontend `svc_id`'s `loadBalancerSourceRanges`.
     fn in_source_ranges(svc_id: u32, src: Self) -> bool;
     /// The backend with this id, if it is still live.
@@ -222,6 +229,22 @@ impl Family for [u8; 4] {
         matches!(unsafe { LB_NODEADDRS_V1.get(addr) }, Some(n) if n.flags & NODE_ADDR_F_NODEPORT != 0)
     }
     #[inline(always)]
+    fn snat_addr(addr: &Self) -> bool {
+        // SAFETY: a plain lookup; the value is copied out at once.
+        unsafe { LB_NODEADDRS_V1.get(addr) }.is_some_and(|a| a.flags & NODE_ADDR_F_SNAT != 0)
+    }
+    #[inline(always)]
+    fn node_if_source(ifindex: u32) -> Option<Source<Self>> {
+        // SAFETY: a plain lookup; the value is copied out at once.
+        let nif = unsafe { LB_NODEIFS_V1.get(ifindex) }.copied()?;
+        Some(Source {
+            snat: true,
+            addr: nif.snat_addr,
+            min: nif.snat_port_min,
+            max: nif.snat_port_max,
+        })
+    }
+    #[inline(always)]
     fn in_source_ranges(svc_id: u32, src: Self) -> bool {
         crate::lb::service::in_ranges(svc_id, u32::from_ne_bytes(src)) != 0
     }
@@ -292,10 +315,26 @@ impl Family for [u8; 16] {
     fn pod_addr_on(_addr: &Self, _ifindex: u32) -> bool {
         false
     }
-    /// NodePorts are served on IPv4 node addresses only, so far.
     #[inline(always)]
-    fn nodeport_addr(_addr: Self) -> bool {
-        false
+    fn nodeport_addr(addr: Self) -> bool {
+        // SAFETY: copied out at once.
+        matches!(unsafe { LB_NODEADDR6_V1.get(addr) }, Some(n) if n.flags & NODE_ADDR_F_NODEPORT != 0)
+    }
+    #[inline(always)]
+    fn snat_addr(addr: &Self) -> bool {
+        // SAFETY: a plain lookup; the value is copied out at once.
+        unsafe { LB_NODEADDR6_V1.get(addr) }.is_some_and(|a| a.flags & NODE_ADDR_F_SNAT != 0)
+    }
+    #[inline(always)]
+    fn node_if_source(ifindex: u32) -> Option<Source<Self>> {
+        // SAFETY: a plain lookup; the value is copied out at once.
+        let nif = unsafe { LB_NODEIFS6_V1.get(ifindex) }.copied()?;
+        Some(Source {
+            snat: true,
+            addr: nif.snat_addr,
+            min: nif.snat_port_min,
+            max: nif.snat_port_max,
+        })
     }
     /// No IPv6 frontend with source ranges is programmed yet; were one, it would take
     /// nothing (closed, not open).

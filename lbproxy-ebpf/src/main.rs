@@ -181,13 +181,13 @@ fn try_from_pod6(ctx: &TcContext) -> Result<i32, DropReason> {
         return Ok(TC_ACT_UNSPEC);
     };
     let slot = unsafe { &mut *slot };
-    let parsed = parse6_into(ctx, &mut slot.pkt);
+    let parsed = parse6_into(ctx, &mut slot.pkt, HOOK_FROM_POD);
     if parsed != PARSED6 {
         return Ok(parsed);
     }
     match forward6(ctx, slot) {
         FORWARD6_OK => Ok(translate6(ctx, &slot.pkt, &slot.to)),
-        FORWARD6_REJECT => Ok(reject6(ctx, &slot.pkt, slot.reason)),
+        FORWARD6_REJECT => Ok(reject6(ctx, &slot.pkt, slot.reason, HOOK_FROM_POD)),
         FORWARD6_DROP => Err(slot.reason),
         _ => {
             let pkt = &slot.pkt;
@@ -210,14 +210,14 @@ const PARSED6: i32 = i32::MIN;
 /// counted). A BPF function of its own, as [`translate6`]: the parsed packet crosses the
 /// call in map memory, not on the stack.
 #[inline(never)]
-fn parse6_into(ctx: &TcContext, pkt: &mut parse::Packet<[u8; 16]>) -> i32 {
+fn parse6_into(ctx: &TcContext, pkt: &mut parse::Packet<[u8; 16]>, hook: u8) -> i32 {
     match parse::parse6(ctx) {
         Ok(Some(p)) => {
             *pkt = p;
             PARSED6
         }
         Ok(None) => TC_ACT_UNSPEC,
-        Err(v) => from_pod_action(ctx, Err(v.reason())),
+        Err(v) => count_and_drop(ctx, hook, v.reason()),
     }
 }
 
@@ -266,11 +266,11 @@ fn translate6(
 /// The reject of an IPv6 packet from a pod (`reject::answer6`), as a BPF function of its
 /// own, as [`translate6`].
 #[inline(never)]
-fn reject6(ctx: &TcContext, pkt: &parse::Packet<[u8; 16]>, reason: DropReason) -> i32 {
-    from_pod_action(
-        ctx,
-        reject::answer6(ctx, pkt, reason, HOOK_FROM_POD).map_err(|v| v.reason()),
-    )
+fn reject6(ctx: &TcContext, pkt: &parse::Packet<[u8; 16]>, reason: DropReason, hook: u8) -> i32 {
+    match reject::answer6(ctx, pkt, reason, hook) {
+        Ok(action) => action,
+        Err(v) => count_and_drop(ctx, hook, v.reason()),
+    }
 }
 
 /// An IPv6 packet from a pod to no frontend: the reply of a hairpin flow (to
@@ -321,20 +321,7 @@ fn forward6(ctx: &TcContext, slot: &mut maps::FromPod6) -> u32 {
                 )
             })
     };
-    match r {
-        Ok(t) => {
-            slot.to = t;
-            FORWARD6_OK
-        }
-        Err(Verdict::Drop(r)) => {
-            slot.reason = r;
-            FORWARD6_DROP
-        }
-        Err(Verdict::Reject(r)) => {
-            slot.reason = r;
-            FORWARD6_REJECT
-        }
-    }
+    forward6_answer(slot, r)
 }
 
 /// A packet leaving a pod that is not addressed to a service: with the stack bypass, a
@@ -443,12 +430,146 @@ fn try_to_pod6(ctx: &TcContext) -> Result<i32, DropReason> {
 
 #[classifier]
 pub fn lb_from_node(ctx: TcContext) -> i32 {
-    match try_from_node(&ctx) {
+    if parse::is_ipv6(&ctx) {
+        return from_node6(ctx);
+    }
+    // The context crosses these calls as its raw pointer, in a register: a reference to
+    // `ctx` would put it on this function's stack, and that frame counts towards every
+    // call chain below it.
+    let raw = aya_ebpf::EbpfContext::as_ptr(&ctx);
+    let action = from_node4(raw);
+    if action == NOT_TCP_UDP {
+        return icmp_from_node_action(raw);
+    }
+    action
+}
+
+/// `from_node4`'s answer for a packet that is neither TCP nor UDP (never a TC action):
+/// `lb_from_node` then calls `icmp_from_node_action`, so that the two frames are never on
+/// the stack together.
+const NOT_TCP_UDP: i32 = i32::MIN + 1;
+
+// Each family's path is its own BPF function, as in `lb_from_pod`.
+#[inline(never)]
+fn from_node4(raw: *mut core::ffi::c_void) -> i32 {
+    let ctx = &TcContext::new(raw.cast());
+    match try_from_node(ctx) {
         Ok(action) => action,
         Err(reason) => {
-            debug!(&ctx, "lb_from_node: drop, reason {}", reason as u32);
-            count_and_drop(&ctx, HOOK_FROM_NODE, reason)
+            debug!(ctx, "lb_from_node: drop, reason {}", reason as u32);
+            count_and_drop(ctx, HOOK_FROM_NODE, reason)
         }
+    }
+}
+
+/// An IPv6 packet from outside the node: as [`try_from_node`], through the same stages,
+/// each a BPF function of its own run one after the other (as `from_pod6`'s), handing on
+/// through `LB_PACKET6`.
+#[inline(never)]
+fn from_node6(ctx: TcContext) -> i32 {
+    let ctx = &ctx;
+    if parse::is_icmp6(ctx) {
+        // ICMPv6 errors about north-south flows are not translated yet.
+        return TC_ACT_UNSPEC;
+    }
+    let Some(slot) = maps::LB_PACKET6.get_ptr_mut(0) else {
+        return TC_ACT_UNSPEC;
+    };
+    // SAFETY: this CPU's entry, used by one program run at a time.
+    let slot = unsafe { &mut *slot };
+    let parsed = parse6_into(ctx, &mut slot.pkt, HOOK_FROM_NODE);
+    if parsed != PARSED6 {
+        return parsed;
+    }
+    match forward_node6(ctx, slot) {
+        FORWARD6_OK => translate_node6(ctx, slot),
+        FORWARD6_REJECT => reject6(ctx, &slot.pkt, slot.reason, HOOK_FROM_NODE),
+        FORWARD6_DROP => count_and_drop(ctx, HOOK_FROM_NODE, slot.reason),
+        _ => {
+            if slot.pkt.l4 == L4::Bad {
+                return pass_bad_l4();
+            }
+            reply_node(ctx, &slot.pkt)
+        }
+    }
+}
+
+/// [`forward6`] for a packet from outside the node: only frontends other than ClusterIPs,
+/// new flows source-NATed when their backend is on another node (`north::source_for`).
+#[inline(never)]
+fn forward_node6(ctx: &TcContext, slot: &mut maps::FromPod6) -> u32 {
+    let pkt = &slot.pkt;
+    let svc = match lb::service::lookup(pkt) {
+        Some(svc) if svc.kind != SVC_KIND_CLUSTER_IP => svc,
+        _ => return FORWARD6_NO_FRONTEND,
+    };
+    if pkt.l4 == L4::Bad {
+        return FORWARD6_NO_FRONTEND;
+    }
+    let r = lb::service::source_allowed(&svc, pkt)
+        .map_err(Verdict::Drop)
+        .and_then(|()| {
+            flow::forward(
+                pkt,
+                &svc,
+                maps::config().hash_seed(),
+                source::ingress(ctx),
+                || Ok(()),
+                |addr, port_be| north::source_for(ctx, pkt, &addr, port_be),
+            )
+        });
+    forward6_answer(slot, r)
+}
+
+/// Writes `flow::forward`'s answer `r` into `slot` and says which kind it is (`FORWARD6_*`).
+#[inline(always)]
+fn forward6_answer(
+    slot: &mut maps::FromPod6,
+    r: Result<flow::NatTarget<[u8; 16]>, Verdict>,
+) -> u32 {
+    match r {
+        Ok(t) => {
+            slot.to = t;
+            FORWARD6_OK
+        }
+        Err(Verdict::Drop(r)) => {
+            slot.reason = r;
+            FORWARD6_DROP
+        }
+        Err(Verdict::Reject(r)) => {
+            slot.reason = r;
+            FORWARD6_REJECT
+        }
+    }
+}
+
+/// An IPv6 packet from outside translated to `slot.to`: to a backend on this node, up the
+/// stack to its pod; to one on another node (source-NATed), redirected out towards it.
+#[inline(never)]
+fn translate_node6(ctx: &TcContext, slot: &maps::FromPod6) -> i32 {
+    let (pkt, to) = (&slot.pkt, slot.to);
+    let r = nat::dnat(ctx, pkt, to)
+        .map_err(|v| v.reason())
+        .and_then(|()| {
+            if to.peer_addr == pkt.src_addr {
+                return Ok(TC_ACT_UNSPEC);
+            }
+            let (from, dst) = north::forward_ends(&to);
+            north::redirect(ctx, pkt, from, dst)
+        });
+    match r {
+        Ok(action) => action,
+        Err(reason) => count_and_drop(ctx, HOOK_FROM_NODE, reason),
+    }
+}
+
+/// [`reply_from_node`] for IPv6, as a BPF function of its own, called after
+/// `forward_node6` returned (IPv4 inlines it: its frame is shared with the forward path's).
+#[inline(never)]
+fn reply_node<A: family::Family>(ctx: &TcContext, pkt: &parse::Packet<A>) -> i32 {
+    match reply_from_node(ctx, pkt) {
+        Ok(action) => action,
+        Err(reason) => count_and_drop(ctx, HOOK_FROM_NODE, reason),
     }
 }
 
@@ -462,7 +583,7 @@ pub fn lb_from_node(ctx: TcContext) -> i32 {
 fn try_from_node(ctx: &TcContext) -> Result<i32, DropReason> {
     let pkt = match parse::parse(ctx) {
         Ok(Some(pkt)) => pkt,
-        Ok(None) => return icmp_from_node(ctx),
+        Ok(None) => return Ok(NOT_TCP_UDP),
         Err(v) => return Err(v.reason()),
     };
     if pkt.l4 == L4::Bad {
@@ -480,7 +601,7 @@ fn try_from_node(ctx: &TcContext) -> Result<i32, DropReason> {
         config.hash_seed(),
         source::ingress(ctx),
         || Ok(()),
-        |addr, port_be| north::source_for(ctx, &pkt, addr, port_be),
+        |addr, port_be| north::source_for(ctx, &pkt, &addr, port_be),
     ) {
         Ok(to) => to,
         Err(Verdict::Drop(reason)) => return Err(reason),
@@ -497,6 +618,16 @@ fn try_from_node(ctx: &TcContext) -> Result<i32, DropReason> {
     north::redirect(ctx, &pkt, from, dst)
 }
 
+/// [`icmp_from_node`] as a BPF function of its own, its frame apart from the forward path's.
+#[inline(never)]
+fn icmp_from_node_action(raw: *mut core::ffi::c_void) -> i32 {
+    let ctx = &TcContext::new(raw.cast());
+    match icmp_from_node(ctx) {
+        Ok(action) => action,
+        Err(reason) => count_and_drop(ctx, HOOK_FROM_NODE, reason),
+    }
+}
+
 /// Not TCP or UDP, from outside: an ICMP error about a translated flow is translated. One
 /// addressed to a SNAT address of this node (about a source-NATed packet to a backend on
 /// another node) is then addressed to the client and sent to it; one from a client about a
@@ -508,13 +639,13 @@ fn icmp_from_node(ctx: &TcContext) -> Result<i32, DropReason> {
     };
     // A node address is often both a SNAT address and a NodePort frontend: an error that is
     // not about a source-NATed packet may still be a client's about a reply.
-    if north::to_snat_address(dst)
+    if north::to_snat_address(&dst)
         && let Some((src, client)) = icmp::to_snat_client(ctx)
     {
         if client == dst {
             return Ok(TC_ACT_UNSPEC);
         }
-        return north::redirect_ip(ctx, icmp::IPPROTO_ICMP, (src, 0), (client, 0));
+        return north::redirect_ip(ctx, icmp::IPPROTO_ICMP, (&src, 0), (&client, 0));
     }
     icmp::from_client(ctx);
     Ok(TC_ACT_UNSPEC)
@@ -524,8 +655,11 @@ fn icmp_from_node(ctx: &TcContext) -> Result<i32, DropReason> {
 /// backend on another node answering this node's address) is translated back to come from
 /// the frontend, addressed to the client, and redirected to it.
 #[inline(always)]
-fn reply_from_node(ctx: &TcContext, pkt: &parse::Packet) -> Result<i32, DropReason> {
-    if !north::to_snat_address(pkt.dst_addr) {
+fn reply_from_node<A: family::Family>(
+    ctx: &TcContext,
+    pkt: &parse::Packet<A>,
+) -> Result<i32, DropReason> {
+    if !north::to_snat_address(&pkt.dst_addr) {
         // Not for one of this node's SNAT addresses: not a reply of a source-NATed flow.
         // A pod's flow answered from another node is translated by the pod's interface.
         return Ok(TC_ACT_UNSPEC);
@@ -542,13 +676,25 @@ fn reply_from_node(ctx: &TcContext, pkt: &parse::Packet) -> Result<i32, DropReas
     north::redirect(
         ctx,
         pkt,
-        (to.addr, to.port_be),
-        (to.peer_addr, to.peer_port_be),
+        (&to.addr, to.port_be),
+        (&to.peer_addr, to.peer_port_be),
     )
 }
 
 #[classifier]
 pub fn lb_to_node(ctx: TcContext) -> i32 {
+    if parse::is_ipv6(&ctx) {
+        if parse::is_icmp6(&ctx) {
+            // ICMPv6 errors about north-south flows are not translated yet.
+            return TC_ACT_UNSPEC;
+        }
+        return to_node6(ctx);
+    }
+    to_node4(ctx)
+}
+
+#[inline(never)]
+fn to_node4(ctx: TcContext) -> i32 {
     match try_to_node(&ctx) {
         Ok(action) => action,
         Err(reason) => {
@@ -558,8 +704,29 @@ pub fn lb_to_node(ctx: TcContext) -> i32 {
     }
 }
 
+/// [`try_to_node`] for an IPv6 packet: a reply of a backend on this node to a client
+/// outside it is reverse-NATed.
+#[inline(never)]
+fn to_node6(ctx: TcContext) -> i32 {
+    let r = match parse::parse6(&ctx) {
+        Ok(Some(pkt)) if pkt.l4 != L4::Bad => match flow::reply(&pkt) {
+            Some(to) if to.peer_addr == pkt.dst_addr => {
+                nat::snat(&ctx, &pkt, to).map(|()| TC_ACT_UNSPEC)
+            }
+            _ => Ok(TC_ACT_UNSPEC),
+        },
+        Ok(_) => Ok(TC_ACT_UNSPEC),
+        Err(v) => Err(v),
+    };
+    match r {
+        Ok(action) => action,
+        Err(v) => count_and_drop(&ctx, HOOK_TO_NODE, v.reason()),
+    }
+}
+
 /// Traffic leaving the node: a reply of a backend on this node to a client outside it is
 /// reverse-NATed to come from the frontend the client used.
+#[inline(always)]
 fn try_to_node(ctx: &TcContext) -> Result<i32, DropReason> {
     let pkt = match parse::parse(ctx) {
         Ok(Some(pkt)) => pkt,

@@ -12,7 +12,7 @@ use aya_ebpf::btf_maps::{
 use lbproxy_common::{
     AffinityKey, AffinityKey6, AffinityValue, Backend, Backend6, DatapathConfig, FlowKey, FlowKey6,
     FlowValue, FlowValue6, FlowWork, FragKey, FragKey6, FragPorts, MemberKey, MonitorCtl,
-    MonitorEvent, MonitorRate, NodeAddr, NodeIf, PodAddr, PodIf, ServiceKey, ServiceKey6,
+    MonitorEvent, MonitorRate, NodeAddr, NodeIf, NodeIf6, PodAddr, PodIf, ServiceKey, ServiceKey6,
     ServiceLabel, ServiceValue, SlotKey, SockConfig, SockRevKey, SockRevValue, SrcCheck,
     SrcRangeData, UnservedKey, UnservedValue, affinity, backends, config, delivery, drops, flows,
     frags, labels, members, monitor, node_addrs, node_ifs, pod_addrs, pod_ifs, services, slots,
@@ -207,6 +207,10 @@ map! {
     /// The ports of fragmented IPv6 datagrams, from each first fragment for the later ones.
     /// Owned by `parse6`.
     LB_FRAGS6_V1: LruHashMap<FragKey6, FragPorts> = frags::SPEC6;
+    /// `LB_NODEIFS_V1` for IPv6: each node interface's IPv6 SNAT address. Read by `north`.
+    LB_NODEIFS6_V1: HashMap<u32, NodeIf6> = node_ifs::SPEC6;
+    /// `LB_NODEADDRS_V1` for IPv6. Read by `lb::service` and `north`.
+    LB_NODEADDR6_V1: HashMap<[u8; 16], NodeAddr> = node_addrs::SPEC6;
 }
 
 /// The controller's settings (`LB_CONFIG_V1`, entry 0): the stack bypass flag (for

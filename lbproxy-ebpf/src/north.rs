@@ -17,13 +17,14 @@ use aya_ebpf::{
     helpers::generated::{bpf_redirect, bpf_redirect_neigh},
     programs::TcContext,
 };
-use lbproxy_common::{DropReason, NODE_ADDR_F_SNAT};
+use lbproxy_common::DropReason;
 
 use crate::{
     deliver,
+    family::Family,
     flow::{NatTarget, Source},
-    maps::{LB_NODEADDRS_V1, LB_NODEIFS_V1, LB_PODIFS_V1},
-    parse::{IP_CSUM_OFF, IP_TTL_OFF, Packet, ptr_at},
+    maps::LB_PODIFS_V1,
+    parse::{IP_CSUM_OFF, Packet, ptr_at},
 };
 
 const NO_ROUTE: DropReason = DropReason::NorthSouthNoRoute;
@@ -33,9 +34,8 @@ const NO_ROUTE: DropReason = DropReason::NorthSouthNoRoute;
 /// other packet that is not for a frontend (the traffic of this node's pods, answered from
 /// other nodes) passes without a flow lookup: the pod's own interface translates it.
 #[inline(always)]
-pub fn to_snat_address(dst: [u8; 4]) -> bool {
-    // SAFETY: a plain lookup; the value is copied out at once.
-    unsafe { LB_NODEADDRS_V1.get(dst) }.is_some_and(|a| a.flags & NODE_ADDR_F_SNAT != 0)
+pub fn to_snat_address<A: Family>(dst: &A) -> bool {
+    A::snat_addr(dst)
 }
 
 /// The next hop the FIB gives for `proto` from `src:sport` to `dst:dport`: the egress
@@ -43,15 +43,15 @@ pub fn to_snat_address(dst: [u8; 4]) -> bool {
 /// or `NorthSouthNoRoute`. A missing neighbour entry is not an error: `bpf_redirect_neigh`
 /// resolves it.
 #[inline(always)]
-fn next_hop(
+fn next_hop<A: Family>(
     ctx: &TcContext,
     proto: u8,
-    src: [u8; 4],
-    dst: [u8; 4],
+    src: &A,
+    dst: &A,
     sport_be: u16,
     dport_be: u16,
 ) -> Result<(u32, Option<[u8; 12]>), DropReason> {
-    let (rc, p, _) = deliver::fib(ctx, proto, &src, &dst, sport_be, dport_be);
+    let (rc, p, _) = deliver::fib(ctx, proto, src, dst, sport_be, dport_be);
     if rc == i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
         return Ok((p.ifindex, Some(deliver::macs(&p))));
     }
@@ -66,66 +66,70 @@ fn next_hop(
 /// source-NATed to the address of the node interface it leads out of, with that interface's
 /// port range. A route out of any other interface is `NorthSouthNoRoute`.
 #[inline(always)]
-pub fn source_for(
+pub fn source_for<A: Family>(
     ctx: &TcContext,
-    pkt: &Packet,
-    addr: [u8; 4],
+    pkt: &Packet<A>,
+    addr: &A,
     port_be: u16,
-) -> Result<Source, DropReason> {
-    let (out, _) = next_hop(ctx, pkt.proto, pkt.src_addr, addr, pkt.src_port_be, port_be)?;
-    // SAFETY: plain lookups, the values copied out at once.
+) -> Result<Source<A>, DropReason> {
+    let (out, _) = next_hop(
+        ctx,
+        pkt.proto,
+        &pkt.src_addr,
+        addr,
+        pkt.src_port_be,
+        port_be,
+    )?;
+    // SAFETY: a plain lookup, the value copied out at once.
     if unsafe { LB_PODIFS_V1.get(out) }.is_some() {
         return Ok(Source::CLIENT);
     }
-    let nif = unsafe { LB_NODEIFS_V1.get(out) }.copied().ok_or(NO_ROUTE)?;
-    Ok(Source {
-        snat: true,
-        addr: nif.snat_addr,
-        min: nif.snat_port_min,
-        max: nif.snat_port_max,
-    })
+    A::node_if_source(out).ok_or(NO_ROUTE)
 }
 
 /// Sends a packet already translated to `src -> to` out of the interface the FIB gives for
-/// it, decrementing the TTL as the stack's hop would (the header checksum updated). With the
-/// neighbour known, the FIB's MACs are written and the packet is redirected (one FIB lookup
-/// per packet, as Cilium's `fib_redirect`); otherwise the kernel resolves the neighbour
-/// (`bpf_redirect_neigh`). Returns the TC action, or `NorthSouthNoRoute` (also for a TTL
-/// that would reach 0).
+/// it, decrementing the TTL (hop limit) as the stack's hop would (the IPv4 header checksum
+/// updated). With the neighbour known, the FIB's MACs are written and the packet is
+/// redirected (one FIB lookup per packet, as Cilium's `fib_redirect`); otherwise the kernel
+/// resolves the neighbour (`bpf_redirect_neigh`). Returns the TC action, or
+/// `NorthSouthNoRoute` (also for a TTL that would reach 0).
 #[inline(always)]
-pub fn redirect(
+pub fn redirect<A: Family>(
     ctx: &TcContext,
-    pkt: &Packet,
-    src: ([u8; 4], u16),
-    to: ([u8; 4], u16),
+    pkt: &Packet<A>,
+    src: (&A, u16),
+    to: (&A, u16),
 ) -> Result<i32, DropReason> {
     redirect_ip(ctx, pkt.proto, src, to)
 }
 
 /// [`redirect`] of a packet of protocol `proto` (ports 0 when it has none, as ICMP).
 #[inline(always)]
-pub fn redirect_ip(
+pub fn redirect_ip<A: Family>(
     ctx: &TcContext,
     proto: u8,
-    src: ([u8; 4], u16),
-    to: ([u8; 4], u16),
+    src: (&A, u16),
+    to: (&A, u16),
 ) -> Result<i32, DropReason> {
     let (out, macs) = next_hop(ctx, proto, src.0, to.0, src.1, to.1)?;
-    let ttl: *const [u8; 2] = ptr_at(ctx, IP_TTL_OFF).ok_or(NO_ROUTE)?;
-    // SAFETY: bounds-checked by ptr_at. TTL and protocol form one 16-bit checksum word.
+    let ttl: *const [u8; 2] = ptr_at(ctx, A::TTL_OFF).ok_or(NO_ROUTE)?;
+    // SAFETY: bounds-checked by ptr_at. IPv4: TTL and protocol form one 16-bit checksum
+    // word; IPv6: the hop limit and the source address's first byte, stored back as read.
     let old = unsafe { *ttl };
     if old[0] <= 1 {
         return Err(NO_ROUTE);
     }
     let new = [old[0] - 1, old[1]];
-    ctx.l3_csum_replace(
-        IP_CSUM_OFF,
-        u64::from(u16::from_ne_bytes(old)),
-        u64::from(u16::from_ne_bytes(new)),
-        2,
-    )
-    .map_err(|_| DropReason::NatFailed)?;
-    ctx.store(IP_TTL_OFF, &new, 0)
+    if A::AF == 2 {
+        ctx.l3_csum_replace(
+            IP_CSUM_OFF,
+            u64::from(u16::from_ne_bytes(old)),
+            u64::from(u16::from_ne_bytes(new)),
+            2,
+        )
+        .map_err(|_| DropReason::NatFailed)?;
+    }
+    ctx.store(A::TTL_OFF, &new, 0)
         .map_err(|_| DropReason::NatFailed)?;
     if let Some(macs) = macs {
         ctx.store(0, &macs, 0).map_err(|_| DropReason::NatFailed)?;
@@ -138,6 +142,6 @@ pub fn redirect_ip(
 
 /// Where a forward packet of a flow translated to `to` is sent from and to.
 #[inline(always)]
-pub fn forward_ends(to: &NatTarget) -> (([u8; 4], u16), ([u8; 4], u16)) {
-    ((to.peer_addr, to.peer_port_be), (to.addr, to.port_be))
+pub fn forward_ends<A: Family>(to: &NatTarget<A>) -> ((&A, u16), (&A, u16)) {
+    ((&to.peer_addr, to.peer_port_be), (&to.addr, to.port_be))
 }
