@@ -380,26 +380,36 @@ pub enum CgroupRoot {
 /// Which of the node's addresses serve NodePorts (kube-proxy's `nodePortAddresses`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NodePortAddresses {
-    /// Every IPv4 address on the node's interfaces that are not pod interfaces, except
-    /// loopback (kube-proxy's default when the field is empty).
+    /// Every address (IPv4, and global IPv6) on the node's interfaces that are not pod
+    /// interfaces, except loopback (kube-proxy's default when the field is empty).
     All,
-    /// The addresses within these CIDRs.
+    /// The addresses within these CIDRs; for a family none of them is of, every address of
+    /// that family (as kube-proxy, which reads the list per family).
     Cidrs(Vec<ipnet::IpNet>),
-    /// `primary`: the node's primary IPv4 address only. lbproxy reads it from the node's
-    /// routes (`bpf::ifaces::Link::primary_v4`: the preferred source of the main table's
-    /// default route, else the first address of the interface it leaves by), which is the
-    /// address kubelet takes as the node IP when `--node-ip` is not given; kube-proxy reads
-    /// it from the Node object. It follows route changes.
+    /// `primary`: the node's primary address of each family only. lbproxy reads it from
+    /// the node's routes (`bpf::ifaces::Link::primary_v4` and `primary_v6`: the preferred
+    /// source of the main table's default route, else the first address of the interface
+    /// it leaves by), which is the address kubelet takes as the node IP when `--node-ip` is
+    /// not given; kube-proxy reads it from the Node object. It follows route changes.
     Primary,
 }
 
 impl NodePortAddresses {
     /// Whether NodePorts are served on `addr`, one of the node's own addresses, when the
-    /// node's primary address is `primary` (see [`NodePortAddresses::Primary`]).
+    /// node's primary address of `addr`'s family is `primary` (see
+    /// [`NodePortAddresses::Primary`]).
     pub fn contains(&self, addr: std::net::IpAddr, primary: Option<std::net::IpAddr>) -> bool {
         match self {
             NodePortAddresses::All => true,
-            NodePortAddresses::Cidrs(c) => c.iter().any(|n| n.contains(&addr)),
+            // As kube-proxy, per family: no CIDR of the address's family means every
+            // address of that family.
+            NodePortAddresses::Cidrs(c) => {
+                let mut of_family = c
+                    .iter()
+                    .filter(|n| n.addr().is_ipv4() == addr.is_ipv4())
+                    .peekable();
+                of_family.peek().is_none() || of_family.any(|n| n.contains(&addr))
+            }
             NodePortAddresses::Primary => primary == Some(addr),
         }
     }

@@ -37,7 +37,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
 use crate::model::{Family, Model, NamespacedName, Service, ServiceType};
@@ -170,7 +170,7 @@ impl fmt::Debug for HealthCheckServers {
 
 impl HealthCheckServers {
     /// `addresses`: where every server listens (kube-proxy's node port addresses); empty
-    /// means all IPv4 addresses, `0.0.0.0`. `proxy_healthy` is asked on every request.
+    /// means every address, `0.0.0.0` and `[::]`. `proxy_healthy` is asked on every request.
     pub fn new(addresses: Vec<IpAddr>, proxy_healthy: ProxyHealthy) -> Self {
         Self {
             addresses,
@@ -243,7 +243,7 @@ impl HealthCheckServers {
         failures
     }
 
-    /// Listens on `addresses` instead (empty: `0.0.0.0`). Every server is stopped and
+    /// Listens on `addresses` instead (empty: `0.0.0.0` and `[::]`). Every server is stopped and
     /// started again on the new addresses with what the last [`sync`](Self::sync) asked
     /// for; returns what could not be bound. Nothing happens when the addresses are the
     /// same.
@@ -277,7 +277,10 @@ impl PortServer {
         health: ServiceHealth,
         proxy_healthy: &ProxyHealthy,
     ) -> Result<Self, BindFailure> {
-        let all = [IpAddr::V4(Ipv4Addr::UNSPECIFIED)];
+        let all = [
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+        ];
         let ips = if addresses.is_empty() {
             &all[..]
         } else {
@@ -288,6 +291,8 @@ impl PortServer {
             let addr = SocketAddr::new(*ip, port);
             match bind(addr) {
                 Ok(l) => bound.push((addr, l)),
+                // A node without IPv6 (`ipv6.disable=1`) serves IPv4 only.
+                Err(e) if addresses.is_empty() && ip.is_ipv6() && no_ipv6(&e) => {}
                 // What was bound so far is dropped, so closed: all or nothing, as kube-proxy.
                 Err(source) => {
                     return Err(BindFailure::Io {
@@ -328,16 +333,31 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// `SO_REUSEADDR`, as Go's listeners (kube-proxy's): a port whose server stopped can be
-/// bound again while connections it accepted linger in TIME_WAIT.
+/// bound again while connections it accepted linger in TIME_WAIT. An IPv6 socket is IPv6
+/// only (`IPV6_V6ONLY`), so that `[::]` and `0.0.0.0` are two listeners side by side,
+/// whatever `net.ipv6.bindv6only` says.
 fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
-    let s = if addr.is_ipv4() {
-        TcpSocket::new_v4()?
-    } else {
-        TcpSocket::new_v6()?
-    };
-    s.set_reuseaddr(true)?;
-    s.bind(addr)?;
-    s.listen(1024)
+    let s = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    if addr.is_ipv6() {
+        s.set_only_v6(true)?;
+    }
+    s.set_reuse_address(true)?;
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    s.listen(1024)?;
+    TcpListener::from_std(s.into())
+}
+
+/// Whether `e` says this node has no IPv6 at all.
+fn no_ipv6(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EAFNOSUPPORT) | Some(libc::EADDRNOTAVAIL)
+    )
 }
 
 /// The listening socket, shared between the server task (which accepts from it) and the

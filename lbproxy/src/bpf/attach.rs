@@ -14,8 +14,8 @@ use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
 use aya::programs::{SchedClassifier, TcAttachType};
 use globset::GlobSet;
 use lbproxy_common::{
-    NODE_ADDR_F_NODEPORT, NODE_ADDR_F_SNAT, NodeAddr, NodeIf, PodAddr, PodIf, SrcCheck, map_names,
-    program_names,
+    NODE_ADDR_F_NODEPORT, NODE_ADDR_F_SNAT, NodeAddr, NodeIf, NodeIf6, PodAddr, PodIf, SrcCheck,
+    map_names, program_names,
 };
 
 use crate::config::NodePortAddresses;
@@ -109,9 +109,12 @@ pub struct Attacher {
     snat_port_range: (u16, u16),
     node_ifs: BpfHashMap<MapData, u32, NodeIf>,
     node_addrs: BpfHashMap<MapData, [u8; 4], NodeAddr>,
-    /// The node's primary address as last logged (`nodePortAddresses: primary`); `None`
-    /// before the first listing.
+    node_ifs6: BpfHashMap<MapData, u32, NodeIf6>,
+    node_addrs6: BpfHashMap<MapData, [u8; 16], NodeAddr>,
+    /// The node's primary address of each family as last logged (`nodePortAddresses:
+    /// primary`); `None` before the first listing.
     primary: Option<Option<std::net::IpAddr>>,
+    primary6: Option<Option<std::net::IpAddr>>,
     /// The addresses health-check servers bind: the node-port addresses when
     /// `--nodeport-addresses` names CIDRs or `primary`, none (every address) by default.
     hc_addresses: tokio::sync::watch::Sender<Vec<std::net::IpAddr>>,
@@ -142,12 +145,15 @@ impl Attacher {
         Ok(Self {
             node_ips,
             primary: None,
+            primary6: None,
             hc_addresses,
             globs,
             node_port_addresses,
             snat_port_range,
             node_ifs: open_pinned(dir, map_names::NODE_IFS, Map::HashMap)?,
             node_addrs: open_pinned(dir, map_names::NODE_ADDRS, Map::HashMap)?,
+            node_ifs6: open_pinned(dir, map_names::NODE_IFS6, Map::HashMap)?,
+            node_addrs6: open_pinned(dir, map_names::NODE_ADDRS6, Map::HashMap)?,
             attached: BTreeSet::new(),
             absent: BTreeSet::new(),
             pod_ifs: open_pinned(dir, map_names::POD_IFS, Map::HashMap)?,
@@ -262,8 +268,8 @@ impl Attacher {
     }
 
     /// Which interfaces get programs, and which ones: pod interfaces (matching the globs),
-    /// and the node's own interfaces with an IPv4 address (not loopback, not a pod
-    /// interface, not a bridge of pod interfaces, not enslaved to another device).
+    /// and the node's own interfaces with an IPv4 or global IPv6 address (not loopback, not
+    /// a pod interface, not a bridge of pod interfaces, not enslaved to another device).
     fn roles(&self, present: &[Link]) -> BTreeMap<Interface, Role> {
         let mut out = BTreeMap::new();
         let pod_masters: BTreeSet<u32> = present
@@ -275,7 +281,7 @@ impl Attacher {
             if self.globs.is_match(&l.iface.name) {
                 out.insert(l.iface.clone(), Role::Pod);
             } else if !l.is_loopback
-                && !l.ipv4.is_empty()
+                && !(l.ipv4.is_empty() && l.ipv6.is_empty())
                 && l.master.is_none()
                 && !pod_masters.contains(&l.iface.index)
             {
@@ -287,7 +293,8 @@ impl Attacher {
 
     /// Makes `LB_NODEIFS_V1` list each node interface with its primary IPv4 address (the
     /// SNAT source of flows leaving by it), and `LB_NODEADDRS_V1` the node's addresses
-    /// that serve NodePorts (`--nodeport-addresses`) and those SNAT addresses. Stale entries
+    /// that serve NodePorts (`--nodeport-addresses`) and those SNAT addresses; likewise
+    /// `LB_NODEIFS6_V1` and `LB_NODEADDR6_V1` with the global IPv6 addresses. Stale entries
     /// first.
     fn sync_node(
         &mut self,
@@ -301,16 +308,16 @@ impl Attacher {
         let (min, max) = self.snat_port_range;
         let want_ifs: BTreeMap<u32, NodeIf> = node_links
             .iter()
-            .map(|l| {
-                (
+            .filter_map(|l| {
+                Some((
                     l.iface.index,
                     NodeIf {
-                        snat_addr: l.ipv4[0].octets(),
+                        snat_addr: l.ipv4.first()?.octets(),
                         snat_port_min: min,
                         snat_port_max: max,
                         _reserved: 0,
                     },
-                )
+                ))
             })
             .collect();
         let mut want_addrs: BTreeMap<[u8; 4], NodeAddr> = BTreeMap::new();
@@ -352,11 +359,60 @@ impl Attacher {
             *v = ips;
             changed
         });
+        // IPv6: the same, over each node interface's global IPv6 addresses.
+        let want_ifs6: BTreeMap<u32, NodeIf6> = node_links
+            .iter()
+            .filter_map(|l| {
+                Some((
+                    l.iface.index,
+                    NodeIf6 {
+                        snat_addr: l.ipv6.first()?.octets(),
+                        snat_port_min: min,
+                        snat_port_max: max,
+                        _reserved: 0,
+                    },
+                ))
+            })
+            .collect();
+        let primary6 = node_links
+            .iter()
+            .find_map(|l| l.primary_v6)
+            .map(std::net::IpAddr::V6);
+        if self.node_port_addresses == NodePortAddresses::Primary && self.primary6 != Some(primary6)
+        {
+            match primary6 {
+                Some(a) => {
+                    tracing::info!(address = %a, "nodePortAddresses: primary IPv6 is this address (the IPv6 default route's)")
+                }
+                None => tracing::info!(
+                    "nodePortAddresses: primary: no IPv6 default route leaves by a node interface, so no IPv6 address serves NodePorts until one does"
+                ),
+            }
+            self.primary6 = Some(primary6);
+        }
+        let mut want_addrs6: BTreeMap<[u8; 16], NodeAddr> = BTreeMap::new();
+        for a in node_links.iter().flat_map(|l| l.ipv6.iter()) {
+            if self
+                .node_port_addresses
+                .contains(std::net::IpAddr::V6(*a), primary6)
+            {
+                want_addrs6.entry(a.octets()).or_default().flags |= NODE_ADDR_F_NODEPORT;
+            }
+        }
+        for v in want_ifs6.values() {
+            want_addrs6.entry(v.snat_addr).or_default().flags |= NODE_ADDR_F_SNAT;
+        }
         if self.node_port_addresses != NodePortAddresses::All {
-            let hc: Vec<std::net::IpAddr> = want_addrs
+            let v4 = want_addrs
                 .iter()
+                .map(|(a, v)| (std::net::IpAddr::from(*a), v));
+            let v6 = want_addrs6
+                .iter()
+                .map(|(a, v)| (std::net::IpAddr::from(*a), v));
+            let hc: Vec<std::net::IpAddr> = v4
+                .chain(v6)
                 .filter(|(_, v)| v.flags & NODE_ADDR_F_NODEPORT != 0)
-                .map(|(a, _)| std::net::IpAddr::from(*a))
+                .map(|(a, _)| a)
                 .collect();
             self.hc_addresses.send_if_modified(|v| {
                 let changed = *v != hc;
@@ -374,6 +430,18 @@ impl Attacher {
         for (k, v) in sync_exact(&mut self.node_addrs, map_names::NODE_ADDRS, &want_addrs)? {
             if v.flags & NODE_ADDR_F_NODEPORT != 0 {
                 tracing::info!(address = %std::net::Ipv4Addr::from(k), "NodePorts served on this address");
+            }
+        }
+        for (k, v) in sync_exact(&mut self.node_ifs6, map_names::NODE_IFS6, &want_ifs6)? {
+            tracing::info!(
+                ifindex = k,
+                snat_address = %std::net::Ipv6Addr::from(v.snat_addr),
+                "node interface: IPv6 flows to other nodes leaving by it are source-NATed to this address"
+            );
+        }
+        for (k, v) in sync_exact(&mut self.node_addrs6, map_names::NODE_ADDRS6, &want_addrs6)? {
+            if v.flags & NODE_ADDR_F_NODEPORT != 0 {
+                tracing::info!(address = %std::net::Ipv6Addr::from(k), "NodePorts served on this IPv6 address");
             }
         }
         Ok(())
@@ -622,6 +690,8 @@ mod tests {
             ipv4: Vec::new(),
             routes_v4: Vec::new(),
             primary_v4: None,
+            ipv6: Vec::new(),
+            primary_v6: None,
         }
     }
 

@@ -1,6 +1,7 @@
 //! Interfaces of this network namespace, from rtnetlink: a full listing (links, their IPv4
-//! addresses and the `/32` routes out of them), and a stream of "something changed" events
-//! from the link, IPv4 address and IPv4 route multicast groups.
+//! and global IPv6 addresses, the `/32` routes out of them, and the default routes), and a
+//! stream of "something changed" events from the link, address and route multicast groups
+//! of both families.
 
 use futures::{StreamExt as _, TryStreamExt as _};
 use lbproxy_common::{POD_IF_NETKIT, POD_IF_VETH};
@@ -35,6 +36,12 @@ pub struct Link {
     /// interface: the node's primary address, the route's preferred source if it has one,
     /// else this interface's first address. `nodePortAddresses: primary` serves it.
     pub primary_v4: Option<std::net::Ipv4Addr>,
+    /// Its IPv6 addresses of global scope (global and unique local; never link-local),
+    /// in the order the kernel lists them.
+    pub ipv6: Vec<std::net::Ipv6Addr>,
+    /// [`Link::primary_v4`] for IPv6: the main table's IPv6 default route's preferred
+    /// source, else this interface's first global IPv6 address.
+    pub primary_v6: Option<std::net::Ipv6Addr>,
 }
 
 /// Lists every interface in this network namespace.
@@ -82,19 +89,31 @@ pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Link>, rtnetlink::Er
                 ipv4: Vec::new(),
                 routes_v4: Vec::new(),
                 primary_v4: None,
+                ipv6: Vec::new(),
+                primary_v6: None,
             });
         }
     }
     let mut addrs = handle.address().get().execute();
     while let Some(msg) = addrs.try_next().await? {
         let index = msg.header.index;
+        let global = msg.header.scope == netlink_packet_route::address::AddressScope::Universe;
         for a in &msg.attributes {
-            if let netlink_packet_route::address::AddressAttribute::Local(std::net::IpAddr::V4(ip)) =
-                a
-                && let Some(l) = out.iter_mut().find(|l| l.iface.index == index)
-                && !l.ipv4.contains(ip)
-            {
-                l.ipv4.push(*ip);
+            use netlink_packet_route::address::AddressAttribute;
+            let Some(l) = out.iter_mut().find(|l| l.iface.index == index) else {
+                continue;
+            };
+            match a {
+                AddressAttribute::Local(std::net::IpAddr::V4(ip)) if !l.ipv4.contains(ip) => {
+                    l.ipv4.push(*ip);
+                }
+                // IPv6 addresses come as `Address` (there is no `Local` without a peer).
+                AddressAttribute::Address(std::net::IpAddr::V6(ip))
+                    if global && !ip.is_unicast_link_local() && !l.ipv6.contains(ip) =>
+                {
+                    l.ipv6.push(*ip);
+                }
+                _ => {}
             }
         }
     }
@@ -120,6 +139,23 @@ pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Link>, rtnetlink::Er
         && let Some(l) = out.iter_mut().find(|l| l.iface.index == oif)
     {
         l.primary_v4 = src.or_else(|| l.ipv4.first().copied());
+    }
+    let mut routes = handle
+        .route()
+        .get(rtnetlink::RouteMessageBuilder::<std::net::Ipv6Addr>::new().build())
+        .execute();
+    let mut default6: Option<(u32, u32, Option<std::net::Ipv6Addr>)> = None;
+    while let Some(msg) = routes.try_next().await? {
+        if let Some(d) = default_route6(&msg)
+            && default6.is_none_or(|best| d.0 < best.0)
+        {
+            default6 = Some(d);
+        }
+    }
+    if let Some((_, oif, src)) = default6
+        && let Some(l) = out.iter_mut().find(|l| l.iface.index == oif)
+    {
+        l.primary_v6 = src.or_else(|| l.ipv6.first().copied());
     }
     for l in &mut out {
         l.routes_v4.sort();
@@ -178,6 +214,31 @@ fn default_route(
     Some((metric, oif?, src))
 }
 
+/// [`default_route`] for IPv6: a unicast `::/0` route of the main table with one output
+/// interface.
+fn default_route6(
+    msg: &netlink_packet_route::route::RouteMessage,
+) -> Option<(u32, u32, Option<std::net::Ipv6Addr>)> {
+    use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteType};
+    let h = &msg.header;
+    if h.destination_prefix_length != 0 || h.kind != RouteType::Unicast {
+        return None;
+    }
+    let mut table = u32::from(h.table);
+    let (mut oif, mut metric, mut src) = (None, 0, None);
+    for a in &msg.attributes {
+        match a {
+            RouteAttribute::Oif(i) => oif = Some(*i),
+            RouteAttribute::Priority(p) => metric = *p,
+            RouteAttribute::PrefSource(RouteAddress::Inet6(ip)) => src = Some(*ip),
+            RouteAttribute::Table(t) => table = *t,
+            _ => {}
+        }
+    }
+    (table == u32::from(RouteHeader::RT_TABLE_MAIN)).then_some(())?;
+    Some((metric, oif?, src))
+}
+
 /// A handle for listing, and a receiver that gets `()` whenever a link is added, changed or
 /// removed. The caller re-lists on each event (and on a timer, as a safety net).
 pub fn watch() -> std::io::Result<(rtnetlink::Handle, mpsc::UnboundedReceiver<()>)> {
@@ -187,6 +248,8 @@ pub fn watch() -> std::io::Result<(rtnetlink::Handle, mpsc::UnboundedReceiver<()
         MulticastGroup::Link,
         MulticastGroup::Ipv4Ifaddr,
         MulticastGroup::Ipv4Route,
+        MulticastGroup::Ipv6Ifaddr,
+        MulticastGroup::Ipv6Route,
     ])?;
     tokio::spawn(mconn);
     let (tx, rx) = mpsc::unbounded_channel();

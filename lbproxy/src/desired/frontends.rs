@@ -348,25 +348,31 @@ pub fn desired_for(model: &Model, svc: &Service, node: &str) -> Vec<(Frontend, F
 }
 
 /// The address the datapath serves a frontend on, or why it does not serve it yet. When
-/// both reasons apply, the family's is given, then the protocol's. Served today: IPv4
-/// ClusterIPs, NodePorts (at 0.0.0.0, any node address), externalIPs and load-balancer IPs,
-/// and IPv6 ClusterIPs (to pods), TCP and UDP.
+/// both reasons apply, the family's is given, then the protocol's. Served today: ClusterIPs,
+/// NodePorts (at 0.0.0.0 or ::, any node address of the family), externalIPs and
+/// load-balancer IPs of both families, TCP and UDP; an IPv6 load-balancer IP only without
+/// `loadBalancerSourceRanges` (`filtered`), which are enforced over IPv4 only so far.
 fn servable(
     kind: FrontendKind,
     family: Family,
     addr: Option<IpAddr>,
     proto: Protocol,
+    filtered: bool,
 ) -> Result<IpAddr, &'static str> {
-    if family == Family::V6 && kind != FrontendKind::ClusterIp {
-        return Err("IPv6 is served for ClusterIPs only so far");
+    if family == Family::V6 && kind == FrontendKind::LoadBalancerIp && filtered {
+        return Err("loadBalancerSourceRanges are enforced over IPv4 only so far");
     }
     if proto == Protocol::Sctp {
         return Err("SCTP is not served yet");
     }
     match (kind, addr) {
         (_, Some(addr)) => Ok(addr),
-        // Every node address: the datapath's NodePort entry (see `Frontend::key`).
-        (FrontendKind::NodePort, None) => Ok(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+        // Every node address of the family: the datapath's NodePort entry (see
+        // `Frontend::key`).
+        (FrontendKind::NodePort, None) => Ok(match family {
+            Family::V4 => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            Family::V6 => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+        }),
         // Not reached: the other kinds have an address.
         _ => Err("no address"),
     }
@@ -470,8 +476,14 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
                 .load_balancer_source_ranges
                 .iter()
                 .any(|n| n.prefix_len() == 0);
+        // Source ranges that filter anything (none of length 0).
+        let filtered = !svc.load_balancer_source_ranges.is_empty()
+            && !svc
+                .load_balancer_source_ranges
+                .iter()
+                .any(|n| n.prefix_len() == 0);
         for (kind, family, addr, frontend_port) in asked {
-            match servable(kind, family, addr, port.protocol) {
+            match servable(kind, family, addr, port.protocol, filtered) {
                 Ok(addr) => {
                     let spec = specs
                         .entry((kind.scope(), family))
@@ -841,28 +853,30 @@ status:
                 "[fd00::12]:80/TCP",
                 "0.0.0.0:30080/TCP",
                 "0.0.0.0:30080/TCP (pods)",
+                "[::]:30080/TCP",
+                "[::]:30080/TCP (pods)",
                 "203.0.113.7:80/TCP",
                 "203.0.113.7:80/TCP (pods)",
+                "[2001:db8::7]:80/TCP",
+                "[2001:db8::7]:80/TCP (pods)",
                 "192.0.2.1:80/TCP",
-                "192.0.2.1:80/TCP (pods)"
+                "192.0.2.1:80/TCP (pods)",
+                "[2001:db8::1]:80/TCP",
+                "[2001:db8::1]:80/TCP (pods)"
             ]
         );
         let sctp = "SCTP is not served yet";
-        let v6 = "IPv6 is served for ClusterIPs only so far";
         assert_eq!(
             rows(&f),
             vec![
                 format!("ClusterIP ipv4 198.19.0.12:99/SCTP shop/lb:sig: {sctp}"),
                 format!("ClusterIP ipv6 [fd00::12]:99/SCTP shop/lb:sig: {sctp}"),
                 format!("NodePort ipv4 *:30099/SCTP shop/lb:sig: {sctp}"),
-                format!("NodePort ipv6 *:30080/TCP shop/lb:http: {v6}"),
-                format!("NodePort ipv6 *:30099/SCTP shop/lb:sig: {v6}"),
+                format!("NodePort ipv6 *:30099/SCTP shop/lb:sig: {sctp}"),
                 format!("ExternalIP ipv4 203.0.113.7:99/SCTP shop/lb:sig: {sctp}"),
-                format!("ExternalIP ipv6 [2001:db8::7]:80/TCP shop/lb:http: {v6}"),
-                format!("ExternalIP ipv6 [2001:db8::7]:99/SCTP shop/lb:sig: {v6}"),
+                format!("ExternalIP ipv6 [2001:db8::7]:99/SCTP shop/lb:sig: {sctp}"),
                 format!("LoadBalancerIP ipv4 192.0.2.1:99/SCTP shop/lb:sig: {sctp}"),
-                format!("LoadBalancerIP ipv6 [2001:db8::1]:80/TCP shop/lb:http: {v6}"),
-                format!("LoadBalancerIP ipv6 [2001:db8::1]:99/SCTP shop/lb:sig: {v6}"),
+                format!("LoadBalancerIP ipv6 [2001:db8::1]:99/SCTP shop/lb:sig: {sctp}"),
             ]
         );
     }
@@ -903,9 +917,10 @@ status:
         // externalTrafficPolicy: Local narrows the external frontends to this node's, and
         // flags them split; their entries for this node's pods keep every endpoint (as
         // kube-proxy's short-circuit of pod traffic to the internal policy).
+        // (The slice is IPv4: the IPv6 frontends have no endpoints.)
         for (fe, spec) in full.served[1..]
             .iter()
-            .filter(|(_, spec)| spec.kind != FrontendKind::ClusterIp)
+            .filter(|(fe, spec)| spec.kind != FrontendKind::ClusterIp && fe.addr.is_ipv4())
         {
             if fe.pods_only {
                 assert_eq!(
@@ -919,7 +934,13 @@ status:
                 assert_ne!(spec.flags & lbproxy_common::SVC_F_SPLIT_SCOPE, 0, "{fe}");
             }
         }
-        assert_eq!(full.served.iter().filter(|(fe, _)| fe.pods_only).count(), 3);
+        assert_eq!(
+            full.served
+                .iter()
+                .filter(|(fe, _)| fe.pods_only && fe.addr.is_ipv4())
+                .count(),
+            3
+        );
         // externalTrafficPolicy: Local does not narrow the ClusterIP's backends.
         assert_eq!(
             addrs(&full.served[0].1.backends),
@@ -959,33 +980,39 @@ status:
         let v6 = Some(v6_addr);
         use FrontendKind::*;
         use Protocol::*;
-        let v6_other = "IPv6 is served for ClusterIPs only so far";
+        let v6_ranges = "loadBalancerSourceRanges are enforced over IPv4 only so far";
+        let sctp = "SCTP is not served yet";
         let ok = |a: [u8; 4]| Ok(IpAddr::from(a));
-        for (kind, family, addr, proto, want) in [
-            (NodePort, Family::V6, None, Sctp, Err(v6_other)),
-            (NodePort, Family::V4, None, Udp, ok([0, 0, 0, 0])),
-            (ExternalIp, Family::V6, v6, Sctp, Err(v6_other)),
-            (LoadBalancerIp, Family::V6, v6, Tcp, Err(v6_other)),
-            (LoadBalancerIp, Family::V4, v4, Tcp, ok([198, 19, 0, 1])),
+        for (kind, family, addr, proto, filtered, want) in [
+            (NodePort, Family::V6, None, Sctp, false, Err(sctp)),
             (
-                ClusterIp,
+                NodePort,
                 Family::V6,
-                v6,
-                Sctp,
-                Err("SCTP is not served yet"),
+                None,
+                Tcp,
+                true,
+                Ok(IpAddr::from([0u8; 16])),
             ),
-            (ClusterIp, Family::V6, v6, Tcp, Ok(v6_addr)),
+            (NodePort, Family::V4, None, Udp, false, ok([0, 0, 0, 0])),
+            (ExternalIp, Family::V6, v6, Sctp, false, Err(sctp)),
+            (ExternalIp, Family::V6, v6, Tcp, true, Ok(v6_addr)),
+            (LoadBalancerIp, Family::V6, v6, Tcp, false, Ok(v6_addr)),
+            (LoadBalancerIp, Family::V6, v6, Sctp, true, Err(v6_ranges)),
             (
-                ClusterIp,
+                LoadBalancerIp,
                 Family::V4,
                 v4,
-                Sctp,
-                Err("SCTP is not served yet"),
+                Tcp,
+                true,
+                ok([198, 19, 0, 1]),
             ),
-            (ClusterIp, Family::V4, v4, Udp, ok([198, 19, 0, 1])),
+            (ClusterIp, Family::V6, v6, Sctp, false, Err(sctp)),
+            (ClusterIp, Family::V6, v6, Tcp, false, Ok(v6_addr)),
+            (ClusterIp, Family::V4, v4, Sctp, false, Err(sctp)),
+            (ClusterIp, Family::V4, v4, Udp, false, ok([198, 19, 0, 1])),
         ] {
             assert_eq!(
-                servable(kind, family, addr, proto),
+                servable(kind, family, addr, proto, filtered),
                 want,
                 "{kind:?} {family:?} {proto:?}"
             );
