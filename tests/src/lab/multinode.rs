@@ -23,7 +23,12 @@
 //! * Each node has `lo` up, `ip_forward=1`, `send_redirects=0` (all, default and eth0),
 //!   `rp_filter=0` (all, default and eth0), `default dev eth0` (proxy ARP needs a default
 //!   route) and a route to the other node's pod CIDR via the other node's fabric address.
-//! * Clients have only the fabric's /24: give them routes with [`Client::route_via`] (e.g.
+//! * Everything is dual-stack: node A's pods also get `fd00:c612:1::<2+i>/128` (node B's
+//!   `fd00:c612:2::`), routed as the single-node routed shape's (default via `fe80::1` on
+//!   the host side, a /128 route in the node namespace); the fabric is `fd00:c612:80::/64`
+//!   (nodes `::1` and `::2`, clients `::<100+i>`), each node routes the other's pod /64 via
+//!   the other's fabric address, and duplicate address detection is off everywhere.
+//! * Clients have only the fabric's /24 (and /64): give them routes with [`Client::route_via`] (e.g.
 //!   `198.19.0.0/16` through a node, for ExternalIPs and LB IPs) or [`Client::route_to_pods`].
 //!
 //! Typical use:
@@ -57,7 +62,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -71,8 +76,8 @@ use super::manifest::{Endpoint, Manifest, write_atomic};
 use super::net::{Proto, Reply, Tally, TcpConn, tally, tcp_request, udp_request};
 use super::ns::{ns_command, ns_run, run_in_ns};
 use super::{
-    COUNTER, Pod, ROUTED_GATEWAY, SWEEP, ip_batch, netns_add, netns_del, netns_del_quiet, quiet_ip,
-    sweep_stale, sysctl, take_lock, wait_lower_up,
+    COUNTER, Pod, ROUTED_GATEWAY, ROUTED_GATEWAY6, SWEEP, ip_batch, netns_add, netns_del,
+    netns_del_quiet, quiet_ip, sweep_stale, sysctl, take_lock, wait_lower_up,
 };
 
 /// The bridge in the fabric namespace that every node and client is plugged into.
@@ -117,6 +122,31 @@ impl NodeId {
     /// The node's eth0 address on the fabric: 198.18.80.1 (A) or .2 (B).
     pub fn fabric_ip(self) -> Ipv4Addr {
         Ipv4Addr::new(198, 18, 80, self.octet())
+    }
+
+    /// The node's eth0 IPv6 address on the fabric: `fd00:c612:80::1` (A) or `::2` (B).
+    pub fn fabric_ip6(self) -> Ipv6Addr {
+        Ipv6Addr::new(0xfd00, 0xc612, 0x80, 0, 0, 0, 0, u16::from(self.octet()))
+    }
+
+    /// The node's IPv6 pod CIDR: `fd00:c612:1::/64` (A) or `fd00:c612:2::/64` (B).
+    pub fn pod_cidr6(self) -> String {
+        format!("fd00:c612:{}::/64", self.octet())
+    }
+
+    /// The IPv6 address pod `index` of this node gets: `fd00:c612:1::<2+index>` (A),
+    /// `fd00:c612:2::<2+index>` (B).
+    pub fn pod_ip6(self, index: u32) -> Ipv6Addr {
+        Ipv6Addr::new(
+            0xfd00,
+            0xc612,
+            u16::from(self.octet()),
+            0,
+            0,
+            0,
+            0,
+            2 + index as u16,
+        )
     }
 
     /// The node's pod CIDR: `198.18.1.0/24` (A) or `198.18.2.0/24` (B).
@@ -171,6 +201,8 @@ pub struct Node {
     pub netns: String,
     /// eth0's fabric address.
     pub ip: Ipv4Addr,
+    /// eth0's IPv6 fabric address.
+    pub ip6: Ipv6Addr,
     /// The node's pod CIDR (`198.18.1.0/24` or `198.18.2.0/24`).
     pub pod_cidr: String,
     /// This node's lbproxy bpffs dir, `/sys/fs/bpf/lbproxy-test-<id>-<a|b>` (not created by
@@ -188,6 +220,8 @@ pub struct Client {
     pub netns: String,
     /// 198.18.80.`100+index`.
     pub ip: Ipv4Addr,
+    /// `fd00:c612:80::<100+index>`.
+    pub ip6: Ipv6Addr,
     /// Index among the lab's clients (its fabric port is `c<index>`).
     pub index: u32,
 }
@@ -200,6 +234,14 @@ impl Client {
         ip_batch(
             &self.netns,
             &[format!("route replace {cidr} via {} dev eth0", node.ip)],
+        );
+    }
+
+    /// [`Client::route_via`] for an IPv6 `cidr`, through `node`'s IPv6 fabric address.
+    pub fn route_via6(&self, cidr: &str, node: &Node) {
+        ip_batch(
+            &self.netns,
+            &[format!("route replace {cidr} via {} dev eth0", node.ip6)],
         );
     }
 
@@ -304,6 +346,7 @@ impl MultiNodeLab {
             name: nid.name(),
             netns: format!("lbt-{id}-{}", nid.name()),
             ip: nid.fabric_ip(),
+            ip6: nid.fabric_ip6(),
             pod_cidr: nid.pod_cidr(),
             bpffs_dir: PathBuf::from(format!("/sys/fs/bpf/lbproxy-test-{id}-{}", nid.suffix())),
         };
@@ -349,6 +392,9 @@ impl MultiNodeLab {
             netns_add(ns);
             ip_batch(ns, &["link set lo up".into()]);
             sysctl(ns, "net/ipv4/ip_forward", "1");
+            sysctl(ns, "net/ipv6/conf/default/accept_dad", "0");
+            sysctl(ns, "net/ipv6/conf/all/accept_dad", "0");
+            sysctl(ns, "net/ipv6/conf/all/forwarding", "1");
             // `default` first, so interfaces created later (eth0, lxc*) inherit it.
             // send_redirects is ORed (all || dev) and rp_filter is max(all, dev): set both.
             for conf in ["default", "all"] {
@@ -376,6 +422,12 @@ impl MultiNodeLab {
                         "route add {} via {} dev {NODE_IF}",
                         other.pod_cidr(),
                         other.fabric_ip()
+                    ),
+                    format!("addr add {}/64 dev {NODE_IF} nodad", node.ip6),
+                    format!(
+                        "route add {} via {} dev {NODE_IF}",
+                        other.pod_cidr6(),
+                        other.fabric_ip6()
                     ),
                 ],
             );
@@ -471,7 +523,7 @@ impl MultiNodeLab {
                 name: name.to_owned(),
                 netns: format!("lbt-{}-pod-{name}", self.id),
                 ip: node.pod_ip(index),
-                ip6: None,
+                ip6: Some(node.pod_ip6(index)),
                 host_if: format!("lxc{index}"),
                 index,
             };
@@ -480,7 +532,10 @@ impl MultiNodeLab {
             pod
         };
         let (ns, host, ip) = (&self.node(node).netns, &pod.host_if, pod.ip);
+        let ip6 = node.pod_ip6(pod.index);
         netns_add(&pod.netns);
+        sysctl(&pod.netns, "net/ipv6/conf/default/accept_dad", "0");
+        sysctl(&pod.netns, "net/ipv6/conf/all/accept_dad", "0");
         ip_batch(
             ns,
             &[format!(
@@ -493,9 +548,11 @@ impl MultiNodeLab {
             &[
                 "link set lo up".into(),
                 format!("addr add {ip}/32 dev eth0"),
+                format!("addr add {ip6}/128 dev eth0 nodad"),
                 "link set eth0 up".into(),
                 format!("route add {ROUTED_GATEWAY} dev eth0 scope link"),
                 format!("route add default via {ROUTED_GATEWAY} dev eth0"),
+                format!("route add ::/0 via {ROUTED_GATEWAY6} dev eth0"),
             ],
         );
         sysctl(ns, &format!("net/ipv4/conf/{host}/proxy_arp"), "1");
@@ -504,8 +561,10 @@ impl MultiNodeLab {
         ip_batch(
             ns,
             &[
+                format!("addr add {ROUTED_GATEWAY6}/64 dev {host} nodad"),
                 format!("link set {host} up"),
                 format!("route add {ip}/32 dev {host}"),
+                format!("route add {ip6}/128 dev {host}"),
             ],
         );
         // A packet sent before both ends have carrier is lost (and a lost SYN is retried
@@ -600,6 +659,7 @@ impl MultiNodeLab {
                 name: name.to_owned(),
                 netns: format!("lbt-{}-client-{name}", self.id),
                 ip: Ipv4Addr::new(a, b, c, d + index as u8),
+                ip6: Ipv6Addr::new(0xfd00, 0xc612, 0x80, 0, 0, 0, 0, 100 + index as u16),
                 index,
             };
             st.clients.insert(name.to_owned(), client.clone());
@@ -607,6 +667,8 @@ impl MultiNodeLab {
         };
         let port = format!("c{}", client.index);
         netns_add(&client.netns);
+        sysctl(&client.netns, "net/ipv6/conf/default/accept_dad", "0");
+        sysctl(&client.netns, "net/ipv6/conf/all/accept_dad", "0");
         ip_batch(
             &client.netns,
             &[format!(
@@ -619,6 +681,7 @@ impl MultiNodeLab {
             &[
                 "link set lo up".into(),
                 format!("addr add {}/{FABRIC_PREFIX_LEN} dev eth0", client.ip),
+                format!("addr add {}/64 dev eth0 nodad", client.ip6),
                 "link set eth0 up".into(),
             ],
         );

@@ -1,0 +1,304 @@
+//! IPv6 north-south traffic on two nodes (issue 14): a dual-stack LoadBalancer Service's
+//! IPv6 NodePorts, externalIP and load-balancer IP, reached from a client outside the
+//! cluster over IPv6, through either node, while its IPv4 frontends keep serving.
+//!
+//! Each node runs its own lbproxy, started exactly as other harnesses start it (`run
+//! --manifests FILE --pod-interfaces 'lxc*' --hostname-override nodeX --nodeport-addresses
+//! 198.18.80.0/24 ...`): the IPv4 CIDR says nothing about IPv6, so, as kube-proxy, every
+//! IPv6 node address serves NodePorts.
+//!
+//! - `externalTrafficPolicy: Cluster`: both backends answer, always from the address and
+//!   port the client used; the backend on the node reached sees the client's own IPv6
+//!   address, the one on the other node sees that node's IPv6 address (SNAT, with its own
+//!   IPv6 port space).
+//! - `externalTrafficPolicy: Local`: only the node's own endpoint answers, seeing the client;
+//!   a node without one drops; the `healthCheckNodePort` answers over IPv6 with kube-proxy's
+//!   statuses (200 with a local endpoint, 503 without).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+use lbproxy_tests::lab::multinode::{
+    MultiNodeLab, NodeId, WEB_BACKEND_TCP as BACKEND_TCP, WEB_BACKEND_UDP as BACKEND_UDP,
+    WEB_CLUSTER_IP, WEB_EXTERNAL_IP, WEB_LB_IP, WEB_NODE_PORT_TCP as NODE_PORT_TCP,
+    WEB_NODE_PORT_UDP as NODE_PORT_UDP,
+};
+use lbproxy_tests::lab::{Backend, Lbproxy, Pod, http_get_full};
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+const HEALTHY_WITHIN: Duration = Duration::from_secs(20);
+/// The IPv6 frontends: outside every lab subnet, routed to a node by the client.
+const EXTERNAL_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x50);
+const LB_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x60);
+const CLUSTER_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x10);
+const HC_PORT: u16 = 32000;
+
+struct Setup {
+    // Dropped last: servers and lbproxys go first.
+    lab: MultiNodeLab,
+    _servers: Vec<Backend>,
+    lbs: Vec<Lbproxy>,
+    a1: Pod,
+    b1: Pod,
+}
+
+/// The dual-stack `web` Service (type LoadBalancer, one clusterIP, externalIP and LB IP per
+/// family, TCP 80 and UDP 53 with NodePorts) over `pods`, with one EndpointSlice per family;
+/// `policy` is its externalTrafficPolicy, `extra` spec lines (two-space indented).
+fn manifest(lab: &MultiNodeLab, pods: &[&Pod], policy: &str, extra: &str) -> String {
+    let slice = |name: &str, family: &str, v6: bool| {
+        let eps: String = pods
+            .iter()
+            .map(|p| {
+                let ip = if v6 {
+                    p.ip6.unwrap().to_string()
+                } else {
+                    p.ip.to_string()
+                };
+                format!(
+                    "- {{addresses: [\"{ip}\"], nodeName: {}, conditions: {{ready: true}}}}\n",
+                    lab.node_of(&p.name).name()
+                )
+            })
+            .collect();
+        format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: default\n  labels: {{kubernetes.io/service-name: web}}\naddressType: {family}\nports: [{{name: http, port: {BACKEND_TCP}, protocol: TCP}}, {{name: dns, port: {BACKEND_UDP}, protocol: UDP}}]\nendpoints:\n{eps}"
+        )
+    };
+    format!(
+        "apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: default}}
+spec:
+  type: LoadBalancer
+  clusterIP: {WEB_CLUSTER_IP}
+  clusterIPs: [\"{WEB_CLUSTER_IP}\", \"{CLUSTER_IP6}\"]
+  ipFamilies: [IPv4, IPv6]
+  ipFamilyPolicy: RequireDualStack
+  externalIPs: [\"{WEB_EXTERNAL_IP}\", \"{EXTERNAL_IP6}\"]
+  externalTrafficPolicy: {policy}
+{extra}  ports:
+  - {{name: http, port: 80, protocol: TCP, targetPort: {BACKEND_TCP}, nodePort: {NODE_PORT_TCP}}}
+  - {{name: dns, port: 53, protocol: UDP, targetPort: {BACKEND_UDP}, nodePort: {NODE_PORT_UDP}}}
+status:
+  loadBalancer:
+    ingress: [{{ip: \"{WEB_LB_IP}\"}}, {{ip: \"{LB_IP6}\"}}]
+{}{}",
+        slice("web-v4", "IPv4", false),
+        slice("web-v6", "IPv6", true),
+    )
+}
+
+impl Setup {
+    /// a1 on nodeA and b1 on nodeB serve; `b1_listed`: whether b1 is an endpoint.
+    fn new(policy: &str, b1_listed: bool, extra: &str) -> Setup {
+        let lab = MultiNodeLab::new();
+        let a1 = lab.add_pod(NodeId::A, "a1");
+        let b1 = lab.add_pod(NodeId::B, "b1");
+        let servers = vec![
+            a1.serve(&[BACKEND_TCP, BACKEND_UDP]),
+            b1.serve(&[BACKEND_TCP, BACKEND_UDP]),
+        ];
+        let pods: Vec<&Pod> = if b1_listed { vec![&a1, &b1] } else { vec![&a1] };
+        lab.write_manifest_text(&manifest(&lab, &pods, policy, extra));
+        let lbs = lab.start_lbproxy_on_both(&[], HEALTHY_WITHIN);
+        Setup {
+            lab,
+            _servers: servers,
+            lbs,
+            a1,
+            b1,
+        }
+    }
+
+    fn logs(&self) -> String {
+        let mut out = self.lab.diagnostics();
+        for lb in &self.lbs {
+            out.push_str(&format!("\n--- lbproxy {:?}\n{}", lb.argv(), lb.log()));
+        }
+        out
+    }
+}
+
+/// One answered request: (backend, the client address it saw, where the answer came from).
+type Answer = (String, IpAddr, SocketAddr);
+
+/// One request to `to` from the calling thread's namespace: a new TCP connection, or a UDP
+/// datagram from a new socket.
+fn request(udp: bool, to: SocketAddr) -> Result<Answer, String> {
+    let (line, from) = if udp {
+        let u = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).map_err(|e| e.to_string())?;
+        u.set_read_timeout(Some(TIMEOUT))
+            .map_err(|e| e.to_string())?;
+        u.send_to(b"hello\n", to)
+            .map_err(|e| format!("send to {to}: {e}"))?;
+        let mut buf = [0u8; 512];
+        let (n, from) = u
+            .recv_from(&mut buf)
+            .map_err(|e| format!("no UDP answer from {to}: {e}"))?;
+        (String::from_utf8_lossy(&buf[..n]).to_string(), from)
+    } else {
+        let mut c =
+            TcpStream::connect_timeout(&to, TIMEOUT).map_err(|e| format!("connect {to}: {e}"))?;
+        c.set_read_timeout(Some(TIMEOUT))
+            .map_err(|e| e.to_string())?;
+        c.write_all(b"hello\n").map_err(|e| format!("write: {e}"))?;
+        let mut line = String::new();
+        BufReader::new(&c)
+            .read_line(&mut line)
+            .map_err(|e| format!("read from {to}: {e}"))?;
+        (line, c.peer_addr().map_err(|e| e.to_string())?)
+    };
+    let (backend, seen) = line
+        .trim_end()
+        .split_once(' ')
+        .ok_or_else(|| format!("malformed reply {line:?}"))?;
+    let seen: SocketAddr = seen
+        .parse()
+        .map_err(|e| format!("reply {line:?}: client address: {e}"))?;
+    Ok((backend.to_string(), seen.ip(), from))
+}
+
+/// `n` requests to `to` from `ns`: the client addresses each backend saw, and the failures
+/// (an error, or an answer from anywhere but `to`).
+fn requests(
+    ns: &str,
+    udp: bool,
+    to: SocketAddr,
+    n: usize,
+) -> (BTreeMap<String, Vec<IpAddr>>, Vec<String>) {
+    lbproxy_tests::lab::run_in_ns(ns, || {
+        let mut seen: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
+        let mut failed = Vec::new();
+        for i in 0..n {
+            match request(udp, to) {
+                Ok((backend, ip, from)) if from == to => {
+                    let e = seen.entry(backend).or_default();
+                    if !e.contains(&ip) {
+                        e.push(ip);
+                    }
+                }
+                Ok(a) => failed.push(format!("#{i}: answered from {}: {a:?}", a.2)),
+                Err(e) => failed.push(format!("#{i}: {e}")),
+            }
+        }
+        (seen, failed)
+    })
+}
+
+/// Waits until `to` answers a TCP request from `ns` (both lbproxys programmed it).
+fn wait_served(ns: &str, to: SocketAddr) {
+    let deadline = Instant::now() + HEALTHY_WITHIN;
+    while lbproxy_tests::lab::run_in_ns(ns, || request(false, to)).is_err()
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn proto(udp: bool) -> &'static str {
+    if udp { "UDP" } else { "TCP" }
+}
+
+/// externalTrafficPolicy: Cluster, over IPv6, through either node: the NodePorts (TCP and
+/// UDP) on the node's IPv6 address, the IPv6 externalIP and the IPv6 LB IP are answered by
+/// both backends, from the address and port the client used; the backend on the node
+/// reached sees the client's IPv6 address, the other one that node's (SNAT). The IPv4
+/// NodePort of the same Service answers too.
+#[test]
+fn ipv6_node_port_external_ip_and_lb_ip_through_either_node() {
+    let s = Setup::new("Cluster", true, "");
+    let client = s.lab.add_client("ext");
+    wait_served(
+        &client.netns,
+        SocketAddr::from((s.lab.node(NodeId::A).ip6, NODE_PORT_TCP)),
+    );
+    for via in NodeId::ALL {
+        let node = s.lab.node(via).clone();
+        let (local, remote) = match via {
+            NodeId::A => (&s.a1, &s.b1),
+            NodeId::B => (&s.b1, &s.a1),
+        };
+        client.route_via6("fd00:c612:ffff::/64", &node);
+        let mut frontends = vec![];
+        for (udp, port) in [(false, NODE_PORT_TCP), (true, NODE_PORT_UDP)] {
+            frontends.push((udp, SocketAddr::from((node.ip6, port))));
+        }
+        for vip in [EXTERNAL_IP6, LB_IP6] {
+            frontends.push((false, SocketAddr::from((vip, 80))));
+            frontends.push((true, SocketAddr::from((vip, 53))));
+        }
+        for (udp, to) in frontends {
+            let what = format!("{} {to} via {via}", proto(udp));
+            let (seen, failed) = requests(&client.netns, udp, to, 24);
+            eprintln!("{what}: {seen:?}");
+            assert!(failed.is_empty(), "{what}: {failed:?}\n{}", s.logs());
+            assert_eq!(
+                seen.get(&local.name),
+                Some(&vec![IpAddr::V6(client.ip6)]),
+                "{what}: the backend on {via} sees the client's own IPv6 address: {seen:?}"
+            );
+            assert_eq!(
+                seen.get(&remote.name),
+                Some(&vec![IpAddr::V6(node.ip6)]),
+                "{what}: the backend on the other node sees {via}'s IPv6 address (SNAT): {seen:?}"
+            );
+        }
+    }
+    // The IPv4 NodePort of the same Service, at the same time.
+    let to = SocketAddr::from((s.lab.node(NodeId::A).ip, NODE_PORT_TCP));
+    let (seen, failed) = requests(&client.netns, false, to, 12);
+    assert!(failed.is_empty(), "TCP {to}: {failed:?}");
+    assert_eq!(seen.len(), 2, "TCP {to}: both backends answer: {seen:?}");
+}
+
+/// externalTrafficPolicy: Local over IPv6, with only a1 (nodeA) an endpoint: nodeA's IPv6
+/// NodePort is answered by a1 alone, which sees the client's own address; nodeB's drops
+/// (an endpoint exists elsewhere), counted as `no_local_endpoint`. The healthCheckNodePort
+/// answers on both nodes' IPv6 addresses: 200 on nodeA, 503 on nodeB.
+#[test]
+fn ipv6_external_traffic_policy_local_and_health_check_node_port() {
+    let s = Setup::new(
+        "Local",
+        false,
+        &format!("  healthCheckNodePort: {HC_PORT}\n"),
+    );
+    let client = s.lab.add_client("ext");
+    let a6 = s.lab.node(NodeId::A).ip6;
+    let b6 = s.lab.node(NodeId::B).ip6;
+    wait_served(&client.netns, SocketAddr::from((a6, NODE_PORT_TCP)));
+    for (udp, port) in [(false, NODE_PORT_TCP), (true, NODE_PORT_UDP)] {
+        let to = SocketAddr::from((a6, port));
+        let (seen, failed) = requests(&client.netns, udp, to, 12);
+        assert!(
+            failed.is_empty(),
+            "{} {to}: {failed:?}\n{}",
+            proto(udp),
+            s.logs()
+        );
+        assert_eq!(
+            seen,
+            BTreeMap::from([(s.a1.name.clone(), vec![IpAddr::V6(client.ip6)])]),
+            "{} {to}: only nodeA's endpoint, seeing the client's address",
+            proto(udp)
+        );
+    }
+    let to = SocketAddr::from((b6, NODE_PORT_TCP));
+    let (seen, _) = requests(&client.netns, false, to, 2);
+    assert!(
+        seen.is_empty(),
+        "nodeB has no local endpoint: its IPv6 NodePort must not answer: {seen:?}"
+    );
+    for (addr, want) in [(a6, 200), (b6, 503)] {
+        let hc = SocketAddr::from((addr, HC_PORT));
+        let r = http_get_full(&client.netns, hc, "/", Duration::from_secs(2))
+            .unwrap_or_else(|e| panic!("GET http://{hc}/: {e}\n{}", s.logs()));
+        assert_eq!(r.status, want, "GET http://{hc}/: {r:?}");
+        assert!(
+            r.body.contains("\"localEndpoints\""),
+            "kube-proxy's body from {hc}: {r:?}"
+        );
+    }
+}
