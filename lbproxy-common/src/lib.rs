@@ -126,7 +126,10 @@ pub use services::{
     ServiceValue, ServiceValueV1,
 };
 pub use slots::{MAX_SLOTS, SlotKey};
-pub use sock::{SOCK_F_ALL_NETNS, SOCK_F_ENABLED, SockConfig, SockEvent, SockRevKey, SockRevValue};
+pub use sock::{
+    SOCK_F_ALL_NETNS, SOCK_F_ENABLED, SockConfig, SockEvent, SockRevKey, SockRevKey6, SockRevValue,
+    SockRevValue6,
+};
 pub use spec::{MapKind, MapSpec};
 pub use src_check::{MAX_SRC_CHECKS, SrcCheck};
 pub use src_ranges::{MAX_SRC_RANGES, SrcRangeData, SrcRangeKey, SrcRangeValue};
@@ -168,6 +171,8 @@ pod!(
     SockConfig,
     SockRevKey,
     SockRevValue,
+    SockRevKey6,
+    SockRevValue6,
     MonitorCtl,
     MonitorRate,
     MonitorEvent,
@@ -209,6 +214,7 @@ pub const MAPS: &[MapSpec] = &[
     frags::SPEC6,
     node_ifs::SPEC6,
     node_addrs::SPEC6,
+    sock::REV6_SPEC,
 ];
 
 /// Earlier layouts a controller reads once at start, copies into their successor, then
@@ -294,6 +300,8 @@ pub mod map_names {
     pub const SOCK_CONFIG: &str = crate::sock::CONFIG_SPEC.name;
     /// Socket-level load balancing: each translated socket's backend and frontend.
     pub const SOCK_REV: &str = crate::sock::REV_SPEC.name;
+    /// [`SOCK_REV`] for IPv6 sockets talking IPv6.
+    pub const SOCK_REV6: &str = crate::sock::REV6_SPEC.name;
     /// Socket-level load balancing: per-CPU counters by `SockEvent`.
     pub const SOCK_EVENTS: &str = crate::sock::COUNT_SPEC.name;
     /// `lbproxy monitor`'s switch and rate cap (`MonitorCtl`, one entry).

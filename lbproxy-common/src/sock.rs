@@ -6,6 +6,8 @@
 //! - `LB_SOCKREV_V1` ([`SockRevKey`] to [`SockRevValue`]): for each socket translated, the
 //!   backend it was sent to and the frontend it asked for, so `recvmsg` and `getpeername`
 //!   show the frontend, and the controller can find the sockets of a backend that left.
+//! - `LB_SOCKREV6_V1` ([`SockRevKey6`] to [`SockRevValue6`]): the same for IPv6 sockets
+//!   talking IPv6 (the `*6` programs; an IPv4-mapped peer uses `LB_SOCKREV_V1`).
 //! - `LB_SOCKCNT_V1`: per-CPU counters by [`SockEvent`].
 
 use crate::spec::{MapKind, MapSpec};
@@ -65,6 +67,39 @@ const _: () = assert!(core::mem::size_of::<SockRevValue>() == 16);
 pub const REV_SPEC: MapSpec = MapSpec::of::<SockRevKey, SockRevValue>(
     "LB_SOCKREV_V1",
     "sock_rev",
+    MapKind::LruHash,
+    MAX_SOCK_REV,
+);
+
+/// Key of `LB_SOCKREV6_V1`: [`SockRevKey`] with an IPv6 backend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SockRevKey6 {
+    pub cookie: u64,
+    pub backend_addr: [u8; 16],
+    pub backend_port_be: u16,
+    /// `IPPROTO_TCP` or `IPPROTO_UDP`.
+    pub proto: u8,
+    pub _pad: u8,
+    pub _pad2: u32,
+}
+const _: () = assert!(core::mem::size_of::<SockRevKey6>() == 32);
+
+/// Value of `LB_SOCKREV6_V1`: [`SockRevValue`] with an IPv6 frontend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockRevValue6 {
+    pub frontend_addr: [u8; 16],
+    pub frontend_port_be: u16,
+    pub _pad: u16,
+    pub svc_id: u32,
+    pub backend_id: u32,
+}
+const _: () = assert!(core::mem::size_of::<SockRevValue6>() == 28);
+
+pub const REV6_SPEC: MapSpec = MapSpec::of::<SockRevKey6, SockRevValue6>(
+    "LB_SOCKREV6_V1",
+    "sock_rev6",
     MapKind::LruHash,
     MAX_SOCK_REV,
 );

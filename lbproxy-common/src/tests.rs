@@ -57,7 +57,7 @@ fn sizes<K, V>() -> (u32, u32) {
 
 #[test]
 fn spec_sizes_are_their_types() {
-    let cases: [(MapSpec, (u32, u32)); 37] = [
+    let cases: [(MapSpec, (u32, u32)); 38] = [
         (services::SPEC, sizes::<ServiceKey, ServiceValue>()),
         (services::SPEC_V1, sizes::<ServiceKey, ServiceValueV1>()),
         (slots::SPEC, sizes::<SlotKey, u32>()),
@@ -95,6 +95,7 @@ fn spec_sizes_are_their_types() {
         (frags::SPEC6, sizes::<FragKey6, FragPorts>()),
         (node_ifs::SPEC6, sizes::<u32, NodeIf6>()),
         (node_addrs::SPEC6, sizes::<[u8; 16], NodeAddr>()),
+        (sock::REV6_SPEC, sizes::<SockRevKey6, SockRevValue6>()),
     ];
     for (spec, (k, v)) in cases {
         assert_eq!((spec.key_size, spec.value_size), (k, v), "{}", spec.name);
@@ -114,7 +115,7 @@ fn spec_sizes_are_their_types() {
 #[test]
 fn layouts_are_unchanged() {
     use MapKind::*;
-    let expected: [(&str, &str, MapKind, u32, u32, u32); 34] = [
+    let expected: [(&str, &str, MapKind, u32, u32, u32); 35] = [
         ("LB_BACKENDS_V1", "backends", Hash, 4, 8, 262_144),
         ("LB_SLOTS_V1", "slots", Hash, 8, 4, 262_144),
         ("LB_SERVICES_V2", "services", Hash, 8, 16, 65_536),
@@ -149,6 +150,7 @@ fn layouts_are_unchanged() {
         ("LB_FRAGS6_V1", "frags6", LruHash, 40, 4, 8_192),
         ("LB_NODEIFS6_V1", "node_ifs6", Hash, 4, 24, 256),
         ("LB_NODEADDR6_V1", "node_addrs6", Hash, 16, 4, 1_024),
+        ("LB_SOCKREV6_V1", "sock_rev6", LruHash, 32, 28, 262_144),
     ];
     let got: Vec<_> = MAPS
         .iter()

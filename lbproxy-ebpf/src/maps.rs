@@ -13,10 +13,10 @@ use lbproxy_common::{
     AffinityKey, AffinityKey6, AffinityValue, Backend, Backend6, DatapathConfig, FlowKey, FlowKey6,
     FlowValue, FlowValue6, FlowWork, FragKey, FragKey6, FragPorts, MemberKey, MonitorCtl,
     MonitorEvent, MonitorRate, NodeAddr, NodeIf, NodeIf6, PodAddr, PodIf, ServiceKey, ServiceKey6,
-    ServiceLabel, ServiceValue, SlotKey, SockConfig, SockRevKey, SockRevValue, SrcCheck,
-    SrcRangeData, UnservedKey, UnservedValue, affinity, backends, config, delivery, drops, flows,
-    frags, labels, members, monitor, node_addrs, node_ifs, pod_addrs, pod_ifs, services, slots,
-    snat_tries, sock,
+    ServiceLabel, ServiceValue, SlotKey, SockConfig, SockRevKey, SockRevKey6, SockRevValue,
+    SockRevValue6, SrcCheck, SrcRangeData, UnservedKey, UnservedValue, affinity, backends, config,
+    delivery, drops, flows, frags, labels, members, monitor, node_addrs, node_ifs, pod_addrs,
+    pod_ifs, services, slots, snat_tries, sock,
     spec::{MapKind, MapSpec, size_u32, str_eq},
     src_check, src_ranges, unserved,
 };
@@ -211,6 +211,8 @@ map! {
     LB_NODEIFS6_V1: HashMap<u32, NodeIf6> = node_ifs::SPEC6;
     /// `LB_NODEADDRS_V1` for IPv6. Read by `lb::service` and `north`.
     LB_NODEADDR6_V1: HashMap<[u8; 16], NodeAddr> = node_addrs::SPEC6;
+    /// `LB_SOCKREV_V1` for IPv6 sockets talking IPv6. Owned by `sock`.
+    LB_SOCKREV6_V1: LruHashMap<SockRevKey6, SockRevValue6> = sock::REV6_SPEC;
 }
 
 /// The controller's settings (`LB_CONFIG_V1`, entry 0): the stack bypass flag (for

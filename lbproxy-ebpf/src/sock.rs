@@ -8,9 +8,10 @@
 //! - `recvmsg4`, `getpeername4`: a translated socket sees the frontend as its peer, never the
 //!   backend (`LB_SOCKREV_V1`, written by the two above).
 //!
-//! The `*6` twins do the same for a dual-stack IPv6 socket talking IPv4: an IPv4-mapped
-//! address (`::ffff:a.b.c.d`) is looked up as its IPv4 address and rewritten to the
-//! backend's, mapped (Cilium's `sock6_xlate_v4_in_v6`). Without them, such a socket (a
+//! The `*6` twins do the same for IPv6 sockets: an IPv6 frontend is translated alike, its
+//! reverse entries in `LB_SOCKREV6_V1`; and a dual-stack socket talking IPv4 names an
+//! IPv4-mapped address (`::ffff:a.b.c.d`), looked up as its IPv4 address and rewritten to
+//! the backend's, mapped (Cilium's `sock6_xlate_v4_in_v6`). Without them, such a socket (a
 //! Java client's, say) would bypass the socket programs and reach no backend.
 //!
 //! Only sockets of the node's network namespace are translated (`LB_SOCKCFG_V1`'s netns
@@ -29,13 +30,14 @@ use aya_ebpf::{
     programs::SockAddrContext,
 };
 use lbproxy_common::{
-    Backend, IPPROTO_TCP, IPPROTO_UDP, SOCK_F_ALL_NETNS, SOCK_F_ENABLED, ServiceValue, SockEvent,
-    SockRevKey, SockRevValue, select::flow_hash,
+    Addr, BackendOf, IPPROTO_TCP, IPPROTO_UDP, SOCK_F_ALL_NETNS, SOCK_F_ENABLED, ServiceValue,
+    SockEvent, SockRevKey, SockRevKey6, SockRevValue, SockRevValue6, select::flow_hash,
 };
 
 use crate::{
+    family::Family,
     lb::{affinity, select, service},
-    maps::{self, LB_SOCKCFG_V1, LB_SOCKCNT_V1, LB_SOCKREV_V1},
+    maps::{self, LB_SOCKCFG_V1, LB_SOCKCNT_V1, LB_SOCKREV_V1, LB_SOCKREV6_V1},
 };
 
 /// Let the syscall go on (with the address as the program left it).
@@ -128,6 +130,55 @@ fn destination6(ctx: &SockAddrContext) -> Option<([u8; 4], u16, u8)> {
     Some((w3.to_ne_bytes(), port as u16, proto))
 }
 
+/// The destination of an IPv6 socket's syscall when it is an IPv6 address proper (not
+/// IPv4-mapped, which [`destination6`] reads): (address, port in network order, protocol),
+/// for TCP and UDP only.
+#[inline(always)]
+fn destination6_native(ctx: &SockAddrContext) -> Option<([u8; 16], u16, u8)> {
+    let sa = ctx.sock_addr;
+    // SAFETY: as in `destination6`.
+    let (proto, w, port) = unsafe {
+        (
+            (*sa).protocol,
+            [
+                (*sa).user_ip6[0],
+                (*sa).user_ip6[1],
+                (*sa).user_ip6[2],
+                (*sa).user_ip6[3],
+            ],
+            (*sa).user_port,
+        )
+    };
+    let proto = proto as u8;
+    if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+        || (w[0] == 0 && w[1] == 0 && w[2] == V4_MAPPED_PREFIX)
+    {
+        return None;
+    }
+    let mut addr = [0u8; 16];
+    let mut i = 0;
+    while i < 4 {
+        addr[i * 4..i * 4 + 4].copy_from_slice(&w[i].to_ne_bytes());
+        i += 1;
+    }
+    Some((addr, port as u16, proto))
+}
+
+/// Rewrites an IPv6 syscall's address (all of it: [`destination6_native`]'s kind).
+#[inline(always)]
+fn set_destination6_native(ctx: &SockAddrContext, addr: &[u8; 16], port_be: u16) {
+    let sa = ctx.sock_addr;
+    let w = |i: usize| u32::from_ne_bytes([addr[i], addr[i + 1], addr[i + 2], addr[i + 3]]);
+    // SAFETY: as in `set_destination`; 4-byte stores.
+    unsafe {
+        (*sa).user_ip6[0] = w(0);
+        (*sa).user_ip6[1] = w(4);
+        (*sa).user_ip6[2] = w(8);
+        (*sa).user_ip6[3] = w(12);
+        (*sa).user_port = u32::from(port_be);
+    }
+}
+
 /// The syscall's address, as [`destination`] or [`destination6`] reads it.
 #[inline(always)]
 fn destination_of(ctx: &SockAddrContext, v6: bool) -> Option<([u8; 4], u16, u8)> {
@@ -174,23 +225,24 @@ enum Refuse {
 
 /// A backend for `cookie`'s socket to the frontend `svc` at `(addr, port_be, proto)`.
 #[inline(always)]
-fn choose(
+fn choose<A: Family>(
     svc: &ServiceValue,
     cookie: u64,
-    addr: [u8; 4],
+    addr: &A,
     port_be: u16,
     proto: u8,
-) -> Result<(u32, Backend), Refuse> {
+) -> Result<(u32, BackendOf<A>), Refuse> {
     if svc.count == 0 {
         return Err(Refuse::NoEndpoint);
     }
     let seed = maps::config().hash_seed();
     let pick = || {
-        // The cookie stands in for the client's address and port.
+        // The cookie stands in for the client's address and port; an IPv6 frontend is
+        // folded to 32 bits, as the packet path's hash does.
         let hash = flow_hash(
             seed,
             (cookie as u32).to_ne_bytes(),
-            addr,
+            addr.fold().to_ne_bytes(),
             (cookie >> 32) as u16,
             port_be,
             proto,
@@ -202,42 +254,61 @@ fn choose(
     }
     // SAFETY: a helper with no arguments.
     let now = unsafe { bpf_ktime_get_ns() };
-    affinity::select_for(svc, [0; 4], now, pick)
+    affinity::select_for(svc, A::ZERO, now, pick)
 }
 
-/// `connect4` and `sendmsg4` (and `connect6`, `sendmsg6` with `v6`, for IPv4-mapped
-/// addresses): translates a socket addressed to a frontend. `refused` and `translated` are
-/// the events to count.
+/// The translation of a socket addressed to `(addr, port_be, proto)`: its cookie, the
+/// frontend and the backend chosen; or the hook's return value when there is none (not a
+/// frontend or not in scope: allowed untranslated; no usable endpoint: refused, counted as
+/// `refused`).
 #[inline(always)]
-pub fn forward(ctx: &SockAddrContext, v6: bool, translated: SockEvent, refused: SockEvent) -> i32 {
-    let Some((addr, port_be, proto)) = destination_of(ctx, v6) else {
-        return ALLOW;
-    };
-    let Some(svc) = service::lookup_local(addr, port_be, proto) else {
-        return ALLOW;
-    };
+fn translation<A: Family>(
+    ctx: &SockAddrContext,
+    addr: &A,
+    port_be: u16,
+    proto: u8,
+    refused: SockEvent,
+) -> Result<(u64, ServiceValue, u32, BackendOf<A>), i32> {
+    let svc = service::lookup_local(*addr, port_be, proto).ok_or(ALLOW)?;
     match in_scope(ctx) {
         Ok(()) => {}
-        Err(Scope::Off) => return ALLOW,
+        Err(Scope::Off) => return Err(ALLOW),
         Err(Scope::OtherNetns) => {
             count(SockEvent::OtherNetns);
-            return ALLOW;
+            return Err(ALLOW);
         }
     }
     // SAFETY: a helper every cgroup sock_addr program may call, with its own context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let (backend_id, backend) = match choose(&svc, cookie, addr, port_be, proto) {
-        Ok(b) => b,
+    match choose(&svc, cookie, addr, port_be, proto) {
+        Ok((id, backend)) => Ok((cookie, svc, id, backend)),
         Err(Refuse::NoEndpoint) => {
             count(refused);
             // SAFETY: a helper of cgroup programs; the error is what the syscall returns.
             unsafe { bpf_set_retval(-ECONNREFUSED) };
-            return DENY;
+            Err(DENY)
         }
         Err(Refuse::Inconsistent) => {
             count(SockEvent::Inconsistent);
-            return ALLOW;
+            Err(ALLOW)
         }
+    }
+}
+
+/// `connect4` and `sendmsg4` (and `connect6`, `sendmsg6` with `v6`): translates a socket
+/// addressed to a frontend. `refused` and `translated` are the events to count.
+#[inline(always)]
+pub fn forward(ctx: &SockAddrContext, v6: bool, translated: SockEvent, refused: SockEvent) -> i32 {
+    if v6 && let Some(dst) = destination6_native(ctx) {
+        return forward6(ctx, dst, translated, refused);
+    }
+    let Some((addr, port_be, proto)) = destination_of(ctx, v6) else {
+        return ALLOW;
+    };
+    let (cookie, svc, backend_id, backend) = match translation(ctx, &addr, port_be, proto, refused)
+    {
+        Ok(t) => t,
+        Err(action) => return action,
     };
     let key = SockRevKey {
         cookie,
@@ -265,12 +336,68 @@ pub fn forward(ctx: &SockAddrContext, v6: bool, translated: SockEvent, refused: 
     ALLOW
 }
 
+/// [`forward`] for an IPv6 socket addressed to an IPv6 frontend (`dst`).
+#[inline(always)]
+fn forward6(
+    ctx: &SockAddrContext,
+    (addr, port_be, proto): ([u8; 16], u16, u8),
+    translated: SockEvent,
+    refused: SockEvent,
+) -> i32 {
+    let (cookie, svc, backend_id, backend) = match translation(ctx, &addr, port_be, proto, refused)
+    {
+        Ok(t) => t,
+        Err(action) => return action,
+    };
+    let key = SockRevKey6 {
+        cookie,
+        backend_addr: backend.addr,
+        backend_port_be: backend.port_be,
+        proto,
+        _pad: 0,
+        _pad2: 0,
+    };
+    let value = SockRevValue6 {
+        frontend_addr: addr,
+        frontend_port_be: port_be,
+        _pad: 0,
+        svc_id: svc.svc_id,
+        backend_id,
+    };
+    // SAFETY: copied out at once.
+    let known = unsafe { LB_SOCKREV6_V1.get(key) }.copied();
+    if known != Some(value) && LB_SOCKREV6_V1.insert(key, value, 0).is_err() {
+        count(SockEvent::RevWriteFailed);
+    }
+    set_destination6_native(ctx, &backend.addr, backend.port_be);
+    count(translated);
+    ALLOW
+}
+
 /// `recvmsg4` and `getpeername4` (and `recvmsg6`, `getpeername6` with `v6`, for
 /// IPv4-mapped peers): a translated socket's peer is shown as the frontend it asked for.
 /// Always lets the syscall go on (these hooks cannot fail it).
 #[inline(always)]
 pub fn reverse(ctx: &SockAddrContext, v6: bool, proto: u8, restored: SockEvent) -> i32 {
     if in_scope(ctx).is_err() {
+        return ALLOW;
+    }
+    if v6 && let Some((ip, port, _)) = destination6_native(ctx) {
+        // SAFETY: as in `forward`.
+        let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+        let key = SockRevKey6 {
+            cookie,
+            backend_addr: ip,
+            backend_port_be: port,
+            proto,
+            _pad: 0,
+            _pad2: 0,
+        };
+        // SAFETY: copied out at once.
+        if let Some(v) = unsafe { LB_SOCKREV6_V1.get(key) }.copied() {
+            set_destination6_native(ctx, &v.frontend_addr, v.frontend_port_be);
+            count(restored);
+        }
         return ALLOW;
     }
     let peer = if v6 {

@@ -728,7 +728,7 @@ fn sockets(maps: &PinnedMaps, dir: &Path, out: Output) -> anyhow::Result<String>
         .iter()
         .filter_map(|p| Some(p.file_name()?.to_string_lossy().to_string()))
         .collect();
-    let sockets = maps.sock_rev.keys().flatten().count();
+    let sockets = maps.sock_rev.keys().flatten().count() + maps.sock_rev6.keys().flatten().count();
     let counts: Vec<(&'static str, u64)> = maps
         .sock_counts()
         .into_iter()
@@ -982,7 +982,7 @@ fn status(maps: &PinnedMaps, dir: &Path, out: Output, healthz: &str) -> anyhow::
         })
         .collect();
     // The hash maps, whose entries come and go (arrays are always full).
-    let counts: [(&'static str, usize); 11] = [
+    let counts: [(&'static str, usize); 12] = [
         (map_names::SERVICES, maps.services.keys().count()),
         (map_names::SLOTS, maps.slots.keys().count()),
         (map_names::BACKENDS, maps.backends.keys().count()),
@@ -994,6 +994,7 @@ fn status(maps: &PinnedMaps, dir: &Path, out: Output, healthz: &str) -> anyhow::
         (map_names::POD_IFS, maps.pod_ifs.keys().count()),
         (map_names::NODE_IFS, maps.node_ifs.keys().count()),
         (map_names::SOCK_REV, maps.sock_rev.keys().count()),
+        (map_names::SOCK_REV6, maps.sock_rev6.keys().count()),
     ];
     let capacities: BTreeMap<&str, i64> = crate::bpf::capacities(dir).into_iter().collect();
     let fills: Vec<MapFill> = counts

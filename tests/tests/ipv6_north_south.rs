@@ -14,12 +14,17 @@
 //! - `externalTrafficPolicy: Local`: only the node's own endpoint answers, seeing the client;
 //!   a node without one drops; the `healthCheckNodePort` answers over IPv6 with kube-proxy's
 //!   statuses (200 with a local endpoint, 503 without).
+//! - Processes of the node itself (in the lab's cgroup, so `connect6`/`sendmsg6`/
+//!   `recvmsg6`/`getpeername6` see them) reach every IPv6 frontend kind, see the frontend as
+//!   their peer, and lose a connected socket whose backend leaves (`LB_SOCKREV6_V1`, the
+//!   reaper's IPv6 `sock_diag` dump).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
+use lbproxy_tests::lab::cgroup::{Mode, Outcome, Requests};
 use lbproxy_tests::lab::multinode::{
     MultiNodeLab, NodeId, WEB_BACKEND_TCP as BACKEND_TCP, WEB_BACKEND_UDP as BACKEND_UDP,
     WEB_CLUSTER_IP, WEB_EXTERNAL_IP, WEB_LB_IP, WEB_NODE_PORT_TCP as NODE_PORT_TCP,
@@ -301,4 +306,129 @@ fn ipv6_external_traffic_policy_local_and_health_check_node_port() {
             "kube-proxy's body from {hc}: {r:?}"
         );
     }
+}
+
+/// The node processes' requests: each answered, from `to` as the peer; the backends that
+/// answered and the addresses they saw.
+fn node_tally(out: &[Outcome], to: SocketAddr, ctx: &str) -> BTreeMap<String, Vec<String>> {
+    let mut m: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for o in out {
+        assert!(o.ok, "{ctx}: request failed: {o:?}");
+        assert_eq!(
+            o.peer,
+            to.to_string(),
+            "{ctx}: the client must see the frontend as its peer: {o:?}"
+        );
+        let seen: SocketAddr = o.client_seen.parse().unwrap_or_else(|e| {
+            panic!("{ctx}: client_seen {:?}: {e}", o.client_seen);
+        });
+        let e = m.entry(o.backend.clone()).or_default();
+        if !e.contains(&seen.ip().to_string()) {
+            e.push(seen.ip().to_string());
+        }
+    }
+    m
+}
+
+/// Processes in node A's own namespace reach the IPv6 ClusterIP, externalIP, LB IP and
+/// NodePorts (on either node's IPv6 address) over TCP, unconnected and connected UDP: both
+/// backends answer, always showing the frontend as the peer, and the backends see node A's
+/// IPv6 address (the socket was connected from the node itself).
+#[test]
+fn node_processes_reach_every_ipv6_frontend_kind() {
+    let s = Setup::new("Cluster", true, "");
+    let node_a = s.lab.node(NodeId::A).ip6;
+    let mut frontends = vec![
+        (CLUSTER_IP6, 80, 53),
+        (EXTERNAL_IP6, 80, 53),
+        (LB_IP6, 80, 53),
+    ];
+    for node in NodeId::ALL {
+        frontends.push((s.lab.node(node).ip6, NODE_PORT_TCP, NODE_PORT_UDP));
+    }
+    for (ip, tcp, udp) in frontends {
+        for (mode, port) in [
+            (Mode::Tcp, tcp),
+            (Mode::Udp, udp),
+            (Mode::UdpConnected, udp),
+        ] {
+            let to = SocketAddr::from((ip, port));
+            let out = s
+                .lab
+                .host_client(NodeId::A, &Requests::new(mode, to, 16).timeout(TIMEOUT))
+                .all();
+            let ctx = format!("{mode:?} from nodeA to {to}\n{}", s.logs());
+            let m = node_tally(&out, to, &ctx);
+            let want = if matches!(mode, Mode::UdpConnected) {
+                1
+            } else {
+                2
+            };
+            assert!(m.len() >= want, "{ctx}: want {want} backend(s), got {m:?}");
+            if ip == CLUSTER_IP6 {
+                for seen in m.values() {
+                    assert_eq!(seen, &vec![node_a.to_string()], "{ctx}: {m:?}");
+                }
+            }
+        }
+    }
+}
+
+/// Churn over IPv6: a node process's open TCP connection to the IPv6 ClusterIP whose
+/// backend leaves the IPv6 slice is destroyed by lbproxy (the old backend still serves, so
+/// without that the connection would go on talking to it), and the process's next
+/// connection is answered by the live backend within 2 s.
+#[test]
+fn a_node_processs_ipv6_connection_moves_when_its_backend_leaves() {
+    let s = Setup::new("Cluster", true, "");
+    let to = SocketAddr::from((CLUSTER_IP6, 80));
+    let mut c = s.lab.host_client(
+        NodeId::A,
+        &Requests::new(Mode::TcpConnected, to, 100)
+            .interval(Duration::from_millis(50))
+            .timeout(Duration::from_millis(500)),
+    );
+    let mut first = None;
+    for _ in 0..5 {
+        let o = c.next_outcome().expect("client running");
+        assert!(o.ok, "before the change: {o:?}\n{}", s.logs());
+        assert_eq!(o.peer, to.to_string());
+        if let Some(f) = &first {
+            assert_eq!(&o.backend, f, "a connected socket must keep its backend");
+        }
+        first = Some(o.backend.clone());
+    }
+    let gone = first.unwrap();
+    let stays = if gone == s.a1.name { &s.b1 } else { &s.a1 };
+    s.lab
+        .write_manifest_text(&manifest(&s.lab, &[stays], "Cluster", ""));
+    let changed = Instant::now();
+    let mut errors = Vec::new();
+    let moved = loop {
+        let Some(o) = c.next_outcome() else {
+            panic!(
+                "client ended before its socket moved; errors {errors:?}\n{}",
+                s.logs()
+            );
+        };
+        if !o.ok {
+            errors.push((changed.elapsed(), o.error.clone(), o.errno));
+            continue;
+        }
+        if o.backend == stays.name {
+            break changed.elapsed();
+        }
+        assert!(
+            changed.elapsed() < Duration::from_secs(3),
+            "still answered by {gone} 3 s after it left\n{}",
+            s.logs()
+        );
+    };
+    eprintln!("IPv6 TCP: socket moved {moved:?} after the change; errors seen: {errors:?}");
+    assert!(
+        !errors.is_empty(),
+        "the socket moved without being destroyed?\n{}",
+        s.logs()
+    );
+    assert!(moved < Duration::from_secs(2), "moved only after {moved:?}");
 }

@@ -40,6 +40,7 @@ pub struct PinnedMaps {
     pub sock_config: Array<MapData, lbproxy_common::SockConfig>,
     pub sock_events: PerCpuArray<MapData, u64>,
     pub sock_rev: BpfHashMap<MapData, lbproxy_common::SockRevKey, lbproxy_common::SockRevValue>,
+    pub sock_rev6: BpfHashMap<MapData, lbproxy_common::SockRevKey6, lbproxy_common::SockRevValue6>,
 }
 
 impl PinnedMaps {
@@ -68,6 +69,7 @@ impl PinnedMaps {
             sock_config: open_pinned(dir, map_names::SOCK_CONFIG, Map::Array)?,
             sock_events: open_pinned(dir, map_names::SOCK_EVENTS, Map::PerCpuArray)?,
             sock_rev: open_pinned(dir, map_names::SOCK_REV, Map::LruHashMap)?,
+            sock_rev6: open_pinned(dir, map_names::SOCK_REV6, Map::LruHashMap)?,
         })
     }
 

@@ -261,11 +261,15 @@ pub struct Reaped {
 /// sockets, until it goes. The reverse entries of those sockets go too.
 pub fn reap(dir: &Path) -> Result<Reaped, SockError> {
     use aya::maps::HashMap as BpfHashMap;
-    use lbproxy_common::{Backend, SockRevKey, SockRevValue};
+    use lbproxy_common::{Backend, Backend6, SockRevKey, SockRevKey6, SockRevValue, SockRevValue6};
     let mut rev: BpfHashMap<MapData, SockRevKey, SockRevValue> =
         open_pinned(dir, map_names::SOCK_REV, Map::LruHashMap)?;
+    let mut rev6: BpfHashMap<MapData, SockRevKey6, SockRevValue6> =
+        open_pinned(dir, map_names::SOCK_REV6, Map::LruHashMap)?;
     let backends: BpfHashMap<MapData, u32, Backend> =
         open_pinned(dir, map_names::BACKENDS, Map::HashMap)?;
+    let backends6: BpfHashMap<MapData, u32, Backend6> =
+        open_pinned(dir, map_names::BACKENDS6, Map::HashMap)?;
     let mut stale: std::collections::BTreeSet<SockRevKey> = std::collections::BTreeSet::new();
     for (k, v) in rev.iter().flatten() {
         let live = backends
@@ -275,39 +279,70 @@ pub fn reap(dir: &Path) -> Result<Reaped, SockError> {
             stale.insert(k);
         }
     }
+    let mut stale6: std::collections::BTreeSet<SockRevKey6> = std::collections::BTreeSet::new();
+    for (k, v) in rev6.iter().flatten() {
+        let live = backends6
+            .get(&v.backend_id, 0)
+            .is_ok_and(|b| b.addr == k.backend_addr && b.port_be == k.backend_port_be);
+        if !live {
+            stale6.insert(k);
+        }
+    }
     let mut out = Reaped {
-        stale: stale.len(),
+        stale: stale.len() + stale6.len(),
         ..Reaped::default()
     };
-    if stale.is_empty() {
+    if out.stale == 0 {
         return Ok(out);
     }
     let diag = super::sock_diag::SockDiag::open().map_err(|e| SockError::Diag("open", e))?;
     for proto in [lbproxy_common::IPPROTO_TCP, lbproxy_common::IPPROTO_UDP] {
-        if !stale.iter().any(|k| k.proto == proto) {
+        let v4 = stale.iter().any(|k| k.proto == proto);
+        let v6 = stale6.iter().any(|k| k.proto == proto);
+        if !v4 && !v6 {
             continue;
         }
-        let socks = diag.dump(proto).map_err(|e| SockError::Diag("dump", e))?;
+        let mut socks = Vec::new();
+        if v4 {
+            socks.extend(diag.dump(proto).map_err(|e| SockError::Diag("dump", e))?);
+        }
+        // IPv6 sockets: those talking IPv6, and those talking IPv4 through mapped addresses.
+        socks.extend(diag.dump6(proto).map_err(|e| SockError::Diag("dump", e))?);
         for s in socks {
-            let Some((addr, port)) = s.remote() else {
+            let backend = if let Some((addr, port)) = s.remote() {
+                let key = SockRevKey {
+                    cookie: s.cookie,
+                    backend_addr: addr,
+                    backend_port_be: port.to_be(),
+                    proto,
+                    _pad: 0,
+                };
+                if !stale.contains(&key) {
+                    continue;
+                }
+                std::net::SocketAddr::from((addr, port))
+            } else if let Some((addr, port)) = s.remote6() {
+                let key = SockRevKey6 {
+                    cookie: s.cookie,
+                    backend_addr: addr,
+                    backend_port_be: port.to_be(),
+                    proto,
+                    _pad: 0,
+                    _pad2: 0,
+                };
+                if !stale6.contains(&key) {
+                    continue;
+                }
+                std::net::SocketAddr::from((addr, port))
+            } else {
                 continue;
             };
-            let key = SockRevKey {
-                cookie: s.cookie,
-                backend_addr: addr,
-                backend_port_be: port.to_be(),
-                proto,
-                _pad: 0,
-            };
-            if !stale.contains(&key) {
-                continue;
-            }
             match diag.destroy(proto, &s) {
                 Ok(()) => {
                     out.destroyed += 1;
                     tracing::info!(
                         cookie = s.cookie,
-                        backend = %std::net::SocketAddrV4::new(addr.into(), port),
+                        %backend,
                         proto,
                         "destroyed a node socket whose backend left"
                     );
@@ -324,6 +359,9 @@ pub fn reap(dir: &Path) -> Result<Reaped, SockError> {
     }
     for k in &stale {
         let _ = rev.remove(k);
+    }
+    for k in &stale6 {
+        let _ = rev6.remove(k);
     }
     Ok(out)
 }

@@ -1,4 +1,4 @@
-//! The node's IPv4 sockets through netlink `sock_diag`: a dump of one protocol's sockets
+//! The node's sockets (IPv4, and IPv6 with `dump6`) through netlink `sock_diag`: a dump of one protocol's sockets
 //! with their cookies, and `SOCK_DESTROY` of one of them (what `ss -K` does; needs
 //! `CONFIG_INET_DIAG_DESTROY` and CAP_NET_ADMIN). A destroyed TCP socket's owner sees
 //! ECONNABORTED; a destroyed connected UDP socket fails its next send (EDESTADDRREQ) or
@@ -13,7 +13,7 @@ use netlink_packet_core_sd::{
 };
 use netlink_packet_sock_diag::{
     SockDiagMessage,
-    constants::AF_INET,
+    constants::{AF_INET, AF_INET6},
     inet::{ExtensionFlags, InetRequest, SocketId, StateFlags},
 };
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_SOCK_DIAG};
@@ -30,11 +30,24 @@ pub struct SockInfo {
 }
 
 impl SockInfo {
-    /// The remote address and port (`[u8; 4]`, host-order port), for IPv4 sockets.
+    /// The remote address and port (`[u8; 4]`, host-order port), for IPv4 sockets and IPv6
+    /// ones talking IPv4 (an IPv4-mapped peer).
     pub fn remote(&self) -> Option<([u8; 4], u16)> {
         match self.id.destination_address {
             std::net::IpAddr::V4(a) => Some((a.octets(), self.id.destination_port)),
-            std::net::IpAddr::V6(_) => None,
+            std::net::IpAddr::V6(a) => a
+                .to_ipv4_mapped()
+                .map(|v4| (v4.octets(), self.id.destination_port)),
+        }
+    }
+
+    /// The remote IPv6 address and port of an IPv6 socket talking IPv6.
+    pub fn remote6(&self) -> Option<([u8; 16], u16)> {
+        match self.id.destination_address {
+            std::net::IpAddr::V6(a) if a.to_ipv4_mapped().is_none() => {
+                Some((a.octets(), self.id.destination_port))
+            }
+            _ => None,
         }
     }
 }
@@ -59,11 +72,17 @@ impl SockDiag {
 
     /// Every IPv4 socket of protocol `proto` (TCP or UDP) in this network namespace.
     pub fn dump(&self, proto: u8) -> std::io::Result<Vec<SockInfo>> {
-        self.send(
-            NLM_F_REQUEST | NLM_F_DUMP,
-            None,
-            request(proto, SocketId::new_v4()),
-        )?;
+        self.dump_id(proto, SocketId::new_v4())
+    }
+
+    /// Every IPv6 socket of protocol `proto` in this network namespace (those talking IPv4
+    /// through mapped addresses too).
+    pub fn dump6(&self, proto: u8) -> std::io::Result<Vec<SockInfo>> {
+        self.dump_id(proto, SocketId::new_v6())
+    }
+
+    fn dump_id(&self, proto: u8, id: SocketId) -> std::io::Result<Vec<SockInfo>> {
+        self.send(NLM_F_REQUEST | NLM_F_DUMP, None, request(proto, id))?;
         let mut out = Vec::new();
         self.receive(|i| out.push(i))?;
         Ok(out)
@@ -128,10 +147,15 @@ impl SockDiag {
     }
 }
 
-/// An `inet_diag_req_v2` for IPv4 sockets of `proto` in any state, naming `id`.
+/// An `inet_diag_req_v2` for sockets of `proto` in any state, naming `id` (of the family
+/// its addresses are).
 fn request(proto: u8, socket_id: SocketId) -> InetRequest {
     InetRequest {
-        family: AF_INET,
+        family: if socket_id.source_address.is_ipv4() {
+            AF_INET
+        } else {
+            AF_INET6
+        },
         protocol: proto,
         extensions: ExtensionFlags::empty(),
         states: StateFlags::all(),
