@@ -28,6 +28,12 @@
 //! RSS, BPF map memory and its programs' run time per packet (`kernel.bpf_stats_enabled`).
 //! Medians over rounds are reported with ratios against direct; `results.json` and PNG plots
 //! go to `--out`.
+//!
+//! Both families, in the same run (`--families`): after the IPv4 labs, the same paths in
+//! IPv6 labs (the pods' IPv6 addresses, IPv6 ClusterIPs and EndpointSlices; the iptables
+//! path is `ip6tables-restore`, the nftables path the table `ip6 kube-proxy`), each judged
+//! against the IPv6 direct path. IPv4 results are `results` in `results.json`, IPv6 ones
+//! `results_ipv6`; the plots are IPv4's.
 
 pub(crate) mod load;
 mod plot;
@@ -37,7 +43,7 @@ pub(crate) use rules::hash16;
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -86,6 +92,50 @@ pub struct DatapathArgs {
     /// is always measured [default: all].
     #[arg(long, value_delimiter = ',')]
     pub paths: Option<Vec<String>>,
+    /// Address families, comma-separated: ipv4, ipv6 [default: both, IPv4 first].
+    #[arg(long, value_delimiter = ',')]
+    pub families: Option<Vec<String>>,
+}
+
+/// The address family of one lab: its addresses, services and kube-proxy rulesets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    const ALL: [Family; 2] = [Family::V4, Family::V6];
+
+    fn key(self) -> &'static str {
+        match self {
+            Family::V4 => "ipv4",
+            Family::V6 => "ipv6",
+        }
+    }
+
+    /// Where its results go in `results.json`.
+    fn results_key(self) -> &'static str {
+        match self {
+            Family::V4 => "results",
+            Family::V6 => "results_ipv6",
+        }
+    }
+
+    /// How its tables and targets are labelled.
+    fn label(self) -> &'static str {
+        match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        }
+    }
+
+    fn unspecified(self) -> IpAddr {
+        match self {
+            Family::V4 => Ipv4Addr::UNSPECIFIED.into(),
+            Family::V6 => Ipv6Addr::UNSPECIFIED.into(),
+        }
+    }
 }
 
 /// The resolved settings of a run.
@@ -101,6 +151,7 @@ struct Config {
     out: PathBuf,
     quick: bool,
     paths: Vec<Path>,
+    families: Vec<Family>,
     target_backends: usize,
 }
 
@@ -144,8 +195,23 @@ impl Config {
             paths = Path::ALL.to_vec();
         }
         paths.sort();
+        let mut families = Vec::new();
+        for name in a.families.iter().flatten() {
+            let f = Family::ALL
+                .into_iter()
+                .find(|f| f.key() == name.trim())
+                .ok_or_else(|| anyhow!("--families: unknown family {name:?} (ipv4, ipv6)"))?;
+            if !families.contains(&f) {
+                families.push(f);
+            }
+        }
+        if families.is_empty() {
+            families = Family::ALL.to_vec();
+        }
+        families.sort();
         Ok(Config {
             paths,
+            families,
             services,
             rounds,
             tcp: Duration::from_secs_f64(secs),
@@ -316,7 +382,7 @@ impl Drop for IperfServer {
     }
 }
 
-fn iperf(client: &Pod, dst: Ipv4Addr, secs: u32) -> Result<f64> {
+fn iperf(client: &Pod, dst: IpAddr, secs: u32) -> Result<f64> {
     let (ok, out, err) = util::capture(
         lbproxy_tests::lab::ns_command(&client.netns, "iperf3").args([
             "-c",
@@ -349,6 +415,7 @@ fn prog_stats(id: u32) -> Option<(u64, u64)> {
 
 struct Bench<'a> {
     cfg: &'a Config,
+    family: Family,
     lab: &'a Lab,
     client: Pod,
     pods: BTreeMap<&'static str, Pod>,
@@ -366,25 +433,25 @@ struct Bench<'a> {
 const BACKENDS: [&str; 4] = ["b1", "b2", "b3", "b4"];
 
 impl Bench<'_> {
-    fn ip(&self, name: &str) -> Ipv4Addr {
-        self.pods[name].ip
+    fn ip(&self, name: &str) -> IpAddr {
+        pod_ip(&self.pods[name], self.family)
     }
 
     fn tcp_dst(&self, p: Path) -> SocketAddr {
         match p {
-            Path::Direct => SocketAddrV4::new(self.ip("b1"), TCP_TARGET).into(),
-            _ => SocketAddrV4::new(self.services.target_vip(), TCP_PORT).into(),
+            Path::Direct => SocketAddr::new(self.ip("b1"), TCP_TARGET),
+            _ => SocketAddr::new(self.services.target_vip(), TCP_PORT),
         }
     }
 
     fn udp_dst(&self, p: Path) -> SocketAddr {
         match p {
-            Path::Direct => SocketAddrV4::new(self.ip("b1"), UDP_TARGET).into(),
-            _ => SocketAddrV4::new(self.services.target_vip(), UDP_PORT).into(),
+            Path::Direct => SocketAddr::new(self.ip("b1"), UDP_TARGET),
+            _ => SocketAddr::new(self.services.target_vip(), UDP_PORT),
         }
     }
 
-    fn iperf_dst(&self, p: Path) -> Ipv4Addr {
+    fn iperf_dst(&self, p: Path) -> IpAddr {
         match p {
             Path::Direct => self.ip("b1"),
             _ => self.services.iperf_vip(),
@@ -397,7 +464,7 @@ impl Bench<'_> {
             Path::Direct => Ok((None, None)),
             Path::Iptables => Ok((
                 Some(pipe(
-                    self.lab.node_command("iptables-restore"),
+                    self.lab.node_command(self.services.iptables_restore()),
                     &self.ipt_full,
                 )?),
                 None,
@@ -452,8 +519,9 @@ impl Bench<'_> {
                 .node_run(&["nft", "flush", "ruleset"])
                 .map_err(|e| anyhow!("{e}"))?;
         }
-        // Empty the node's conntrack table (exit 1 when it is already empty).
+        // Empty the node's conntrack table, both families (exit 1 when already empty).
         let _ = self.lab.node_run(&["conntrack", "-F"]);
+        let _ = self.lab.node_run(&["conntrack", "-F", "-f", "ipv6"]);
         Ok(())
     }
 
@@ -499,7 +567,7 @@ impl Bench<'_> {
         match p {
             Path::Direct => bail!("no change on the direct path"),
             Path::Iptables => {
-                let c = self.lab.node_command("iptables-restore");
+                let c = self.lab.node_command(self.services.iptables_restore());
                 let t0 = Instant::now();
                 let apply = pipe(c, &self.ipt_change)?;
                 Ok((self.probe_new_backend(t0)?, apply))
@@ -663,14 +731,26 @@ impl Bench<'_> {
     }
 }
 
-fn bench_n(cfg: &Config, n: usize) -> Result<BTreeMap<Path, Vec<Sample>>> {
+/// A pod's address in `family`.
+fn pod_ip(pod: &Pod, family: Family) -> IpAddr {
+    match family {
+        Family::V4 => pod.ip.into(),
+        Family::V6 => pod
+            .ip6
+            .expect("the single-node lab's pods are dual-stack")
+            .into(),
+    }
+}
+
+fn bench_n(cfg: &Config, n: usize, family: Family) -> Result<BTreeMap<Path, Vec<Sample>>> {
     let lab = Lab::new(cfg.shape);
     let client = lab.add_pod("client");
     let pods: BTreeMap<&'static str, Pod> = BACKENDS.iter().map(|b| (*b, lab.add_pod(b))).collect();
     let mut servers = Vec::new();
     for (i, b) in BACKENDS.iter().enumerate() {
-        servers.push(Server::start(
+        servers.push(Server::start_on(
             &pods[b].netns,
+            family.unspecified(),
             b'1' + i as u8,
             TCP_TARGET,
             UDP_TARGET,
@@ -696,31 +776,33 @@ fn bench_n(cfg: &Config, n: usize) -> Result<BTreeMap<Path, Vec<Sample>>> {
         bail!("the lab's node namespace already has nftables rules:\n{existing}");
     }
     // The target's endpoints b1..bK; the change replaces bK with b4.
-    let members: Vec<Ipv4Addr> = BACKENDS[..cfg.target_backends]
+    let members: Vec<IpAddr> = BACKENDS[..cfg.target_backends]
         .iter()
-        .map(|b| pods[b].ip)
+        .map(|b| pod_ip(&pods[b], family))
         .collect();
-    let services = Services::new(n, &members, pods["b1"].ip);
+    let services = Services::new(n, &members, pod_ip(&pods["b1"], family));
     let mut changed_members = members.clone();
-    *changed_members.last_mut().expect("at least one backend") = pods["b4"].ip;
+    *changed_members.last_mut().expect("at least one backend") = pod_ip(&pods["b4"], family);
     let changed = services.with_target(&changed_members);
     let t = Instant::now();
     let bench = Bench {
         cfg,
+        family,
         lab: &lab,
         ipt_full: services.iptables_full(),
         ipt_change: changed.iptables_full(),
         nft_full: services.nft_full(),
         nft_change: changed.nft_incremental(&services),
-        yaml: services.manifest().to_yaml(),
-        yaml_change: changed.manifest().to_yaml(),
+        yaml: services.manifest_yaml(),
+        yaml_change: changed.manifest_yaml(),
         client,
         pods,
         services,
         changed,
     };
     eprintln!(
-        "[{TAG}] N={n}: rulesets and manifests rendered in {:.1} s ({} iptables-restore lines, {} nft lines, {} KiB of YAML)",
+        "[{TAG}] {} N={n}: rulesets and manifests rendered in {:.1} s ({} iptables-restore lines, {} nft lines, {} KiB of YAML)",
+        family.label(),
         t.elapsed().as_secs_f64(),
         bench.ipt_full.lines().count(),
         bench.nft_full.lines().count(),
@@ -731,11 +813,12 @@ fn bench_n(cfg: &Config, n: usize) -> Result<BTreeMap<Path, Vec<Sample>>> {
     for r in 0..cfg.rounds {
         for &p in &cfg.paths {
             util::check_interrupted()?;
-            let s = bench
-                .measure(p, r + 1 == cfg.rounds)
-                .with_context(|| format!("N={n}, round {}, {}", r + 1, p.key()))?;
+            let s = bench.measure(p, r + 1 == cfg.rounds).with_context(|| {
+                format!("{} N={n}, round {}, {}", family.label(), r + 1, p.key())
+            })?;
             eprintln!(
-                "[{TAG}] N={n} round {} {:<8}: TCP {:>7.0} conn/s p50 {:>4.0} µs p99 {:>5.0} µs ({} err) | UDP {:>7.0} req/s p50 {:>4.0} µs | {:>5.2} Gbit/s | program {} | change {}",
+                "[{TAG}] {} N={n} round {} {:<8}: TCP {:>7.0} conn/s p50 {:>4.0} µs p99 {:>5.0} µs ({} err) | UDP {:>7.0} req/s p50 {:>4.0} µs | {:>5.2} Gbit/s | program {} | change {}",
+                family.label(),
                 r + 1,
                 p.key(),
                 s.tcp.rate(),
@@ -833,8 +916,8 @@ fn ratio(x: Option<f64>, base: Option<f64>) -> String {
     }
 }
 
-/// The terminal/markdown table for one N.
-fn table(n: usize, r: &Value) -> String {
+/// The terminal/markdown table for one N of one family.
+fn table(n: usize, family: Family, r: &Value) -> String {
     let p = |path: Path| &r[path.key()];
     let d = p(Path::Direct);
     let mut rows: Vec<(String, Vec<String>)> = Vec::new();
@@ -905,7 +988,12 @@ fn table(n: usize, r: &Value) -> String {
             f(&c["apply_ms"]).unwrap_or(f64::NAN)
         )
     });
-    let w0 = rows.iter().map(|r| r.0.chars().count()).max().unwrap_or(0);
+    let w0 = rows
+        .iter()
+        .map(|r| r.0.chars().count())
+        .chain([format!("N = {n}, IPv6").len()])
+        .max()
+        .unwrap_or(0);
     let widths: Vec<usize> = (0..Path::ALL.len())
         .map(|i| {
             rows.iter()
@@ -916,7 +1004,11 @@ fn table(n: usize, r: &Value) -> String {
         })
         .collect();
     let pad = |s: &str, w: usize| format!("{s}{}", " ".repeat(w.saturating_sub(s.chars().count())));
-    let mut out = format!("| {} |", pad(&format!("N = {n}"), w0));
+    let title = match family {
+        Family::V4 => format!("N = {n}"),
+        Family::V6 => format!("N = {n}, IPv6"),
+    };
+    let mut out = format!("| {} |", pad(&title, w0));
     for (i, x) in Path::ALL.iter().enumerate() {
         out.push_str(&format!(" {} |", pad(x.key(), widths[i])));
     }
@@ -959,19 +1051,19 @@ fn table(n: usize, r: &Value) -> String {
 }
 
 /// Issue 5's targets for each lbproxy configuration that was measured, at the largest N
-/// (flatness: largest against smallest N).
-fn targets(ns: &[usize], results: &Value) -> Vec<Value> {
+/// (flatness: largest against smallest N), in one family against that family's direct path.
+fn targets(ns: &[usize], family: Family, results: &Value) -> Vec<Value> {
     let mut t = Vec::new();
     for lbp in Path::LBPROXY {
         if !results[ns.last().copied().unwrap_or(0).to_string()][lbp.key()].is_null() {
-            t.extend(targets_of(lbp, ns, results));
+            t.extend(targets_of(lbp, ns, family, results));
         }
     }
     t
 }
 
 /// Issue 5's targets for one lbproxy configuration, `lbp`.
-fn targets_of(lbp: Path, ns: &[usize], results: &Value) -> Vec<Value> {
+fn targets_of(lbp: Path, ns: &[usize], family: Family, results: &Value) -> Vec<Value> {
     let hi = ns.last().copied().unwrap_or(0);
     let lo = ns.first().copied().unwrap_or(0);
     let at = |n: usize, p: Path| &results[n.to_string()][p.key()];
@@ -979,7 +1071,7 @@ fn targets_of(lbp: Path, ns: &[usize], results: &Value) -> Vec<Value> {
     let mut t = Vec::new();
     let mut push = |name: String, value: Option<f64>, shown: String, met: Option<bool>| {
         t.push(
-            json!({"path": lbp.key(), "target": name, "value": value, "shown": shown, "met": met}),
+            json!({"path": lbp.key(), "family": family.key(), "target": name, "value": value, "shown": shown, "met": met}),
         );
     };
     for (what, key) in [
@@ -1140,17 +1232,22 @@ fn run(cfg: &Config) -> Result<Value> {
         cfg.workers
     );
     let started = Instant::now();
-    let mut results = serde_json::Map::new();
-    for &n in &cfg.services {
-        let samples = bench_n(cfg, n)?;
-        let mut per = serde_json::Map::new();
-        for (p, v) in &samples {
-            per.insert(p.key().into(), path_json(*p, v));
+    let mut by_family = serde_json::Map::new();
+    let mut targets_all = Vec::new();
+    for &family in &cfg.families {
+        let mut results = serde_json::Map::new();
+        for &n in &cfg.services {
+            let samples = bench_n(cfg, n, family)?;
+            let mut per = serde_json::Map::new();
+            for (p, v) in &samples {
+                per.insert(p.key().into(), path_json(*p, v));
+            }
+            results.insert(n.to_string(), Value::Object(per));
         }
-        results.insert(n.to_string(), Value::Object(per));
+        let results = Value::Object(results);
+        targets_all.extend(targets(&cfg.services, family, &results));
+        by_family.insert(family.results_key().into(), results);
     }
-    let results = Value::Object(results);
-    let targets = targets(&cfg.services, &results);
     let mut doc = json!({
         "machine": machine(),
         "config": {
@@ -1165,11 +1262,16 @@ fn run(cfg: &Config) -> Result<Value> {
             "target_backends": cfg.target_backends,
         },
         "paths": Path::ALL.iter().map(|p| p.key()).collect::<Vec<_>>(),
-        "results": results,
-        "targets": targets,
+        "families": cfg.families.iter().map(|f| f.key()).collect::<Vec<_>>(),
+        "targets": targets_all,
         "elapsed_s": started.elapsed().as_secs_f64(),
     });
-    let files = plots(cfg, &cfg.services, &doc["results"])?;
+    for (k, v) in by_family {
+        doc[k] = v;
+    }
+    // The plots are the first family's (IPv4 unless only IPv6 ran).
+    let plotted = cfg.families.first().copied().unwrap_or(Family::V4);
+    let files = plots(cfg, &cfg.services, &doc[plotted.results_key()])?;
     doc["plots"] = json!(
         files
             .iter()
@@ -1188,8 +1290,13 @@ fn run(cfg: &Config) -> Result<Value> {
         cfg.shape,
         cfg.rounds
     );
-    for n in &cfg.services {
-        println!("{}", table(*n, &doc["results"][n.to_string()]));
+    for &family in &cfg.families {
+        for n in &cfg.services {
+            println!(
+                "{}",
+                table(*n, family, &doc[family.results_key()][n.to_string()])
+            );
+        }
     }
     println!("issue 5 targets:");
     for t in doc["targets"].as_array().unwrap() {
@@ -1199,7 +1306,10 @@ fn run(cfg: &Config) -> Result<Value> {
             None => "n/a   ",
         };
         println!(
-            "  {verdict} {}: {}: {}",
+            "  {verdict} {} {}: {}: {}",
+            t["family"]
+                .as_str()
+                .map_or("", |f| if f == "ipv6" { "IPv6" } else { "IPv4" }),
             t["path"].as_str().unwrap_or(""),
             t["target"].as_str().unwrap_or(""),
             t["shown"].as_str().unwrap_or("")
@@ -1252,46 +1362,47 @@ mod tests {
                 .unwrap();
         // Same document (floats may differ in the last bit after the round trip).
         assert_eq!(on_disk["paths"], doc["paths"]);
-        // 9 targets for each of the three lbproxy configurations.
-        assert_eq!(on_disk["targets"].as_array().map(Vec::len), Some(27));
-        let r = &on_disk["results"]["3"];
-        for p in Path::ALL {
-            let v = &r[p.key()];
-            for key in ["tcp_crr", "udp_rr", "tcp_crr_1worker", "udp_rr_1worker"] {
-                for fig in ["rate_per_s", "p50_us", "p99_us"] {
+        // 9 targets for each of the three lbproxy configurations, in each family.
+        assert_eq!(on_disk["targets"].as_array().map(Vec::len), Some(54));
+        for r in [&on_disk["results"]["3"], &on_disk["results_ipv6"]["3"]] {
+            for p in Path::ALL {
+                let v = &r[p.key()];
+                for key in ["tcp_crr", "udp_rr", "tcp_crr_1worker", "udp_rr_1worker"] {
+                    for fig in ["rate_per_s", "p50_us", "p99_us"] {
+                        assert!(
+                            v[key][fig].as_f64().is_some(),
+                            "{} {key} {fig}: {v:#}",
+                            p.key()
+                        );
+                    }
                     assert!(
-                        v[key][fig].as_f64().is_some(),
-                        "{} {key} {fig}: {v:#}",
+                        v[key]["rate_per_s"].as_f64().unwrap() > 0.0,
+                        "{}: no traffic",
                         p.key()
                     );
                 }
                 assert!(
-                    v[key]["rate_per_s"].as_f64().unwrap() > 0.0,
-                    "{}: no traffic",
-                    p.key()
-                );
-            }
-            assert!(
-                v["throughput_gbps"].as_f64().is_some(),
-                "{}: {v:#}",
-                p.key()
-            );
-            if p == Path::Direct {
-                assert!(v["programming_ms"].is_null());
-            } else {
-                assert!(v["programming_ms"].as_f64().is_some(), "{}: {v:#}", p.key());
-                assert!(
-                    v["endpoint_change"]["to_new_backend_ms"].as_f64().is_some()
-                        && v["endpoint_change"]["apply_ms"].as_f64().is_some(),
+                    v["throughput_gbps"].as_f64().is_some(),
                     "{}: {v:#}",
                     p.key()
                 );
+                if p == Path::Direct {
+                    assert!(v["programming_ms"].is_null());
+                } else {
+                    assert!(v["programming_ms"].as_f64().is_some(), "{}: {v:#}", p.key());
+                    assert!(
+                        v["endpoint_change"]["to_new_backend_ms"].as_f64().is_some()
+                            && v["endpoint_change"]["apply_ms"].as_f64().is_some(),
+                        "{}: {v:#}",
+                        p.key()
+                    );
+                }
             }
-        }
-        for p in Path::LBPROXY {
-            let lb = &r[p.key()];
-            assert!(lb["memory"]["rss_mib"].as_f64().is_some(), "{lb:#}");
-            assert!(lb["memory"]["bpf_map_mib"].as_f64().is_some(), "{lb:#}");
+            for p in Path::LBPROXY {
+                let lb = &r[p.key()];
+                assert!(lb["memory"]["rss_mib"].as_f64().is_some(), "{lb:#}");
+                assert!(lb["memory"]["bpf_map_mib"].as_f64().is_some(), "{lb:#}");
+            }
         }
         for name in [
             "connection_rate.png",

@@ -291,7 +291,8 @@ fn bench_n(
     );
     let client = lab.add_client("ext");
     client.route_to_pods(lab.node(NodeId::B));
-    let services = Services::new(n, &[b1.ip], b1.ip).with_node_ports(&[lab.node(NodeId::A).ip]);
+    let services = Services::new(n, &[b1.ip.into()], b1.ip.into())
+        .with_node_ports(&[lab.node(NodeId::A).ip.into()]);
     let t = Instant::now();
     let (ipt, nft, yaml) = (
         services.iptables_full(),

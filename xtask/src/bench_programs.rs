@@ -207,8 +207,14 @@ fn run(args: &ProgramsArgs, bin: &std::path::Path) -> Result<Value> {
     let lab = Lab::new(Shape::Routed);
     let client = lab.add_pod("client");
     let backend = lab.add_pod("b1");
-    let services = Services::new(args.services.max(2), &[backend.ip], backend.ip);
-    let vip = services.target_vip();
+    let services = Services::new(
+        args.services.max(2),
+        &[backend.ip.into()],
+        backend.ip.into(),
+    );
+    let std::net::IpAddr::V4(vip) = services.target_vip() else {
+        bail!("the programs benchmark runs over IPv4");
+    };
     lab.write_manifest_text(&services.manifest_yaml());
     eprintln!("[{TAG}] {} with N = {}", bin.display(), args.services);
     let mut lb = lab.start_lbproxy_with(&[]);

@@ -7,7 +7,7 @@
 //!   connected socket and one request in flight.
 
 use std::io::{self, Read as _, Write as _};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,9 +29,21 @@ pub struct Server {
 impl Server {
     /// Serves `tcp_port` and `udp_port` on 0.0.0.0 inside `ns`, answering with `id`.
     pub fn start(ns: &str, id: u8, tcp_port: u16, udp_port: u16) -> io::Result<Server> {
+        Server::start_on(ns, Ipv4Addr::UNSPECIFIED.into(), id, tcp_port, udp_port)
+    }
+
+    /// The same on `any`: 0.0.0.0, or `::` for IPv6 (which, with the namespace's default
+    /// `bindv6only=0`, would take IPv4 too; the benchmark runs one family per lab).
+    pub fn start_on(
+        ns: &str,
+        any: IpAddr,
+        id: u8,
+        tcp_port: u16,
+        udp_port: u16,
+    ) -> io::Result<Server> {
         let (l, u) = run_in_ns(ns, || -> io::Result<(TcpListener, UdpSocket)> {
-            let l = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, tcp_port))?;
-            let u = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, udp_port))?;
+            let l = TcpListener::bind(SocketAddr::new(any, tcp_port))?;
+            let u = UdpSocket::bind(SocketAddr::new(any, udp_port))?;
             Ok((l, u))
         })?;
         set_rcvtimeo(l.as_raw_fd(), Duration::from_millis(100))?;
@@ -188,7 +200,12 @@ pub fn udp_rr(ns: &str, addr: SocketAddr, workers: usize, dur: Duration) -> Load
         workers,
         dur,
         || {
-            let sock = UdpSocket::bind("0.0.0.0:0")?;
+            let any: IpAddr = if addr.is_ipv6() {
+                Ipv6Addr::UNSPECIFIED.into()
+            } else {
+                Ipv4Addr::UNSPECIFIED.into()
+            };
+            let sock = UdpSocket::bind(SocketAddr::new(any, 0))?;
             sock.connect(addr)?;
             sock.set_read_timeout(Some(Duration::from_millis(200)))?;
             Ok(sock)

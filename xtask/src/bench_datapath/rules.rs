@@ -8,15 +8,21 @@
 //! `pkg/proxy/nftables/proxier.go` with its `README.md` (table `ip kube-proxy`, the
 //! `service-ips` verdict map, `service-*` chains with `numgen random mod K vmap`, `endpoint-*`
 //! chains with `dnat to`). The text here is written from that description, not copied.
+//!
+//! Either family: with IPv6 addresses the same layouts become what kube-proxy writes for its
+//! IPv6 proxier: `ip6tables-restore` input (`/128` host matches, `[addr]:port` DNAT targets)
+//! and the table `ip6 kube-proxy` (`ipv6_addr` keys, `ip6 daddr`, colons in endpoint chain
+//! names written as dots, since nft names cannot hold a colon).
 
 use std::fmt::Write as _;
-use std::net::Ipv4Addr;
-
-use lbproxy_tests::lab::{Endpoint, EndpointSlice, Manifest, Protocol, Service};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// The cluster CIDR kube-proxy would be given (`--cluster-cidr`): pods and the filler
 /// endpoints. Traffic from outside it to a ClusterIP is marked for masquerade.
 pub const CLUSTER_CIDR: &str = "198.18.0.0/16";
+/// The IPv6 cluster CIDR: the lab's pods are `fd00:c612::/64`, the filler endpoints
+/// `fd00:c612:0:40::/64`.
+pub const CLUSTER_CIDR6: &str = "fd00:c612::/48";
 /// Target service ports.
 pub const TCP_PORT: u16 = 80;
 pub const TCP_TARGET: u16 = 8080;
@@ -34,10 +40,10 @@ pub struct SvcPort {
     pub svc: String,
     pub port_name: &'static str,
     pub proto: &'static str,
-    pub vip: Ipv4Addr,
+    pub vip: IpAddr,
     pub port: u16,
     pub target: u16,
-    pub endpoints: Vec<Ipv4Addr>,
+    pub endpoints: Vec<IpAddr>,
     /// Its NodePort, when the service is of type NodePort (the north-south benchmark).
     pub node_port: Option<u16>,
 }
@@ -59,25 +65,56 @@ pub struct Services {
     pub ports: Vec<SvcPort>,
     /// The node addresses that serve NodePorts (nftables' `nodeport-ips`); empty without
     /// NodePorts.
-    pub node_ips: Vec<Ipv4Addr>,
+    pub node_ips: Vec<IpAddr>,
+    /// IPv6 services (the family of the addresses given to [`Services::new`]).
+    pub v6: bool,
 }
 
-/// VIP of service `i`: 198.19.0.16 + i.
-pub fn vip_of(i: usize) -> Ipv4Addr {
-    Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 16)) + i as u32)
+/// VIP of service `i`: 198.19.0.16 + i, or fd00:c613::10 + i for IPv6.
+pub fn vip_of(i: usize, v6: bool) -> IpAddr {
+    if v6 {
+        Ipv6Addr::from(u128::from(Ipv6Addr::new(0xfd00, 0xc613, 0, 0, 0, 0, 0, 0x10)) + i as u128)
+            .into()
+    } else {
+        Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 16)) + i as u32).into()
+    }
 }
 
-/// Filler endpoint `k` of service `i`: 198.18.64.0 + 2i + k (inside the cluster CIDR, never
-/// a lab pod, never sent to).
-fn filler_ep(i: usize, k: usize) -> Ipv4Addr {
-    Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 64, 0)) + (2 * i + k) as u32)
+/// Filler endpoint `k` of service `i`: 198.18.64.0 + 2i + k, or fd00:c612:0:40:: + 2i + k
+/// (inside the cluster CIDR, never a lab pod, never sent to).
+fn filler_ep(i: usize, k: usize, v6: bool) -> IpAddr {
+    let j = 2 * i + k;
+    if v6 {
+        Ipv6Addr::from(u128::from(Ipv6Addr::new(0xfd00, 0xc612, 0, 0x40, 0, 0, 0, 0)) + j as u128)
+            .into()
+    } else {
+        Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 64, 0)) + j as u32).into()
+    }
+}
+
+/// `addr/32` or `addr/128`: a host match.
+fn host(a: IpAddr) -> String {
+    format!("{a}/{}", if a.is_ipv6() { 128 } else { 32 })
+}
+
+/// `addr:port`, bracketed for IPv6, as DNAT targets are written.
+fn addr_port(a: IpAddr, port: u16) -> String {
+    match a {
+        IpAddr::V4(a) => format!("{a}:{port}"),
+        IpAddr::V6(a) => format!("[{a}]:{port}"),
+    }
 }
 
 impl Services {
     /// `n` ≥ 2 services; `members` are the target's endpoints, `iperf_backend` the iperf
     /// service's one endpoint.
-    pub fn new(n: usize, members: &[Ipv4Addr], iperf_backend: Ipv4Addr) -> Services {
+    pub fn new(n: usize, members: &[IpAddr], iperf_backend: IpAddr) -> Services {
         assert!((2..=30_000).contains(&n), "services must be in 2..=30000");
+        let v6 = iperf_backend.is_ipv6();
+        assert!(
+            members.iter().all(|m| m.is_ipv6() == v6),
+            "services: endpoints of one family"
+        );
         let t = Self::target_index(n);
         let mut ports = Vec::with_capacity(n + 1);
         for i in 0..n {
@@ -90,7 +127,7 @@ impl Services {
                         svc: "target".into(),
                         port_name,
                         proto,
-                        vip: vip_of(i),
+                        vip: vip_of(i, v6),
                         port,
                         target,
                         endpoints: members.to_vec(),
@@ -102,7 +139,7 @@ impl Services {
                     svc: "iperf".into(),
                     port_name: "iperf",
                     proto: "tcp",
-                    vip: vip_of(i),
+                    vip: vip_of(i, v6),
                     port: IPERF_PORT,
                     target: IPERF_PORT,
                     endpoints: vec![iperf_backend],
@@ -113,10 +150,10 @@ impl Services {
                     svc: format!("svc-{i}"),
                     port_name: "http",
                     proto: "tcp",
-                    vip: vip_of(i),
+                    vip: vip_of(i, v6),
                     port: TCP_PORT,
                     target: TCP_TARGET,
-                    endpoints: vec![filler_ep(i, 0), filler_ep(i, 1)],
+                    endpoints: vec![filler_ep(i, 0, v6), filler_ep(i, 1, v6)],
                     node_port: None,
                 });
             }
@@ -125,6 +162,7 @@ impl Services {
             n,
             ports,
             node_ips: Vec::new(),
+            v6,
         }
     }
 
@@ -132,16 +170,40 @@ impl Services {
         (n - 1) / 2
     }
 
-    pub fn target_vip(&self) -> Ipv4Addr {
-        vip_of(Self::target_index(self.n))
+    pub fn target_vip(&self) -> IpAddr {
+        vip_of(Self::target_index(self.n), self.v6)
     }
 
-    pub fn iperf_vip(&self) -> Ipv4Addr {
-        vip_of(Self::target_index(self.n) + 1)
+    pub fn iperf_vip(&self) -> IpAddr {
+        vip_of(Self::target_index(self.n) + 1, self.v6)
+    }
+
+    /// kube-proxy's `--cluster-cidr` of this family.
+    fn cluster_cidr(&self) -> &'static str {
+        if self.v6 { CLUSTER_CIDR6 } else { CLUSTER_CIDR }
+    }
+
+    /// The nftables family (also its address match keyword) and its address type.
+    fn nft_family(&self) -> (&'static str, &'static str) {
+        if self.v6 {
+            ("ip6", "ipv6_addr")
+        } else {
+            ("ip", "ipv4_addr")
+        }
+    }
+
+    /// The restore command for [`Services::iptables_full`]: `iptables-restore` or
+    /// `ip6tables-restore`.
+    pub fn iptables_restore(&self) -> &'static str {
+        if self.v6 {
+            "ip6tables-restore"
+        } else {
+            "iptables-restore"
+        }
     }
 
     /// The same services with the target's endpoints replaced by `members`.
-    pub fn with_target(&self, members: &[Ipv4Addr]) -> Services {
+    pub fn with_target(&self, members: &[IpAddr]) -> Services {
         let mut s = self.clone();
         for p in &mut s.ports {
             if p.svc == "target" {
@@ -154,7 +216,7 @@ impl Services {
     /// The same services with NodePorts on the target's TCP port (`TCP_NODE_PORT`) and on
     /// the iperf service (`IPERF_NODE_PORT`), and `node_ips` as the addresses that serve
     /// them: the north-south benchmark's layout.
-    pub fn with_node_ports(&self, node_ips: &[Ipv4Addr]) -> Services {
+    pub fn with_node_ports(&self, node_ips: &[IpAddr]) -> Services {
         let mut s = self.clone();
         for p in &mut s.ports {
             p.node_port = match (p.svc.as_str(), p.proto) {
@@ -182,9 +244,10 @@ impl Services {
             let node_port = group.iter().any(|p| p.node_port.is_some());
             writeln!(
                 out,
-                "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {svc}, namespace: default}}\nspec:\n  type: {}\n  clusterIP: {}\n  ports:",
+                "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {svc}, namespace: default}}\nspec:\n  type: {}\n  clusterIP: {}\n  ipFamilies: [{}]\n  ports:",
                 if node_port { "NodePort" } else { "ClusterIP" },
-                group[0].vip
+                group[0].vip,
+                if self.v6 { "IPv6" } else { "IPv4" }
             )
             .unwrap();
             for p in &group {
@@ -204,7 +267,8 @@ impl Services {
             }
             writeln!(
                 out,
-                "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {svc}-1, namespace: default, labels: {{kubernetes.io/service-name: {svc}}}}}\naddressType: IPv4\nports:"
+                "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {svc}-1, namespace: default, labels: {{kubernetes.io/service-name: {svc}}}}}\naddressType: {}\nports:",
+                if self.v6 { "IPv6" } else { "IPv4" }
             )
             .unwrap();
             for p in &group {
@@ -223,39 +287,6 @@ impl Services {
             }
         }
         out
-    }
-
-    // ---- lbproxy ----
-
-    pub fn manifest(&self) -> Manifest {
-        let mut m = Manifest::new();
-        let mut i = 0;
-        while i < self.ports.len() {
-            // Ports of one service are adjacent.
-            let svc = &self.ports[i].svc;
-            let group: Vec<&SvcPort> = self.ports[i..]
-                .iter()
-                .take_while(|p| &p.svc == svc)
-                .collect();
-            i += group.len();
-            let mut s = Service::cluster_ip(svc, group[0].vip);
-            let mut slice = EndpointSlice::new(&format!("{svc}-1"), svc);
-            for p in &group {
-                let proto = if p.proto == "tcp" {
-                    Protocol::Tcp
-                } else {
-                    Protocol::Udp
-                };
-                s = s.port(p.port_name, p.port, proto, p.target);
-                slice = slice.port(p.port_name, p.target, proto);
-            }
-            for e in &group[0].endpoints {
-                slice = slice.endpoint(Endpoint::ready(e));
-            }
-            m.push(s);
-            m.push(slice);
-        }
-        m
     }
 
     // ---- iptables ----
@@ -326,22 +357,23 @@ impl Services {
              -A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully\n\
              -A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\n",
         );
+        let cidr = self.cluster_cidr();
         for p in &self.ports {
             let spn = p.spn();
             let svc = ipt_svc(p);
             writeln!(
                 out,
-                "-A KUBE-SERVICES -m comment --comment \"{spn} cluster IP\" -m {pr} -p {pr} -d {vip}/32 --dport {port} -j {svc}",
+                "-A KUBE-SERVICES -m comment --comment \"{spn} cluster IP\" -m {pr} -p {pr} -d {vip} --dport {port} -j {svc}",
                 pr = p.proto,
-                vip = p.vip,
+                vip = host(p.vip),
                 port = p.port
             )
             .unwrap();
             writeln!(
                 out,
-                "-A {svc} -m comment --comment \"{spn} cluster IP\" -m {pr} -p {pr} -d {vip}/32 --dport {port} ! -s {CLUSTER_CIDR} -j KUBE-MARK-MASQ",
+                "-A {svc} -m comment --comment \"{spn} cluster IP\" -m {pr} -p {pr} -d {vip} --dport {port} ! -s {cidr} -j KUBE-MARK-MASQ",
                 pr = p.proto,
-                vip = p.vip,
+                vip = host(p.vip),
                 port = p.port
             )
             .unwrap();
@@ -368,14 +400,15 @@ impl Services {
                 let sep = ipt_sep(p, *e);
                 writeln!(
                     out,
-                    "-A {sep} -m comment --comment {spn} -s {e}/32 -j KUBE-MARK-MASQ"
+                    "-A {sep} -m comment --comment {spn} -s {} -j KUBE-MARK-MASQ",
+                    host(*e)
                 )
                 .unwrap();
                 writeln!(
                     out,
-                    "-A {sep} -m comment --comment {spn} -m {pr} -p {pr} -j DNAT --to-destination {e}:{t}",
+                    "-A {sep} -m comment --comment {spn} -m {pr} -p {pr} -j DNAT --to-destination {}",
+                    addr_port(*e, p.target),
                     pr = p.proto,
-                    t = p.target
                 )
                 .unwrap();
             }
@@ -407,11 +440,12 @@ impl Services {
 
     // ---- nftables ----
 
-    /// The whole `ip kube-proxy` table for one `nft -f`.
+    /// The whole `ip kube-proxy` (or `ip6 kube-proxy`) table for one `nft -f`.
     pub fn nft_full(&self) -> String {
+        let (fam, addr) = self.nft_family();
         let mut out = String::new();
         out.push_str(
-            "table ip kube-proxy {\n\
+            &"table ip kube-proxy {\n\
              \tcomment \"rules for kube-proxy\"\n\
              \tmap service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; comment \"ClusterIP, ExternalIP and LoadBalancer IP traffic\" ; }\n\
              \tmap no-endpoint-services { type ipv4_addr . inet_proto . inet_service : verdict ; comment \"vmap to drop or reject packets to services with no endpoints\" ; }\n\
@@ -425,7 +459,10 @@ impl Services {
              \tchain filter-output { type filter hook output priority -110 ; policy accept ; ct state new jump service-endpoints-check ; }\n\
              \tchain nat-prerouting { type nat hook prerouting priority -100 ; policy accept ; jump services ; }\n\
              \tchain nat-output { type nat hook output priority -100 ; policy accept ; jump services ; }\n\
-             \tchain nat-postrouting { type nat hook postrouting priority 100 ; policy accept ; jump masquerading ; }\n",
+             \tchain nat-postrouting { type nat hook postrouting priority 100 ; policy accept ; jump masquerading ; }\n"
+                .replace("table ip ", &format!("table {fam} "))
+                .replace("ipv4_addr", addr)
+                .replace("ip daddr", &format!("{fam} daddr")),
         );
         for p in &self.ports {
             for e in &p.endpoints {
@@ -433,11 +470,17 @@ impl Services {
                     out,
                     "\tchain {} {{ {} }}",
                     nft_ep(p, *e),
-                    nft_ep_rules(p, *e)
+                    nft_ep_rules(p, *e, fam)
                 )
                 .unwrap();
             }
-            writeln!(out, "\tchain {} {{ {} }}", nft_svc(p), nft_svc_rules(p)).unwrap();
+            writeln!(
+                out,
+                "\tchain {} {{ {} }}",
+                nft_svc(p),
+                nft_svc_rules(p, fam, self.cluster_cidr())
+            )
+            .unwrap();
             if p.node_port.is_some() {
                 writeln!(
                     out,
@@ -453,7 +496,7 @@ impl Services {
             let ips: Vec<String> = self.node_ips.iter().map(ToString::to_string).collect();
             writeln!(
                 out,
-                "add element ip kube-proxy nodeport-ips {{ {} }}",
+                "add element {fam} kube-proxy nodeport-ips {{ {} }}",
                 ips.join(", ")
             )
             .unwrap();
@@ -462,7 +505,7 @@ impl Services {
             if let Some(np) = p.node_port {
                 writeln!(
                     out,
-                    "add element ip kube-proxy service-nodeports {{ {} . {np} : goto {} }}",
+                    "add element {fam} kube-proxy service-nodeports {{ {} . {np} : goto {} }}",
                     p.proto,
                     nft_ext(p)
                 )
@@ -471,7 +514,7 @@ impl Services {
         }
         // Elements in chunks, one transaction (the whole file is one).
         for chunk in self.ports.chunks(1000) {
-            out.push_str("add element ip kube-proxy service-ips { ");
+            write!(out, "add element {fam} kube-proxy service-ips {{ ").unwrap();
             let elems: Vec<String> = chunk
                 .iter()
                 .map(|p| format!("{} . {} . {} : goto {}", p.vip, p.proto, p.port, nft_svc(p)))
@@ -486,6 +529,7 @@ impl Services {
     /// partial sync: new endpoint chains added, changed service chains flushed and refilled,
     /// stale endpoint chains deleted, in one transaction.
     pub fn nft_incremental(&self, old: &Services) -> String {
+        let (fam, _) = self.nft_family();
         let mut out = String::new();
         for (p, o) in self.ports.iter().zip(&old.ports) {
             if p.endpoints == o.endpoints {
@@ -493,28 +537,33 @@ impl Services {
             }
             for e in p.endpoints.iter().filter(|e| !o.endpoints.contains(e)) {
                 let c = nft_ep(p, *e);
-                writeln!(out, "add chain ip kube-proxy {c}").unwrap();
-                writeln!(out, "flush chain ip kube-proxy {c}").unwrap();
-                add_rules(&mut out, &c, &nft_ep_rules(p, *e));
+                writeln!(out, "add chain {fam} kube-proxy {c}").unwrap();
+                writeln!(out, "flush chain {fam} kube-proxy {c}").unwrap();
+                add_rules(&mut out, fam, &c, &nft_ep_rules(p, *e, fam));
             }
             let c = nft_svc(p);
-            writeln!(out, "flush chain ip kube-proxy {c}").unwrap();
-            add_rules(&mut out, &c, &nft_svc_rules(p));
+            writeln!(out, "flush chain {fam} kube-proxy {c}").unwrap();
+            add_rules(
+                &mut out,
+                fam,
+                &c,
+                &nft_svc_rules(p, fam, self.cluster_cidr()),
+            );
             for e in o.endpoints.iter().filter(|e| !p.endpoints.contains(e)) {
-                writeln!(out, "delete chain ip kube-proxy {}", nft_ep(o, *e)).unwrap();
+                writeln!(out, "delete chain {fam} kube-proxy {}", nft_ep(o, *e)).unwrap();
             }
         }
         out
     }
 }
 
-/// `add rule` lines for chain `c` of `ip kube-proxy`, one per rule of `rules` (a chain
+/// `add rule` lines for chain `c` of `<fam> kube-proxy`, one per rule of `rules` (a chain
 /// body as `nft_*_rules` writes it: rules separated by ` ; `).
-fn add_rules(out: &mut String, c: &str, rules: &str) {
+fn add_rules(out: &mut String, fam: &str, c: &str, rules: &str) {
     for r in rules.split(" ; ").filter(|r| !r.trim().is_empty()) {
         writeln!(
             out,
-            "add rule ip kube-proxy {c} {}",
+            "add rule {fam} kube-proxy {c} {}",
             r.trim_end_matches(" ;")
         )
         .unwrap();
@@ -553,7 +602,7 @@ fn nft_ext(p: &SvcPort) -> String {
     format!("external-{}-{base}", &hash16(&base)[..8])
 }
 
-fn ipt_sep(p: &SvcPort, e: Ipv4Addr) -> String {
+fn ipt_sep(p: &SvcPort, e: IpAddr) -> String {
     format!(
         "KUBE-SEP-{}",
         hash16(&format!("{}{}{e}:{}", p.spn(), p.proto, p.target))
@@ -566,23 +615,26 @@ fn nft_svc(p: &SvcPort) -> String {
     format!("service-{}-{base}", &hash16(&base)[..8])
 }
 
-/// `endpoint-HASH8-default/svc/tcp/port__IP/PORT`.
-fn nft_ep(p: &SvcPort, e: Ipv4Addr) -> String {
+/// `endpoint-HASH8-default/svc/tcp/port__IP/PORT`; an IPv6 address's colons become dots,
+/// as kube-proxy writes them (a chain name cannot hold a colon).
+fn nft_ep(p: &SvcPort, e: IpAddr) -> String {
+    let ip = e.to_string().replace(':', ".");
     let base = format!(
-        "default/{}/{}/{}__{e}/{}",
+        "default/{}/{}/{}__{ip}/{}",
         p.svc, p.proto, p.port_name, p.target
     );
     format!("endpoint-{}-{base}", &hash16(&base)[..8])
 }
 
-fn nft_ep_rules(p: &SvcPort, e: Ipv4Addr) -> String {
+fn nft_ep_rules(p: &SvcPort, e: IpAddr, fam: &str) -> String {
     format!(
-        "ip saddr {e} jump mark-for-masquerade ; meta l4proto {} dnat to {e}:{} ;",
-        p.proto, p.target
+        "{fam} saddr {e} jump mark-for-masquerade ; meta l4proto {} dnat to {} ;",
+        p.proto,
+        addr_port(e, p.target)
     )
 }
 
-fn nft_svc_rules(p: &SvcPort) -> String {
+fn nft_svc_rules(p: &SvcPort, fam: &str, cidr: &str) -> String {
     let vmap: Vec<String> = p
         .endpoints
         .iter()
@@ -590,7 +642,7 @@ fn nft_svc_rules(p: &SvcPort) -> String {
         .map(|(i, e)| format!("{i} : goto {}", nft_ep(p, *e)))
         .collect();
     format!(
-        "ip daddr {} {} dport {} ip saddr != {CLUSTER_CIDR} jump mark-for-masquerade ; numgen random mod {} vmap {{ {} }} ;",
+        "{fam} daddr {} {} dport {} {fam} saddr != {cidr} jump mark-for-masquerade ; numgen random mod {} vmap {{ {} }} ;",
         p.vip,
         p.proto,
         p.port,
@@ -605,9 +657,12 @@ mod tests {
 
     #[test]
     fn target_in_the_middle_and_rules_shaped() {
-        let m = [Ipv4Addr::new(198, 18, 0, 3), Ipv4Addr::new(198, 18, 0, 4)];
+        let m = [
+            Ipv4Addr::new(198, 18, 0, 3).into(),
+            Ipv4Addr::new(198, 18, 0, 4).into(),
+        ];
         let s = Services::new(5, &m, m[0]);
-        assert_eq!(s.target_vip(), vip_of(2));
+        assert_eq!(s.target_vip(), vip_of(2, false));
         let ipt = s.iptables_full();
         assert!(ipt.contains("--probability 0.5000000000 -j KUBE-SEP-"));
         assert!(ipt.contains("-j DNAT --to-destination 198.18.0.4:8080"));
@@ -617,6 +672,35 @@ mod tests {
         let s2 = s.with_target(&[m[0]]);
         let inc = s2.nft_incremental(&s);
         assert!(inc.contains("delete chain ip kube-proxy endpoint-"));
-        assert!(s.manifest().to_yaml().contains("name: target"));
+        assert!(s.manifest_yaml().contains("name: target"));
+    }
+
+    /// The IPv6 layouts: ip6tables host matches and bracketed DNAT targets, table `ip6
+    /// kube-proxy`, and endpoint chain names without colons.
+    #[test]
+    fn ipv6_rules_shaped() {
+        let m: [IpAddr; 2] = [
+            "fd00:c612::3".parse().unwrap(),
+            "fd00:c612::4".parse().unwrap(),
+        ];
+        let s = Services::new(5, &m, m[0]);
+        assert_eq!(s.target_vip(), "fd00:c613::12".parse::<IpAddr>().unwrap());
+        assert_eq!(s.iptables_restore(), "ip6tables-restore");
+        let ipt = s.iptables_full();
+        assert!(ipt.contains("-d fd00:c613::12/128 --dport 80"), "{ipt}");
+        assert!(ipt.contains("! -s fd00:c612::/48 -j KUBE-MARK-MASQ"));
+        assert!(ipt.contains("-j DNAT --to-destination [fd00:c612::4]:8080"));
+        assert!(!ipt.contains("/32"));
+        let nft = s.nft_full();
+        assert!(nft.starts_with("table ip6 kube-proxy {"));
+        assert!(nft.contains("type ipv6_addr . inet_proto"));
+        assert!(nft.contains("ip6 daddr . meta l4proto"));
+        assert!(nft.contains("dnat to [fd00:c612::3]:5353"));
+        assert!(nft.contains("__fd00.c612..3/5353"));
+        assert!(!nft.contains("ip daddr") && !nft.contains("ipv4_addr"));
+        let inc = s.with_target(&[m[0]]).nft_incremental(&s);
+        assert!(inc.contains("delete chain ip6 kube-proxy endpoint-"));
+        let yaml = s.manifest_yaml();
+        assert!(yaml.contains("addressType: IPv6") && yaml.contains("ipFamilies: [IPv6]"));
     }
 }
