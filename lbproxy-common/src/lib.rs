@@ -132,7 +132,9 @@ pub use sock::{
 };
 pub use spec::{MapKind, MapSpec};
 pub use src_check::{MAX_SRC_CHECKS, SrcCheck};
-pub use src_ranges::{MAX_SRC_RANGES, SrcRangeData, SrcRangeKey, SrcRangeValue};
+pub use src_ranges::{
+    MAX_SRC_RANGES, SrcRangeData, SrcRangeData6, SrcRangeKey, SrcRangeKey6, SrcRangeValue,
+};
 pub use unserved::{FAMILY_IPV4, FAMILY_IPV6, UnservedKey, UnservedValue};
 
 pod!(
@@ -168,6 +170,8 @@ pod!(
     NodeAddr,
     SrcRangeData,
     SrcRangeKey,
+    SrcRangeData6,
+    SrcRangeKey6,
     SockConfig,
     SockRevKey,
     SockRevValue,
@@ -215,6 +219,7 @@ pub const MAPS: &[MapSpec] = &[
     node_ifs::SPEC6,
     node_addrs::SPEC6,
     sock::REV6_SPEC,
+    src_ranges::SPEC6,
 ];
 
 /// Earlier layouts a controller reads once at start, copies into their successor, then
@@ -294,6 +299,8 @@ pub mod map_names {
     pub const NODE_ADDRS6: &str = crate::node_addrs::SPEC6.name;
     /// Each load-balancer IP's `loadBalancerSourceRanges`, by (service id, prefix).
     pub const SRC_RANGES: &str = crate::src_ranges::SPEC.name;
+    /// [`SRC_RANGES`] for IPv6 load-balancer IPs.
+    pub const SRC_RANGES6: &str = crate::src_ranges::SPEC6.name;
     /// Per-CPU counts of the tries each SNAT port allocation took.
     pub const SNAT_TRIES: &str = crate::snat_tries::SPEC.name;
     /// Socket-level load balancing: its settings (`SockConfig`, one entry).

@@ -4,6 +4,9 @@
 //! A frontend whose `ServiceValue::flags` has `SVC_F_SOURCE_RANGES` accepts a packet only if
 //! the longest-prefix lookup of (its `svc_id`, the packet's source) finds an entry; the
 //! prefix length of an entry is 32 (the whole service id) plus the range's own.
+//!
+//! `LB_SRCRANGE6_V1` is the same for IPv6 load-balancer IPs and IPv6 ranges
+//! ([`SrcRangeData6`]).
 
 use crate::spec::{MapKind, MapSpec};
 
@@ -41,4 +44,32 @@ pub const SPEC: MapSpec = MapSpec::of::<SrcRangeKey, SrcRangeValue>(
     MAX_SRC_RANGES,
 )
 // The kernel refuses an LPM trie without it.
+.no_prealloc();
+
+/// [`SrcRangeData`] with an IPv6 range.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SrcRangeData6 {
+    /// The frontend's service id, big-endian.
+    pub svc_id_be: [u8; 4],
+    /// The range's IPv6 address (network order), host bits zero.
+    pub addr: [u8; 16],
+}
+const _: () = assert!(core::mem::size_of::<SrcRangeData6>() == 20);
+
+/// The whole `LB_SRCRANGE6_V1` key: the prefix length in bits (32 + the range's).
+#[repr(C, packed)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SrcRangeKey6 {
+    pub prefix_len: u32,
+    pub data: SrcRangeData6,
+}
+const _: () = assert!(core::mem::size_of::<SrcRangeKey6>() == 24);
+
+pub const SPEC6: MapSpec = MapSpec::of::<SrcRangeKey6, SrcRangeValue>(
+    "LB_SRCRANGE6_V1",
+    "src_ranges6",
+    MapKind::LpmTrie,
+    MAX_SRC_RANGES,
+)
 .no_prealloc();

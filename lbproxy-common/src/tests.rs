@@ -57,7 +57,7 @@ fn sizes<K, V>() -> (u32, u32) {
 
 #[test]
 fn spec_sizes_are_their_types() {
-    let cases: [(MapSpec, (u32, u32)); 38] = [
+    let cases: [(MapSpec, (u32, u32)); 39] = [
         (services::SPEC, sizes::<ServiceKey, ServiceValue>()),
         (services::SPEC_V1, sizes::<ServiceKey, ServiceValueV1>()),
         (slots::SPEC, sizes::<SlotKey, u32>()),
@@ -96,6 +96,7 @@ fn spec_sizes_are_their_types() {
         (node_ifs::SPEC6, sizes::<u32, NodeIf6>()),
         (node_addrs::SPEC6, sizes::<[u8; 16], NodeAddr>()),
         (sock::REV6_SPEC, sizes::<SockRevKey6, SockRevValue6>()),
+        (src_ranges::SPEC6, sizes::<SrcRangeKey6, SrcRangeValue>()),
     ];
     for (spec, (k, v)) in cases {
         assert_eq!((spec.key_size, spec.value_size), (k, v), "{}", spec.name);
@@ -115,7 +116,7 @@ fn spec_sizes_are_their_types() {
 #[test]
 fn layouts_are_unchanged() {
     use MapKind::*;
-    let expected: [(&str, &str, MapKind, u32, u32, u32); 35] = [
+    let expected: [(&str, &str, MapKind, u32, u32, u32); 36] = [
         ("LB_BACKENDS_V1", "backends", Hash, 4, 8, 262_144),
         ("LB_SLOTS_V1", "slots", Hash, 8, 4, 262_144),
         ("LB_SERVICES_V2", "services", Hash, 8, 16, 65_536),
@@ -151,6 +152,7 @@ fn layouts_are_unchanged() {
         ("LB_NODEIFS6_V1", "node_ifs6", Hash, 4, 24, 256),
         ("LB_NODEADDR6_V1", "node_addrs6", Hash, 16, 4, 1_024),
         ("LB_SOCKREV6_V1", "sock_rev6", LruHash, 32, 28, 262_144),
+        ("LB_SRCRANGE6_V1", "src_ranges6", LpmTrie, 24, 4, 65_536),
     ];
     let got: Vec<_> = MAPS
         .iter()
@@ -226,11 +228,14 @@ fn zero_is_todays_behaviour() {
 }
 
 /// Every map is preallocated, but the informational unserved list, whose memory follows
-/// what it holds, and the source-range trie (the kernel allows no other kind of LPM trie).
+/// what it holds, and the source-range tries (the kernel allows no other kind of LPM trie).
 #[test]
 fn only_the_unserved_list_and_the_trie_are_not_preallocated() {
     for s in MAPS {
-        let want = if s.name == unserved::SPEC.name || s.name == src_ranges::SPEC.name {
+        let want = if s.name == unserved::SPEC.name
+            || s.name == src_ranges::SPEC.name
+            || s.name == src_ranges::SPEC6.name
+        {
             spec::BPF_F_NO_PREALLOC
         } else {
             0

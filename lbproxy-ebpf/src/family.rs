@@ -336,11 +336,11 @@ impl Family for [u8; 16] {
             max: nif.snat_port_max,
         })
     }
-    /// No IPv6 frontend with source ranges is programmed yet; were one, it would take
-    /// nothing (closed, not open).
+    /// A longest-prefix lookup in `LB_SRCRANGE6_V1`, in its own BPF function.
     #[inline(always)]
-    fn in_source_ranges(_svc_id: u32, _src: Self) -> bool {
-        false
+    fn in_source_ranges(svc_id: u32, src: Self) -> bool {
+        let w = |i: usize| u32::from_ne_bytes([src[i], src[i + 1], src[i + 2], src[i + 3]]);
+        crate::lb::service::in_ranges6(svc_id, w(0), w(4), w(8), w(12)) != 0
     }
     /// Word by word, read in place.
     #[inline(always)]

@@ -14,9 +14,9 @@ use lbproxy_common::{
     FlowValue, FlowValue6, FlowWork, FragKey, FragKey6, FragPorts, MemberKey, MonitorCtl,
     MonitorEvent, MonitorRate, NodeAddr, NodeIf, NodeIf6, PodAddr, PodIf, ServiceKey, ServiceKey6,
     ServiceLabel, ServiceValue, SlotKey, SockConfig, SockRevKey, SockRevKey6, SockRevValue,
-    SockRevValue6, SrcCheck, SrcRangeData, UnservedKey, UnservedValue, affinity, backends, config,
-    delivery, drops, flows, frags, labels, members, monitor, node_addrs, node_ifs, pod_addrs,
-    pod_ifs, services, slots, snat_tries, sock,
+    SockRevValue6, SrcCheck, SrcRangeData, SrcRangeData6, UnservedKey, UnservedValue, affinity,
+    backends, config, delivery, drops, flows, frags, labels, members, monitor, node_addrs,
+    node_ifs, pod_addrs, pod_ifs, services, slots, snat_tries, sock,
     spec::{MapKind, MapSpec, size_u32, str_eq},
     src_check, src_ranges, unserved,
 };
@@ -176,6 +176,8 @@ map! {
     LB_NODEADDRS_V1: HashMap<[u8; 4], NodeAddr> = node_addrs::SPEC;
     /// Each load-balancer IP's source ranges. Read by `lb::service`.
     LB_SRCRANGES_V1: LpmTrie<SrcRangeData, u32> = src_ranges::SPEC;
+    /// [`LB_SRCRANGES_V1`] for IPv6 load-balancer IPs. Read by `lb::service`.
+    LB_SRCRANGE6_V1: LpmTrie<SrcRangeData6, u32> = src_ranges::SPEC6;
     /// Per-CPU counts of the tries each SNAT port allocation took. Written by `flow`.
     LB_SNATTRIES_V1: PerCpuArray<u64> = snat_tries::SPEC;
     /// Socket-level load balancing's settings, one entry. Read by `sock`.

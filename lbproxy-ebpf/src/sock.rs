@@ -30,8 +30,8 @@ use aya_ebpf::{
     programs::SockAddrContext,
 };
 use lbproxy_common::{
-    Addr, BackendOf, IPPROTO_TCP, IPPROTO_UDP, SOCK_F_ALL_NETNS, SOCK_F_ENABLED, ServiceValue,
-    SockEvent, SockRevKey, SockRevKey6, SockRevValue, SockRevValue6, select::flow_hash,
+    BackendOf, IPPROTO_TCP, IPPROTO_UDP, SOCK_F_ALL_NETNS, SOCK_F_ENABLED, ServiceValue, SockEvent,
+    SockRevKey, SockRevKey6, SockRevValue, SockRevValue6, select::flow_hash,
 };
 
 use crate::{

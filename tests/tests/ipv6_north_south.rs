@@ -432,3 +432,84 @@ fn a_node_processs_ipv6_connection_moves_when_its_backend_leaves() {
     );
     assert!(moved < Duration::from_secs(2), "moved only after {moved:?}");
 }
+
+/// `lbproxy inspect drops --json`'s count of `reason` on `node`.
+fn drop_count(lab: &MultiNodeLab, node: NodeId, reason: &str) -> u64 {
+    let out = std::process::Command::new(lbproxy_tests::lab::lbproxy_bin())
+        .args(["inspect", "drops", "--json", "--bpffs-dir"])
+        .arg(&lab.node(node).bpffs_dir)
+        .output()
+        .expect("lbproxy inspect drops");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("inspect drops --json: {e}: {out:?}"));
+    v[reason].as_u64().unwrap_or(0)
+}
+
+/// `loadBalancerSourceRanges` over IPv6, per family as kube-proxy: with an IPv4 range and
+/// an IPv6 `/128` holding the first client, that client reaches the IPv6 LB IP (TCP and
+/// UDP) and the second does not (dropped, counted as `source_range_denied`); the IPv6
+/// NodePort and externalIP stay open to both (the ranges are for LB IPs only); over IPv4 the
+/// first client is outside the IPv4 range, so the IPv4 LB IP refuses it: each family's LB
+/// IP is filtered by that family's ranges.
+#[test]
+fn ipv6_load_balancer_source_ranges_filter_the_ipv6_lb_ip() {
+    let inside = Ipv6Addr::new(0xfd00, 0xc612, 0x80, 0, 0, 0, 0, 100);
+    let s = Setup::new(
+        "Cluster",
+        true,
+        &format!("  loadBalancerSourceRanges: ['203.0.113.0/24', '{inside}/128']\n"),
+    );
+    let ok = s.lab.add_client("ok");
+    let other = s.lab.add_client("other");
+    assert_eq!(ok.ip6, inside, "the first client is the one in the range");
+    let node = s.lab.node(NodeId::A).clone();
+    for c in [&ok, &other] {
+        c.route_via6("fd00:c612:ffff::/64", &node);
+        c.route_via("198.19.0.0/16", &node);
+    }
+    wait_served(&ok.netns, SocketAddr::from((LB_IP6, 80)));
+    for (udp, port) in [(false, 80), (true, 53)] {
+        let to = SocketAddr::from((LB_IP6, port));
+        let (seen, failed) = requests(&ok.netns, udp, to, 8);
+        assert!(
+            failed.is_empty() && seen.values().map(Vec::len).sum::<usize>() > 0,
+            "{} {to} from inside the range: {seen:?} {failed:?}\n{}",
+            proto(udp),
+            s.logs()
+        );
+    }
+    let before = drop_count(&s.lab, NodeId::A, "source_range_denied");
+    for (udp, port) in [(false, 80), (true, 53)] {
+        let to = SocketAddr::from((LB_IP6, port));
+        let (seen, _) = requests(&other.netns, udp, to, 2);
+        assert!(
+            seen.is_empty(),
+            "{} {to}: outside the range the IPv6 LB IP must not answer: {seen:?}",
+            proto(udp)
+        );
+    }
+    let after = drop_count(&s.lab, NodeId::A, "source_range_denied");
+    assert!(
+        after >= before + 4,
+        "source_range_denied counted on nodeA ({before} -> {after})\n{}",
+        s.logs()
+    );
+    for to in [
+        SocketAddr::from((node.ip6, NODE_PORT_TCP)),
+        SocketAddr::from((EXTERNAL_IP6, 80)),
+    ] {
+        let (seen, failed) = requests(&other.netns, false, to, 4);
+        assert!(
+            failed.is_empty() && !seen.is_empty(),
+            "the ranges do not apply to {to}: {seen:?} {failed:?}"
+        );
+    }
+    // IPv4: the first client's IPv4 address is outside 203.0.113.0/24.
+    let to = SocketAddr::from((WEB_LB_IP, 80));
+    let (seen, _) = requests(&ok.netns, false, to, 2);
+    assert!(
+        seen.is_empty(),
+        "{to}: the IPv4 LB IP is filtered by the IPv4 range, which does not hold {}: {seen:?}",
+        ok.ip
+    );
+}

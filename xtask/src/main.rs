@@ -78,7 +78,7 @@ enum Task {
         #[command(subcommand)]
         what: Option<BenchWhat>,
         #[command(flatten)]
-        datapath: bench_datapath::DatapathArgs,
+        datapath: Box<bench_datapath::DatapathArgs>,
     },
 }
 

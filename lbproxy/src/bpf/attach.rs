@@ -118,8 +118,8 @@ pub struct Attacher {
     /// The addresses health-check servers bind: the node-port addresses when
     /// `--nodeport-addresses` names CIDRs or `primary`, none (every address) by default.
     hc_addresses: tokio::sync::watch::Sender<Vec<std::net::IpAddr>>,
-    /// Every IPv4 address of the node's own interfaces, for the controller's model.
-    node_ips: tokio::sync::watch::Sender<Vec<std::net::Ipv4Addr>>,
+    /// Every address of the node's own interfaces, IPv4 and IPv6, for the controller's model.
+    node_ips: tokio::sync::watch::Sender<Vec<std::net::IpAddr>>,
     attached: BTreeSet<Interface>,
     /// Pinned interfaces the last listing did not show; forgotten if the next one does not
     /// either.
@@ -140,7 +140,7 @@ impl Attacher {
         node_port_addresses: NodePortAddresses,
         snat_port_range: (u16, u16),
         hc_addresses: tokio::sync::watch::Sender<Vec<std::net::IpAddr>>,
-        node_ips: tokio::sync::watch::Sender<Vec<std::net::Ipv4Addr>>,
+        node_ips: tokio::sync::watch::Sender<Vec<std::net::IpAddr>>,
     ) -> Result<Self, BpfError> {
         Ok(Self {
             node_ips,
@@ -281,7 +281,7 @@ impl Attacher {
             if self.globs.is_match(&l.iface.name) {
                 out.insert(l.iface.clone(), Role::Pod);
             } else if !l.is_loopback
-                && !(l.ipv4.is_empty() && l.ipv6.is_empty())
+                && (!l.ipv4.is_empty() || !l.ipv6.is_empty())
                 && l.master.is_none()
                 && !pod_masters.contains(&l.iface.index)
             {
@@ -348,9 +348,15 @@ impl Attacher {
         for v in want_ifs.values() {
             want_addrs.entry(v.snat_addr).or_default().flags |= NODE_ADDR_F_SNAT;
         }
-        let mut ips: Vec<std::net::Ipv4Addr> = node_links
+        let mut ips: Vec<std::net::IpAddr> = node_links
             .iter()
-            .flat_map(|l| l.ipv4.iter().copied())
+            .flat_map(|l| {
+                l.ipv4
+                    .iter()
+                    .copied()
+                    .map(std::net::IpAddr::from)
+                    .chain(l.ipv6.iter().copied().map(std::net::IpAddr::from))
+            })
             .collect();
         ips.sort();
         ips.dedup();

@@ -36,6 +36,7 @@ pub struct PinnedMaps {
     pub unserved: BpfHashMap<MapData, UnservedKey, UnservedValue>,
     pub node_ifs: BpfHashMap<MapData, u32, lbproxy_common::NodeIf>,
     pub src_ranges: aya::maps::LpmTrie<MapData, lbproxy_common::SrcRangeData, u32>,
+    pub src_ranges6: aya::maps::LpmTrie<MapData, lbproxy_common::SrcRangeData6, u32>,
     pub snat_tries: PerCpuArray<MapData, u64>,
     pub sock_config: Array<MapData, lbproxy_common::SockConfig>,
     pub sock_events: PerCpuArray<MapData, u64>,
@@ -65,6 +66,7 @@ impl PinnedMaps {
             unserved: open_pinned(dir, map_names::UNSERVED, Map::HashMap)?,
             node_ifs: open_pinned(dir, map_names::NODE_IFS, Map::HashMap)?,
             src_ranges: open_pinned(dir, map_names::SRC_RANGES, Map::LpmTrie)?,
+            src_ranges6: open_pinned(dir, map_names::SRC_RANGES6, Map::LpmTrie)?,
             snat_tries: open_pinned(dir, map_names::SNAT_TRIES, Map::PerCpuArray)?,
             sock_config: open_pinned(dir, map_names::SOCK_CONFIG, Map::Array)?,
             sock_events: open_pinned(dir, map_names::SOCK_EVENTS, Map::PerCpuArray)?,
@@ -207,6 +209,20 @@ pub(super) fn del_ok(r: Result<(), MapError>) -> Result<(), MapError> {
     }
 }
 
+/// The `LB_SRCRANGE6_V1` key of frontend `svc_id`'s IPv6 range.
+fn src_range_key6(
+    svc_id: u32,
+    range: ipnet::Ipv6Net,
+) -> aya::maps::lpm_trie::Key<lbproxy_common::SrcRangeData6> {
+    aya::maps::lpm_trie::Key::new(
+        32 + u32::from(range.prefix_len()),
+        lbproxy_common::SrcRangeData6 {
+            svc_id_be: svc_id.to_be_bytes(),
+            addr: range.network().octets(),
+        },
+    )
+}
+
 /// The `LB_SRCRANGES_V1` key of frontend `svc_id`'s range: the whole id, then the range.
 fn src_range_key(
     svc_id: u32,
@@ -228,15 +244,27 @@ impl Maps for PinnedMaps {
             self.slots.iter().flatten(),
             self.members.keys().flatten(),
             self.all_services(),
-            self.src_ranges.keys().flatten().filter_map(|k| {
-                let d = k.data();
-                let net = ipnet::Ipv4Net::new(
-                    std::net::Ipv4Addr::from(d.addr),
-                    u8::try_from(k.prefix_len().checked_sub(32)?).ok()?,
-                )
-                .ok()?;
-                Some((u32::from_be_bytes(d.svc_id_be), net))
-            }),
+            self.src_ranges
+                .keys()
+                .flatten()
+                .filter_map(|k| {
+                    let d = k.data();
+                    let net = ipnet::Ipv4Net::new(
+                        std::net::Ipv4Addr::from(d.addr),
+                        u8::try_from(k.prefix_len().checked_sub(32)?).ok()?,
+                    )
+                    .ok()?;
+                    Some((u32::from_be_bytes(d.svc_id_be), ipnet::IpNet::V4(net)))
+                })
+                .chain(self.src_ranges6.keys().flatten().filter_map(|k| {
+                    let d = k.data();
+                    let net = ipnet::Ipv6Net::new(
+                        std::net::Ipv6Addr::from(d.addr),
+                        u8::try_from(k.prefix_len().checked_sub(32)?).ok()?,
+                    )
+                    .ok()?;
+                    Some((u32::from_be_bytes(d.svc_id_be), ipnet::IpNet::V6(net)))
+                })),
             |svc_id| {
                 self.labels
                     .get(&svc_id, 0)
@@ -308,27 +336,31 @@ impl Maps for PinnedMaps {
                 .map_err(|e| werr(map_names::SERVICES6, "delete", name, e)),
         }
     }
-    fn put_src_range(&mut self, svc_id: u32, range: ipnet::Ipv4Net) -> Result<(), MapWriteError> {
-        self.src_ranges
-            .insert(&src_range_key(svc_id, range), 1, 0)
-            .map_err(|e| {
-                werr(
-                    map_names::SRC_RANGES,
-                    "update",
-                    format!("svc {svc_id} {range}"),
-                    e,
-                )
-            })
-    }
-    fn del_src_range(&mut self, svc_id: u32, range: ipnet::Ipv4Net) -> Result<(), MapWriteError> {
-        del_ok(self.src_ranges.remove(&src_range_key(svc_id, range))).map_err(|e| {
-            werr(
+    fn put_src_range(&mut self, svc_id: u32, range: ipnet::IpNet) -> Result<(), MapWriteError> {
+        let (map, r) = match range {
+            ipnet::IpNet::V4(n) => (
                 map_names::SRC_RANGES,
-                "delete",
-                format!("svc {svc_id} {range}"),
-                e,
-            )
-        })
+                self.src_ranges.insert(&src_range_key(svc_id, n), 1, 0),
+            ),
+            ipnet::IpNet::V6(n) => (
+                map_names::SRC_RANGES6,
+                self.src_ranges6.insert(&src_range_key6(svc_id, n), 1, 0),
+            ),
+        };
+        r.map_err(|e| werr(map, "update", format!("svc {svc_id} {range}"), e))
+    }
+    fn del_src_range(&mut self, svc_id: u32, range: ipnet::IpNet) -> Result<(), MapWriteError> {
+        let (map, r) = match range {
+            ipnet::IpNet::V4(n) => (
+                map_names::SRC_RANGES,
+                del_ok(self.src_ranges.remove(&src_range_key(svc_id, n))),
+            ),
+            ipnet::IpNet::V6(n) => (
+                map_names::SRC_RANGES6,
+                del_ok(self.src_ranges6.remove(&src_range_key6(svc_id, n))),
+            ),
+        };
+        r.map_err(|e| werr(map, "delete", format!("svc {svc_id} {range}"), e))
     }
     fn put_member(&mut self, svc_id: u32, backend_id: u32) -> Result<(), MapWriteError> {
         let key = lbproxy_common::MemberKey { svc_id, backend_id };

@@ -79,8 +79,8 @@ pub struct Controller<M: Maps> {
     synced_deletes: Option<tokio::sync::watch::Sender<u64>>,
     /// `health_check_wanted` changed since the servers were last brought in line with it.
     health_check_changed: bool,
-    /// This node's IPv4 addresses, from the interface watcher, for the model's `node_ips`.
-    node_addresses: Option<tokio::sync::watch::Receiver<Vec<std::net::Ipv4Addr>>>,
+    /// This node's addresses, from the interface watcher, for the model's `node_ips`.
+    node_addresses: Option<tokio::sync::watch::Receiver<Vec<std::net::IpAddr>>>,
 }
 
 impl<M: Maps> Controller<M> {
@@ -127,11 +127,11 @@ impl<M: Maps> Controller<M> {
         self
     }
 
-    /// Follows this node's IPv4 addresses as `addresses` sees them (the model's
-    /// `node_ips`): a change re-syncs the services it concerns.
+    /// Follows this node's addresses as `addresses` sees them (the model's `node_ips`): a
+    /// change re-syncs the services it concerns.
     pub fn with_node_addresses(
         mut self,
-        addresses: tokio::sync::watch::Receiver<Vec<std::net::Ipv4Addr>>,
+        addresses: tokio::sync::watch::Receiver<Vec<std::net::IpAddr>>,
     ) -> Self {
         let now = addresses.borrow().clone();
         self.ingest.model.set_node_ips(now);
@@ -141,7 +141,7 @@ impl<M: Maps> Controller<M> {
 
     /// Takes in this node's new addresses; the services they concern are marked dirty.
     /// Returns whether any is.
-    fn on_node_addresses(&mut self, ips: Vec<std::net::Ipv4Addr>) -> bool {
+    fn on_node_addresses(&mut self, ips: Vec<std::net::IpAddr>) -> bool {
         let touched = self.ingest.model.set_node_ips(ips);
         if touched.is_empty() {
             return false;

@@ -323,9 +323,9 @@ pub struct FrontendSpec {
     /// sources in `src_ranges` may use it; `SVC_F_TERMINATING_FALLBACK` when its backends
     /// are terminating ones, none being ready.
     pub flags: u16,
-    /// A load-balancer IP's `loadBalancerSourceRanges` (IPv4, sorted, without duplicates);
-    /// empty for every other frontend and for `0.0.0.0/0`.
-    pub src_ranges: Vec<ipnet::Ipv4Net>,
+    /// A load-balancer IP's `loadBalancerSourceRanges` of its own family (sorted, without
+    /// duplicates); empty for every other frontend and for a `/0` range of its family.
+    pub src_ranges: Vec<ipnet::IpNet>,
 }
 
 pub type Desired = BTreeMap<Frontend, FrontendSpec>;
@@ -357,11 +357,7 @@ fn servable(
     family: Family,
     addr: Option<IpAddr>,
     proto: Protocol,
-    filtered: bool,
 ) -> Result<IpAddr, &'static str> {
-    if family == Family::V6 && kind == FrontendKind::LoadBalancerIp && filtered {
-        return Err("loadBalancerSourceRanges are enforced over IPv4 only so far");
-    }
     if proto == Protocol::Sctp {
         return Err("SCTP is not served yet");
     }
@@ -434,56 +430,43 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
         }
         // Each family's frontends are served from that family's endpoints only.
         let mut specs: BTreeMap<(Scope, Family), FrontendSpec> = BTreeMap::new();
-        // loadBalancerSourceRanges, for the load-balancer IPs only (as kube-proxy); a range
-        // of length 0 admits everyone, so the list then restricts nothing.
-        let mut ranges: Vec<ipnet::Ipv4Net> = svc
-            .load_balancer_source_ranges
-            .iter()
-            .filter_map(|n| match n {
-                ipnet::IpNet::V4(n) => Some(*n),
-                ipnet::IpNet::V6(_) => None,
-            })
-            .collect();
-        ranges.sort();
-        ranges.dedup();
-        if ranges.iter().any(|n| n.prefix_len() == 0) {
-            ranges.clear();
-        }
-        // As kube-proxy: when a range holds one of this node's addresses, the service's
-        // load-balancer IPs are admitted as sources too (a load balancer that loops traffic
-        // back to the node keeps the LB IP as its source).
-        if ranges
-            .iter()
-            .any(|n| model.node_ips.iter().any(|ip| n.contains(ip)))
-        {
-            for ing in &svc.load_balancer_ingress {
-                if ing.ip_mode == IpMode::Vip
-                    && let IpAddr::V4(ip) = ing.ip
-                {
-                    ranges.push(ipnet::Ipv4Net::from(ip));
+        // loadBalancerSourceRanges, for the load-balancer IPs only (as kube-proxy), per
+        // family: `Some(ranges)` filters that family's LB IPs (empty: the Service lists
+        // ranges of the other family only, so no source of this one is admitted), `None`
+        // does not (no ranges at all, or a range of length 0 of this family).
+        let ranges_of = |family: Family| -> Option<Vec<ipnet::IpNet>> {
+            if svc.load_balancer_source_ranges.is_empty() {
+                return None;
+            }
+            let mut ranges: Vec<ipnet::IpNet> = svc
+                .load_balancer_source_ranges
+                .iter()
+                .filter(|n| Family::of(&n.addr()) == family)
+                .copied()
+                .collect();
+            if ranges.iter().any(|n| n.prefix_len() == 0) {
+                return None;
+            }
+            // As kube-proxy: when a range holds one of this node's addresses, the
+            // service's load-balancer IPs are admitted as sources too (a load balancer
+            // that loops traffic back to the node keeps the LB IP as its source).
+            if ranges
+                .iter()
+                .any(|n| model.node_ips.iter().any(|ip| n.contains(ip)))
+            {
+                for ing in &svc.load_balancer_ingress {
+                    if ing.ip_mode == IpMode::Vip && Family::of(&ing.ip) == family {
+                        ranges.push(ipnet::IpNet::from(ing.ip));
+                    }
                 }
             }
             ranges.sort();
             ranges.dedup();
-        }
-        // Only IPv6 ranges: no IPv4 source is admitted.
-        let v6_only = ranges.is_empty()
-            && svc
-                .load_balancer_source_ranges
-                .iter()
-                .any(|n| matches!(n, ipnet::IpNet::V6(_)))
-            && !svc
-                .load_balancer_source_ranges
-                .iter()
-                .any(|n| n.prefix_len() == 0);
-        // Source ranges that filter anything (none of length 0).
-        let filtered = !svc.load_balancer_source_ranges.is_empty()
-            && !svc
-                .load_balancer_source_ranges
-                .iter()
-                .any(|n| n.prefix_len() == 0);
+            Some(ranges)
+        };
+        let ranges = [ranges_of(Family::V4), ranges_of(Family::V6)];
         for (kind, family, addr, frontend_port) in asked {
-            match servable(kind, family, addr, port.protocol, filtered) {
+            match servable(kind, family, addr, port.protocol) {
                 Ok(addr) => {
                     let spec = specs
                         .entry((kind.scope(), family))
@@ -511,13 +494,14 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
                             }
                         })
                         .clone();
+                    let filter = &ranges[usize::from(family == Family::V6)];
                     let mut spec = if kind == FrontendKind::LoadBalancerIp
-                        && (!ranges.is_empty() || v6_only)
+                        && let Some(filter) = filter
                     {
                         FrontendSpec {
                             kind,
                             flags: spec.flags | lbproxy_common::SVC_F_SOURCE_RANGES,
-                            src_ranges: ranges.clone(),
+                            src_ranges: filter.clone(),
                             ..spec
                         }
                     } else {
@@ -974,49 +958,85 @@ status:
     }
 
     #[test]
-    fn the_first_reason_that_applies_is_given_family_then_protocol() {
+    fn sctp_is_the_one_reason_a_frontend_is_not_served() {
         let v4 = Some(IpAddr::from([198, 19, 0, 1]));
         let v6_addr: IpAddr = "fd00::1".parse().unwrap();
         let v6 = Some(v6_addr);
         use FrontendKind::*;
         use Protocol::*;
-        let v6_ranges = "loadBalancerSourceRanges are enforced over IPv4 only so far";
         let sctp = "SCTP is not served yet";
         let ok = |a: [u8; 4]| Ok(IpAddr::from(a));
-        for (kind, family, addr, proto, filtered, want) in [
-            (NodePort, Family::V6, None, Sctp, false, Err(sctp)),
-            (
-                NodePort,
-                Family::V6,
-                None,
-                Tcp,
-                true,
-                Ok(IpAddr::from([0u8; 16])),
-            ),
-            (NodePort, Family::V4, None, Udp, false, ok([0, 0, 0, 0])),
-            (ExternalIp, Family::V6, v6, Sctp, false, Err(sctp)),
-            (ExternalIp, Family::V6, v6, Tcp, true, Ok(v6_addr)),
-            (LoadBalancerIp, Family::V6, v6, Tcp, false, Ok(v6_addr)),
-            (LoadBalancerIp, Family::V6, v6, Sctp, true, Err(v6_ranges)),
-            (
-                LoadBalancerIp,
-                Family::V4,
-                v4,
-                Tcp,
-                true,
-                ok([198, 19, 0, 1]),
-            ),
-            (ClusterIp, Family::V6, v6, Sctp, false, Err(sctp)),
-            (ClusterIp, Family::V6, v6, Tcp, false, Ok(v6_addr)),
-            (ClusterIp, Family::V4, v4, Sctp, false, Err(sctp)),
-            (ClusterIp, Family::V4, v4, Udp, false, ok([198, 19, 0, 1])),
+        for (kind, family, addr, proto, want) in [
+            (NodePort, Family::V6, None, Sctp, Err(sctp)),
+            (NodePort, Family::V6, None, Tcp, Ok(IpAddr::from([0u8; 16]))),
+            (NodePort, Family::V4, None, Udp, ok([0, 0, 0, 0])),
+            (ExternalIp, Family::V6, v6, Sctp, Err(sctp)),
+            (ExternalIp, Family::V6, v6, Tcp, Ok(v6_addr)),
+            (LoadBalancerIp, Family::V6, v6, Tcp, Ok(v6_addr)),
+            (LoadBalancerIp, Family::V6, v6, Sctp, Err(sctp)),
+            (LoadBalancerIp, Family::V4, v4, Tcp, ok([198, 19, 0, 1])),
+            (ClusterIp, Family::V6, v6, Sctp, Err(sctp)),
+            (ClusterIp, Family::V6, v6, Tcp, Ok(v6_addr)),
+            (ClusterIp, Family::V4, v4, Sctp, Err(sctp)),
+            (ClusterIp, Family::V4, v4, Udp, ok([198, 19, 0, 1])),
         ] {
             assert_eq!(
-                servable(kind, family, addr, proto, filtered),
+                servable(kind, family, addr, proto),
                 want,
                 "{kind:?} {family:?} {proto:?}"
             );
         }
+    }
+
+    /// A dual-stack LoadBalancer: each family's LB IP is filtered by that family's ranges
+    /// only; a family with no range of its own admits no source of that family (the
+    /// Service asked for a filter); a `/0` of one family opens that family only.
+    #[test]
+    fn source_ranges_apply_per_family() {
+        let lb = |ranges: &str| {
+            frontends_of(&format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: lb, namespace: shop}}\nspec: {{type: LoadBalancer, clusterIPs: [198.19.0.12, 'fd00:c613::12'], ipFamilies: [IPv4, IPv6], ipFamilyPolicy: RequireDualStack, loadBalancerSourceRanges: {ranges}, ports: [{{port: 80, nodePort: 30080}}]}}\nstatus: {{loadBalancer: {{ingress: [{{ip: 192.0.2.1}}, {{ip: '2001:db8::1'}}]}}}}\n"
+            ))
+        };
+        let lb_ranges = |f: &ServiceFrontends| -> Vec<(String, u16, Vec<String>)> {
+            f.served
+                .iter()
+                .filter(|(_, s)| s.kind == FrontendKind::LoadBalancerIp)
+                .map(|(fe, s)| {
+                    (
+                        fe.addr.to_string(),
+                        s.flags & lbproxy_common::SVC_F_SOURCE_RANGES,
+                        s.src_ranges.iter().map(ToString::to_string).collect(),
+                    )
+                })
+                .collect()
+        };
+        let f = lb("[203.0.113.0/24, '2001:db8:1::/48', '2001:db8:1::/48']");
+        let flag = lbproxy_common::SVC_F_SOURCE_RANGES;
+        assert_eq!(
+            lb_ranges(&f),
+            vec![
+                ("192.0.2.1".into(), flag, vec!["203.0.113.0/24".into()]),
+                ("2001:db8::1".into(), flag, vec!["2001:db8:1::/48".into()]),
+            ]
+        );
+        assert!(f.unserved.is_empty(), "{:?}", f.unserved);
+        assert_eq!(
+            lb_ranges(&lb("[203.0.113.0/24]")),
+            vec![
+                ("192.0.2.1".into(), flag, vec!["203.0.113.0/24".into()]),
+                ("2001:db8::1".into(), flag, vec![]),
+            ],
+            "IPv4 ranges only: the IPv6 LB IP admits no IPv6 source"
+        );
+        assert_eq!(
+            lb_ranges(&lb("[203.0.113.0/24, '::/0']")),
+            vec![
+                ("192.0.2.1".into(), flag, vec!["203.0.113.0/24".into()]),
+                ("2001:db8::1".into(), 0, vec![]),
+            ],
+            "::/0 opens IPv6 only"
+        );
     }
 
     /// `loadBalancerSourceRanges` restrict the load-balancer IPs only (as kube-proxy), and

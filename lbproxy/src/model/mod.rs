@@ -147,10 +147,10 @@ pub struct Model {
     /// without scanning every slice. Each list is sorted: most services have one slice, and
     /// a `BTreeSet` would allocate room for eleven (17 MiB more at 50,000 services).
     by_service: BTreeMap<NamespacedName, Vec<NamespacedName>>,
-    /// This node's own IPv4 addresses (those of its non-pod interfaces, from the interface
-    /// watcher), sorted. `loadBalancerSourceRanges` that contain one of them also admit the
+    /// This node's own addresses, IPv4 and IPv6 (those of its non-pod interfaces, from the
+    /// interface watcher), sorted. `loadBalancerSourceRanges` that contain one of them also admit the
     /// load-balancer IPs as sources (`desired::frontends`).
-    pub node_ips: Vec<std::net::Ipv4Addr>,
+    pub node_ips: Vec<std::net::IpAddr>,
 }
 
 /// Why an object was rejected, naming the field.
@@ -204,7 +204,7 @@ fn identify(
 impl Model {
     /// Sets [`Model::node_ips`]; returns the services the change concerns (those with
     /// `loadBalancerSourceRanges`), none when the addresses are the same.
-    pub fn set_node_ips(&mut self, mut ips: Vec<std::net::Ipv4Addr>) -> Vec<NamespacedName> {
+    pub fn set_node_ips(&mut self, mut ips: Vec<std::net::IpAddr>) -> Vec<NamespacedName> {
         ips.sort();
         ips.dedup();
         if ips == self.node_ips {

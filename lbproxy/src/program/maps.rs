@@ -105,9 +105,10 @@ pub trait Maps {
     fn del_service(&mut self, key: FrontendKey) -> Result<(), MapWriteError>;
     fn put_label(&mut self, svc_id: u32, label: &str) -> Result<(), MapWriteError>;
     fn del_label(&mut self, svc_id: u32) -> Result<(), MapWriteError>;
-    /// Adds one of frontend `svc_id`'s `loadBalancerSourceRanges` (`LB_SRCRANGES_V1`).
-    fn put_src_range(&mut self, svc_id: u32, range: ipnet::Ipv4Net) -> Result<(), MapWriteError>;
-    fn del_src_range(&mut self, svc_id: u32, range: ipnet::Ipv4Net) -> Result<(), MapWriteError>;
+    /// Adds one of frontend `svc_id`'s `loadBalancerSourceRanges` (`LB_SRCRANGES_V1`, or
+    /// `LB_SRCRANGE6_V1` for an IPv6 range).
+    fn put_src_range(&mut self, svc_id: u32, range: ipnet::IpNet) -> Result<(), MapWriteError>;
+    fn del_src_range(&mut self, svc_id: u32, range: ipnet::IpNet) -> Result<(), MapWriteError>;
     /// The frontends not served yet, as listed for `lbproxy inspect`.
     fn read_unserved(&self) -> BTreeMap<UnservedKey, UnservedValue>;
     fn put_unserved(
@@ -131,10 +132,10 @@ pub fn assemble(
     slots: impl Iterator<Item = (SlotKey, u32)>,
     members: impl Iterator<Item = MemberKey>,
     services: impl Iterator<Item = (FrontendKey, ServiceValue)>,
-    src_ranges: impl Iterator<Item = (u32, ipnet::Ipv4Net)>,
+    src_ranges: impl Iterator<Item = (u32, ipnet::IpNet)>,
     label: impl Fn(u32) -> String,
 ) -> Programmed {
-    let mut ranges_of: HashMap<u32, BTreeSet<ipnet::Ipv4Net>> = HashMap::new();
+    let mut ranges_of: HashMap<u32, BTreeSet<ipnet::IpNet>> = HashMap::new();
     for (svc_id, r) in src_ranges {
         ranges_of.entry(svc_id).or_default().insert(r);
     }
@@ -200,7 +201,7 @@ pub mod mem {
         pub labels: BTreeMap<u32, String>,
         pub members: std::collections::BTreeSet<(u32, u32)>,
         pub unserved: BTreeMap<UnservedKey, UnservedValue>,
-        pub src_ranges: std::collections::BTreeSet<(u32, ipnet::Ipv4Net)>,
+        pub src_ranges: std::collections::BTreeSet<(u32, ipnet::IpNet)>,
         /// The persisted id cursor (`LB_CONFIG_V1`'s `next_id` in the real maps).
         pub id_cursor: u32,
         pub ops: usize,
@@ -336,20 +337,12 @@ pub mod mem {
             self.check();
             Ok(())
         }
-        fn put_src_range(
-            &mut self,
-            svc_id: u32,
-            range: ipnet::Ipv4Net,
-        ) -> Result<(), MapWriteError> {
+        fn put_src_range(&mut self, svc_id: u32, range: ipnet::IpNet) -> Result<(), MapWriteError> {
             self.step("src_ranges")?;
             self.src_ranges.insert((svc_id, range));
             Ok(())
         }
-        fn del_src_range(
-            &mut self,
-            svc_id: u32,
-            range: ipnet::Ipv4Net,
-        ) -> Result<(), MapWriteError> {
+        fn del_src_range(&mut self, svc_id: u32, range: ipnet::IpNet) -> Result<(), MapWriteError> {
             self.step("src_ranges")?;
             self.src_ranges.remove(&(svc_id, range));
             Ok(())

@@ -39,7 +39,7 @@ pub struct ProgrammedFrontend {
     /// The flags in the service entry (`SVC_F_*`).
     pub flags: u16,
     /// Its `loadBalancerSourceRanges` in `LB_SRCRANGES_V1`.
-    pub src_ranges: std::collections::BTreeSet<ipnet::Ipv4Net>,
+    pub src_ranges: std::collections::BTreeSet<ipnet::IpNet>,
     /// Backend ids written to `LB_MEMBERS_V1` for this service.
     pub members: std::collections::BTreeSet<u32>,
     /// Backends kept live for existing flows only (not in any slot).
