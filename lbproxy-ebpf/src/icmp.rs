@@ -25,11 +25,11 @@
 //! - `lb_to_node` uses [`to_client`] for the errors of this node's backends to clients
 //!   outside, and `lb_from_node` [`from_client`] for outside clients' errors about replies.
 //!
-//! IPv6 ([`to_client6`], [`from_client6`], for pods): ICMPv6 destination unreachable, packet
-//! too big, time exceeded and parameter problem, quoting an IPv6 header of TCP or UDP
-//! without extension headers, right after the outer IPv6 header, are translated the same
-//! way. Their checksum covers the outer addresses too (the pseudo-header), and is updated
-//! for both.
+//! IPv6 ([`to_client6`], [`from_client6`], [`to_snat_client6`]): ICMPv6 destination
+//! unreachable, packet too big, time exceeded and parameter problem, quoting an IPv6 header
+//! of TCP or UDP without extension headers, right after the outer IPv6 header, are
+//! translated the same way, for pods' flows and north-south ones alike. Their checksum
+//! covers the outer addresses too (the pseudo-header), and is updated for both.
 //!
 //! Only quotes with a 20-byte inner IP header of TCP or UDP are translated; the ICMP
 //! checksum (which covers the quote), the quoted IP header checksum and, when the quote holds
@@ -261,13 +261,21 @@ const QUOTE6_LEN: usize = 40 + 8;
 /// room in its frame only), taking the context by value.
 #[inline(never)]
 pub fn to_client6(ctx: TcContext) -> bool {
-    translate6(&ctx, Side::ToClient).is_some()
+    translate6(&ctx, Side::ToClient, false).is_some()
 }
 
 /// [`from_client`] for IPv6.
 #[inline(never)]
 pub fn from_client6(ctx: TcContext) -> bool {
-    translate6(&ctx, Side::FromClient).is_some()
+    translate6(&ctx, Side::FromClient, false).is_some()
+}
+
+/// [`to_snat_client`] for IPv6: translated in place, the outer destination (this node's
+/// SNAT address) readdressed to the client as well. The caller reads the new outer
+/// addresses from the packet and sends it on.
+#[inline(never)]
+pub fn to_snat_client6(ctx: TcContext) -> bool {
+    translate6(&ctx, Side::ToClient, true).is_some()
 }
 
 /// The one's-complement sum of `b` (a multiple of 4 bytes) read as 16-bit words in memory
@@ -318,9 +326,10 @@ fn quote6(ctx: &TcContext, at: usize) -> Option<&[u8; QUOTE6_LEN]> {
 /// Translates an ICMPv6 error in place (see the module docs). Everything is read from the
 /// packet and written back with `bpf_skb_store_bytes`, the new addresses from the flow
 /// entry itself: no copy of the quote takes stack room (the caller's frame and this one
-/// must fit the verifier's 512 bytes together).
+/// must fit the verifier's 512 bytes together). `snat`: the outer destination is this
+/// node's SNAT address, and becomes the client too.
 #[inline(always)]
-fn translate6(ctx: &TcContext, side: Side) -> Option<()> {
+fn translate6(ctx: &TcContext, side: Side, snat: bool) -> Option<()> {
     let icmp_off = ETH_LEN + 40;
     let inner_off = icmp_off + ICMP_LEN;
     let end = inner_off + QUOTE6_LEN;
@@ -381,6 +390,13 @@ fn translate6(ctx: &TcContext, side: Side) -> Option<()> {
     if outer_too {
         icmp_csum = replace_sum(icmp_csum, outer_sum, sum16(&e.nat_addr));
         ctx.store(ETH_LEN + outer_at, &e.nat_addr, 0).ok()?;
+    }
+    if snat {
+        let dst = ptr_at::<[u8; 16]>(ctx, ETH_LEN + 24)?;
+        // SAFETY: bounds checked by `ptr_at`; read before the store below.
+        let old = sum16(unsafe { &*dst });
+        icmp_csum = replace_sum(icmp_csum, old, sum16(&e.peer_addr));
+        ctx.store(ETH_LEN + 24, &e.peer_addr, 0).ok()?;
     }
     ctx.store(icmp_off + ICMP_CSUM, &icmp_csum, 0).ok()?;
     Some(())

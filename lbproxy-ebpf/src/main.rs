@@ -467,11 +467,10 @@ fn from_node4(raw: *mut core::ffi::c_void) -> i32 {
 /// through `LB_PACKET6`.
 #[inline(never)]
 fn from_node6(ctx: TcContext) -> i32 {
-    let ctx = &ctx;
-    if parse::is_icmp6(ctx) {
-        // ICMPv6 errors about north-south flows are not translated yet.
-        return TC_ACT_UNSPEC;
+    if parse::is_icmp6(&ctx) {
+        return icmp_from_node6(aya_ebpf::EbpfContext::as_ptr(&ctx));
     }
+    let ctx = &ctx;
     let Some(slot) = maps::LB_PACKET6.get_ptr_mut(0) else {
         return TC_ACT_UNSPEC;
     };
@@ -651,6 +650,35 @@ fn icmp_from_node(ctx: &TcContext) -> Result<i32, DropReason> {
     Ok(TC_ACT_UNSPEC)
 }
 
+/// [`icmp_from_node`] for ICMPv6, a BPF function of its own: an error addressed to one of
+/// this node's IPv6 SNAT addresses about a source-NATed packet is translated, addressed to
+/// the client and sent to it; any other is tried as a client's error about a reply.
+#[inline(never)]
+fn icmp_from_node6(raw: *mut core::ffi::c_void) -> i32 {
+    let ctx = &TcContext::new(raw.cast());
+    let Ok(dst) = ctx.load::<[u8; 16]>(parse::ETH_LEN + 24) else {
+        return TC_ACT_UNSPEC;
+    };
+    if north::to_snat_address(&dst) && icmp::to_snat_client6(TcContext::new(raw.cast())) {
+        let (Ok(src), Ok(client)) = (
+            ctx.load::<[u8; 16]>(parse::ETH_LEN + 8),
+            ctx.load::<[u8; 16]>(parse::ETH_LEN + 24),
+        ) else {
+            return TC_ACT_UNSPEC;
+        };
+        if client == dst {
+            // Not source-NATed (a client on this node's own address): up the stack.
+            return TC_ACT_UNSPEC;
+        }
+        return match north::redirect_ip(ctx, icmp::IPPROTO_ICMPV6, (&src, 0), (&client, 0)) {
+            Ok(action) => action,
+            Err(reason) => count_and_drop(ctx, HOOK_FROM_NODE, reason),
+        };
+    }
+    icmp::from_client6(TcContext::new(raw.cast()));
+    TC_ACT_UNSPEC
+}
+
 /// A packet from outside that is not for a frontend: the reply of a source-NATed flow (a
 /// backend on another node answering this node's address) is translated back to come from
 /// the frontend, addressed to the client, and redirected to it.
@@ -685,7 +713,9 @@ fn reply_from_node<A: family::Family>(
 pub fn lb_to_node(ctx: TcContext) -> i32 {
     if parse::is_ipv6(&ctx) {
         if parse::is_icmp6(&ctx) {
-            // ICMPv6 errors about north-south flows are not translated yet.
+            // An error of a backend on this node to a client outside, about the client's
+            // translated packet, is translated.
+            icmp::to_client6(ctx);
             return TC_ACT_UNSPEC;
         }
         return to_node6(ctx);

@@ -513,3 +513,155 @@ fn ipv6_load_balancer_source_ranges_filter_the_ipv6_lb_ip() {
         ok.ip
     );
 }
+
+/// `web` over `web_eps` and an IPv6-only NodePort Service `closed` (UDP 55, nodePort 30055)
+/// whose one endpoint, `backend`, has nothing on the target port 5555.
+fn closed_manifest6(lab: &MultiNodeLab, web_eps: &[&Pod], backend: &Pod) -> String {
+    format!(
+        "{}---
+apiVersion: v1
+kind: Service
+metadata: {{name: closed, namespace: default}}
+spec:
+  type: NodePort
+  clusterIP: \"fd00:c612:ffff::12\"
+  ipFamilies: [IPv6]
+  ports:
+  - {{name: dns, port: 55, protocol: UDP, targetPort: 5555, nodePort: 30055}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: closed-6
+  namespace: default
+  labels: {{kubernetes.io/service-name: closed}}
+addressType: IPv6
+ports:
+- {{name: dns, port: 5555, protocol: UDP}}
+endpoints:
+- {{addresses: [\"{}\"], nodeName: {}, conditions: {{ready: true}}}}
+",
+        manifest(lab, web_eps, "Cluster", ""),
+        backend.ip6.unwrap(),
+        lab.node_of(&backend.name).name()
+    )
+}
+
+/// Whether `node`'s lbproxy serves `closed`'s IPv6 NodePort with `backend` alone.
+fn closed_served_by(lab: &MultiNodeLab, node: NodeId, backend: &Pod) -> bool {
+    let out = std::process::Command::new(lbproxy_tests::lab::lbproxy_bin())
+        .args(["inspect", "services", "--json", "--bpffs-dir"])
+        .arg(&lab.node(node).bpffs_dir)
+        .output()
+        .expect("lbproxy inspect services");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let want = backend.ip6.unwrap().to_string();
+    v.as_array().is_some_and(|a| {
+        a.iter().any(|e| {
+            e["service"] == "default/closed"
+                && e["kind"] == "NodePort"
+                && e["backends"]
+                    .as_array()
+                    .is_some_and(|b| b.len() == 1 && b[0]["addr"] == want.as_str())
+        })
+    })
+}
+
+/// ICMPv6 errors about IPv6 north-south flows reach the outside client translated, so its
+/// socket sees them:
+/// - the port unreachable of a backend on nodeB about a datagram nodeA source-NATed: sent to
+///   nodeA's IPv6 SNAT address, it is translated, readdressed to the client and sent on,
+///   and the client's connected UDP socket to nodeA's IPv6 NodePort gets "connection
+///   refused" at once;
+/// - the same from a backend on nodeA itself (no SNAT; translated as it leaves the node);
+/// - Packet Too Big: nodeB's link to b1 is 1280 bytes, so nodeB answers the client's
+///   full-size segments, source-NATed by nodeA, with Packet Too Big to nodeA's address;
+///   translated and sent on, the client lowers its path MTU and a 256 KiB request through
+///   nodeA's IPv6 NodePort is answered.
+#[test]
+fn ipv6_icmp_errors_about_node_port_flows_reach_the_client() {
+    let s = Setup::new("Cluster", true, "");
+    let client = s.lab.add_client("ext");
+    let a6 = s.lab.node(NodeId::A).ip6;
+    for (backend, what) in [(&s.b1, "on nodeB, source-NATed"), (&s.a1, "on nodeA")] {
+        s.lab
+            .write_manifest_text(&closed_manifest6(&s.lab, &[&s.a1, &s.b1], backend));
+        // Programmed on nodeA first: until then nodeA's own stack would refuse the datagram.
+        let programmed = lbproxy_tests::lab::net::wait_for(
+            Duration::from_secs(5),
+            Duration::from_millis(50),
+            || closed_served_by(&s.lab, NodeId::A, backend).then_some(()),
+        );
+        assert!(
+            programmed.is_ok(),
+            "nodeA serves closed's IPv6 NodePort with {} only\n{}",
+            backend.name,
+            s.logs()
+        );
+        let refused = lbproxy_tests::lab::net::wait_for(
+            Duration::from_secs(5),
+            Duration::from_millis(200),
+            || {
+                client.run(|| {
+                    let u = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).ok()?;
+                    u.connect((a6, 30055)).ok()?;
+                    u.set_read_timeout(Some(Duration::from_millis(900))).ok()?;
+                    let started = Instant::now();
+                    u.send(b"hello\n").ok()?;
+                    let r = u.recv(&mut [0u8; 64]);
+                    (matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused)
+                        && started.elapsed() < Duration::from_secs(1))
+                    .then_some(())
+                })
+            },
+        );
+        assert!(
+            refused.is_ok(),
+            "UDP through nodeA's IPv6 NodePort to {} ({what}), where nothing listens: want \
+             connection refused within 1 s\n{}",
+            backend.name,
+            s.logs()
+        );
+    }
+    // Packet Too Big, source-NATed to b1 on nodeB.
+    s.lab
+        .write_manifest_text(&manifest(&s.lab, &[&s.b1], "Cluster", ""));
+    let to = SocketAddr::from((a6, NODE_PORT_TCP));
+    let only_b1 = lbproxy_tests::lab::net::wait_for(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || {
+            let (seen, failed) = requests(&client.netns, false, to, 6);
+            (failed.is_empty() && seen.len() == 1 && seen.contains_key(&s.b1.name)).then_some(())
+        },
+    );
+    assert!(only_b1.is_ok(), "only b1 serves {to}\n{}", s.logs());
+    s.lab
+        .node_run(
+            NodeId::B,
+            &["ip", "link", "set", "dev", &s.b1.host_if, "mtu", "1280"],
+        )
+        .unwrap();
+    let stream = client
+        .run(|| TcpStream::connect_timeout(&to, TIMEOUT))
+        .unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    stream
+        .set_write_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut line = vec![b'x'; 256 * 1024];
+    line.push(b'\n');
+    let started = Instant::now();
+    let w = (&stream).write_all(&line);
+    let mut answer = String::new();
+    let r = BufReader::new(&stream).read_line(&mut answer);
+    assert!(
+        w.is_ok() && r.is_ok() && answer.starts_with("b1 "),
+        "a 256 KiB request through nodeA's IPv6 NodePort to b1 over a 1280-byte hop: write \
+         {w:?}, read {r:?}, answer {answer:?} after {:?}\n{}",
+        started.elapsed(),
+        s.logs()
+    );
+}

@@ -1,8 +1,9 @@
-//! The lab's pods are dual-stack (an IPv4 and an IPv6 address each, DAD off). lbproxy does not
-//! serve IPv6 Services yet (issue 14), but on a dual-stack node it must not get in the way of
-//! IPv6: with lbproxy running and its programs on every pod interface, pods ping each other
-//! and their gateway over IPv6 (neighbour discovery included), and TCP and UDP between pods
-//! over IPv6 arrive from the sender's own address, while the IPv4 service is served as usual.
+//! The lab's pods are dual-stack (an IPv4 and an IPv6 address each, DAD off). lbproxy serves
+//! IPv6 Services (issue 14; `ipv6_cluster_ip.rs`), and must not get in the way of the IPv6
+//! traffic that is not addressed to one: with lbproxy running and its programs on every pod
+//! interface, pods ping each other and their gateway over IPv6 (neighbour discovery
+//! included), and TCP and UDP between pods over IPv6 arrive from the sender's own address,
+//! while the IPv4 service is served as usual.
 
 mod common;
 
