@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{Array, Map, MapData, RingBuf};
 use lbproxy_common::{
-    DropReason, FAMILY_IPV4, FAMILY_IPV6, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FlowKey,
+    DropReason, FAMILY_IPV4, FAMILY_IPV6, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FlowKeyOf,
     HOOK_FROM_NODE, HOOK_FROM_POD, HOOK_TO_NODE, HOOK_TO_POD, MonitorCtl, MonitorEvent,
-    SCOPE_DEFAULT, ServiceKey, VERDICT_REJECT, map_names,
+    SCOPE_DEFAULT, ServiceKeyOf, VERDICT_REJECT, map_names,
 };
 use serde::Serialize;
 
@@ -274,46 +274,68 @@ impl Resolver {
     }
 }
 
-/// The service an IPv4 event is about: the frontend it was addressed to, else the flow it
-/// belongs to (a reply, or a packet of a flow whose backend left).
+/// The service an event is about: the frontend it was addressed to, else the flow it
+/// belongs to (a reply, or a packet of a flow whose backend left). Looked up in the maps of
+/// the event's family.
 fn service_of(maps: &PinnedMaps, ev: &MonitorEvent) -> String {
-    if ev.family != FAMILY_IPV4 {
-        return String::new();
-    }
-    let v4 = |a: &[u8; 16]| [a[0], a[1], a[2], a[3]];
-    let (src, dst) = (v4(&ev.src_addr), v4(&ev.dst_addr));
-    let frontend = ServiceKey {
+    let svc_id = if ev.family == FAMILY_IPV4 {
+        let v4 = |a: &[u8; 16]| [a[0], a[1], a[2], a[3]];
+        svc_id_of(
+            ev,
+            (v4(&ev.src_addr), v4(&ev.dst_addr)),
+            [0; 4],
+            |k| maps.services.get(k, 0).ok().map(|v| v.svc_id),
+            |k| maps.flows.get(k, 0).ok().map(|v| v.svc_id),
+        )
+    } else if ev.family == FAMILY_IPV6 {
+        svc_id_of(
+            ev,
+            (ev.src_addr, ev.dst_addr),
+            [0; 16],
+            |k| maps.services6.get(k, 0).ok().map(|v| v.svc_id),
+            |k| maps.flows6.get(k, 0).ok().map(|v| v.svc_id),
+        )
+    } else {
+        None
+    };
+    svc_id
+        .and_then(|id| maps.labels.get(&id, 0).ok())
+        .map(|l| label_str(&l))
+        .unwrap_or_default()
+}
+
+/// [`service_of`]'s lookups in one family: the exact frontend, the NodePort one (keyed by
+/// port alone, at the family's unspecified address `any`), then either half of a flow.
+fn svc_id_of<A: Copy>(
+    ev: &MonitorEvent,
+    (src, dst): (A, A),
+    any: A,
+    service: impl Fn(&ServiceKeyOf<A>) -> Option<u32>,
+    flow: impl Fn(&FlowKeyOf<A>) -> Option<u32>,
+) -> Option<u32> {
+    let frontend = ServiceKeyOf {
         addr: dst,
         port_be: ev.dst_port_be,
         proto: ev.proto,
         scope: SCOPE_DEFAULT,
     };
-    // A NodePort's frontend is keyed by port alone (address 0.0.0.0).
-    let nodeport = ServiceKey {
-        addr: [0; 4],
+    let nodeport = ServiceKeyOf {
+        addr: any,
         ..frontend
     };
-    let svc_id = [frontend, nodeport]
-        .iter()
-        .find_map(|k| maps.services.get(k, 0).ok().map(|v| v.svc_id))
-        .or_else(|| {
-            [FLOW_DIR_FORWARD, FLOW_DIR_REPLY].iter().find_map(|&dir| {
-                let key = FlowKey {
-                    src_addr: src,
-                    dst_addr: dst,
-                    src_port_be: ev.src_port_be,
-                    dst_port_be: ev.dst_port_be,
-                    proto: ev.proto,
-                    dir,
-                    _pad: [0; 2],
-                };
-                maps.flows.get(&key, 0).ok().map(|v| v.svc_id)
+    [frontend, nodeport].iter().find_map(&service).or_else(|| {
+        [FLOW_DIR_FORWARD, FLOW_DIR_REPLY].iter().find_map(|&dir| {
+            flow(&FlowKeyOf {
+                src_addr: src,
+                dst_addr: dst,
+                src_port_be: ev.src_port_be,
+                dst_port_be: ev.dst_port_be,
+                proto: ev.proto,
+                dir,
+                _pad: [0; 2],
             })
-        });
-    svc_id
-        .and_then(|id| maps.labels.get(&id, 0).ok())
-        .map(|l| label_str(&l))
-        .unwrap_or_default()
+        })
+    })
 }
 
 /// A `CLOCK_MONOTONIC` time as wall-clock RFC 3339.

@@ -5,10 +5,8 @@
 
 mod common;
 
-use std::io::{BufRead as _, BufReader};
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::process::{Child, Stdio};
-use std::sync::mpsc;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -43,76 +41,6 @@ fn lab_with_empty() -> (Lab, Pod, Vec<Pod>, Vec<Backend>, Lbproxy) {
     let mut lb = lab.start_lbproxy();
     lb.expect_healthy(HEALTHY_WITHIN);
     (lab, client, pods, servers, lb)
-}
-
-/// A running `lbproxy monitor --json ARGS`: its stdout lines arrive on a channel.
-struct Monitor {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Monitor {
-    /// Starts it in the node namespace and waits until it says it listens.
-    fn start(lab: &Lab, args: &[&str]) -> Monitor {
-        let dir = lab.bpffs_dir().display().to_string();
-        let bin = lbproxy_bin();
-        let mut child = lab
-            .node_command(bin.to_str().unwrap())
-            .args(["monitor", "--json", "--bpffs-dir", &dir])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn lbproxy monitor");
-        let (tx, lines) = mpsc::channel();
-        let stdout = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            for l in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut banner = String::new();
-        stderr.read_line(&mut banner).expect("monitor stderr");
-        assert!(
-            banner.contains("listening for drops and rejects"),
-            "lbproxy monitor did not start listening: {banner:?} (exit {:?})",
-            child.try_wait()
-        );
-        std::thread::spawn(move || {
-            // Keep draining stderr so the monitor never blocks on it.
-            for l in stderr.lines().map_while(Result::ok) {
-                eprintln!("monitor: {l}");
-            }
-        });
-        Monitor { child, lines }
-    }
-
-    /// The events printed until `n` arrived or `within` passed, parsed.
-    fn events(&self, n: usize, within: Duration) -> Vec<Value> {
-        let deadline = Instant::now() + within;
-        let mut out = Vec::new();
-        while out.len() < n {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => out.push(
-                    serde_json::from_str(&l)
-                        .unwrap_or_else(|e| panic!("monitor line is not JSON ({e}): {l}")),
-                ),
-                Err(_) => break,
-            }
-        }
-        out
-    }
-}
-
-impl Drop for Monitor {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// A UDP datagram to the web service's UDP port from the spoofed address.

@@ -36,9 +36,14 @@
 //! flows between routed pods are redirected past the node's stack, both ways: they are
 //! served while the node's ip6tables FORWARD chain drops the backends' traffic.
 //!
+//! With kube-proxy's `ip6tables -A FORWARD -m conntrack --ctstate INVALID -j DROP` in the
+//! node namespace, IPv6 service traffic is not dropped: the node's netfilter sees only
+//! consistent pod-to-pod tuples.
+//!
 //! An IPv6 frontend without endpoints answers at once, as the IPv4 one does: a TCP RST
 //! (connection refused) and an ICMPv6 port unreachable for UDP (a connected socket's
-//! `recv` fails with "connection refused"), each counted under its reject reason.
+//! `recv` fails with "connection refused"), each counted under its reject reason and shown
+//! by `lbproxy monitor` with its IPv6 addresses and service.
 
 mod common;
 
@@ -60,7 +65,8 @@ both_shapes!(
     ipv6_port_unreachable_reaches_the_client,
     ipv6_survives_a_restart,
     ipv6_spoofed_source_is_dropped,
-    ipv6_pod_reaches_itself
+    ipv6_pod_reaches_itself,
+    ipv6_with_the_invalid_drop_rule
 );
 
 #[test]
@@ -359,6 +365,8 @@ fn ipv6_frontend_without_endpoints_rejects(shape: Shape) {
     }
     let before = s.lab.inspect_json("drops");
     let count = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or(0);
+    // `lbproxy monitor` shows the IPv6 rejects with their addresses and service.
+    let mon = Monitor::start(&s.lab, &["--duration", "30"]);
 
     let (tcp, udp) = s.client.run(|| {
         let to = SocketAddr::from((EMPTY6, WEB_TCP));
@@ -366,7 +374,7 @@ fn ipv6_frontend_without_endpoints_rejects(shape: Shape) {
         let tcp = TcpStream::connect_timeout(&to, Duration::from_secs(3))
             .map(|_| ())
             .map_err(|e| (e.kind(), started.elapsed()));
-        let u = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).unwrap();
+        let u = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 40_006)).unwrap();
         u.connect((EMPTY6, WEB_UDP)).unwrap();
         u.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
         let started = Instant::now();
@@ -397,6 +405,31 @@ fn ipv6_frontend_without_endpoints_rejects(shape: Shape) {
             "{reason} counted: before {before:#}, after {after:#}"
         );
     }
+    let events = mon.events(2, Duration::from_secs(3));
+    let client6 = s.client.ip6.unwrap();
+    let by_reason = |r: &str| {
+        events
+            .iter()
+            .find(|e| e["reason"] == r)
+            .unwrap_or_else(|| panic!("no {r} event from lbproxy monitor among {events:#?}"))
+    };
+    let tcp_ev = by_reason("no_backend_tcp_reset");
+    assert_eq!(tcp_ev["verdict"], "reject", "{tcp_ev}");
+    assert_eq!(tcp_ev["protocol"], "TCP", "{tcp_ev}");
+    assert_eq!(tcp_ev["dst"], format!("[{EMPTY6}]:{WEB_TCP}"), "{tcp_ev}");
+    assert!(
+        tcp_ev["src"]
+            .as_str()
+            .is_some_and(|a| a.starts_with(&format!("[{client6}]:"))),
+        "{tcp_ev}"
+    );
+    assert_eq!(tcp_ev["service"], "default/empty:http", "{tcp_ev}");
+    assert_eq!(tcp_ev["hook"], "from_pod", "{tcp_ev}");
+    let udp_ev = by_reason("no_backend_icmp_unreachable");
+    assert_eq!(udp_ev["src"], format!("[{client6}]:40006"), "{udp_ev}");
+    assert_eq!(udp_ev["dst"], format!("[{EMPTY6}]:{WEB_UDP}"), "{udp_ev}");
+    assert_eq!(udp_ev["service"], "default/empty:dns", "{udp_ev}");
+    drop(mon);
     // The frontend with an endpoint still serves over IPv6.
     let (tcp, udp) = ipv6_traffic_ok("beside the empty frontend", &s, 4);
     assert_eq!((tcp.len(), udp.len()), (1, 1), "{tcp:?} {udp:?}");
@@ -1078,5 +1111,101 @@ fn ipv6_stack_bypass(shape: Shape) {
     assert!(
         fwd >= 5 * n as u64 && rev >= 4 * n as u64,
         "redirects during {n} TCP and {n} UDP requests over IPv6: {fwd} to backends, {rev} to the client"
+    );
+}
+
+/// With `ip6tables -A FORWARD -m conntrack --ctstate INVALID -j DROP` in the node namespace
+/// (kube-proxy's rule, in its IPv6 table), TCP and UDP through the IPv6 ClusterIP keep
+/// working: each request is answered within 800 ms (a dropped SYN-ACK or reply, recovered
+/// by a retransmission after 1 s, fails), on new connections, on one long-lived connection
+/// and from one fixed UDP source port, always from the ClusterIP.
+fn ipv6_with_the_invalid_drop_rule(shape: Shape) {
+    let s = Setup::new(shape, &["b1", "b2"]);
+    let (b1, b2) = (s.backend("b1").clone(), s.backend("b2").clone());
+    let rule = [
+        "FORWARD",
+        "-m",
+        "conntrack",
+        "--ctstate",
+        "INVALID",
+        "-j",
+        "DROP",
+    ];
+    let mut argv = vec!["ip6tables", "-A"];
+    argv.extend(rule);
+    s.lab
+        .node_run(&argv)
+        .unwrap_or_else(|e| panic!("[{shape}] installing the ip6tables INVALID drop rule: {e}"));
+    s.lab
+        .write_manifest_text(&dual_stack_manifest(&[&b1, &b2], &[&b1, &b2]));
+    let deadline = Instant::now() + APPLY_WITHIN;
+    while s.client.run(tcp6).is_err() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let tt = Duration::from_millis(800);
+    let (tcp_to, udp_to) = (
+        SocketAddr::from((VIP6, WEB_TCP)),
+        SocketAddr::from((VIP6, WEB_UDP)),
+    );
+    let failures: Vec<String> = s.client.run(|| {
+        let mut failures = Vec::new();
+        let request = |c: &TcpStream, r: &mut BufReader<&TcpStream>| -> Result<String, String> {
+            (&mut &*c)
+                .write_all(b"hello\n")
+                .map_err(|e| format!("write: {e}"))?;
+            let mut line = String::new();
+            r.read_line(&mut line).map_err(|e| format!("read: {e}"))?;
+            Ok(line)
+        };
+        for i in 0..20 {
+            let r = TcpStream::connect_timeout(&tcp_to, tt)
+                .map_err(|e| format!("connect: {e}"))
+                .and_then(|c| {
+                    c.set_read_timeout(Some(tt)).map_err(|e| e.to_string())?;
+                    request(&c, &mut BufReader::new(&c))
+                });
+            if let Err(e) = r {
+                failures.push(format!("new TCP connection #{i}: {e}"));
+            }
+        }
+        match TcpStream::connect_timeout(&tcp_to, tt) {
+            Ok(c) => {
+                c.set_read_timeout(Some(tt)).unwrap();
+                let mut r = BufReader::new(&c);
+                for i in 0..20 {
+                    if let Err(e) = request(&c, &mut r) {
+                        failures.push(format!("request #{i} on one TCP connection: {e}"));
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            Err(e) => failures.push(format!("the long-lived connection: {e}")),
+        }
+        let u = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 41_000)).unwrap();
+        u.set_read_timeout(Some(tt)).unwrap();
+        for i in 0..20 {
+            let mut buf = [0u8; 256];
+            let r = u
+                .send_to(b"hello\n", udp_to)
+                .and_then(|_| u.recv_from(&mut buf));
+            match r {
+                Ok((_, from)) if from == udp_to => {}
+                Ok((_, from)) => {
+                    failures.push(format!("UDP #{i} from port 41000: answered from {from}"))
+                }
+                Err(e) => failures.push(format!("UDP #{i} from port 41000: {e}")),
+            }
+        }
+        failures
+    });
+    let counters = s
+        .lab
+        .node_run(&["ip6tables", "-L", "FORWARD", "-v", "-x", "-n"])
+        .unwrap_or_else(|e| e);
+    assert!(
+        failures.is_empty(),
+        "[{shape}] with the ip6tables INVALID drop rule:\n  {}\nrules:\n{counters}",
+        failures.join("\n  ")
     );
 }

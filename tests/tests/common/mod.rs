@@ -264,3 +264,77 @@ pub fn serving_pods(lab: &Lab, names: &[&str]) -> (Vec<Pod>, Vec<Backend>) {
         .collect();
     (pods, servers)
 }
+
+/// A running `lbproxy monitor --json ARGS`: its stdout lines arrive on a channel.
+pub struct Monitor {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Monitor {
+    /// Starts it in the node namespace and waits until it says it listens.
+    pub fn start(lab: &Lab, args: &[&str]) -> Monitor {
+        use std::io::BufRead as _;
+        let dir = lab.bpffs_dir().display().to_string();
+        let bin = lbproxy_tests::lab::lbproxy_bin();
+        let mut child = lab
+            .node_command(bin.to_str().unwrap())
+            .args(["monitor", "--json", "--bpffs-dir", &dir])
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn lbproxy monitor");
+        let (tx, lines) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut banner = String::new();
+        stderr.read_line(&mut banner).expect("monitor stderr");
+        assert!(
+            banner.contains("listening for drops and rejects"),
+            "lbproxy monitor did not start listening: {banner:?} (exit {:?})",
+            child.try_wait()
+        );
+        std::thread::spawn(move || {
+            // Keep draining stderr so the monitor never blocks on it.
+            for l in stderr.lines().map_while(Result::ok) {
+                eprintln!("monitor: {l}");
+            }
+        });
+        Monitor { child, lines }
+    }
+
+    /// The events printed until `n` arrived or `within` passed, parsed.
+    pub fn events(&self, n: usize, within: Duration) -> Vec<serde_json::Value> {
+        let deadline = Instant::now() + within;
+        let mut out = Vec::new();
+        while out.len() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => out.push(
+                    serde_json::from_str(&l)
+                        .unwrap_or_else(|e| panic!("monitor line is not JSON ({e}): {l}")),
+                ),
+                Err(_) => break,
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
