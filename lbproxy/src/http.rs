@@ -52,9 +52,11 @@ impl MapLabel {
     }
 }
 
-/// kube-proxy's `ip_family` label. One lbproxy sync programs both families; the sync and
-/// programming series carry `IPv4` (a dual-stack kube-proxy has one series per family);
-/// the per-family counts (`no_local_endpoints`) have both.
+/// kube-proxy's `ip_family` label. A dual-stack kube-proxy runs one proxier per family,
+/// each with its own sync series; lbproxy's one sync programs both families at once, so
+/// each sync is observed in both families' series (the same duration), and the last-sync
+/// and last-queued timestamps are set in both. The per-family counts
+/// (`no_local_endpoints`) are counted per family.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FamilyLabel {
     pub ip_family: &'static str,
@@ -327,10 +329,14 @@ impl Metrics {
             &sync_partial_duration,
             &network_programming_duration,
         ] {
-            drop(h.get_or_create(&IPV4));
+            for f in &FAMILIES {
+                drop(h.get_or_create(f));
+            }
         }
-        drop(last_sync_timestamp.get_or_create(&IPV4));
-        drop(last_queued_timestamp.get_or_create(&IPV4));
+        for f in &FAMILIES {
+            drop(last_sync_timestamp.get_or_create(f));
+            drop(last_queued_timestamp.get_or_create(f));
+        }
         let service_changes_pending = Gauge::default();
         r.register(
             "kubeproxy_sync_proxy_rules_service_changes_pending",
@@ -483,20 +489,25 @@ impl Metrics {
 
 impl Metrics {
     /// One sync's duration: in the total, and in the full or the partial histogram.
+    /// One sync programs both families: it is observed in each family's series.
     pub fn observe_sync(&self, full: bool, seconds: f64) {
-        self.sync_duration.get_or_create(&IPV4).observe(seconds);
         let which = if full {
             &self.sync_full_duration
         } else {
             &self.sync_partial_duration
         };
-        which.get_or_create(&IPV4).observe(seconds);
+        for f in &FAMILIES {
+            self.sync_duration.get_or_create(f).observe(seconds);
+            which.get_or_create(f).observe(seconds);
+        }
     }
 
     pub fn observe_programming(&self, seconds: f64) {
-        self.network_programming_duration
-            .get_or_create(&IPV4)
-            .observe(seconds);
+        for f in &FAMILIES {
+            self.network_programming_duration
+                .get_or_create(f)
+                .observe(seconds);
+        }
     }
 
     /// Service ports of `family` with a Local policy and no local endpoint of that family,
@@ -636,10 +647,10 @@ impl Health {
         if s.queued_since.is_none() {
             s.queued_since = Some(Instant::now());
         }
-        self.metrics
-            .last_queued_timestamp
-            .get_or_create(&IPV4)
-            .set(unix_now());
+        let now = unix_now();
+        for f in &FAMILIES {
+            self.metrics.last_queued_timestamp.get_or_create(f).set(now);
+        }
     }
 
     /// Everything queued so far is in the maps.
@@ -652,10 +663,9 @@ impl Health {
         s.queued_since = None;
         let now = unix_now();
         s.last_updated = Some((Instant::now(), now));
-        self.metrics
-            .last_sync_timestamp
-            .get_or_create(&IPV4)
-            .set(now);
+        for f in &FAMILIES {
+            self.metrics.last_sync_timestamp.get_or_create(f).set(now);
+        }
     }
 
     /// Whether this node takes traffic, from its Node object (`None`: it does; else why not).

@@ -230,6 +230,24 @@ fn mixin_proxy_dashboard_metrics_are_exported() {
             &[("ip_family", "IPv4")]
         ) >= 1.0
     );
+    // One sync programs both families, so each family's series has seen it, as a
+    // dual-stack kube-proxy's two proxiers each have their own.
+    for name in [
+        "kubeproxy_sync_proxy_rules_duration_seconds_count",
+        "kubeproxy_network_programming_duration_seconds_count",
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+    ] {
+        let (v4, v6) = (
+            sc.value(name, &[("ip_family", "IPv4")]),
+            sc.value(name, &[("ip_family", "IPv6")]),
+        );
+        if !name.contains("programming") {
+            assert!(v6 > 0.0, "{name}{{ip_family=\"IPv6\"}} is {v6}");
+        }
+        if name.ends_with("_count") {
+            assert!((v4 - v6).abs() < 1e-9, "{name}: IPv4 {v4}, IPv6 {v6}");
+        }
+    }
     let prog = les("kubeproxy_network_programming_duration_seconds");
     assert_eq!(
         prog.len(),
