@@ -6,7 +6,10 @@
 //!   first 8 bytes of the datagram, as a host would answer.
 //!
 //! For IPv6 ([`answer6`]) the same, with an ICMPv6 port unreachable (type 1, code 4) quoting
-//! the IPv6 header and 8 bytes; a packet with extension headers is not rewritten.
+//! the IPv6 header and 8 bytes. A packet with extension headers first loses them
+//! (`bpf_skb_adjust_room` at the network layer, the header's payload length and next header
+//! set to the TCP or UDP segment's), so the answer and its quote are as if it had none: the
+//! client's stack matches the quote by addresses, protocol and ports.
 //!
 //! Either way the answer is written over the packet in place and redirected out of the
 //! interface it came in on, so it goes straight back to the pod. Packets with IP options are
@@ -35,6 +38,7 @@ use crate::{
 
 const IPPROTO_ICMP: u8 = 1;
 const BPF_ADJ_ROOM_MAC: u32 = 1;
+const BPF_ADJ_ROOM_NET: u32 = 0;
 
 const ICMP_LEN: usize = 8;
 /// ICMP quotes the original IP header and 8 bytes of its payload.
@@ -246,8 +250,7 @@ pub fn answer6(
     }
     monitor::event(ctx, hook, VERDICT_REJECT, reason);
     if pkt.l4_off != ETH_LEN + IP6_LEN {
-        // Extension headers: not rewritten.
-        return Err(fail());
+        strip_ext6(ctx, pkt)?;
     }
     let action = if pkt.proto == IPPROTO_TCP {
         tcp_reset6(ctx, pkt)?
@@ -256,6 +259,28 @@ pub fn answer6(
     };
     count(reason);
     Ok(action)
+}
+
+/// Removes a packet's extension headers: the TCP or UDP header then follows the IPv6
+/// header, whose payload length and next header are made the segment's.
+#[inline(always)]
+fn strip_ext6(ctx: &TcContext, pkt: &Packet<[u8; 16]>) -> Result<(), Verdict> {
+    let ext = pkt
+        .l4_off
+        .checked_sub(ETH_LEN + IP6_LEN)
+        .filter(|n| *n < 2048)
+        .ok_or_else(fail)? as u16;
+    let first: *const [u8; 8] = ptr_at(ctx, ETH_LEN).ok_or_else(fail)?;
+    // SAFETY: bounds checked by `ptr_at`; read before the packet changes.
+    let mut first = unsafe { *first };
+    let payload_len = u16::from_be_bytes([first[4], first[5]])
+        .checked_sub(ext)
+        .ok_or_else(fail)?;
+    ctx.adjust_room(-i32::from(ext), BPF_ADJ_ROOM_NET, 0)
+        .map_err(|_| fail())?;
+    first[4..6].copy_from_slice(&payload_len.to_be_bytes());
+    first[6] = pkt.proto;
+    ctx.store(ETH_LEN, &first, 0).map_err(|_| fail())
 }
 
 /// The first 8 bytes of an IPv6 header: version 6, no traffic class or flow label, the
@@ -293,12 +318,12 @@ fn answer_ip6(
 #[inline(always)]
 fn tcp_reset6(ctx: &TcContext, pkt: &Packet<[u8; 16]>) -> Result<i32, Verdict> {
     let first: *const [u8; 8] = ptr_at(ctx, ETH_LEN).ok_or_else(fail)?;
-    // SAFETY: bounds checked by `ptr_at`. Without extension headers (`answer6` checked), the
-    // payload length is the L4 segment's.
+    // SAFETY: bounds checked by `ptr_at`. Without extension headers (`answer6` removed
+    // any), the payload length is the L4 segment's.
     let payload_len = unsafe { u16::from_be_bytes([(*first)[4], (*first)[5]]) };
     let mut t = rst_for(
         ctx,
-        pkt.l4_off,
+        ETH_LEN + IP6_LEN,
         pkt.src_port_be,
         pkt.dst_port_be,
         usize::from(payload_len),

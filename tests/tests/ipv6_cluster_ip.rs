@@ -430,6 +430,60 @@ fn ipv6_frontend_without_endpoints_rejects(shape: Shape) {
     assert_eq!(udp_ev["dst"], format!("[{EMPTY6}]:{WEB_UDP}"), "{udp_ev}");
     assert_eq!(udp_ev["service"], "default/empty:dns", "{udp_ev}");
     drop(mon);
+    // The same with a destination-options header on every packet (a sticky
+    // `IPV6_DSTOPTS` on the sockets): the answers still come at once, the extension header
+    // removed from what is sent back.
+    let before = s.lab.inspect_json("drops");
+    let (tcp, udp) = s.client.run(|| {
+        let to = SocketAddr::from((EMPTY6, WEB_TCP));
+        let t = socket2::Socket::new(
+            socket2::Domain::IPV6,
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )
+        .unwrap();
+        with_dest_opts(&t);
+        let started = Instant::now();
+        let tcp = t
+            .connect_timeout(&to.into(), Duration::from_secs(3))
+            .map_err(|e| (e.kind(), started.elapsed()));
+        let u = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).unwrap();
+        with_dest_opts(&u);
+        u.connect((EMPTY6, WEB_UDP)).unwrap();
+        u.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let started = Instant::now();
+        u.send(b"hello\n").unwrap();
+        let udp = u
+            .recv(&mut [0u8; 64])
+            .map(|_| ())
+            .map_err(|e| (e.kind(), started.elapsed()));
+        (tcp, udp)
+    });
+    for (proto, r) in [("TCP", tcp), ("UDP", udp)] {
+        match r {
+            Err((std::io::ErrorKind::ConnectionRefused, took)) => assert!(
+                took < Duration::from_millis(500),
+                "{proto} with a destination-options header: refused, but only after {took:?}"
+            ),
+            other => panic!(
+                "{proto} with a destination-options header to an IPv6 frontend without \
+                 endpoints: want connection refused at once, got {other:?}\n{}",
+                s.lab.diagnostics()
+            ),
+        }
+    }
+    let after = s.lab.inspect_json("drops");
+    assert_eq!(
+        count(&after, "reject_failed"),
+        count(&before, "reject_failed"),
+        "no reject failed: {after:#}"
+    );
+    for reason in ["no_backend_tcp_reset", "no_backend_icmp_unreachable"] {
+        assert!(
+            count(&after, reason) > count(&before, reason),
+            "{reason} counted with extension headers: before {before:#}, after {after:#}"
+        );
+    }
     // The frontend with an endpoint still serves over IPv6.
     let (tcp, udp) = ipv6_traffic_ok("beside the empty frontend", &s, 4);
     assert_eq!((tcp.len(), udp.len()), (1, 1), "{tcp:?} {udp:?}");
@@ -1207,5 +1261,28 @@ fn ipv6_with_the_invalid_drop_rule(shape: Shape) {
         failures.is_empty(),
         "[{shape}] with the ip6tables INVALID drop rule:\n  {}\nrules:\n{counters}",
         failures.join("\n  ")
+    );
+}
+
+/// Puts a sticky destination-options header (one PadN option, 8 bytes in all) on every
+/// packet `sock` sends (`IPV6_DSTOPTS`, which needs CAP_NET_RAW: the tests run as root).
+fn with_dest_opts(sock: &impl std::os::fd::AsRawFd) {
+    // Next header (the kernel fills it in), length 0 (8 bytes), PadN of 4 zero bytes.
+    let opts: [u8; 8] = [0, 0, 1, 4, 0, 0, 0, 0];
+    // SAFETY: a valid socket and an 8-byte option buffer.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_IPV6,
+            libc::IPV6_DSTOPTS,
+            opts.as_ptr().cast(),
+            opts.len() as libc::socklen_t,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "setsockopt(IPV6_DSTOPTS): {}",
+        std::io::Error::last_os_error()
     );
 }
