@@ -24,7 +24,7 @@ use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
-use lbproxy_tests::lab::cgroup::{Mode, Outcome, Requests};
+use lbproxy_tests::lab::cgroup::{HostClient, Mode, Outcome, Requests};
 use lbproxy_tests::lab::multinode::{
     MultiNodeLab, NodeId, WEB_BACKEND_TCP as BACKEND_TCP, WEB_BACKEND_UDP as BACKEND_UDP,
     WEB_CLUSTER_IP, WEB_EXTERNAL_IP, WEB_LB_IP, WEB_NODE_PORT_TCP as NODE_PORT_TCP,
@@ -99,6 +99,11 @@ status:
 impl Setup {
     /// a1 on nodeA and b1 on nodeB serve; `b1_listed`: whether b1 is an endpoint.
     fn new(policy: &str, b1_listed: bool, extra: &str) -> Setup {
+        Setup::with_args(policy, b1_listed, extra, &[])
+    }
+
+    /// [`Setup::new`] with extra `lbproxy run` arguments on both nodes.
+    fn with_args(policy: &str, b1_listed: bool, extra: &str, args: &[&str]) -> Setup {
         let lab = MultiNodeLab::new();
         let a1 = lab.add_pod(NodeId::A, "a1");
         let b1 = lab.add_pod(NodeId::B, "b1");
@@ -108,7 +113,7 @@ impl Setup {
         ];
         let pods: Vec<&Pod> = if b1_listed { vec![&a1, &b1] } else { vec![&a1] };
         lab.write_manifest_text(&manifest(&lab, &pods, policy, extra));
-        let lbs = lab.start_lbproxy_on_both(&[], HEALTHY_WITHIN);
+        let lbs = lab.start_lbproxy_on_both(args, HEALTHY_WITHIN);
         Setup {
             lab,
             _servers: servers,
@@ -663,5 +668,64 @@ fn ipv6_icmp_errors_about_node_port_flows_reach_the_client() {
          {w:?}, read {r:?}, answer {answer:?} after {:?}\n{}",
         started.elapsed(),
         s.logs()
+    );
+}
+
+/// Node A's `lbproxy inspect WHAT --json`.
+fn inspect_a(lab: &MultiNodeLab, what: &str) -> serde_json::Value {
+    let out = std::process::Command::new(lbproxy_tests::lab::lbproxy_bin())
+        .args(["inspect", what, "--json", "--bpffs-dir"])
+        .arg(&lab.node(NodeId::A).bpffs_dir)
+        .output()
+        .expect("lbproxy inspect");
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("inspect {what} --json: {e}: {out:?}"))
+}
+
+/// `--socket-lb pods` over IPv6: a pod's process (in the group) reaching the IPv6 ClusterIP
+/// is translated at the socket, `connect6` and `sendmsg6`: every request is answered, showing the
+/// ClusterIP as the peer, the backends see the pod's IPv6 address, the socket events count
+/// the translations (none as another namespace's), and the per-packet path keeps no flow of
+/// the pod.
+#[test]
+fn socket_lb_pods_translates_ipv6_at_the_socket() {
+    let s = Setup::with_args("Cluster", true, "", &["--socket-lb", "pods"]);
+    let client = s.lab.add_pod(NodeId::A, "client");
+    s.lab.wait_programs_on(&client, Duration::from_secs(10));
+    let client6 = client.ip6.unwrap().to_string();
+    let before = inspect_a(&s.lab, "sockets")["events"].clone();
+    for (mode, port) in [(Mode::Tcp, 80), (Mode::Udp, 53)] {
+        let to = SocketAddr::from((CLUSTER_IP6, port));
+        let out = HostClient::spawn(
+            &client.netns,
+            Some(s.lab.cgroup()),
+            &Requests::new(mode, to, 8).timeout(TIMEOUT),
+        )
+        .all();
+        let ctx = format!("pod {mode:?} to {to}\n{}", s.logs());
+        let m = node_tally(&out, to, &ctx);
+        for seen in m.values() {
+            assert_eq!(seen, &vec![client6.clone()], "{ctx}: {m:?}");
+        }
+    }
+    let after = inspect_a(&s.lab, "sockets")["events"].clone();
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or(0);
+    for (event, least) in [("connect_translated", 8), ("sendmsg_translated", 8)] {
+        assert!(
+            n(&after, event) >= n(&before, event) + least,
+            "{event}: {} -> {}, want at least {least} more\n{after}",
+            n(&before, event),
+            n(&after, event)
+        );
+    }
+    assert_eq!(
+        n(&after, "other_netns"),
+        n(&before, "other_netns"),
+        "a pod's socket was left to the per-packet path: {after}"
+    );
+    let flows = inspect_a(&s.lab, "flows").to_string();
+    assert!(
+        !flows.contains(&client6),
+        "a per-packet flow of the pod {client6}: {flows}"
     );
 }
