@@ -368,36 +368,7 @@ fn ipv6_frontend_without_endpoints_rejects(shape: Shape) {
     // `lbproxy monitor` shows the IPv6 rejects with their addresses and service.
     let mon = Monitor::start(&s.lab, &["--duration", "30"]);
 
-    let (tcp, udp) = s.client.run(|| {
-        let to = SocketAddr::from((EMPTY6, WEB_TCP));
-        let started = Instant::now();
-        let tcp = TcpStream::connect_timeout(&to, Duration::from_secs(3))
-            .map(|_| ())
-            .map_err(|e| (e.kind(), started.elapsed()));
-        let u = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 40_006)).unwrap();
-        u.connect((EMPTY6, WEB_UDP)).unwrap();
-        u.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-        let started = Instant::now();
-        u.send(b"hello\n").unwrap();
-        let mut buf = [0u8; 64];
-        let udp = u
-            .recv(&mut buf)
-            .map(|_| ())
-            .map_err(|e| (e.kind(), started.elapsed()));
-        (tcp, udp)
-    });
-    for (proto, r) in [("TCP", tcp), ("UDP", udp)] {
-        match r {
-            Err((std::io::ErrorKind::ConnectionRefused, took)) => assert!(
-                took < Duration::from_millis(500),
-                "{proto}: refused, but only after {took:?}"
-            ),
-            other => panic!(
-                "{proto} to an IPv6 frontend without endpoints: want connection refused at once, got {other:?}\n{}",
-                s.lab.diagnostics()
-            ),
-        }
-    }
+    refused_at_once(&s, 40_006, false, "");
     let after = s.lab.inspect_json("drops");
     for reason in ["no_backend_tcp_reset", "no_backend_icmp_unreachable"] {
         assert!(
@@ -434,44 +405,7 @@ fn ipv6_frontend_without_endpoints_rejects(shape: Shape) {
     // `IPV6_DSTOPTS` on the sockets): the answers still come at once, the extension header
     // removed from what is sent back.
     let before = s.lab.inspect_json("drops");
-    let (tcp, udp) = s.client.run(|| {
-        let to = SocketAddr::from((EMPTY6, WEB_TCP));
-        let t = socket2::Socket::new(
-            socket2::Domain::IPV6,
-            socket2::Type::STREAM,
-            Some(socket2::Protocol::TCP),
-        )
-        .unwrap();
-        with_dest_opts(&t);
-        let started = Instant::now();
-        let tcp = t
-            .connect_timeout(&to.into(), Duration::from_secs(3))
-            .map_err(|e| (e.kind(), started.elapsed()));
-        let u = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).unwrap();
-        with_dest_opts(&u);
-        u.connect((EMPTY6, WEB_UDP)).unwrap();
-        u.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-        let started = Instant::now();
-        u.send(b"hello\n").unwrap();
-        let udp = u
-            .recv(&mut [0u8; 64])
-            .map(|_| ())
-            .map_err(|e| (e.kind(), started.elapsed()));
-        (tcp, udp)
-    });
-    for (proto, r) in [("TCP", tcp), ("UDP", udp)] {
-        match r {
-            Err((std::io::ErrorKind::ConnectionRefused, took)) => assert!(
-                took < Duration::from_millis(500),
-                "{proto} with a destination-options header: refused, but only after {took:?}"
-            ),
-            other => panic!(
-                "{proto} with a destination-options header to an IPv6 frontend without \
-                 endpoints: want connection refused at once, got {other:?}\n{}",
-                s.lab.diagnostics()
-            ),
-        }
-    }
+    refused_at_once(&s, 0, true, "with a destination-options header");
     let after = s.lab.inspect_json("drops");
     assert_eq!(
         count(&after, "reject_failed"),
@@ -1285,4 +1219,50 @@ fn with_dest_opts(sock: &impl std::os::fd::AsRawFd) {
         "setsockopt(IPV6_DSTOPTS): {}",
         std::io::Error::last_os_error()
     );
+}
+
+/// A TCP connection and a connected UDP socket's datagram (from `udp_port`, 0 for any) from
+/// the client to the frontend without endpoints, with a destination-options header on
+/// every packet when `dest_opts`: each must be refused within 500 ms.
+fn refused_at_once(s: &Setup, udp_port: u16, dest_opts: bool, what: &str) {
+    let (tcp, udp) = s.client.run(|| {
+        let to = SocketAddr::from((EMPTY6, WEB_TCP));
+        let t = socket2::Socket::new(
+            socket2::Domain::IPV6,
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )
+        .unwrap();
+        let u = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, udp_port)).unwrap();
+        if dest_opts {
+            with_dest_opts(&t);
+            with_dest_opts(&u);
+        }
+        let started = Instant::now();
+        let tcp = t
+            .connect_timeout(&to.into(), Duration::from_secs(3))
+            .map_err(|e| (e.kind(), started.elapsed()));
+        u.connect((EMPTY6, WEB_UDP)).unwrap();
+        u.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let started = Instant::now();
+        u.send(b"hello\n").unwrap();
+        let udp = u
+            .recv(&mut [0u8; 64])
+            .map(|_| ())
+            .map_err(|e| (e.kind(), started.elapsed()));
+        (tcp, udp)
+    });
+    for (proto, r) in [("TCP", tcp), ("UDP", udp)] {
+        match r {
+            Err((std::io::ErrorKind::ConnectionRefused, took)) => assert!(
+                took < Duration::from_millis(500),
+                "{proto} {what}: refused, but only after {took:?}"
+            ),
+            other => panic!(
+                "{proto} {what} to an IPv6 frontend without endpoints: want connection \
+                 refused at once, got {other:?}\n{}",
+                s.lab.diagnostics()
+            ),
+        }
+    }
 }

@@ -50,7 +50,10 @@ fn buckets(sc: &Scrape, name: &str) -> Vec<(f64, f64)> {
     let mut v: Vec<(f64, f64)> = sc
         .samples
         .iter()
-        .filter(|s| s.name == format!("{name}_bucket"))
+        .filter(|s| {
+            s.name == format!("{name}_bucket")
+                && s.labels.get("ip_family").map(String::as_str) == Some("IPv4")
+        })
         .map(|s| {
             let le = s.labels.get("le").expect("bucket without le");
             let le = if le == "+Inf" {
@@ -64,6 +67,10 @@ fn buckets(sc: &Scrape, name: &str) -> Vec<(f64, f64)> {
     v.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
     v
 }
+
+/// The `ip_family` label of kube-proxy's sync series: lbproxy has one series per family.
+const V4: &[(&str, &str)] = &[("ip_family", "IPv4")];
+const V6: &[(&str, &str)] = &[("ip_family", "IPv6")];
 
 fn check_histogram(sc: &Scrape, name: &str) {
     assert_eq!(
@@ -81,12 +88,18 @@ fn check_histogram(sc: &Scrape, name: &str) {
     assert!(last.0.is_infinite(), "{name}: no +Inf bucket");
     assert_eq!(
         last.1,
-        sc.value(&format!("{name}_count"), &[]),
+        sc.value(&format!("{name}_count"), V4),
         "{name}: +Inf bucket != _count"
     );
     assert!(
-        sc.get(&format!("{name}_sum"), &[]).is_some(),
+        sc.get(&format!("{name}_sum"), V4).is_some(),
         "{name}: no _sum"
+    );
+    // One sync programs both families: the IPv6 series has seen the same.
+    assert_eq!(
+        sc.value(&format!("{name}_count"), V6),
+        sc.value(&format!("{name}_count"), V4),
+        "{name}: the IPv6 and IPv4 series differ"
     );
 }
 
@@ -153,12 +166,16 @@ fn metrics_follow_changes() {
         "kubeproxy_sync_proxy_rules_endpoint_changes_total",
         "lbproxy_sync_failures_total",
     ] {
-        s1.value(name, &[]);
+        let labels = if name.contains("timestamp") { V4 } else { &[] };
+        s1.value(name, labels);
+        if name.contains("timestamp") {
+            assert_eq!(s1.value(name, V6), s1.value(name, V4), "{name} per family");
+        }
     }
     check_histogram(&s1, "kubeproxy_sync_proxy_rules_duration_seconds");
     check_histogram(&s1, "kubeproxy_network_programming_duration_seconds");
-    assert!(s1.value("kubeproxy_sync_proxy_rules_duration_seconds_count", &[]) >= 1.0);
-    let last = s1.value("kubeproxy_sync_proxy_rules_last_timestamp_seconds", &[]);
+    assert!(s1.value("kubeproxy_sync_proxy_rules_duration_seconds_count", V4) >= 1.0);
+    let last = s1.value("kubeproxy_sync_proxy_rules_last_timestamp_seconds", V4);
     assert!(
         last >= t0 - 1.0 && last <= now() + 1.0,
         "last sync timestamp {last} not in [{t0}, now]"
@@ -205,7 +222,10 @@ fn metrics_follow_changes() {
             .is_some_and(|fe| fe.backends.len() == 2)
     });
     let s2 = scrape(&k);
-    let d = |n: &str| s2.value(n, &[]) - s1.value(n, &[]);
+    let d = |n: &str| {
+        let l = if n.contains("duration") { V4 } else { &[] };
+        s2.value(n, l) - s1.value(n, l)
+    };
     assert!(
         d("kubeproxy_sync_proxy_rules_endpoint_changes_total") >= 1.0,
         "endpoint_changes_total did not increase after an endpoint change ({} -> {})",
@@ -221,14 +241,14 @@ fn metrics_follow_changes() {
         0.0,
         "pending after the sync"
     );
-    let last = s2.value("kubeproxy_sync_proxy_rules_last_timestamp_seconds", &[]);
+    let last = s2.value("kubeproxy_sync_proxy_rules_last_timestamp_seconds", V4);
     assert!(
         last >= t1 - 0.5,
         "last sync timestamp {last} is before the change ({t1})"
     );
     let queued = s2.value(
         "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
-        &[],
+        V4,
     );
     assert!(
         queued >= t1 - 0.5 && queued <= last + 0.5,
@@ -330,8 +350,8 @@ fn network_programming_duration() {
     );
     let s2 = scrape(&k);
     check_histogram(&s2, name);
-    let dc = s2.value(&format!("{name}_count"), &[]) - s1.value(&format!("{name}_count"), &[]);
-    let ds = s2.value(&format!("{name}_sum"), &[]) - s1.value(&format!("{name}_sum"), &[]);
+    let dc = s2.value(&format!("{name}_count"), V4) - s1.value(&format!("{name}_count"), V4);
+    let ds = s2.value(&format!("{name}_sum"), V4) - s1.value(&format!("{name}_sum"), V4);
     assert_eq!(
         dc, 1.0,
         "{name}_count should grow by 1 for one annotated slice change"
@@ -372,8 +392,8 @@ fn network_programming_duration() {
     );
     let s3 = scrape(&k);
     assert_eq!(
-        s3.value(&format!("{name}_count"), &[]),
-        s2.value(&format!("{name}_count"), &[]),
+        s3.value(&format!("{name}_count"), V4),
+        s2.value(&format!("{name}_count"), V4),
         "{name} observed a change without last-change-trigger-time"
     );
 }
