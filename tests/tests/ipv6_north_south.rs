@@ -729,3 +729,102 @@ fn socket_lb_pods_translates_ipv6_at_the_socket() {
         "a per-packet flow of the pod {client6}: {flows}"
     );
 }
+
+/// `--nodeport-addresses primary` over IPv6: the IPv6 NodePort is served on the node's
+/// primary IPv6 address only, the preferred source of its IPv6 default route, and follows
+/// it when the route changes. Node A gets a second IPv6 address and an IPv6 default route
+/// preferring its own address: the second refuses the NodePort (the node's stack answers:
+/// nothing listens there); once the route prefers the second address, the two swap. (The
+/// IPv4 NodePort keeps to the IPv4 primary, as before.)
+#[test]
+fn ipv6_node_port_addresses_primary_follows_the_default_route() {
+    let lab = MultiNodeLab::new();
+    let a1 = lab.add_pod(NodeId::A, "a1");
+    let _server = a1.serve(&[BACKEND_TCP, BACKEND_UDP]);
+    lab.write_manifest_text(&manifest(&lab, &[&a1], "Cluster", ""));
+    let first = lab.node(NodeId::A).ip6;
+    let second = Ipv6Addr::new(0xfd00, 0xc612, 0x80, 0, 0, 0, 0, 0x201);
+    let run = |argv: &[&str]| {
+        lab.node_run(NodeId::A, argv)
+            .unwrap_or_else(|e| panic!("{argv:?} on nodeA: {e}"));
+    };
+    run(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{second}/64"),
+        "dev",
+        "eth0",
+        "nodad",
+    ]);
+    let default_from = |src: Ipv6Addr| {
+        run(&[
+            "ip",
+            "-6",
+            "route",
+            "replace",
+            "default",
+            "dev",
+            "eth0",
+            "src",
+            &src.to_string(),
+        ]);
+    };
+    default_from(first);
+    let mut args = lab.lbproxy_run_args(NodeId::A, &[]);
+    let at = args
+        .iter()
+        .position(|a| a == "--nodeport-addresses")
+        .expect("the lab passes --nodeport-addresses");
+    args[at + 1] = "primary".into();
+    let mut lb = lab.start_lbproxy_argv(NodeId::A, args, &[]);
+    lb.expect_healthy(HEALTHY_WITHIN);
+    let client = lab.add_client("ext");
+    let logs = |lb: &Lbproxy| format!("{}\n--- lbproxy\n{}", lab.diagnostics(), lb.log());
+    // Served on `on` by a1, from `on`; refused on `off`.
+    let serves = |on: Ipv6Addr, off: Ipv6Addr| {
+        let served = lbproxy_tests::lab::run_in_ns(&client.netns, || {
+            request(false, SocketAddr::from((on, NODE_PORT_TCP)))
+        });
+        let refused = lbproxy_tests::lab::run_in_ns(&client.netns, || {
+            TcpStream::connect_timeout(&SocketAddr::from((off, NODE_PORT_TCP)), TIMEOUT)
+        });
+        match (&served, &refused) {
+            (Ok((backend, _, from)), Err(e))
+                if backend == "a1"
+                    && *from == SocketAddr::from((on, NODE_PORT_TCP))
+                    && e.kind() == std::io::ErrorKind::ConnectionRefused =>
+            {
+                Ok(())
+            }
+            _ => Err(format!("[{on}]: {served:?}; [{off}]: {refused:?}")),
+        }
+    };
+    let within = |on, off| {
+        lbproxy_tests::lab::net::wait_for(
+            Duration::from_secs(5),
+            Duration::from_millis(100),
+            || serves(on, off).ok(),
+        )
+    };
+    assert!(
+        within(first, second).is_ok(),
+        "primary = the IPv6 default route's preferred source: {:?}\n{}",
+        serves(first, second),
+        logs(&lb)
+    );
+    default_from(second);
+    assert!(
+        within(second, first).is_ok(),
+        "primary follows the IPv6 default route's new source within 5 s: {:?}\n{}",
+        serves(second, first),
+        logs(&lb)
+    );
+    assert!(
+        lb.log()
+            .lines()
+            .any(|l| l.contains("nodePortAddresses: primary") && l.contains(&second.to_string())),
+        "the new primary IPv6 address is logged\n{}",
+        lb.log()
+    );
+}
