@@ -440,14 +440,9 @@ fn a_node_processs_ipv6_connection_moves_when_its_backend_leaves() {
 
 /// `lbproxy inspect drops --json`'s count of `reason` on `node`.
 fn drop_count(lab: &MultiNodeLab, node: NodeId, reason: &str) -> u64 {
-    let out = std::process::Command::new(lbproxy_tests::lab::lbproxy_bin())
-        .args(["inspect", "drops", "--json", "--bpffs-dir"])
-        .arg(&lab.node(node).bpffs_dir)
-        .output()
-        .expect("lbproxy inspect drops");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("inspect drops --json: {e}: {out:?}"));
-    v[reason].as_u64().unwrap_or(0)
+    lab.inspect_json(node, "drops")[reason]
+        .as_u64()
+        .unwrap_or(0)
 }
 
 /// `loadBalancerSourceRanges` over IPv6, per family as kube-proxy: with an IPv4 range and
@@ -554,12 +549,7 @@ endpoints:
 
 /// Whether `node`'s lbproxy serves `closed`'s IPv6 NodePort with `backend` alone.
 fn closed_served_by(lab: &MultiNodeLab, node: NodeId, backend: &Pod) -> bool {
-    let out = std::process::Command::new(lbproxy_tests::lab::lbproxy_bin())
-        .args(["inspect", "services", "--json", "--bpffs-dir"])
-        .arg(&lab.node(node).bpffs_dir)
-        .output()
-        .expect("lbproxy inspect services");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let v = lab.inspect_json(node, "services");
     let want = backend.ip6.unwrap().to_string();
     v.as_array().is_some_and(|a| {
         a.iter().any(|e| {
@@ -671,17 +661,6 @@ fn ipv6_icmp_errors_about_node_port_flows_reach_the_client() {
     );
 }
 
-/// Node A's `lbproxy inspect WHAT --json`.
-fn inspect_a(lab: &MultiNodeLab, what: &str) -> serde_json::Value {
-    let out = std::process::Command::new(lbproxy_tests::lab::lbproxy_bin())
-        .args(["inspect", what, "--json", "--bpffs-dir"])
-        .arg(&lab.node(NodeId::A).bpffs_dir)
-        .output()
-        .expect("lbproxy inspect");
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("inspect {what} --json: {e}: {out:?}"))
-}
-
 /// `--socket-lb pods` over IPv6: a pod's process (in the group) reaching the IPv6 ClusterIP
 /// is translated at the socket, `connect6` and `sendmsg6`: every request is answered, showing the
 /// ClusterIP as the peer, the backends see the pod's IPv6 address, the socket events count
@@ -693,7 +672,7 @@ fn socket_lb_pods_translates_ipv6_at_the_socket() {
     let client = s.lab.add_pod(NodeId::A, "client");
     s.lab.wait_programs_on(&client, Duration::from_secs(10));
     let client6 = client.ip6.unwrap().to_string();
-    let before = inspect_a(&s.lab, "sockets")["events"].clone();
+    let before = s.lab.inspect_json(NodeId::A, "sockets")["events"].clone();
     for (mode, port) in [(Mode::Tcp, 80), (Mode::Udp, 53)] {
         let to = SocketAddr::from((CLUSTER_IP6, port));
         let out = HostClient::spawn(
@@ -708,7 +687,7 @@ fn socket_lb_pods_translates_ipv6_at_the_socket() {
             assert_eq!(seen, &vec![client6.clone()], "{ctx}: {m:?}");
         }
     }
-    let after = inspect_a(&s.lab, "sockets")["events"].clone();
+    let after = s.lab.inspect_json(NodeId::A, "sockets")["events"].clone();
     let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or(0);
     for (event, least) in [("connect_translated", 8), ("sendmsg_translated", 8)] {
         assert!(
@@ -723,7 +702,7 @@ fn socket_lb_pods_translates_ipv6_at_the_socket() {
         n(&before, "other_netns"),
         "a pod's socket was left to the per-packet path: {after}"
     );
-    let flows = inspect_a(&s.lab, "flows").to_string();
+    let flows = s.lab.inspect_json(NodeId::A, "flows").to_string();
     assert!(
         !flows.contains(&client6),
         "a per-packet flow of the pod {client6}: {flows}"

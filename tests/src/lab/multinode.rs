@@ -829,6 +829,17 @@ impl MultiNodeLab {
         ns_run(&self.node(node).netns, argv)
     }
 
+    /// `lbproxy inspect WHAT --json` over `node`'s pinned maps, parsed (`Null` when it
+    /// printed no JSON, as before that node's lbproxy pinned them).
+    pub fn inspect_json(&self, node: NodeId, what: &str) -> serde_json::Value {
+        let out = std::process::Command::new(super::lbproxy_bin())
+            .args(["inspect", what, "--json", "--bpffs-dir"])
+            .arg(&self.node(node).bpffs_dir)
+            .output()
+            .unwrap_or_else(|e| panic!("lbproxy inspect {what}: {e}"));
+        serde_json::from_slice(&out.stdout).unwrap_or_default()
+    }
+
     /// A text dump for failure messages: `ip addr` and `ip route` of every namespace, the
     /// nodes' neighbours, the fabric's bridge FDB and, where its maps are pinned, `lbproxy
     /// inspect services` per node. Never panics.
