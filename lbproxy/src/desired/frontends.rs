@@ -1029,6 +1029,26 @@ status:
             ],
             "IPv4 ranges only: the IPv6 LB IP admits no IPv6 source"
         );
+        // A range holding one of the node's IPv6 addresses admits the IPv6 LB IP itself as
+        // a source (and only that family's LB IP).
+        let text = "apiVersion: v1\nkind: Service\nmetadata: {name: lb, namespace: shop}\nspec: {type: LoadBalancer, clusterIPs: [198.19.0.12, 'fd00:c613::12'], ipFamilies: [IPv4, IPv6], ipFamilyPolicy: RequireDualStack, loadBalancerSourceRanges: [203.0.113.0/24, '2001:db8:1::/48'], ports: [{port: 80, nodePort: 30080}]}\nstatus: {loadBalancer: {ingress: [{ip: 192.0.2.1}, {ip: '2001:db8::1'}]}}\n";
+        let mut m = model_of(text);
+        assert_eq!(
+            m.set_node_ips(vec!["2001:db8:1::5".parse().unwrap()]).len(),
+            1
+        );
+        let svc = m.services.values().next().unwrap();
+        assert_eq!(
+            lb_ranges(&frontends_for(&m, svc, "node-a")),
+            vec![
+                ("192.0.2.1".into(), flag, vec!["203.0.113.0/24".into()]),
+                (
+                    "2001:db8::1".into(),
+                    flag,
+                    vec!["2001:db8::1/128".into(), "2001:db8:1::/48".into()]
+                ),
+            ]
+        );
         assert_eq!(
             lb_ranges(&lb("[203.0.113.0/24, '::/0']")),
             vec![
