@@ -310,8 +310,6 @@ pub fn answer_after_close(server: &UdpSocket, from: SocketAddr) -> (io::Result<u
     (server.recv(&mut buf), started.elapsed())
 }
 
-/// An unconnected UDP socket on 0.0.0.0:`port` with SO_REUSEADDR (so a fixed source port can
-/// be reused right away). Unconnected, so replies from any source are seen as they came.
 /// A TCP listener and a UDP socket on `[::]:port`, IPv6 only (`IPV6_V6ONLY`), in the
 /// calling thread's namespace.
 fn bind_v6only(port: u16) -> io::Result<(TcpListener, UdpSocket)> {
@@ -359,6 +357,8 @@ fn bind_v6only(port: u16) -> io::Result<(TcpListener, UdpSocket)> {
     Ok((t, u))
 }
 
+/// An unconnected UDP socket on 0.0.0.0:`port` with SO_REUSEADDR (so a fixed source port can
+/// be reused right away). Unconnected, so replies from any source are seen as they came.
 pub fn socket2_udp(port: u16) -> io::Result<UdpSocket> {
     if port == 0 {
         return UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0));
