@@ -622,12 +622,34 @@ fn ipv6_icmp_errors_about_node_port_flows_reach_the_client() {
     s.lab
         .write_manifest_text(&manifest(&s.lab, &[&s.b1], "Cluster", ""));
     let to = SocketAddr::from((a6, NODE_PORT_TCP));
+    // Both nodes' maps first: requests alone can all land on b1 by chance while a1 is still
+    // in, and a connection opened to a1 then is reset when a1 leaves.
+    let want = s.b1.ip6.unwrap().to_string();
     let only_b1 = lbproxy_tests::lab::net::wait_for(
         Duration::from_secs(10),
         Duration::from_millis(100),
         || {
+            let programmed = NodeId::ALL.iter().all(|&node| {
+                let v = s.lab.inspect_json(node, "services");
+                let web: Vec<&serde_json::Value> = v
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|e| {
+                        e["service"] == "default/web"
+                            && e["vip"].as_str().is_some_and(|v| v.contains(':'))
+                    })
+                    .collect();
+                !web.is_empty()
+                    && web.iter().all(|e| {
+                        e["backends"].as_array().is_some_and(|b| {
+                            !b.is_empty() && b.iter().all(|x| x["addr"] == want.as_str())
+                        })
+                    })
+            });
             let (seen, failed) = requests(&client.netns, false, to, 6);
-            (failed.is_empty() && seen.len() == 1 && seen.contains_key(&s.b1.name)).then_some(())
+            (programmed && failed.is_empty() && seen.len() == 1 && seen.contains_key(&s.b1.name))
+                .then_some(())
         },
     );
     assert!(only_b1.is_ok(), "only b1 serves {to}\n{}", s.logs());

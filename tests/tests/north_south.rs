@@ -489,11 +489,39 @@ fn inspect(lab: &MultiNodeLab, node: NodeId, what: &str) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("inspect {what} --json: {e}: {out:?}"))
 }
 
-/// Rewrites the manifest so that only b1 (on nodeB) serves `web`, and waits until
-/// requests through nodeA get only b1.
+/// Rewrites the manifest so that only b1 (on nodeB) serves `web`, and waits until both
+/// nodes' maps say so and requests through nodeA get only b1. (Requests alone are not
+/// enough: four of them all land on b1 by chance once in 16 before the change is written,
+/// and a connection opened then to a1 is reset when a1 leaves.)
 fn only_b1(s: &Setup, client_ns: &str) {
     s.lab
         .write_manifest_text(&manifest(&s.lab, &[&s.b1], "Cluster"));
+    let want = s.b1.ip.to_string();
+    let programmed = wait_for(Duration::from_secs(5), Duration::from_millis(50), || {
+        NodeId::ALL
+            .iter()
+            .all(|&node| {
+                let services = inspect(&s.lab, node, "services");
+                let web: Vec<&serde_json::Value> = services
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|e| e["service"] == "default/web")
+                    .collect();
+                !web.is_empty()
+                    && web.iter().all(|e| {
+                        e["backends"].as_array().is_some_and(|b| {
+                            !b.is_empty() && b.iter().all(|x| x["addr"] == want.as_str())
+                        })
+                    })
+            })
+            .then_some(())
+    });
+    assert!(
+        programmed.is_ok(),
+        "both nodes serve web with b1 only\n{}",
+        s.logs()
+    );
     let a = s.lab.node(NodeId::A).ip;
     let until = Instant::now() + Duration::from_secs(5);
     loop {
