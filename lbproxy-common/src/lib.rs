@@ -133,7 +133,8 @@ pub use sock::{
 pub use spec::{MapKind, MapSpec};
 pub use src_check::{MAX_SRC_CHECKS, SrcCheck};
 pub use src_ranges::{
-    MAX_SRC_RANGES, SrcRangeData, SrcRangeData6, SrcRangeKey, SrcRangeKey6, SrcRangeValue,
+    MAX_SRC_RANGES, SrcRangeData, SrcRangeData6, SrcRangeDataOf, SrcRangeKey, SrcRangeKey6,
+    SrcRangeKeyOf, SrcRangeValue,
 };
 pub use unserved::{FAMILY_IPV4, FAMILY_IPV6, UnservedKey, UnservedValue};
 

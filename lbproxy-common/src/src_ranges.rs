@@ -8,31 +8,47 @@
 //! `LB_SRCRANGE6_V1` is the same for IPv6 load-balancer IPs and IPv6 ranges
 //! ([`SrcRangeData6`]).
 
+use crate::family::{V4, V6};
 use crate::spec::{MapKind, MapSpec};
 
 /// Ranges on one node, over every service.
 pub const MAX_SRC_RANGES: u32 = 65_536;
 
-/// The data part of an `LB_SRCRANGES_V1` key (the kernel's `bpf_lpm_trie_key` is this after
-/// a `u32` prefix length, in bits, counted from the first byte of `svc_id_be`).
+/// The data part of a source-range key (the kernel's `bpf_lpm_trie_key` is this after a
+/// `u32` prefix length, in bits, counted from the first byte of `svc_id_be`), for either
+/// family's trie: [`SrcRangeData`] in `LB_SRCRANGES_V1`, [`SrcRangeData6`] in
+/// `LB_SRCRANGE6_V1`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct SrcRangeData {
+pub struct SrcRangeDataOf<A> {
     /// The frontend's service id, big-endian so the trie's bit order covers it whole.
     pub svc_id_be: [u8; 4],
     /// The range's address (network order), host bits zero.
-    pub addr: [u8; 4],
+    pub addr: A,
 }
+pub type SrcRangeData = SrcRangeDataOf<V4>;
+pub type SrcRangeData6 = SrcRangeDataOf<V6>;
 const _: () = assert!(core::mem::size_of::<SrcRangeData>() == 8);
+const _: () = assert!(core::mem::size_of::<SrcRangeData6>() == 20);
+
+impl<A> SrcRangeDataOf<A> {
+    /// The key's prefix length for a range of `prefix` bits: the whole service id first.
+    pub const fn prefix_len(prefix: u8) -> u32 {
+        32 + prefix as u32
+    }
+}
 
 /// The whole key: the prefix length in bits (32 + the range's) and the data.
 #[repr(C, packed)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SrcRangeKey {
+pub struct SrcRangeKeyOf<A: Copy> {
     pub prefix_len: u32,
-    pub data: SrcRangeData,
+    pub data: SrcRangeDataOf<A>,
 }
+pub type SrcRangeKey = SrcRangeKeyOf<V4>;
+pub type SrcRangeKey6 = SrcRangeKeyOf<V6>;
 const _: () = assert!(core::mem::size_of::<SrcRangeKey>() == 12);
+const _: () = assert!(core::mem::size_of::<SrcRangeKey6>() == 24);
 
 /// The value: 1 (the kernel wants a value; only presence matters).
 pub type SrcRangeValue = u32;
@@ -45,26 +61,6 @@ pub const SPEC: MapSpec = MapSpec::of::<SrcRangeKey, SrcRangeValue>(
 )
 // The kernel refuses an LPM trie without it.
 .no_prealloc();
-
-/// [`SrcRangeData`] with an IPv6 range.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct SrcRangeData6 {
-    /// The frontend's service id, big-endian.
-    pub svc_id_be: [u8; 4],
-    /// The range's IPv6 address (network order), host bits zero.
-    pub addr: [u8; 16],
-}
-const _: () = assert!(core::mem::size_of::<SrcRangeData6>() == 20);
-
-/// The whole `LB_SRCRANGE6_V1` key: the prefix length in bits (32 + the range's).
-#[repr(C, packed)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SrcRangeKey6 {
-    pub prefix_len: u32,
-    pub data: SrcRangeData6,
-}
-const _: () = assert!(core::mem::size_of::<SrcRangeKey6>() == 24);
 
 pub const SPEC6: MapSpec = MapSpec::of::<SrcRangeKey6, SrcRangeValue>(
     "LB_SRCRANGE6_V1",

@@ -29,7 +29,7 @@ pub fn source_allowed<A: Family>(svc: &ServiceValue, pkt: &Packet<A>) -> Result<
 #[inline(never)]
 pub fn in_ranges(svc_id: u32, src: u32) -> u32 {
     let key = Key::new(
-        64,
+        SrcRangeData::prefix_len(32),
         SrcRangeData {
             svc_id_be: svc_id.to_be_bytes(),
             addr: src.to_ne_bytes(),
@@ -48,7 +48,7 @@ pub fn in_ranges6(svc_id: u32, a: u32, b: u32, c: u32, d: u32) -> u32 {
     addr[8..12].copy_from_slice(&c.to_ne_bytes());
     addr[12..16].copy_from_slice(&d.to_ne_bytes());
     let key = Key::new(
-        32 + 128,
+        SrcRangeData6::prefix_len(128),
         SrcRangeData6 {
             svc_id_be: svc_id.to_be_bytes(),
             addr,

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray};
 use lbproxy_common::{
-    Backend, Backend6, CONFIG_F_STACK_BYPASS, DatapathConfig, Delivery, DropReason, FlowKey,
+    Addr, Backend, Backend6, CONFIG_F_STACK_BYPASS, DatapathConfig, Delivery, DropReason, FlowKey,
     FlowKey6, FlowValue, FlowValue6, PodIf, ServiceKey, ServiceKey6, ServiceLabel, ServiceValue,
     SlotKey, UnservedKey, UnservedValue, map_names,
 };
@@ -209,32 +209,38 @@ pub(super) fn del_ok(r: Result<(), MapError>) -> Result<(), MapError> {
     }
 }
 
-/// The `LB_SRCRANGE6_V1` key of frontend `svc_id`'s IPv6 range.
-fn src_range_key6(
+/// The source-range trie key of frontend `svc_id`'s range `addr/prefix`: the whole id,
+/// then the range (`LB_SRCRANGES_V1` or `LB_SRCRANGE6_V1`, by `A`).
+fn src_range_key<A: Addr>(
     svc_id: u32,
-    range: ipnet::Ipv6Net,
-) -> aya::maps::lpm_trie::Key<lbproxy_common::SrcRangeData6> {
+    addr: A,
+    prefix: u8,
+) -> aya::maps::lpm_trie::Key<lbproxy_common::SrcRangeDataOf<A>>
+where
+    lbproxy_common::SrcRangeDataOf<A>: aya::Pod,
+{
     aya::maps::lpm_trie::Key::new(
-        32 + u32::from(range.prefix_len()),
-        lbproxy_common::SrcRangeData6 {
+        lbproxy_common::SrcRangeDataOf::<A>::prefix_len(prefix),
+        lbproxy_common::SrcRangeDataOf {
             svc_id_be: svc_id.to_be_bytes(),
-            addr: range.network().octets(),
+            addr,
         },
     )
 }
 
-/// The `LB_SRCRANGES_V1` key of frontend `svc_id`'s range: the whole id, then the range.
-fn src_range_key(
-    svc_id: u32,
-    range: ipnet::Ipv4Net,
-) -> aya::maps::lpm_trie::Key<lbproxy_common::SrcRangeData> {
-    aya::maps::lpm_trie::Key::new(
-        32 + u32::from(range.prefix_len()),
-        lbproxy_common::SrcRangeData {
-            svc_id_be: svc_id.to_be_bytes(),
-            addr: range.network().octets(),
-        },
-    )
+/// Every (service id, range) in one family's source-range trie.
+fn src_ranges_in<A: Addr>(
+    trie: &aya::maps::LpmTrie<MapData, lbproxy_common::SrcRangeDataOf<A>, u32>,
+) -> impl Iterator<Item = (u32, ipnet::IpNet)> + '_
+where
+    lbproxy_common::SrcRangeDataOf<A>: aya::Pod,
+{
+    trie.keys().flatten().filter_map(|k| {
+        let d = k.data();
+        let prefix = u8::try_from(k.prefix_len().checked_sub(32)?).ok()?;
+        let net = ipnet::IpNet::new(d.addr.ip(), prefix).ok()?;
+        Some((u32::from_be_bytes(d.svc_id_be), net))
+    })
 }
 
 impl Maps for PinnedMaps {
@@ -244,27 +250,7 @@ impl Maps for PinnedMaps {
             self.slots.iter().flatten(),
             self.members.keys().flatten(),
             self.all_services(),
-            self.src_ranges
-                .keys()
-                .flatten()
-                .filter_map(|k| {
-                    let d = k.data();
-                    let net = ipnet::Ipv4Net::new(
-                        std::net::Ipv4Addr::from(d.addr),
-                        u8::try_from(k.prefix_len().checked_sub(32)?).ok()?,
-                    )
-                    .ok()?;
-                    Some((u32::from_be_bytes(d.svc_id_be), ipnet::IpNet::V4(net)))
-                })
-                .chain(self.src_ranges6.keys().flatten().filter_map(|k| {
-                    let d = k.data();
-                    let net = ipnet::Ipv6Net::new(
-                        std::net::Ipv6Addr::from(d.addr),
-                        u8::try_from(k.prefix_len().checked_sub(32)?).ok()?,
-                    )
-                    .ok()?;
-                    Some((u32::from_be_bytes(d.svc_id_be), ipnet::IpNet::V6(net)))
-                })),
+            src_ranges_in(&self.src_ranges).chain(src_ranges_in(&self.src_ranges6)),
             |svc_id| {
                 self.labels
                     .get(&svc_id, 0)
@@ -340,11 +326,19 @@ impl Maps for PinnedMaps {
         let (map, r) = match range {
             ipnet::IpNet::V4(n) => (
                 map_names::SRC_RANGES,
-                self.src_ranges.insert(&src_range_key(svc_id, n), 1, 0),
+                self.src_ranges.insert(
+                    &src_range_key(svc_id, n.network().octets(), n.prefix_len()),
+                    1,
+                    0,
+                ),
             ),
             ipnet::IpNet::V6(n) => (
                 map_names::SRC_RANGES6,
-                self.src_ranges6.insert(&src_range_key6(svc_id, n), 1, 0),
+                self.src_ranges6.insert(
+                    &src_range_key(svc_id, n.network().octets(), n.prefix_len()),
+                    1,
+                    0,
+                ),
             ),
         };
         r.map_err(|e| werr(map, "update", format!("svc {svc_id} {range}"), e))
@@ -353,11 +347,19 @@ impl Maps for PinnedMaps {
         let (map, r) = match range {
             ipnet::IpNet::V4(n) => (
                 map_names::SRC_RANGES,
-                del_ok(self.src_ranges.remove(&src_range_key(svc_id, n))),
+                del_ok(self.src_ranges.remove(&src_range_key(
+                    svc_id,
+                    n.network().octets(),
+                    n.prefix_len(),
+                ))),
             ),
             ipnet::IpNet::V6(n) => (
                 map_names::SRC_RANGES6,
-                del_ok(self.src_ranges6.remove(&src_range_key6(svc_id, n))),
+                del_ok(self.src_ranges6.remove(&src_range_key(
+                    svc_id,
+                    n.network().octets(),
+                    n.prefix_len(),
+                ))),
             ),
         };
         r.map_err(|e| werr(map, "delete", format!("svc {svc_id} {range}"), e))

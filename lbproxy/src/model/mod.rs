@@ -148,8 +148,8 @@ pub struct Model {
     /// a `BTreeSet` would allocate room for eleven (17 MiB more at 50,000 services).
     by_service: BTreeMap<NamespacedName, Vec<NamespacedName>>,
     /// This node's own addresses, IPv4 and IPv6 (those of its non-pod interfaces, from the
-    /// interface watcher), sorted. `loadBalancerSourceRanges` that contain one of them also admit the
-    /// load-balancer IPs as sources (`desired::frontends`).
+    /// interface watcher), sorted. `loadBalancerSourceRanges` that contain one of them also
+    /// admit the load-balancer IPs of that family as sources (`desired::frontends`).
     pub node_ips: Vec<std::net::IpAddr>,
 }
 

@@ -38,7 +38,7 @@ pub struct ProgrammedFrontend {
     pub kind: u8,
     /// The flags in the service entry (`SVC_F_*`).
     pub flags: u16,
-    /// Its `loadBalancerSourceRanges` in `LB_SRCRANGES_V1`.
+    /// Its `loadBalancerSourceRanges` in `LB_SRCRANGES_V1` (`LB_SRCRANGE6_V1` for IPv6).
     pub src_ranges: std::collections::BTreeSet<ipnet::IpNet>,
     /// Backend ids written to `LB_MEMBERS_V1` for this service.
     pub members: std::collections::BTreeSet<u32>,
