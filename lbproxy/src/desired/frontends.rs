@@ -374,6 +374,41 @@ fn servable(
     }
 }
 
+/// `loadBalancerSourceRanges` of `family`, for the load-balancer IPs only (as kube-proxy):
+/// `Some(ranges)` filters that family's LB IPs (empty: the Service lists ranges of the other
+/// family only, so no source of this one is admitted), `None` does not (no ranges at all,
+/// or a range of length 0 of this family). Sorted, without duplicates.
+fn source_ranges(model: &Model, svc: &Service, family: Family) -> Option<Vec<ipnet::IpNet>> {
+    if svc.load_balancer_source_ranges.is_empty() {
+        return None;
+    }
+    let mut ranges: Vec<ipnet::IpNet> = svc
+        .load_balancer_source_ranges
+        .iter()
+        .filter(|n| Family::of(&n.addr()) == family)
+        .copied()
+        .collect();
+    if ranges.iter().any(|n| n.prefix_len() == 0) {
+        return None;
+    }
+    // As kube-proxy: when a range holds one of this node's addresses, the service's
+    // load-balancer IPs are admitted as sources too (a load balancer that loops traffic back
+    // to the node keeps the LB IP as its source).
+    if ranges
+        .iter()
+        .any(|n| model.node_ips.iter().any(|ip| n.contains(ip)))
+    {
+        for ing in &svc.load_balancer_ingress {
+            if ing.ip_mode == IpMode::Vip && Family::of(&ing.ip) == family {
+                ranges.push(ipnet::IpNet::from(ing.ip));
+            }
+        }
+    }
+    ranges.sort();
+    ranges.dedup();
+    Some(ranges)
+}
+
 /// Every frontend one service asks for (see the module documentation), split into the ones
 /// the datapath serves, with their backends, and the ones it does not serve yet. `node` is
 /// this node's name, for the `Local` traffic policies (see [`local_only`]).
@@ -385,6 +420,11 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
         }
     }
     let in_families = |ip: &&IpAddr| families.contains(&Family::of(ip));
+    // The same for every port: (IPv4, IPv6).
+    let ranges = (
+        source_ranges(model, svc, Family::V4),
+        source_ranges(model, svc, Family::V6),
+    );
     let mut out = ServiceFrontends::default();
     for port in &svc.ports {
         let label = if port.name.is_empty() {
@@ -430,41 +470,6 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
         }
         // Each family's frontends are served from that family's endpoints only.
         let mut specs: BTreeMap<(Scope, Family), FrontendSpec> = BTreeMap::new();
-        // loadBalancerSourceRanges, for the load-balancer IPs only (as kube-proxy), per
-        // family: `Some(ranges)` filters that family's LB IPs (empty: the Service lists
-        // ranges of the other family only, so no source of this one is admitted), `None`
-        // does not (no ranges at all, or a range of length 0 of this family).
-        let ranges_of = |family: Family| -> Option<Vec<ipnet::IpNet>> {
-            if svc.load_balancer_source_ranges.is_empty() {
-                return None;
-            }
-            let mut ranges: Vec<ipnet::IpNet> = svc
-                .load_balancer_source_ranges
-                .iter()
-                .filter(|n| Family::of(&n.addr()) == family)
-                .copied()
-                .collect();
-            if ranges.iter().any(|n| n.prefix_len() == 0) {
-                return None;
-            }
-            // As kube-proxy: when a range holds one of this node's addresses, the
-            // service's load-balancer IPs are admitted as sources too (a load balancer
-            // that loops traffic back to the node keeps the LB IP as its source).
-            if ranges
-                .iter()
-                .any(|n| model.node_ips.iter().any(|ip| n.contains(ip)))
-            {
-                for ing in &svc.load_balancer_ingress {
-                    if ing.ip_mode == IpMode::Vip && Family::of(&ing.ip) == family {
-                        ranges.push(ipnet::IpNet::from(ing.ip));
-                    }
-                }
-            }
-            ranges.sort();
-            ranges.dedup();
-            Some(ranges)
-        };
-        let ranges = [ranges_of(Family::V4), ranges_of(Family::V6)];
         for (kind, family, addr, frontend_port) in asked {
             match servable(kind, family, addr, port.protocol) {
                 Ok(addr) => {
@@ -494,7 +499,10 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
                             }
                         })
                         .clone();
-                    let filter = &ranges[usize::from(family == Family::V6)];
+                    let filter = match family {
+                        Family::V4 => &ranges.0,
+                        Family::V6 => &ranges.1,
+                    };
                     let mut spec = if kind == FrontendKind::LoadBalancerIp
                         && let Some(filter) = filter
                     {
