@@ -438,13 +438,6 @@ fn a_node_processs_ipv6_connection_moves_when_its_backend_leaves() {
     assert!(moved < Duration::from_secs(2), "moved only after {moved:?}");
 }
 
-/// `lbproxy inspect drops --json`'s count of `reason` on `node`.
-fn drop_count(lab: &MultiNodeLab, node: NodeId, reason: &str) -> u64 {
-    lab.inspect_json(node, "drops")[reason]
-        .as_u64()
-        .unwrap_or(0)
-}
-
 /// `loadBalancerSourceRanges` over IPv6, per family as kube-proxy: with an IPv4 range and
 /// an IPv6 `/128` holding the first client, that client reaches the IPv6 LB IP (TCP and
 /// UDP) and the second does not (dropped, counted as `source_range_denied`); the IPv6
@@ -478,7 +471,7 @@ fn ipv6_load_balancer_source_ranges_filter_the_ipv6_lb_ip() {
             s.logs()
         );
     }
-    let before = drop_count(&s.lab, NodeId::A, "source_range_denied");
+    let before = s.lab.drop_count(NodeId::A, "source_range_denied");
     for (udp, port) in [(false, 80), (true, 53)] {
         let to = SocketAddr::from((LB_IP6, port));
         let (seen, _) = requests(&other.netns, udp, to, 2);
@@ -488,7 +481,7 @@ fn ipv6_load_balancer_source_ranges_filter_the_ipv6_lb_ip() {
             proto(udp)
         );
     }
-    let after = drop_count(&s.lab, NodeId::A, "source_range_denied");
+    let after = s.lab.drop_count(NodeId::A, "source_range_denied");
     assert!(
         after >= before + 4,
         "source_range_denied counted on nodeA ({before} -> {after})\n{}",
@@ -514,52 +507,14 @@ fn ipv6_load_balancer_source_ranges_filter_the_ipv6_lb_ip() {
     );
 }
 
-/// `web` over `web_eps` and an IPv6-only NodePort Service `closed` (UDP 55, nodePort 30055)
-/// whose one endpoint, `backend`, has nothing on the target port 5555.
+/// `web` over `web_eps` and the lab's IPv6-only UDP NodePort Service `closed` (nodePort
+/// 30055 -> port 5555, where nothing listens) over `backend`.
 fn closed_manifest6(lab: &MultiNodeLab, web_eps: &[&Pod], backend: &Pod) -> String {
     format!(
-        "{}---
-apiVersion: v1
-kind: Service
-metadata: {{name: closed, namespace: default}}
-spec:
-  type: NodePort
-  clusterIP: \"fd00:c612:ffff::12\"
-  ipFamilies: [IPv6]
-  ports:
-  - {{name: dns, port: 55, protocol: UDP, targetPort: 5555, nodePort: 30055}}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: closed-6
-  namespace: default
-  labels: {{kubernetes.io/service-name: closed}}
-addressType: IPv6
-ports:
-- {{name: dns, port: 5555, protocol: UDP}}
-endpoints:
-- {{addresses: [\"{}\"], nodeName: {}, conditions: {{ready: true}}}}
-",
+        "{}{}",
         manifest(lab, web_eps, "Cluster", ""),
-        backend.ip6.unwrap(),
-        lab.node_of(&backend.name).name()
+        lab.closed_service(backend, true)
     )
-}
-
-/// Whether `node`'s lbproxy serves `closed`'s IPv6 NodePort with `backend` alone.
-fn closed_served_by(lab: &MultiNodeLab, node: NodeId, backend: &Pod) -> bool {
-    let v = lab.inspect_json(node, "services");
-    let want = backend.ip6.unwrap().to_string();
-    v.as_array().is_some_and(|a| {
-        a.iter().any(|e| {
-            e["service"] == "default/closed"
-                && e["kind"] == "NodePort"
-                && e["backends"]
-                    .as_array()
-                    .is_some_and(|b| b.len() == 1 && b[0]["addr"] == want.as_str())
-        })
-    })
 }
 
 /// ICMPv6 errors about IPv6 north-south flows reach the outside client translated, so its
@@ -585,7 +540,11 @@ fn ipv6_icmp_errors_about_node_port_flows_reach_the_client() {
         let programmed = lbproxy_tests::lab::net::wait_for(
             Duration::from_secs(5),
             Duration::from_millis(50),
-            || closed_served_by(&s.lab, NodeId::A, backend).then_some(()),
+            || {
+                s.lab
+                    .serves_only(NodeId::A, "default/closed", backend.ip6.unwrap().into())
+                    .then_some(())
+            },
         );
         assert!(
             programmed.is_ok(),
@@ -624,29 +583,14 @@ fn ipv6_icmp_errors_about_node_port_flows_reach_the_client() {
     let to = SocketAddr::from((a6, NODE_PORT_TCP));
     // Both nodes' maps first: requests alone can all land on b1 by chance while a1 is still
     // in, and a connection opened to a1 then is reset when a1 leaves.
-    let want = s.b1.ip6.unwrap().to_string();
+    let b1_6 = s.b1.ip6.unwrap().into();
     let only_b1 = lbproxy_tests::lab::net::wait_for(
         Duration::from_secs(10),
         Duration::from_millis(100),
         || {
-            let programmed = NodeId::ALL.iter().all(|&node| {
-                let v = s.lab.inspect_json(node, "services");
-                let web: Vec<&serde_json::Value> = v
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter(|e| {
-                        e["service"] == "default/web"
-                            && e["vip"].as_str().is_some_and(|v| v.contains(':'))
-                    })
-                    .collect();
-                !web.is_empty()
-                    && web.iter().all(|e| {
-                        e["backends"].as_array().is_some_and(|b| {
-                            !b.is_empty() && b.iter().all(|x| x["addr"] == want.as_str())
-                        })
-                    })
-            });
+            let programmed = NodeId::ALL
+                .iter()
+                .all(|&node| s.lab.serves_only(node, "default/web", b1_6));
             let (seen, failed) = requests(&client.netns, false, to, 6);
             (programmed && failed.is_empty() && seen.len() == 1 && seen.contains_key(&s.b1.name))
                 .then_some(())

@@ -84,7 +84,7 @@ impl Setup {
             for what in ["services", "flows", "drops"] {
                 out.push_str(&format!(
                     "\n--- {node}: inspect {what}\n{:#}",
-                    inspect(&self.lab, node, what)
+                    self.lab.inspect_json(node, what)
                 ));
             }
         }
@@ -314,7 +314,7 @@ fn a_full_snat_range_drops_and_counts_while_local_backends_work() {
         assert_eq!(r.backend, "b1");
         held.push(c);
     }
-    let drops = || drop_count(&lab, NodeId::A, "snat_no_port");
+    let drops = || lab.drop_count(NodeId::A, "snat_no_port");
     let before = drops();
     let fifth = client.connect(node_ip, NODE_PORT_TCP, Duration::from_millis(1500));
     assert!(
@@ -473,22 +473,6 @@ fn metric_until(
     }
 }
 
-/// The drop counter `reason` of the lbproxy on `node`.
-fn drop_count(lab: &MultiNodeLab, node: NodeId, reason: &str) -> u64 {
-    inspect(lab, node, "drops")[reason].as_u64().unwrap_or(0)
-}
-
-/// `lbproxy inspect WHAT --json` for `node`'s pins.
-fn inspect(lab: &MultiNodeLab, node: NodeId, what: &str) -> serde_json::Value {
-    let out = std::process::Command::new(lbproxy_tests::lab::lbproxy_bin())
-        .args(["inspect", what, "--json", "--bpffs-dir"])
-        .arg(&lab.node(node).bpffs_dir)
-        .output()
-        .expect("lbproxy inspect");
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("inspect {what} --json: {e}: {out:?}"))
-}
-
 /// Rewrites the manifest so that only b1 (on nodeB) serves `web`, and waits until both
 /// nodes' maps say so and requests through nodeA get only b1. (Requests alone are not
 /// enough: four of them all land on b1 by chance once in 16 before the change is written,
@@ -496,25 +480,10 @@ fn inspect(lab: &MultiNodeLab, node: NodeId, what: &str) -> serde_json::Value {
 fn only_b1(s: &Setup, client_ns: &str) {
     s.lab
         .write_manifest_text(&manifest(&s.lab, &[&s.b1], "Cluster"));
-    let want = s.b1.ip.to_string();
     let programmed = wait_for(Duration::from_secs(5), Duration::from_millis(50), || {
         NodeId::ALL
             .iter()
-            .all(|&node| {
-                let services = inspect(&s.lab, node, "services");
-                let web: Vec<&serde_json::Value> = services
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter(|e| e["service"] == "default/web")
-                    .collect();
-                !web.is_empty()
-                    && web.iter().all(|e| {
-                        e["backends"].as_array().is_some_and(|b| {
-                            !b.is_empty() && b.iter().all(|x| x["addr"] == want.as_str())
-                        })
-                    })
-            })
+            .all(|&node| s.lab.serves_only(node, "default/web", s.b1.ip.into()))
             .then_some(())
     });
     assert!(
@@ -566,7 +535,7 @@ fn external_traffic_policy_local_and_health_check_node_port() {
         );
         assert_eq!(seen.by_backend.len(), 1, "{seen:?}");
     }
-    let before = drop_count(&s.lab, NodeId::B, "no_local_endpoint");
+    let before = s.lab.drop_count(NodeId::B, "no_local_endpoint");
     let started = Instant::now();
     let r = tcp_request(&client.netns, b, NODE_PORT_TCP, Duration::from_millis(700));
     let e = r.expect_err("nodeB has no local endpoint: no answer");
@@ -583,7 +552,7 @@ fn external_traffic_policy_local_and_health_check_node_port() {
         None,
     );
     assert!(u.is_err(), "UDP through nodeB is not answered: {u:?}");
-    let dropped = drop_count(&s.lab, NodeId::B, "no_local_endpoint") - before;
+    let dropped = s.lab.drop_count(NodeId::B, "no_local_endpoint") - before;
     assert!(
         dropped >= 2,
         "no_local_endpoint counted on nodeB: {dropped}\n{}",
@@ -667,7 +636,7 @@ fn inspect_shows_snat_ports_per_destination() {
         c.request().unwrap();
         conns.push(c);
     }
-    let snat = inspect(&s.lab, NodeId::A, "snat");
+    let snat = s.lab.inspect_json(NodeId::A, "snat");
     let row = snat
         .as_array()
         .unwrap()
@@ -679,7 +648,7 @@ fn inspect_shows_snat_ports_per_destination() {
     assert_eq!(row["protocol"], "TCP", "{row:#}");
     assert!(row["ports_in_use"].as_u64().unwrap() >= 5, "{row:#}");
     assert_eq!(row["range_size"], 29_999 - 1024 + 1, "{row:#}");
-    let flows = inspect(&s.lab, NodeId::A, "flows");
+    let flows = s.lab.inspect_json(NodeId::A, "flows");
     let client_prefix = format!("{}:", client.ip);
     let snat_prefix = format!("{a}:");
     let snated = flows
@@ -757,7 +726,7 @@ fn load_balancer_source_ranges_filter_the_lb_ip_only() {
         "inside the range: {seen:?}\n{}",
         s.logs()
     );
-    let before = drop_count(&s.lab, NodeId::A, "source_range_denied");
+    let before = s.lab.drop_count(NodeId::A, "source_range_denied");
     let r = tcp_request(&other.netns, LB_IP, 80, Duration::from_millis(700));
     assert!(
         r.is_err(),
@@ -766,7 +735,7 @@ fn load_balancer_source_ranges_filter_the_lb_ip_only() {
     let u = udp_request(&other.netns, LB_IP, 53, Duration::from_millis(300), None);
     assert!(u.is_err(), "outside the range, UDP: {u:?}");
     assert!(
-        drop_count(&s.lab, NodeId::A, "source_range_denied") >= before + 2,
+        s.lab.drop_count(NodeId::A, "source_range_denied") >= before + 2,
         "source_range_denied counted\n{}",
         s.logs()
     );
@@ -851,7 +820,7 @@ fn source_ranges_holding_a_node_ip_admit_the_lb_ip_as_source() {
                 ],
             )
             .unwrap();
-        let before = drop_count(&s.lab, NodeId::A, "source_range_denied");
+        let before = s.lab.drop_count(NodeId::A, "source_range_denied");
         let r = udp_request(&ns, LB_IP, 53, Duration::from_millis(700), None);
         if admitted {
             let (reply, from) = r.unwrap_or_else(|e| {
@@ -868,14 +837,14 @@ fn source_ranges_holding_a_node_ip_admit_the_lb_ip_as_source() {
                 "the backend sees the LB IP as the source: {}",
                 reply.client_seen
             );
-            assert_eq!(drop_count(&s.lab, NodeId::A, "source_range_denied"), before);
+            assert_eq!(s.lab.drop_count(NodeId::A, "source_range_denied"), before);
         } else {
             assert!(
                 r.is_err(),
                 "range {range} holds no node IP: the LB IP as source is refused: {r:?}"
             );
             assert!(
-                drop_count(&s.lab, NodeId::A, "source_range_denied") > before,
+                s.lab.drop_count(NodeId::A, "source_range_denied") > before,
                 "source_range_denied counted\n{}",
                 s.logs()
             );
@@ -1223,13 +1192,13 @@ fn pods_reach_local_policy_frontends_through_every_endpoint() {
     }
     // Outside traffic through nodeB keeps the Local policy: no endpoint there, dropped.
     let client = s.lab.add_client("ext");
-    let before = drop_count(&s.lab, NodeId::B, "no_local_endpoint");
+    let before = s.lab.drop_count(NodeId::B, "no_local_endpoint");
     let r = client.tcp_request(b, NODE_PORT_TCP, Duration::from_millis(700));
     assert!(
         r.is_err(),
         "outside -> nodeB's NodePort, no local endpoint: {r:?}"
     );
-    assert!(drop_count(&s.lab, NodeId::B, "no_local_endpoint") > before);
+    assert!(s.lab.drop_count(NodeId::B, "no_local_endpoint") > before);
     // Both endpoints listed: the pod gets both.
     s.lab
         .write_manifest_text(&manifest(&s.lab, &[&s.a1, &s.b1], "Local"));
@@ -1244,42 +1213,13 @@ fn pods_reach_local_policy_frontends_through_every_endpoint() {
     );
 }
 
-/// A UDP NodePort service `closed` (nodePort 30055 -> port 5555, where nothing listens) over
-/// `eps`, beside the `web` service over `web_eps`.
-fn closed_manifest(lab: &MultiNodeLab, web_eps: &[&Pod], eps: &[&Pod]) -> String {
-    let eps: String = eps
-        .iter()
-        .map(|p| {
-            format!(
-                "- {{addresses: [{}], nodeName: {}, conditions: {{ready: true}}}}\n",
-                p.ip,
-                lab.node_of(&p.name).name()
-            )
-        })
-        .collect();
+/// `web` over `web_eps` and the lab's UDP NodePort Service `closed` (nodePort 30055 -> port
+/// 5555, where nothing listens) over `backend`.
+fn closed_manifest(lab: &MultiNodeLab, web_eps: &[&Pod], backend: &Pod) -> String {
     format!(
-        "{}---
-apiVersion: v1
-kind: Service
-metadata: {{name: closed, namespace: default}}
-spec:
-  type: NodePort
-  clusterIP: 198.19.0.12
-  ports:
-  - {{name: dns, port: 55, protocol: UDP, targetPort: 5555, nodePort: 30055}}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: closed-1
-  namespace: default
-  labels: {{kubernetes.io/service-name: closed}}
-addressType: IPv4
-ports:
-- {{name: dns, port: 5555, protocol: UDP}}
-endpoints:
-{eps}",
-        manifest(lab, web_eps, "Cluster")
+        "{}{}",
+        manifest(lab, web_eps, "Cluster"),
+        lab.closed_service(backend, false)
     )
 }
 
@@ -1301,20 +1241,11 @@ fn icmp_errors_about_node_port_flows_reach_the_client() {
     let a = s.lab.node(NodeId::A).ip;
     for (backend, what) in [(&s.b1, "on nodeB, source-NATed"), (&s.a1, "on nodeA")] {
         s.lab
-            .write_manifest_text(&closed_manifest(&s.lab, &[&s.a1, &s.b1], &[backend]));
+            .write_manifest_text(&closed_manifest(&s.lab, &[&s.a1, &s.b1], backend));
         // Programmed on nodeA first: until then nodeA's own stack would refuse the datagram.
         let programmed = wait_for(Duration::from_secs(5), Duration::from_millis(50), || {
-            let services = inspect(&s.lab, NodeId::A, "services");
-            services
-                .as_array()?
-                .iter()
-                .any(|e| {
-                    e["service"] == "default/closed"
-                        && e["kind"] == "NodePort"
-                        && e["backends"].as_array().is_some_and(|b| {
-                            b.len() == 1 && b[0]["addr"] == backend.ip.to_string().as_str()
-                        })
-                })
+            s.lab
+                .serves_only(NodeId::A, "default/closed", backend.ip.into())
                 .then_some(())
         });
         assert!(
@@ -1491,7 +1422,7 @@ fn lb_ingress_with_ip_mode_proxy_or_a_hostname_programs_nothing() {
         r.is_err(),
         "the Proxy-mode LB IP is not served by lbproxy: {r:?}"
     );
-    let services = inspect(&lab, NodeId::A, "services").to_string();
+    let services = lab.inspect_json(NodeId::A, "services").to_string();
     assert!(
         services.contains(&LB_IP.to_string())
             && !services.contains(&proxied.to_string())
@@ -1617,7 +1548,7 @@ fn a_clients_icmp_error_about_a_node_port_reply_reaches_the_backend() {
     let server =
         s.b1.run(|| std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 5656)))
             .expect("bind 5656 in b1");
-    let text = closed_manifest(&s.lab, &[&s.a1, &s.b1], &[&s.b1])
+    let text = closed_manifest(&s.lab, &[&s.a1, &s.b1], &s.b1)
         .replace(
             "targetPort: 5555, nodePort: 30055",
             "targetPort: 5656, nodePort: 30056",

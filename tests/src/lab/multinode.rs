@@ -62,7 +62,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -829,15 +829,86 @@ impl MultiNodeLab {
         ns_run(&self.node(node).netns, argv)
     }
 
-    /// `lbproxy inspect WHAT --json` over `node`'s pinned maps, parsed (`Null` when it
-    /// printed no JSON, as before that node's lbproxy pinned them).
+    /// `lbproxy inspect WHAT --json` over `node`'s pinned maps, parsed. Panics when it
+    /// prints no JSON.
     pub fn inspect_json(&self, node: NodeId, what: &str) -> serde_json::Value {
         let out = std::process::Command::new(super::lbproxy_bin())
             .args(["inspect", what, "--json", "--bpffs-dir"])
             .arg(&self.node(node).bpffs_dir)
             .output()
             .unwrap_or_else(|e| panic!("lbproxy inspect {what}: {e}"));
-        serde_json::from_slice(&out.stdout).unwrap_or_default()
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("inspect {what} --json: {e}: {out:?}"))
+    }
+
+    /// A UDP NodePort Service `closed` (port 55, nodePort 30055 -> port 5555, where nothing
+    /// listens) over `backend` alone, single-stack in `backend`'s family (`v6`), with its
+    /// EndpointSlice: YAML to append to a manifest, for port-unreachable tests.
+    pub fn closed_service(&self, backend: &super::Pod, v6: bool) -> String {
+        let (cluster_ip, family, addr) = if v6 {
+            (
+                "fd00:c612:ffff::12".to_string(),
+                "IPv6",
+                backend.ip6.expect("dual-stack pod").to_string(),
+            )
+        } else {
+            ("198.19.0.12".to_string(), "IPv4", backend.ip.to_string())
+        };
+        format!(
+            "---
+apiVersion: v1
+kind: Service
+metadata: {{name: closed, namespace: default}}
+spec:
+  type: NodePort
+  clusterIP: \"{cluster_ip}\"
+  ipFamilies: [{family}]
+  ports:
+  - {{name: dns, port: 55, protocol: UDP, targetPort: 5555, nodePort: 30055}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: closed-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: closed}}
+addressType: {family}
+ports:
+- {{name: dns, port: 5555, protocol: UDP}}
+endpoints:
+- {{addresses: [\"{addr}\"], nodeName: {}, conditions: {{ready: true}}}}
+",
+            self.node_of(&backend.name).name()
+        )
+    }
+
+    /// `node`'s datapath drop counter `reason` (0 when it never counted).
+    pub fn drop_count(&self, node: NodeId, reason: &str) -> u64 {
+        self.inspect_json(node, "drops")[reason]
+            .as_u64()
+            .unwrap_or(0)
+    }
+
+    /// Whether `node`'s maps serve every frontend of `service` (`namespace/name`) in
+    /// `backend`'s family with `backend` alone (and serve at least one).
+    pub fn serves_only(&self, node: NodeId, service: &str, backend: IpAddr) -> bool {
+        let want = backend.to_string();
+        let rows = self.inspect_json(node, "services");
+        let mine: Vec<&serde_json::Value> = rows
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| {
+                e["service"] == service
+                    && e["vip"].as_str().is_some_and(|v| v.contains(':')) == backend.is_ipv6()
+            })
+            .collect();
+        !mine.is_empty()
+            && mine.iter().all(|e| {
+                e["backends"]
+                    .as_array()
+                    .is_some_and(|b| b.len() == 1 && b[0]["addr"] == want.as_str())
+            })
     }
 
     /// A text dump for failure messages: `ip addr` and `ip route` of every namespace, the
