@@ -108,7 +108,7 @@ pub use flows::{
 pub use frags::{FragKey, FragKey6, FragPorts, MAX_FRAG_DATAGRAMS};
 pub use hairpin::{HAIRPIN_ADDR, HAIRPIN_ADDR6};
 pub use labels::{ServiceLabel, nul_padded};
-pub use members::MemberKey;
+pub use members::{MEMBER_DRAINING, MEMBER_SERVING, MemberKey};
 pub use monitor::{
     DEFAULT_EVENTS_PER_CPU_PER_SEC, HOOK_FROM_NODE, HOOK_FROM_POD, HOOK_TO_NODE, HOOK_TO_POD,
     MonitorCtl, MonitorEvent, MonitorRate, VERDICT_DROP, VERDICT_REJECT,

@@ -11,9 +11,10 @@
 //!   LRU alone) is recreated from this half and counted (`flow_half_recreated`);
 //! - the collector in userspace expires both halves at once, by the state of both.
 //!
-//! A forward entry whose backend is no longer live (removed from `LB_BACKENDS_V1`, or its id
-//! reused for another address), or whose service was replaced, is treated as a new flow on
-//! its next packet.
+//! A forward entry whose backend is no longer a member of its service (`LB_MEMBERS_V1`:
+//! gone from every slice of that service, even if another service still has the same
+//! address and port), or whose service was replaced, is treated as a new flow on its next
+//! packet.
 //!
 //! **Tuple clash.** Two VIPs can share a backend, and a client may use one source port
 //! towards both at once (a source port need only be unique per destination). After DNAT both
@@ -210,8 +211,8 @@ fn insert<A: Family>(
 /// Forward direction: the backend this client packet goes to. Reuses the flow's backend while
 /// it is live; otherwise selects one and records both halves.
 ///
-/// A flow whose backend left (gone from `LB_BACKENDS_V1`, its id reused, or its service
-/// replaced) is noticed here, on its next packet:
+/// A flow whose backend left its service (no longer a member of it in `LB_MEMBERS_V1`, or
+/// the service replaced) is noticed here, on its next packet:
 /// - UDP and a TCP SYN are treated as a new flow and go to a live backend;
 /// - any other TCP segment is answered with a RST (`Reject`), so the client reconnects
 ///   instead of hanging, and the flow is forgotten.
@@ -269,8 +270,11 @@ pub fn forward<A: Family>(
         // key's): a new flow on this tuple (a SYN retransmitted, a port reused) is not
         // checked again.
         verified = true;
-        let live = f.svc_id == svc.svc_id
-            && matches!(select::backend::<A>(f.backend_id), Some(b) if b.addr == f.nat_addr && b.port_be == f.nat_port_be);
+        // Live while its backend is still a member (serving or draining) of this very
+        // service: a backend that left it is not, even if another service still holds the
+        // same address and port (and so its backend id). A member's id is held by the
+        // service, so it still names the address the flow was translated to.
+        let live = f.svc_id == svc.svc_id && select::is_member(svc.svc_id, f.backend_id);
         w.rkey = key.partner(f);
         let rkey = &w.rkey;
         let partner = A::flow(rkey);

@@ -872,7 +872,7 @@ pub fn affinity_rows(maps: &PinnedMaps) -> Vec<AffinityRow> {
                     },
                     0,
                 )
-                .is_ok();
+                .is_ok_and(|how| how & lbproxy_common::MEMBER_SERVING != 0);
             let backend = maps
                 .backend(v.backend_id)
                 .map_or_else(|| "?".to_string(), |b| b.to_string());

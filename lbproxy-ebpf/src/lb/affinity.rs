@@ -58,7 +58,7 @@ fn kept<A: Family>(key: &AffinityKeyOf<A>, timeout_s: u32, now: u64) -> u32 {
     // SAFETY: a successful lookup; single-field reads and writes.
     let (backend_id, last) = unsafe { ((*entry).backend_id, (*entry).last_ns) };
     if now.wrapping_sub(last) > u64::from(timeout_s) * 1_000_000_000
-        || !select::is_member(key.svc_id, backend_id)
+        || !select::is_serving(key.svc_id, backend_id)
     {
         return 0;
     }

@@ -2,7 +2,7 @@
 
 use lbproxy_common::select::{flow_hash, jump};
 use lbproxy_common::{
-    BackendOf, DropReason, IPPROTO_TCP, MemberKey, SVC_F_LOCAL_ONLY, ServiceValue, SlotKey,
+    BackendOf, DropReason, IPPROTO_TCP, MEMBER_SERVING, MemberKey, SVC_F_LOCAL_ONLY, ServiceValue, SlotKey,
 };
 
 use crate::{
@@ -84,7 +84,18 @@ fn slot_backend(svc_id: u32, count: u32, hash: u64) -> u32 {
 /// Whether `backend_id` is in one of the service's slots, i.e. still eligible for new flows
 /// (a backend that left, or turned not-ready, is not).
 #[inline(always)]
+pub fn is_serving(svc_id: u32, backend_id: u32) -> bool {
+    // SAFETY: the value is read at once.
+    unsafe { LB_MEMBERS_V1.get(MemberKey { svc_id, backend_id }) }
+        .is_some_and(|m| *m & MEMBER_SERVING != 0)
+}
+
+/// Whether `backend_id` still belongs to service `svc_id`, serving or draining: whether the
+/// service's flows to it are live. A backend that left this service is not, even when the
+/// same address and port is still a backend of another service (its id then lives on).
+#[inline(always)]
 pub fn is_member(svc_id: u32, backend_id: u32) -> bool {
+    // SAFETY: only the presence is read.
     unsafe { LB_MEMBERS_V1.get(MemberKey { svc_id, backend_id }) }.is_some()
 }
 

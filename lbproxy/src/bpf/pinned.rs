@@ -248,7 +248,7 @@ impl Maps for PinnedMaps {
         assemble(
             self.all_backends(),
             self.slots.iter().flatten(),
-            self.members.keys().flatten(),
+            self.members.iter().flatten(),
             self.all_services(),
             src_ranges_in(&self.src_ranges).chain(src_ranges_in(&self.src_ranges6)),
             |svc_id| {
@@ -364,9 +364,9 @@ impl Maps for PinnedMaps {
         };
         r.map_err(|e| werr(map, "delete", format!("svc {svc_id} {range}"), e))
     }
-    fn put_member(&mut self, svc_id: u32, backend_id: u32) -> Result<(), MapWriteError> {
+    fn put_member(&mut self, svc_id: u32, backend_id: u32, how: u32) -> Result<(), MapWriteError> {
         let key = lbproxy_common::MemberKey { svc_id, backend_id };
-        self.members.insert(key, 1, 0).map_err(|e| {
+        self.members.insert(key, how, 0).map_err(|e| {
             werr(
                 map_names::MEMBERS,
                 "update",

@@ -255,13 +255,17 @@ pub struct Reaped {
     pub failed: usize,
 }
 
-/// Destroys the node's sockets translated to a backend that is gone: one whose id is no
-/// longer in `LB_BACKENDS_V1`, or now names another address (the per-packet path's test of
-/// a live flow). A terminating endpoint that still serves keeps its backend, and so its
-/// sockets, until it goes. The reverse entries of those sockets go too.
+/// Destroys the node's sockets translated to a backend that is gone from the socket's
+/// service: one that is no longer a member of the service it was chosen for
+/// (`LB_MEMBERS_V1`, the per-packet path's test of a live flow), even if another service
+/// still has the same address and port; or whose id is no longer in `LB_BACKENDS_V1` or now
+/// names another address. A terminating endpoint listed in the service's slices keeps its
+/// sockets until it goes. The reverse entries of those sockets go too.
 pub fn reap(dir: &Path) -> Result<Reaped, SockError> {
     use aya::maps::HashMap as BpfHashMap;
-    use lbproxy_common::{Backend, Backend6, SockRevKey, SockRevKey6, SockRevValue, SockRevValue6};
+    use lbproxy_common::{
+        Backend, Backend6, MemberKey, SockRevKey, SockRevKey6, SockRevValue, SockRevValue6,
+    };
     let mut rev: BpfHashMap<MapData, SockRevKey, SockRevValue> =
         open_pinned(dir, map_names::SOCK_REV, Map::LruHashMap)?;
     let mut rev6: BpfHashMap<MapData, SockRevKey6, SockRevValue6> =
@@ -270,20 +274,25 @@ pub fn reap(dir: &Path) -> Result<Reaped, SockError> {
         open_pinned(dir, map_names::BACKENDS, Map::HashMap)?;
     let backends6: BpfHashMap<MapData, u32, Backend6> =
         open_pinned(dir, map_names::BACKENDS6, Map::HashMap)?;
+    let members: BpfHashMap<MapData, MemberKey, u32> =
+        open_pinned(dir, map_names::MEMBERS, Map::HashMap)?;
+    let member = |svc_id, backend_id| members.get(&MemberKey { svc_id, backend_id }, 0).is_ok();
     let mut stale: std::collections::BTreeSet<SockRevKey> = std::collections::BTreeSet::new();
     for (k, v) in rev.iter().flatten() {
-        let live = backends
-            .get(&v.backend_id, 0)
-            .is_ok_and(|b| b.addr == k.backend_addr && b.port_be == k.backend_port_be);
+        let live = member(v.svc_id, v.backend_id)
+            && backends
+                .get(&v.backend_id, 0)
+                .is_ok_and(|b| b.addr == k.backend_addr && b.port_be == k.backend_port_be);
         if !live {
             stale.insert(k);
         }
     }
     let mut stale6: std::collections::BTreeSet<SockRevKey6> = std::collections::BTreeSet::new();
     for (k, v) in rev6.iter().flatten() {
-        let live = backends6
-            .get(&v.backend_id, 0)
-            .is_ok_and(|b| b.addr == k.backend_addr && b.port_be == k.backend_port_be);
+        let live = member(v.svc_id, v.backend_id)
+            && backends6
+                .get(&v.backend_id, 0)
+                .is_ok_and(|b| b.addr == k.backend_addr && b.port_be == k.backend_port_be);
         if !live {
             stale6.insert(k);
         }

@@ -98,7 +98,10 @@ pub trait Maps {
     fn del_backend(&mut self, id: u32, family: Family) -> Result<(), MapWriteError>;
     fn put_slot(&mut self, key: SlotKey, backend_id: u32) -> Result<(), MapWriteError>;
     fn del_slot(&mut self, key: SlotKey) -> Result<(), MapWriteError>;
-    fn put_member(&mut self, svc_id: u32, backend_id: u32) -> Result<(), MapWriteError>;
+    /// Writes backend `backend_id` as a member of service `svc_id`, with `how`
+    /// (`MEMBER_SERVING` or `MEMBER_DRAINING`).
+    fn put_member(&mut self, svc_id: u32, backend_id: u32, how: u32)
+    -> Result<(), MapWriteError>;
     fn del_member(&mut self, svc_id: u32, backend_id: u32) -> Result<(), MapWriteError>;
     /// Writes a frontend into its family's frontend map.
     fn put_service(&mut self, key: FrontendKey, value: ServiceValue) -> Result<(), MapWriteError>;
@@ -130,7 +133,7 @@ pub trait Maps {
 pub fn assemble(
     backends: impl Iterator<Item = (u32, BackendValue)>,
     slots: impl Iterator<Item = (SlotKey, u32)>,
-    members: impl Iterator<Item = MemberKey>,
+    members: impl Iterator<Item = (MemberKey, u32)>,
     services: impl Iterator<Item = (FrontendKey, ServiceValue)>,
     src_ranges: impl Iterator<Item = (u32, ipnet::IpNet)>,
     label: impl Fn(u32) -> String,
@@ -149,9 +152,12 @@ pub fn assemble(
     for (k, id) in slots {
         by_svc.entry(k.svc_id).or_default().insert(k.slot, id);
     }
-    let mut members_of: HashMap<u32, BTreeSet<u32>> = HashMap::new();
-    for k in members {
-        members_of.entry(k.svc_id).or_default().insert(k.backend_id);
+    let mut members_of: HashMap<u32, BTreeMap<u32, u32>> = HashMap::new();
+    for (k, how) in members {
+        members_of
+            .entry(k.svc_id)
+            .or_default()
+            .insert(k.backend_id, how);
     }
     for (k, v) in services {
         let Some(fe) = Frontend::from_key(&k) else {
@@ -199,7 +205,7 @@ pub mod mem {
         pub slots: BTreeMap<SlotKey, u32>,
         pub backends: BTreeMap<u32, BackendValue>,
         pub labels: BTreeMap<u32, String>,
-        pub members: std::collections::BTreeSet<(u32, u32)>,
+        pub members: BTreeMap<(u32, u32), u32>,
         pub unserved: BTreeMap<UnservedKey, UnservedValue>,
         pub src_ranges: std::collections::BTreeSet<(u32, ipnet::IpNet)>,
         /// The persisted id cursor (`LB_CONFIG_V1`'s `next_id` in the real maps).
@@ -277,9 +283,14 @@ pub mod mem {
             assemble(
                 self.backends.iter().map(|(k, v)| (*k, *v)),
                 self.slots.iter().map(|(k, v)| (*k, *v)),
-                self.members.iter().map(|(svc_id, backend_id)| MemberKey {
-                    svc_id: *svc_id,
-                    backend_id: *backend_id,
+                self.members.iter().map(|((svc_id, backend_id), how)| {
+                    (
+                        MemberKey {
+                            svc_id: *svc_id,
+                            backend_id: *backend_id,
+                        },
+                        *how,
+                    )
                 }),
                 self.services.iter().map(|(k, v)| (*k, *v)),
                 self.src_ranges.iter().copied(),
@@ -347,9 +358,14 @@ pub mod mem {
             self.src_ranges.remove(&(svc_id, range));
             Ok(())
         }
-        fn put_member(&mut self, svc_id: u32, backend_id: u32) -> Result<(), MapWriteError> {
+        fn put_member(
+            &mut self,
+            svc_id: u32,
+            backend_id: u32,
+            how: u32,
+        ) -> Result<(), MapWriteError> {
             self.step("members")?;
-            self.members.insert((svc_id, backend_id));
+            self.members.insert((svc_id, backend_id), how);
             Ok(())
         }
         fn del_member(&mut self, svc_id: u32, backend_id: u32) -> Result<(), MapWriteError> {

@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use lbproxy_common::{ServiceValue, SlotKey};
+use lbproxy_common::{MEMBER_DRAINING, MEMBER_SERVING, ServiceValue, SlotKey};
 
 use super::maps::{MapWriteError, Maps};
 use crate::desired::{BackendAddr, Desired, Frontend, FrontendSpec};
@@ -40,8 +40,9 @@ pub struct ProgrammedFrontend {
     pub flags: u16,
     /// Its `loadBalancerSourceRanges` in `LB_SRCRANGES_V1` (`LB_SRCRANGE6_V1` for IPv6).
     pub src_ranges: std::collections::BTreeSet<ipnet::IpNet>,
-    /// Backend ids written to `LB_MEMBERS_V1` for this service.
-    pub members: std::collections::BTreeSet<u32>,
+    /// Backend ids written to `LB_MEMBERS_V1` for this service, with how they belong
+    /// (`MEMBER_SERVING`: in a slot; `MEMBER_DRAINING`: keeps its flows only).
+    pub members: BTreeMap<u32, u32>,
     /// Backends kept live for existing flows only (not in any slot).
     pub draining: Vec<u32>,
 }
@@ -328,7 +329,7 @@ impl Programmer {
                 f.src_ranges.remove(r);
             }
         }
-        for id in cur.members.iter().chain(cur.slots.iter()) {
+        for id in cur.members.keys().chain(cur.slots.iter()) {
             maps.del_member(cur.svc_id, *id)?;
             stats.deletes += 1;
             if let Some(f) = self.state.frontends.get_mut(&fe) {
@@ -430,11 +431,16 @@ impl Programmer {
             }
         }
         let want_count = u32::try_from(slots.len()).unwrap_or(u32::MAX);
-        let old_members: std::collections::BTreeSet<u32> = existing
+        let old_members: BTreeMap<u32, u32> = existing
             .as_ref()
             .map(|c| c.members.clone())
             .unwrap_or_default();
-        let new_members: std::collections::BTreeSet<u32> = slots.iter().copied().collect();
+        // Serving members are the slots; draining ones keep their flows, and only those.
+        let new_members: BTreeMap<u32, u32> = draining
+            .iter()
+            .map(|id| (*id, MEMBER_DRAINING))
+            .chain(slots.iter().map(|id| (*id, MEMBER_SERVING)))
+            .collect();
         if !is_new
             && slots == old_slots
             && existing.as_ref().is_some_and(|c| {
@@ -468,7 +474,7 @@ impl Programmer {
                     kind: spec.kind.number(),
                     flags: 0,
                     src_ranges: std::collections::BTreeSet::new(),
-                    members: std::collections::BTreeSet::new(),
+                    members: BTreeMap::new(),
                 },
             );
         } else if existing.as_ref().is_some_and(|c| c.label != spec.label) {
@@ -479,20 +485,25 @@ impl Programmer {
             }
         }
 
-        // 2b. Membership, which session affinity checks: leavers first, so no client is sent
-        // back to them; newcomers before their slots, so affinity to them holds at once.
-        for id in old_members.difference(&new_members) {
+        // 2b. Membership, which the flows and session affinity check: leavers first, so
+        // their flows end and no client is sent back to them; newcomers (and members whose
+        // way of belonging changed) before their slots, so a flow to them is live from its
+        // first packet and affinity to them holds at once.
+        for id in old_members.keys().filter(|id| !new_members.contains_key(id)) {
             maps.del_member(svc_id, *id)?;
             stats.deletes += 1;
             if let Some(f) = self.state.frontends.get_mut(&fe) {
                 f.members.remove(id);
             }
         }
-        for id in new_members.difference(&old_members) {
-            maps.put_member(svc_id, *id)?;
+        for (id, how) in new_members
+            .iter()
+            .filter(|(id, how)| old_members.get(id) != Some(how))
+        {
+            maps.put_member(svc_id, *id, *how)?;
             stats.writes += 1;
             if let Some(f) = self.state.frontends.get_mut(&fe) {
-                f.members.insert(*id);
+                f.members.insert(*id, *how);
             }
         }
 
@@ -651,6 +662,66 @@ mod tests {
         assert_eq!(m.backends.len(), 1);
     }
 
+    /// The members of frontend `f` in `LB_MEMBERS_V1`: backend address -> how it belongs.
+    fn members_of(m: &MemMaps, f: Frontend) -> BTreeMap<BackendAddr, u32> {
+        let svc_id = m.services[&f.key()].svc_id;
+        m.members
+            .iter()
+            .filter(|((s, _), _)| *s == svc_id)
+            .map(|((_, id), how)| (BackendAddr::from_value(&m.backends[id]).unwrap(), *how))
+            .collect()
+    }
+
+    /// A draining backend is a member of its frontend as `MEMBER_DRAINING` (its flows stay
+    /// live), a serving one as `MEMBER_SERVING`; turning back to serving flips it in place.
+    #[test]
+    fn members_say_serving_or_draining() {
+        let mut m = MemMaps::default();
+        let mut p = Programmer::default();
+        let mut d = Desired::new();
+        d.insert(fe(10, 80), spec(&[2, 3]));
+        p.apply(&mut m, &d).unwrap();
+        let mut s = spec(&[2]);
+        s.draining = vec![be(3)];
+        d.insert(fe(10, 80), s.clone());
+        p.apply(&mut m, &d).unwrap();
+        let want = BTreeMap::from([(be(2), MEMBER_SERVING), (be(3), MEMBER_DRAINING)]);
+        assert_eq!(members_of(&m, fe(10, 80)), want);
+        // Adopted from the maps as written: the next apply of the same state writes nothing.
+        let mut q = Programmer::adopt(m.read_programmed(), 0);
+        let before = m.ops;
+        q.apply(&mut m, &d).unwrap();
+        assert_eq!(m.ops, before, "re-applying an adopted state wrote something");
+        d.insert(fe(10, 80), spec(&[2, 3]));
+        q.apply(&mut m, &d).unwrap();
+        let want = BTreeMap::from([(be(2), MEMBER_SERVING), (be(3), MEMBER_SERVING)]);
+        assert_eq!(members_of(&m, fe(10, 80)), want);
+    }
+
+    /// A backend shared by two frontends that leaves one of them keeps its entry (the other
+    /// still uses it) but is no longer a member of the one it left: that is what ends the
+    /// left frontend's flows to it, in the datapath and in the socket reaper.
+    #[test]
+    fn a_backend_leaving_one_of_two_frontends_stops_being_its_member_only() {
+        let mut m = MemMaps::default();
+        let mut p = Programmer::default();
+        let mut d = Desired::new();
+        d.insert(fe(10, 80), spec(&[2]));
+        d.insert(fe(11, 80), spec(&[2]));
+        p.apply(&mut m, &d).unwrap();
+        d.insert(fe(10, 80), spec(&[3]));
+        p.apply(&mut m, &d).unwrap();
+        assert_eq!(
+            members_of(&m, fe(10, 80)),
+            BTreeMap::from([(be(3), MEMBER_SERVING)])
+        );
+        assert_eq!(
+            members_of(&m, fe(11, 80)),
+            BTreeMap::from([(be(2), MEMBER_SERVING)])
+        );
+        assert!(m.backends.values().any(|b| *b == be(2).value()));
+    }
+
     /// What the datapath would see for a frontend: its backends, as a sorted list.
     fn served(m: &MemMaps, f: Frontend) -> Vec<BackendAddr> {
         let Some(v) = m.services.get(&f.key()) else {
@@ -788,7 +859,13 @@ mod tests {
                     })
                 })
                 .collect();
-            assert_eq!(m.members, from_slots, "fail at {fail}");
+            let serving: std::collections::BTreeSet<(u32, u32)> = m
+                .members
+                .iter()
+                .filter(|(_, how)| **how == MEMBER_SERVING)
+                .map(|(k, _)| *k)
+                .collect();
+            assert_eq!(serving, from_slots, "fail at {fail}");
         }
     }
 
@@ -909,7 +986,7 @@ mod tests {
             .chain(m.services.values().map(|v| v.svc_id))
             .chain(m.slots.keys().map(|k| k.svc_id))
             .chain(m.slots.values().copied())
-            .chain(m.members.iter().flat_map(|(s, b)| [*s, *b]))
+            .chain(m.members.keys().flat_map(|(s, b)| [*s, *b]))
             .chain(m.labels.keys().copied())
             .collect()
     }
