@@ -18,6 +18,8 @@
 //! 7. [`source_port_reuse`]: one connection after another from one source port each gets a
 //!    working flow, and the table keeps exactly one flow (two entries) for the tuple, also
 //!    when the backend changes between them.
+//! 8. [`shared_backend_leaves_one_service`]: a backend that leaves `web` but stays in
+//!    `metrics` keeps its `web` flows (its backend id lives on through `metrics`).
 
 mod common;
 
@@ -40,6 +42,7 @@ both_shapes!(
     reject_timings,
     restart_keeps_flows,
     source_port_reuse,
+    shared_backend_leaves_one_service,
 );
 
 /// Fixed client source ports (below the ephemeral range, so nothing else takes them).
@@ -48,6 +51,10 @@ const SRC_SYN_RETRANSMIT: u16 = 20011;
 const SRC_SYN_FRESH: u16 = 20012;
 const SRC_RESTART_UDP: u16 = 20021;
 const SRC_REUSE: u16 = 20031;
+const SRC_SHARED: u16 = 20041;
+
+/// The ClusterIP of `metrics`, a second Service over a backend of `web`.
+const METRICS_VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 13);
 
 /// The contract for a removed backend's UDP flow: answers from a live backend within 1 s.
 const MOVE_WITHIN: Duration = Duration::from_secs(1);
@@ -937,5 +944,111 @@ fn source_port_reuse(shape: Shape) {
         me,
         &next_addr,
         &format!("[{shape}] after the removal"),
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 8. One pod behind two Services: it leaves one, and only that one's flows leave it
+// ---------------------------------------------------------------------------------------
+
+/// b1 is the one endpoint of `web` and of `metrics` (same address and ports, as a pod behind
+/// its app's Service and its metrics Service). A UDP flow from a fixed source port and an
+/// open TCP connection go through `web` to b1. b1 is replaced by b2 in `web` and stays in
+/// `metrics`, and keeps serving. The UDP flow must move to b2 within 1 s of the write and
+/// never come back to b1; the TCP connection must be reset at once by the datapath; and
+/// `metrics` must still reach b1.
+fn shared_backend_leaves_one_service(shape: Shape) {
+    let s = Setup::with_members(shape, &["b1", "b2"], &["b1"]);
+    let (b1, b2) = (s.backend("b1").clone(), s.backend("b2").clone());
+    let both = |web: &Pod| {
+        merge([
+            web_objects("web", WEB_VIP, ready(&[web])),
+            web_objects("metrics", METRICS_VIP, ready(&[&b1])),
+        ])
+    };
+    s.lab.write_manifest(&both(&b1));
+    let b1_tcp = format!("{}:{BACKEND_TCP}", b1.ip);
+    wait_service_backends(
+        &s.lab,
+        &format!("{METRICS_VIP}:{WEB_TCP}/TCP"),
+        &[b1_tcp],
+        &format!("[{shape}] metrics over b1"),
+    );
+    let dst = SocketAddr::from((WEB_VIP, WEB_UDP));
+    let sock = s
+        .client
+        .run(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, SRC_SHARED)))
+        .expect("bind the client's fixed UDP port");
+    let slot = Duration::from_millis(50);
+    let t0 = Instant::now();
+    let before: Vec<_> = (0..5)
+        .flat_map(|_| udp_slot(&sock, dst, slot, t0))
+        .collect();
+    assert!(
+        before.len() == 5 && before.iter().all(|e| e.1 == "b1" && e.2 == dst),
+        "[{shape}] before the change, 5 requests from port {SRC_SHARED} go to b1: {}\n{}",
+        fmt_events(&before),
+        s.lab.diagnostics()
+    );
+    let mut conn = s.client.connect(WEB_VIP, WEB_TCP, T).expect("connect to web");
+    let first = conn.request().expect("a request on the connection").backend;
+    assert_eq!(first, "b1", "[{shape}] web has b1 alone");
+
+    // b1 leaves web, stays in metrics, keeps serving.
+    let resets_before = drop_count(&s.lab, "backend_gone_tcp_reset");
+    let t_write = Instant::now();
+    s.lab.write_manifest(&both(&b2));
+    let mut after = Vec::new();
+    while t_write.elapsed() < Duration::from_secs(2) {
+        after.extend(udp_slot(&sock, dst, slot, t_write));
+    }
+    let moved_at = after.iter().find(|e| e.1 == "b2").map(|e| e.0);
+    eprintln!(
+        "[{shape}] shared backend: web b1 -> b2, b1 stays in metrics; UDP moved at \
+         {moved_at:?}: {}",
+        fmt_events(&after)
+    );
+    let Some(moved_at) = moved_at else {
+        panic!(
+            "[{shape}] b1 left web (still in metrics): the UDP flow from port {SRC_SHARED} \
+             stayed on b1 for 2 s: {}\n{}",
+            fmt_events(&after),
+            s.lab.diagnostics()
+        );
+    };
+    assert!(
+        moved_at <= MOVE_WITHIN,
+        "[{shape}] the UDP flow moved {moved_at:?} after the write (want <= {MOVE_WITHIN:?}): {}",
+        fmt_events(&after)
+    );
+    let stray: Vec<_> = after
+        .iter()
+        .filter(|e| e.0 > moved_at && (e.1 != "b2" || e.2 != dst))
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "[{shape}] after the flow moved to b2, answers came from elsewhere: {stray:?}"
+    );
+    // The change is applied (the UDP flow moved): the connection's next segment is reset.
+    let t = Instant::now();
+    let r = conn.request();
+    let took = t.elapsed();
+    let resets_after = drop_count(&s.lab, "backend_gone_tcp_reset");
+    assert!(
+        matches!(&r, Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe)),
+        "[{shape}] b1 left web (still in metrics): the connection through web to b1 must be \
+         reset, got {:?} after {took:?}",
+        r.map(|x| x.backend)
+    );
+    assert!(
+        took < Duration::from_secs(1) && resets_after > resets_before,
+        "[{shape}] the reset took {took:?}; backend_gone_tcp_reset {resets_before} -> \
+         {resets_after} (want it from the datapath, at once)"
+    );
+    let fresh = s.client.tally(Proto::Tcp, WEB_VIP, WEB_TCP, 10, T);
+    let metrics = s.client.tally(Proto::Tcp, METRICS_VIP, WEB_TCP, 10, T);
+    assert!(
+        fresh.all_ok() && fresh.count("b2") == 10 && metrics.all_ok() && metrics.count("b1") == 10,
+        "[{shape}] after the change: web {fresh} (want b2 only), metrics {metrics} (want b1 only)"
     );
 }

@@ -21,10 +21,12 @@ use lbproxy_tests::lab::{Backend, Lbproxy, Pod, run_lbproxy_cmd};
 use lbproxy_tests::lab::multinode::{
     WEB_BACKEND_TCP as BACKEND_TCP, WEB_BACKEND_UDP as BACKEND_UDP, WEB_CLUSTER_IP as CLUSTER_IP,
     WEB_EXTERNAL_IP as EXTERNAL_IP, WEB_LB_IP as LB_IP, WEB_NODE_PORT_TCP as NODE_PORT_TCP,
-    WEB_NODE_PORT_UDP as NODE_PORT_UDP, web_manifest,
+    WEB_NODE_PORT_UDP as NODE_PORT_UDP, cluster_ip_manifest, web_manifest,
 };
 
 const EMPTY_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 11);
+/// The ClusterIP of `metrics`, a second Service over a backend of `web`.
+const METRICS_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 13);
 const TIMEOUT: Duration = Duration::from_secs(2);
 const HEALTHY_WITHIN: Duration = Duration::from_secs(20);
 
@@ -405,7 +407,23 @@ fn socket_lb_pods_translates_pods_at_the_socket() {
 /// change that takes.
 #[test]
 fn a_connected_udp_socket_moves_when_its_backend_leaves() {
-    connected_socket_moves_when_its_backend_leaves(Mode::UdpConnected, 53);
+    connected_socket_moves_when_its_backend_leaves(Mode::UdpConnected, 53, false);
+}
+
+/// [`a_connected_udp_socket_moves_when_its_backend_leaves`], with the backend that leaves
+/// `web` still an endpoint (same address and port) of another Service, `metrics`: the
+/// socket was given it for `web`, so it must move all the same. (The reaper used to keep it,
+/// since the backend's id still resolved: every query after the change reached it.)
+#[test]
+fn a_connected_udp_socket_moves_when_its_backend_leaves_one_of_two_services() {
+    connected_socket_moves_when_its_backend_leaves(Mode::UdpConnected, 53, true);
+}
+
+/// The TCP case of the test above: an open connection given a backend for `web` is
+/// destroyed when that backend leaves `web`, though it stays in `metrics`.
+#[test]
+fn an_open_tcp_connection_moves_when_its_backend_leaves_one_of_two_services() {
+    connected_socket_moves_when_its_backend_leaves(Mode::TcpConnected, 80, true);
 }
 
 /// Churn, TCP: a node process's open connection to a ClusterIP whose backend leaves is
@@ -414,13 +432,14 @@ fn a_connected_udp_socket_moves_when_its_backend_leaves() {
 /// answered by the live backend.
 #[test]
 fn an_open_tcp_connection_moves_when_its_backend_leaves() {
-    connected_socket_moves_when_its_backend_leaves(Mode::TcpConnected, 80);
+    connected_socket_moves_when_its_backend_leaves(Mode::TcpConnected, 80, false);
 }
 
 /// A node process sends a request every 50 ms on one socket of `mode` to the ClusterIP's
 /// `port`; its backend leaves the service; the socket must fail at least once (destroyed)
-/// and the process be answered by the other backend within 2 s.
-fn connected_socket_moves_when_its_backend_leaves(mode: Mode, port: u16) {
+/// and the process be answered by the other backend within 2 s. `shared`: the backend that
+/// leaves stays an endpoint of another Service, `metrics`, which keeps reaching it.
+fn connected_socket_moves_when_its_backend_leaves(mode: Mode, port: u16, shared: bool) {
     let s = Setup::new("Cluster", "");
     let to = sa(CLUSTER_IP, port);
     let mut c = s.lab.host_client(
@@ -441,9 +460,17 @@ fn connected_socket_moves_when_its_backend_leaves(mode: Mode, port: u16) {
         first = Some(o.backend.clone());
     }
     let gone = first.unwrap();
-    let stays = if gone == s.a1.name { &s.b1 } else { &s.a1 };
-    s.lab
-        .write_manifest_text(&manifest(&s.lab, &[stays], "Cluster", ""));
+    let (stays, left) = if gone == s.a1.name {
+        (&s.b1, &s.a1)
+    } else {
+        (&s.a1, &s.b1)
+    };
+    let mut after = manifest(&s.lab, &[stays], "Cluster", "");
+    if shared {
+        let ep = (left.ip, Some(s.lab.node_of(&left.name).name()));
+        after.push_str(&cluster_ip_manifest("metrics", METRICS_IP, &[ep]));
+    }
+    s.lab.write_manifest_text(&after);
     let changed = Instant::now();
     let mut errors = Vec::new();
     let moved = loop {
@@ -482,6 +509,15 @@ fn connected_socket_moves_when_its_backend_leaves(mode: Mode, port: u16) {
         let o = c.next_outcome().expect("client running");
         assert!(o.ok && o.backend == stays.name, "after the move: {o:?}");
         assert_eq!(o.peer, to.to_string());
+    }
+    if shared {
+        let m = s.requests(NodeId::A, mode, sa(METRICS_IP, port), 5);
+        let seen = tally(&m, sa(METRICS_IP, port), "metrics after the change");
+        assert!(
+            seen.keys().eq([&left.name]),
+            "metrics (only {}) from a node process: {seen:?}",
+            left.name
+        );
     }
 }
 

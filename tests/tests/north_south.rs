@@ -20,11 +20,13 @@ use lbproxy_tests::lab::{
 use lbproxy_tests::lab::multinode::{
     WEB_BACKEND_TCP as BACKEND_TCP, WEB_BACKEND_UDP as BACKEND_UDP, WEB_CLUSTER_IP as CLUSTER_IP,
     WEB_EXTERNAL_IP as EXTERNAL_IP, WEB_LB_IP as LB_IP, WEB_NODE_PORT_TCP as NODE_PORT_TCP,
-    WEB_NODE_PORT_UDP as NODE_PORT_UDP, web_manifest,
+    WEB_NODE_PORT_UDP as NODE_PORT_UDP, cluster_ip_manifest, web_manifest,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 const HEALTHY_WITHIN: Duration = Duration::from_secs(20);
+/// The ClusterIP of `metrics`, a second Service over a backend of `web`.
+const METRICS_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 13);
 
 struct Setup {
     // Dropped last: servers and lbproxys go first.
@@ -858,6 +860,22 @@ fn source_ranges_holding_a_node_ip_admit_the_lb_ip_as_source() {
 /// is reset on its next segment instead of hanging.
 #[test]
 fn a_removed_backends_north_south_flows_move_or_reset() {
+    removed_backends_flows_move_or_reset(false);
+}
+
+/// [`a_removed_backends_north_south_flows_move_or_reset`] with the backend that leaves `web`
+/// still an endpoint, same address and ports, of another Service (`metrics`): its flows
+/// through `web` must move or reset all the same. (Until the flow checked its backend's
+/// membership of the flow's own Service, they stayed on the old backend: 203 UDP answers
+/// after the change, none from the new one, and the TCP connection stayed open.)
+#[test]
+fn a_backend_leaving_one_of_two_services_loses_that_services_north_south_flows() {
+    removed_backends_flows_move_or_reset(true);
+}
+
+/// The body of the two tests above; `shared`: the backend that leaves `web` stays in
+/// `metrics`.
+fn removed_backends_flows_move_or_reset(shared: bool) {
     let s = Setup::new("Cluster");
     let client = s.lab.add_client("ext");
     let a = s.lab.node(NodeId::A).ip;
@@ -870,9 +888,17 @@ fn a_removed_backends_north_south_flows_move_or_reset() {
             break c;
         }
     };
-    let keep = if first.backend == "a1" { &s.b1 } else { &s.a1 };
-    s.lab
-        .write_manifest_text(&manifest(&s.lab, &[keep], "Cluster"));
+    let (keep, gone) = if first.backend == "a1" {
+        (&s.b1, &s.a1)
+    } else {
+        (&s.a1, &s.b1)
+    };
+    let mut after = manifest(&s.lab, &[keep], "Cluster");
+    if shared {
+        let gone_ep = (gone.ip, Some(s.lab.node_of(&gone.name).name()));
+        after.push_str(&cluster_ip_manifest("metrics", METRICS_IP, &[gone_ep]));
+    }
+    s.lab.write_manifest_text(&after);
     let until = Instant::now() + Duration::from_secs(5);
     loop {
         let r = udp_request(
@@ -899,6 +925,18 @@ fn a_removed_backends_north_south_flows_move_or_reset() {
         "the open TCP connection to {} is reset: {r:?}",
         first.backend
     );
+    if shared {
+        // The other Service still reaches the backend, through its own flows.
+        let pod = s.lab.add_pod(NodeId::A, "mclient");
+        s.lab.wait_programs_on(&pod, HEALTHY_WITHIN);
+        let seen = requests(&pod.netns, true, METRICS_IP, 53, 5);
+        assert!(
+            seen.errors.is_empty() && seen.by_backend.keys().eq([&gone.name]),
+            "metrics (only {}) through node A after it left web: {seen:?}\n{}",
+            gone.name,
+            s.logs()
+        );
+    }
 }
 
 /// A NodePort answered by backends on the node itself, for both pod-network shapes (one

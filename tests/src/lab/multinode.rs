@@ -1089,6 +1089,48 @@ pub const WEB_BACKEND_TCP: u16 = 8080;
 /// The `web` backends' UDP port.
 pub const WEB_BACKEND_UDP: u16 = 5353;
 
+/// A second ClusterIP Service `name` on `cluster_ip` with the web ports (TCP 80 -> 8080,
+/// UDP 53 -> 5353) over `eps`: with [`web_manifest`], one pod behind two Services, as a
+/// pod behind its app's Service and its metrics Service.
+pub fn cluster_ip_manifest(
+    name: &str,
+    cluster_ip: Ipv4Addr,
+    eps: &[(Ipv4Addr, Option<&str>)],
+) -> String {
+    let eps: String = eps
+        .iter()
+        .map(|(ip, node)| {
+            let node = node.map_or(String::new(), |n| format!(", nodeName: {n}"));
+            format!("- {{addresses: [{ip}]{node}, conditions: {{ready: true}}}}\n")
+        })
+        .collect();
+    format!(
+        "---
+apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: default}}
+spec:
+  clusterIP: {cluster_ip}
+  ports:
+  - {{name: http, port: 80, protocol: TCP, targetPort: {WEB_BACKEND_TCP}}}
+  - {{name: dns, port: 53, protocol: UDP, targetPort: {WEB_BACKEND_UDP}}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {name}-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: {name}}}
+addressType: IPv4
+ports:
+- {{name: http, port: {WEB_BACKEND_TCP}, protocol: TCP}}
+- {{name: dns, port: {WEB_BACKEND_UDP}, protocol: UDP}}
+endpoints:{}
+{eps}",
+        if eps.is_empty() { " []" } else { "" }
+    )
+}
+
 /// The two-node labs' `web` service: type LoadBalancer with ClusterIP [`WEB_CLUSTER_IP`],
 /// externalIP [`WEB_EXTERNAL_IP`], LB IP [`WEB_LB_IP`], TCP port 80 (NodePort
 /// [`WEB_NODE_PORT_TCP`], target [`WEB_BACKEND_TCP`]) and UDP port 53 (NodePort
