@@ -345,6 +345,9 @@ fn stale_reply_direct(shape: Shape) {
     );
     udp_ask(&u).unwrap_or_else(|e| panic!("[{shape}] UDP via the VIP: {e}"));
     drop(u);
+    s.client
+        .run(|| lbproxy_tests::lab::wait_udp_port_released(SRC_STALE_UDP, Duration::from_secs(2)))
+        .unwrap_or_else(|e| panic!("[{shape}] the client's socket: {e}"));
     let d = udp_connected(
         &s.client,
         SRC_STALE_UDP,

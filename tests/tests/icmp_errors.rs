@@ -21,6 +21,7 @@ use common::*;
 use lbproxy_tests::lab::connect::PendingConnect;
 use lbproxy_tests::lab::{
     EndpointSlice, Manifest, Protocol, Service, Shape, answer_after_close, socket2_udp, vip,
+    wait_udp_port_released,
 };
 
 mod pmtu_through_vip {
@@ -129,6 +130,13 @@ fn client_port_unreachable(shape: Shape) {
     let mut buf = [0u8; 64];
     let (_, from) = server.recv_from(&mut buf).expect("b1 gets the request");
     drop(u);
+    // Closed for good first: a child process another test thread is starting may still hold
+    // a copy of the socket, which would take the late answer without a port unreachable.
+    let held = s
+        .client
+        .run(|| wait_udp_port_released(21111, T))
+        .unwrap_or_else(|e| panic!("[{shape}] the client's socket: {e}"));
+    eprintln!("[{shape}] client port 21111 released {held:?} after the close");
     let (r, took) = answer_after_close(&server, from);
     assert!(
         matches!(&r, Err(e) if e.kind() == ErrorKind::ConnectionRefused),

@@ -1602,11 +1602,13 @@ fn a_clients_icmp_error_about_a_node_port_reply_reaches_the_backend() {
         .unwrap();
     let mut buf = [0u8; 64];
     // Until nodeA serves 30056 (its own stack would refuse the first datagrams).
+    let mut ports = Vec::new();
     let from = wait_for(Duration::from_secs(5), Duration::from_millis(50), || {
         let u = client
             .run(|| lbproxy_tests::lab::socket2_udp(0))
             .expect("UDP socket");
         u.connect((a, 30056)).unwrap();
+        ports.push(u.local_addr().unwrap().port());
         u.send(b"hello\n").unwrap();
         server.recv_from(&mut buf).ok().map(|(_, from)| from)
     });
@@ -1617,7 +1619,13 @@ fn a_clients_icmp_error_about_a_node_port_reply_reaches_the_backend() {
         std::net::IpAddr::V4(a),
         "b1 sees nodeA's address (SNAT)"
     );
-    // The client's sockets are closed by now.
+    // The client's sockets are closed by now, and no copy of one lives on in a child process
+    // that another test thread is starting (see `wait_udp_port_released`).
+    for port in ports {
+        client
+            .run(|| lbproxy_tests::lab::wait_udp_port_released(port, TIMEOUT))
+            .unwrap_or_else(|e| panic!("the client's socket: {e}"));
+    }
     let (r, took) = lbproxy_tests::lab::answer_after_close(&server, from);
     assert!(
         matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused),

@@ -80,7 +80,7 @@ pub use self::manifest::{
 };
 pub use self::net::{
     Backend, Proto, Reply, Tally, TcpConn, answer_after_close, set_rcvtimeo, socket2_udp, tally,
-    tcp_request, tcp_request_here, udp_request, udp_request_here, wait_for,
+    tcp_request, tcp_request_here, udp_request, udp_request_here, wait_for, wait_udp_port_released,
 };
 pub use self::ns::{http_get, http_get_full, netns_path, ns_command, ns_run, run_in_ns};
 

@@ -293,6 +293,40 @@ pub fn udp_request_here(
     }
 }
 
+/// Waits until no UDP socket of the calling thread's network namespace is bound to local
+/// `port` (IPv4 or IPv6), for at most `within`; returns how long that took.
+///
+/// Dropping a socket does not close it while a copy of its descriptor lives on: a child
+/// process that another test thread of this process is starting (`fork`, then `exec`) holds
+/// a copy of every descriptor until its `exec` closes the close-on-exec ones. For that while,
+/// a datagram to the port is still delivered to the socket, and the kernel answers nothing.
+/// A test about what happens once the socket is gone (the port unreachable the client's
+/// kernel sends) waits for this first.
+pub fn wait_udp_port_released(port: u16, within: Duration) -> Result<Duration, String> {
+    let want = format!(":{port:04X}");
+    let started = Instant::now();
+    loop {
+        let mut held = false;
+        for table in ["/proc/thread-self/net/udp", "/proc/thread-self/net/udp6"] {
+            let text = std::fs::read_to_string(table).map_err(|e| format!("{table}: {e}"))?;
+            held |= text
+                .lines()
+                .skip(1)
+                .filter_map(|l| l.split_whitespace().nth(1))
+                .any(|local| local.ends_with(&want));
+        }
+        if !held {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > within {
+            return Err(format!(
+                "a UDP socket is still bound to port {port} {within:?} after its close"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// From a UDP server socket that got a datagram from `from` after the sender closed its
 /// socket: connects to `from`, sends an answer and waits up to 2 s for what the kernel then
 /// reports (the sender's ICMP port unreachable, translated back, arrives as
