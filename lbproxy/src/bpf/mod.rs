@@ -14,6 +14,7 @@ pub mod ifaces;
 pub mod pinned;
 pub mod sock;
 pub mod sock_diag;
+pub mod upgrade;
 
 pub use attach::Attacher;
 pub use pinned::{PinnedMaps, label_str};
@@ -210,6 +211,7 @@ impl Datapath {
         let mut ebpf = loader.load(OBJECT)?;
         migrate_services_v1(dir)?;
         migrate_flows(dir)?;
+        upgrade::restore_draining_members(dir)?;
         load_programs::<SchedClassifier>(&mut ebpf, &program_names::TC, SchedClassifier::load)?;
         load_programs::<CgroupSockAddr>(&mut ebpf, &program_names::SOCK, CgroupSockAddr::load)?;
         Ok(Self {
