@@ -990,7 +990,10 @@ fn shared_backend_leaves_one_service(shape: Shape) {
         fmt_events(&before),
         s.lab.diagnostics()
     );
-    let mut conn = s.client.connect(WEB_VIP, WEB_TCP, T).expect("connect to web");
+    let mut conn = s
+        .client
+        .connect(WEB_VIP, WEB_TCP, T)
+        .expect("connect to web");
     let first = conn.request().expect("a request on the connection").backend;
     assert_eq!(first, "b1", "[{shape}] web has b1 alone");
 

@@ -100,8 +100,7 @@ pub trait Maps {
     fn del_slot(&mut self, key: SlotKey) -> Result<(), MapWriteError>;
     /// Writes backend `backend_id` as a member of service `svc_id`, with `how`
     /// (`MEMBER_SERVING` or `MEMBER_DRAINING`).
-    fn put_member(&mut self, svc_id: u32, backend_id: u32, how: u32)
-    -> Result<(), MapWriteError>;
+    fn put_member(&mut self, svc_id: u32, backend_id: u32, how: u32) -> Result<(), MapWriteError>;
     fn del_member(&mut self, svc_id: u32, backend_id: u32) -> Result<(), MapWriteError>;
     /// Writes a frontend into its family's frontend map.
     fn put_service(&mut self, key: FrontendKey, value: ServiceValue) -> Result<(), MapWriteError>;

@@ -489,7 +489,10 @@ impl Programmer {
         // their flows end and no client is sent back to them; newcomers (and members whose
         // way of belonging changed) before their slots, so a flow to them is live from its
         // first packet and affinity to them holds at once.
-        for id in old_members.keys().filter(|id| !new_members.contains_key(id)) {
+        for id in old_members
+            .keys()
+            .filter(|id| !new_members.contains_key(id))
+        {
             maps.del_member(svc_id, *id)?;
             stats.deletes += 1;
             if let Some(f) = self.state.frontends.get_mut(&fe) {
@@ -691,7 +694,10 @@ mod tests {
         let mut q = Programmer::adopt(m.read_programmed(), 0);
         let before = m.ops;
         q.apply(&mut m, &d).unwrap();
-        assert_eq!(m.ops, before, "re-applying an adopted state wrote something");
+        assert_eq!(
+            m.ops, before,
+            "re-applying an adopted state wrote something"
+        );
         d.insert(fe(10, 80), spec(&[2, 3]));
         q.apply(&mut m, &d).unwrap();
         let want = BTreeMap::from([(be(2), MEMBER_SERVING), (be(3), MEMBER_SERVING)]);
