@@ -61,6 +61,7 @@ both_shapes!(
     ipv6_flows_are_listed_and_flushed,
     ipv6_session_affinity,
     ipv6_flows_of_a_backend_that_left,
+    ipv6_flows_of_a_backend_that_left_one_of_two_services,
     ipv6_fragmented_datagrams_both_ways,
     ipv6_port_unreachable_reaches_the_client,
     ipv6_survives_a_restart,
@@ -83,6 +84,8 @@ mod ipv6_packet_too_big {
 
 /// The Service's IPv6 clusterIP: outside the pods' `fd00:c612::/64`, routed nowhere.
 const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x10);
+/// The clusterIP of `metrics`, an IPv6 Service over a backend of `web`.
+const METRICS_VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x14);
 
 /// The `web` Service with clusterIPs `WEB_VIP` and `VIP6`, its IPv4 slice holding the IPv4
 /// addresses of `v4` and its IPv6 slice the IPv6 addresses of `v6`.
@@ -553,6 +556,26 @@ fn ipv6_session_affinity(shape: Shape) {
 }
 
 fn ipv6_flows_of_a_backend_that_left(shape: Shape) {
+    flows_of_a_backend_that_left6(shape, false);
+}
+
+/// [`ipv6_flows_of_a_backend_that_left`] with the backend that leaves `web`'s IPv6 slice
+/// still an endpoint (same address and ports) of another Service, `metrics`: its `web`
+/// flows must still reset or move, and `metrics` must still reach it.
+fn ipv6_flows_of_a_backend_that_left_one_of_two_services(shape: Shape) {
+    flows_of_a_backend_that_left6(shape, true);
+}
+
+/// `metrics`, an IPv6 ClusterIP Service on [`METRICS_VIP6`] with `web`'s ports over `pod`.
+fn metrics_manifest6(pod: &Pod) -> String {
+    format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: metrics, namespace: default}}\nspec:\n  clusterIP: \"{METRICS_VIP6}\"\n  ipFamilies: [IPv6]\n  ports:\n  - {{name: http, port: {WEB_TCP}, protocol: TCP, targetPort: {BACKEND_TCP}}}\n  - {{name: dns, port: {WEB_UDP}, protocol: UDP, targetPort: {BACKEND_UDP}}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: metrics-v6\n  namespace: default\n  labels: {{kubernetes.io/service-name: metrics}}\naddressType: IPv6\nports: [{{name: http, port: {BACKEND_TCP}, protocol: TCP}}, {{name: dns, port: {BACKEND_UDP}, protocol: UDP}}]\nendpoints: [{{addresses: [\"{}\"], conditions: {{ready: true}}}}]\n",
+        pod.ip6.unwrap()
+    )
+}
+
+/// The body of the two tests above; `shared`: the backend that leaves stays in `metrics`.
+fn flows_of_a_backend_that_left6(shape: Shape, shared: bool) {
     let s = Setup::new(shape, &["b1", "b2"]);
     let (b1, b2) = (s.backend("b1").clone(), s.backend("b2").clone());
     s.lab
@@ -598,8 +621,11 @@ fn ipv6_flows_of_a_backend_that_left(shape: Shape) {
             .unwrap_or(0)
     };
     let before = resets(&s.lab);
-    s.lab
-        .write_manifest_text(&dual_stack_manifest(&[&b1, &b2], &[stay]));
+    let mut after = dual_stack_manifest(&[&b1, &b2], &[stay]);
+    if shared {
+        after.push_str(&metrics_manifest6(gone));
+    }
+    s.lab.write_manifest_text(&after);
     // Once applied, the open connection's next request is reset.
     let started = Instant::now();
     let mut reset = false;
@@ -641,6 +667,29 @@ fn ipv6_flows_of_a_backend_that_left(shape: Shape) {
         gone.name
     );
     let _ = conn.shutdown(std::net::Shutdown::Both);
+    if shared {
+        let via_metrics = s.client.run(|| {
+            let u = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).unwrap();
+            u.set_read_timeout(Some(T)).unwrap();
+            (0..5)
+                .map(|_| {
+                    u.send_to(b"hello\n", (METRICS_VIP6, WEB_UDP)).unwrap();
+                    let mut buf = [0u8; 256];
+                    let (n, _) = u.recv_from(&mut buf).unwrap();
+                    String::from_utf8_lossy(&buf[..n])
+                        .split_whitespace()
+                        .next()
+                        .unwrap()
+                        .to_string()
+                })
+                .collect::<Vec<_>>()
+        });
+        assert!(
+            via_metrics.iter().all(|b| *b == gone.name),
+            "metrics (only {}) after it left web: {via_metrics:?}",
+            gone.name
+        );
+    }
 }
 
 fn ipv6_fragmented_datagrams_both_ways(shape: Shape) {
