@@ -95,6 +95,11 @@ pub struct DatapathArgs {
     /// Address families, comma-separated: ipv4, ipv6 [default: both, IPv4 first].
     #[arg(long, value_delimiter = ',')]
     pub families: Option<Vec<String>>,
+    /// Another lbproxy build (an earlier commit's release binary), measured in the same run
+    /// as path `lbproxy-baseline`, configured as path `lbproxy`: the way to compare two builds
+    /// with every round's noise shared.
+    #[arg(long)]
+    pub baseline_bin: Option<PathBuf>,
 }
 
 /// The address family of one lab: its addresses, services and kube-proxy rulesets.
@@ -153,6 +158,7 @@ struct Config {
     paths: Vec<Path>,
     families: Vec<Family>,
     target_backends: usize,
+    baseline_bin: Option<PathBuf>,
 }
 
 impl Config {
@@ -194,6 +200,19 @@ impl Config {
         if a.paths.is_none() {
             paths = Path::ALL.to_vec();
         }
+        match &a.baseline_bin {
+            Some(bin) if !bin.is_file() => {
+                bail!("--baseline-bin {}: no such file", bin.display())
+            }
+            Some(_) if !paths.contains(&Path::LbproxyBaseline) => {
+                paths.push(Path::LbproxyBaseline);
+            }
+            Some(_) => {}
+            None if a.paths.is_some() && paths.contains(&Path::LbproxyBaseline) => {
+                bail!("--paths lbproxy-baseline needs --baseline-bin")
+            }
+            None => paths.retain(|p| *p != Path::LbproxyBaseline),
+        }
         paths.sort();
         let mut families = Vec::new();
         for name in a.families.iter().flatten() {
@@ -226,6 +245,7 @@ impl Config {
             out: a.out.clone().unwrap_or(default_out),
             quick: a.quick,
             target_backends: usize::from(a.target_backends.unwrap_or(3)),
+            baseline_bin: a.baseline_bin.clone(),
         })
     }
 }
@@ -242,16 +262,19 @@ enum Path {
     Lbproxy,
     LbproxyBypass,
     LbproxySocket,
+    /// `--baseline-bin`'s build, configured as [`Path::Lbproxy`].
+    LbproxyBaseline,
 }
 
 impl Path {
-    const ALL: [Path; 6] = [
+    const ALL: [Path; 7] = [
         Path::Direct,
         Path::Iptables,
         Path::Nftables,
         Path::Lbproxy,
         Path::LbproxyBypass,
         Path::LbproxySocket,
+        Path::LbproxyBaseline,
     ];
     /// The lbproxy configurations, judged against issue 5's targets.
     const LBPROXY: [Path; 3] = [Path::Lbproxy, Path::LbproxyBypass, Path::LbproxySocket];
@@ -264,6 +287,7 @@ impl Path {
             Path::Lbproxy => "lbproxy",
             Path::LbproxyBypass => "lbproxy-bypass",
             Path::LbproxySocket => "lbproxy-socket",
+            Path::LbproxyBaseline => "lbproxy-baseline",
         }
     }
 
@@ -480,10 +504,15 @@ impl Bench<'_> {
                 )?),
                 None,
             )),
-            Path::Lbproxy | Path::LbproxyBypass | Path::LbproxySocket => {
+            Path::Lbproxy | Path::LbproxyBypass | Path::LbproxySocket | Path::LbproxyBaseline => {
                 self.lab.write_manifest_text(&self.yaml);
                 let t = Instant::now();
-                let mut lb = self.lab.start_lbproxy_with(p.lbproxy_args());
+                let mut lb = match (&self.cfg.baseline_bin, p) {
+                    (Some(bin), Path::LbproxyBaseline) => {
+                        self.lab.start_lbproxy_bin_with(bin, p.lbproxy_args())
+                    }
+                    _ => self.lab.start_lbproxy_with(p.lbproxy_args()),
+                };
                 let addr: SocketAddr = lbproxy_tests::lab::HEALTHZ_ADDR.parse().unwrap();
                 let node = self.lab.node_ns().to_owned();
                 loop {
@@ -579,7 +608,7 @@ impl Bench<'_> {
                 let apply = pipe(c, &self.nft_change)?;
                 Ok((self.probe_new_backend(t0)?, apply))
             }
-            Path::Lbproxy | Path::LbproxyBypass | Path::LbproxySocket => {
+            Path::Lbproxy | Path::LbproxyBypass | Path::LbproxySocket | Path::LbproxyBaseline => {
                 let lb = lb.context("lbproxy handle")?;
                 let off = lb.stderr_len();
                 let off_out = lb.stdout().len();

@@ -63,24 +63,31 @@ pub struct Lbproxy {
 }
 
 impl Lbproxy {
-    /// Spawns `<bin> ARGS` inside `node_ns` via nsenter, logs to `log_base.{stdout,stderr}`.
-    pub(crate) fn spawn(node_ns: &str, args: Vec<String>, log_base: &Path) -> Lbproxy {
-        Lbproxy::spawn_env(node_ns, args, &[], log_base)
-    }
-
-    /// Like [`Self::spawn`] with extra environment variables for the child.
+    /// Spawns `<bin> ARGS` inside `node_ns` via nsenter, logs to `log_base.{stdout,stderr}`,
+    /// with extra environment variables for the child.
     pub(crate) fn spawn_env(
         node_ns: &str,
         args: Vec<String>,
         env: &[(&str, &str)],
         log_base: &Path,
     ) -> Lbproxy {
-        let bin = lbproxy_bin();
+        Lbproxy::spawn_bin(&lbproxy_bin(), node_ns, args, env, log_base)
+    }
+
+    /// Like [`Self::spawn_env`], running `bin` instead of [`lbproxy_bin`] (a benchmark that
+    /// compares two builds in one run).
+    pub(crate) fn spawn_bin(
+        bin: &Path,
+        node_ns: &str,
+        args: Vec<String>,
+        env: &[(&str, &str)],
+        log_base: &Path,
+    ) -> Lbproxy {
         let stdout_path = log_base.with_extension("stdout");
         let stderr_path = log_base.with_extension("stderr");
         let out = File::create(&stdout_path).expect("create lbproxy stdout log");
         let err = File::create(&stderr_path).expect("create lbproxy stderr log");
-        let mut cmd = ns_command(node_ns, &bin);
+        let mut cmd = ns_command(node_ns, bin);
         // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
         unsafe {
             cmd.pre_exec(|| {

@@ -671,6 +671,12 @@ impl Lab {
 
     /// Like [`Lab::start_lbproxy`] with extra arguments appended.
     pub fn start_lbproxy_with(&self, extra: &[&str]) -> Lbproxy {
+        self.start_lbproxy_bin_with(&lbproxy_bin(), extra)
+    }
+
+    /// [`Self::start_lbproxy_with`], running the binary `bin` (to compare two builds in one
+    /// benchmark run; `lbproxy cleanup` still runs [`lbproxy_bin`]).
+    pub fn start_lbproxy_bin_with(&self, bin: &std::path::Path, extra: &[&str]) -> Lbproxy {
         self.lbproxy_used.store(true, Ordering::SeqCst);
         let k = {
             let mut st = self.state.lock().unwrap();
@@ -679,9 +685,11 @@ impl Lab {
         };
         let mut args = self.lbproxy_run_args();
         args.extend(extra.iter().map(|s| s.to_string()));
-        Lbproxy::spawn(
+        Lbproxy::spawn_bin(
+            bin,
             &self.node,
             args,
+            &[],
             &self.workdir.join("logs").join(format!("lbproxy-{k}")),
         )
     }

@@ -29,13 +29,15 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
 }
 
-pub const COLORS: [RGBColor; 6] = [
+/// One per path, in `Path::ALL`'s order.
+pub const COLORS: [RGBColor; 7] = [
     RGBColor(90, 90, 90),
     RGBColor(214, 39, 40),
     RGBColor(255, 127, 14),
     RGBColor(31, 119, 180),
     RGBColor(44, 160, 44),
     RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
 ];
 
 /// Draws `series` against N (log scale) into `path`; `log_y` for a log-scale y axis.
