@@ -5,6 +5,9 @@
 //! `lbproxy run` process. It is used by this crate's integration tests (`tests/tests/*.rs`)
 //! and by `cargo xtask demo`.
 //!
+//! [`frames`] builds the Ethernet frames of the packet tests (`tests/tests/packet.rs`), every
+//! checksum computed in full, and decodes frames for their failure messages.
+//!
 //! [`apiserver`] is a small, real Kubernetes API server (list + watch over HTTP/1.1) that
 //! lbproxy's Kubernetes source can be pointed at from inside a lab's node namespace.
 //!
@@ -12,4 +15,5 @@
 //! without it panics with a message saying so.
 
 pub mod apiserver;
+pub mod frames;
 pub mod lab;
