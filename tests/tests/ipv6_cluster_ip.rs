@@ -53,6 +53,7 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use common::*;
+use lbproxy_tests::lab::Inspect as _;
 use lbproxy_tests::lab::{Pod, Shape};
 
 both_shapes!(
@@ -592,11 +593,7 @@ fn ipv6_flows_of_a_backend_that_left(shape: Shape) {
     } else {
         (&b1, &b2)
     };
-    let resets = |lab: &lbproxy_tests::lab::Lab| {
-        lab.inspect_json("drops")["backend_gone_tcp_reset"]
-            .as_u64()
-            .unwrap_or(0)
-    };
+    let resets = |lab: &lbproxy_tests::lab::Lab| lab.drop_count("backend_gone_tcp_reset");
     let before = resets(&s.lab);
     s.lab
         .write_manifest_text(&dual_stack_manifest(&[&b1, &b2], &[stay]));
@@ -864,11 +861,6 @@ const HAIRPIN6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xa9fe, 0x2a01, 0, 0, 0, 0, 1);
 /// An address outside the pods' `fd00:c612::/64`, which the node does not route to any pod.
 const SPOOFED6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x9, 0, 0, 0, 0, 0, 0xc8);
 
-/// `inspect drops --json` counter `reason` (0 when absent).
-fn drop_count(s: &Setup, reason: &str) -> u64 {
-    s.lab.inspect_json("drops")[reason].as_u64().unwrap_or(0)
-}
-
 /// From the client, with `src` added to its interface: three UDP requests and one TCP
 /// connect to the IPv6 frontend, all from `src`, each given 300 ms (the connect a second) to
 /// be answered. Returns the answers and the connect's outcome.
@@ -927,7 +919,7 @@ fn ipv6_spoofed_source_is_dropped(shape: Shape) {
     wait_ipv6_served(&s);
     ipv6_traffic_ok("own address, before", &s, 4);
     assert_eq!(
-        drop_count(&s, "spoofed_source"),
+        s.lab.drop_count("spoofed_source"),
         0,
         "the client's own IPv6 address was counted as spoofed\n{}",
         s.lab.diagnostics()
@@ -937,7 +929,7 @@ fn ipv6_spoofed_source_is_dropped(shape: Shape) {
         spoofed.push(b2.ip6.unwrap());
     }
     for src in spoofed {
-        let before = drop_count(&s, "spoofed_source");
+        let before = s.lab.drop_count("spoofed_source");
         let (answers, tcp) = send_from6(&s, src);
         assert!(
             answers.is_empty(),
@@ -947,7 +939,7 @@ fn ipv6_spoofed_source_is_dropped(shape: Shape) {
             tcp.is_err(),
             "a TCP connection from {src}, which is not the client's, was established"
         );
-        let counted = drop_count(&s, "spoofed_source") - before;
+        let counted = s.lab.drop_count("spoofed_source") - before;
         assert!(
             counted >= 4,
             "spoofed_source counted {counted} packets from {src}, want the 3 UDP requests and \

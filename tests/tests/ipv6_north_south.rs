@@ -24,6 +24,7 @@ use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
+use lbproxy_tests::lab::Inspect as _;
 use lbproxy_tests::lab::cgroup::{HostClient, Mode, Outcome, Requests};
 use lbproxy_tests::lab::multinode::{
     MultiNodeLab, NodeId, WEB_BACKEND_TCP as BACKEND_TCP, WEB_BACKEND_UDP as BACKEND_UDP,
@@ -471,7 +472,7 @@ fn ipv6_load_balancer_source_ranges_filter_the_ipv6_lb_ip() {
             s.logs()
         );
     }
-    let before = s.lab.drop_count(NodeId::A, "source_range_denied");
+    let before = s.lab.node(NodeId::A).drop_count("source_range_denied");
     for (udp, port) in [(false, 80), (true, 53)] {
         let to = SocketAddr::from((LB_IP6, port));
         let (seen, _) = requests(&other.netns, udp, to, 2);
@@ -481,7 +482,7 @@ fn ipv6_load_balancer_source_ranges_filter_the_ipv6_lb_ip() {
             proto(udp)
         );
     }
-    let after = s.lab.drop_count(NodeId::A, "source_range_denied");
+    let after = s.lab.node(NodeId::A).drop_count("source_range_denied");
     assert!(
         after >= before + 4,
         "source_range_denied counted on nodeA ({before} -> {after})\n{}",
@@ -638,7 +639,7 @@ fn socket_lb_pods_translates_ipv6_at_the_socket() {
     let client = s.lab.add_pod(NodeId::A, "client");
     s.lab.wait_programs_on(&client, Duration::from_secs(10));
     let client6 = client.ip6.unwrap().to_string();
-    let before = s.lab.inspect_json(NodeId::A, "sockets")["events"].clone();
+    let before = s.lab.node(NodeId::A).inspect_json("sockets")["events"].clone();
     for (mode, port) in [(Mode::Tcp, 80), (Mode::Udp, 53)] {
         let to = SocketAddr::from((CLUSTER_IP6, port));
         let out = HostClient::spawn(
@@ -653,7 +654,7 @@ fn socket_lb_pods_translates_ipv6_at_the_socket() {
             assert_eq!(seen, &vec![client6.clone()], "{ctx}: {m:?}");
         }
     }
-    let after = s.lab.inspect_json(NodeId::A, "sockets")["events"].clone();
+    let after = s.lab.node(NodeId::A).inspect_json("sockets")["events"].clone();
     let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or(0);
     for (event, least) in [("connect_translated", 8), ("sendmsg_translated", 8)] {
         assert!(
@@ -668,7 +669,7 @@ fn socket_lb_pods_translates_ipv6_at_the_socket() {
         n(&before, "other_netns"),
         "a pod's socket was left to the per-packet path: {after}"
     );
-    let flows = s.lab.inspect_json(NodeId::A, "flows").to_string();
+    let flows = s.lab.node(NodeId::A).inspect_json("flows").to_string();
     assert!(
         !flows.contains(&client6),
         "a per-packet flow of the pod {client6}: {flows}"

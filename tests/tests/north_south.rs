@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use lbproxy_tests::lab::Inspect as _;
 use lbproxy_tests::lab::multinode::{MultiNodeLab, NodeId};
 use lbproxy_tests::lab::{
     Backend, HEALTHZ_ADDR, Lbproxy, Pod, http_get, tcp_request, udp_request, wait_for,
@@ -86,7 +87,7 @@ impl Setup {
             for what in ["services", "flows", "drops"] {
                 out.push_str(&format!(
                     "\n--- {node}: inspect {what}\n{:#}",
-                    self.lab.inspect_json(node, what)
+                    self.lab.node(node).inspect_json(what)
                 ));
             }
         }
@@ -316,7 +317,7 @@ fn a_full_snat_range_drops_and_counts_while_local_backends_work() {
         assert_eq!(r.backend, "b1");
         held.push(c);
     }
-    let drops = || lab.drop_count(NodeId::A, "snat_no_port");
+    let drops = || lab.node(NodeId::A).drop_count("snat_no_port");
     let before = drops();
     let fifth = client.connect(node_ip, NODE_PORT_TCP, Duration::from_millis(1500));
     assert!(
@@ -537,7 +538,7 @@ fn external_traffic_policy_local_and_health_check_node_port() {
         );
         assert_eq!(seen.by_backend.len(), 1, "{seen:?}");
     }
-    let before = s.lab.drop_count(NodeId::B, "no_local_endpoint");
+    let before = s.lab.node(NodeId::B).drop_count("no_local_endpoint");
     let started = Instant::now();
     let r = tcp_request(&client.netns, b, NODE_PORT_TCP, Duration::from_millis(700));
     let e = r.expect_err("nodeB has no local endpoint: no answer");
@@ -554,7 +555,7 @@ fn external_traffic_policy_local_and_health_check_node_port() {
         None,
     );
     assert!(u.is_err(), "UDP through nodeB is not answered: {u:?}");
-    let dropped = s.lab.drop_count(NodeId::B, "no_local_endpoint") - before;
+    let dropped = s.lab.node(NodeId::B).drop_count("no_local_endpoint") - before;
     assert!(
         dropped >= 2,
         "no_local_endpoint counted on nodeB: {dropped}\n{}",
@@ -638,7 +639,7 @@ fn inspect_shows_snat_ports_per_destination() {
         c.request().unwrap();
         conns.push(c);
     }
-    let snat = s.lab.inspect_json(NodeId::A, "snat");
+    let snat = s.lab.node(NodeId::A).inspect_json("snat");
     let row = snat
         .as_array()
         .unwrap()
@@ -650,7 +651,7 @@ fn inspect_shows_snat_ports_per_destination() {
     assert_eq!(row["protocol"], "TCP", "{row:#}");
     assert!(row["ports_in_use"].as_u64().unwrap() >= 5, "{row:#}");
     assert_eq!(row["range_size"], 29_999 - 1024 + 1, "{row:#}");
-    let flows = s.lab.inspect_json(NodeId::A, "flows");
+    let flows = s.lab.node(NodeId::A).inspect_json("flows");
     let client_prefix = format!("{}:", client.ip);
     let snat_prefix = format!("{a}:");
     let snated = flows
@@ -728,7 +729,7 @@ fn load_balancer_source_ranges_filter_the_lb_ip_only() {
         "inside the range: {seen:?}\n{}",
         s.logs()
     );
-    let before = s.lab.drop_count(NodeId::A, "source_range_denied");
+    let before = s.lab.node(NodeId::A).drop_count("source_range_denied");
     let r = tcp_request(&other.netns, LB_IP, 80, Duration::from_millis(700));
     assert!(
         r.is_err(),
@@ -737,7 +738,7 @@ fn load_balancer_source_ranges_filter_the_lb_ip_only() {
     let u = udp_request(&other.netns, LB_IP, 53, Duration::from_millis(300), None);
     assert!(u.is_err(), "outside the range, UDP: {u:?}");
     assert!(
-        s.lab.drop_count(NodeId::A, "source_range_denied") >= before + 2,
+        s.lab.node(NodeId::A).drop_count("source_range_denied") >= before + 2,
         "source_range_denied counted\n{}",
         s.logs()
     );
@@ -822,7 +823,7 @@ fn source_ranges_holding_a_node_ip_admit_the_lb_ip_as_source() {
                 ],
             )
             .unwrap();
-        let before = s.lab.drop_count(NodeId::A, "source_range_denied");
+        let before = s.lab.node(NodeId::A).drop_count("source_range_denied");
         let r = udp_request(&ns, LB_IP, 53, Duration::from_millis(700), None);
         if admitted {
             let (reply, from) = r.unwrap_or_else(|e| {
@@ -839,14 +840,17 @@ fn source_ranges_holding_a_node_ip_admit_the_lb_ip_as_source() {
                 "the backend sees the LB IP as the source: {}",
                 reply.client_seen
             );
-            assert_eq!(s.lab.drop_count(NodeId::A, "source_range_denied"), before);
+            assert_eq!(
+                s.lab.node(NodeId::A).drop_count("source_range_denied"),
+                before
+            );
         } else {
             assert!(
                 r.is_err(),
                 "range {range} holds no node IP: the LB IP as source is refused: {r:?}"
             );
             assert!(
-                s.lab.drop_count(NodeId::A, "source_range_denied") > before,
+                s.lab.node(NodeId::A).drop_count("source_range_denied") > before,
                 "source_range_denied counted\n{}",
                 s.logs()
             );
@@ -1230,13 +1234,13 @@ fn pods_reach_local_policy_frontends_through_every_endpoint() {
     }
     // Outside traffic through nodeB keeps the Local policy: no endpoint there, dropped.
     let client = s.lab.add_client("ext");
-    let before = s.lab.drop_count(NodeId::B, "no_local_endpoint");
+    let before = s.lab.node(NodeId::B).drop_count("no_local_endpoint");
     let r = client.tcp_request(b, NODE_PORT_TCP, Duration::from_millis(700));
     assert!(
         r.is_err(),
         "outside -> nodeB's NodePort, no local endpoint: {r:?}"
     );
-    assert!(s.lab.drop_count(NodeId::B, "no_local_endpoint") > before);
+    assert!(s.lab.node(NodeId::B).drop_count("no_local_endpoint") > before);
     // Both endpoints listed: the pod gets both.
     s.lab
         .write_manifest_text(&manifest(&s.lab, &[&s.a1, &s.b1], "Local"));
@@ -1460,7 +1464,7 @@ fn lb_ingress_with_ip_mode_proxy_or_a_hostname_programs_nothing() {
         r.is_err(),
         "the Proxy-mode LB IP is not served by lbproxy: {r:?}"
     );
-    let services = lab.inspect_json(NodeId::A, "services").to_string();
+    let services = lab.node(NodeId::A).inspect_json("services").to_string();
     assert!(
         services.contains(&LB_IP.to_string())
             && !services.contains(&proxied.to_string())

@@ -26,7 +26,7 @@ use common::{
 // The frame builder is this file's vocabulary: its constants, headers and decoders.
 use lbproxy_tests::frames::*;
 use lbproxy_tests::lab::{
-    Endpoint, Lab, Lbproxy, Pod, Shape, bpf, pod_ip, run_in_ns, vip, wait_for,
+    Endpoint, Inspect as _, Lab, Lbproxy, Pod, Shape, bpf, pod_ip, run_in_ns, vip, wait_for,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -225,17 +225,7 @@ impl Rig {
     }
 
     fn read_counters(&self) -> BTreeMap<String, u64> {
-        let v = self.lab.inspect_json("drops");
-        v.as_object()
-            .unwrap_or_else(|| panic!("inspect drops --json: not an object: {v}"))
-            .iter()
-            .map(|(k, n)| {
-                let n = n
-                    .as_u64()
-                    .unwrap_or_else(|| panic!("inspect drops --json: {k} = {n}"));
-                (k.clone(), n)
-            })
-            .collect()
+        self.lab.drop_counts()
     }
 
     /// Runs `prog` once on `frame` and reads how the counters moved.
