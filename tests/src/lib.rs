@@ -17,3 +17,23 @@
 pub mod apiserver;
 pub mod frames;
 pub mod lab;
+
+/// Generates `mod $name { fn ipv4(); fn ipv6(); }` tests calling `$name(Family)`, for a
+/// test whose behaviour is the same over both IP families: the families' cases fold into
+/// one body, as `both_shapes!` (`tests/tests/common`) does for the lab's pod-network
+/// shapes, and as aya's integration tests do with rstest cases.
+#[macro_export]
+macro_rules! both_families {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn ipv4() {
+                super::$name($crate::lab::Family::V4)
+            }
+            #[test]
+            fn ipv6() {
+                super::$name($crate::lab::Family::V6)
+            }
+        }
+    )*};
+}

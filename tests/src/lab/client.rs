@@ -7,14 +7,15 @@
 //! then need no trait in scope.
 
 /// Generates, inside an `impl` block of a type with a `netns: String` field, the requests
-/// made from that namespace (`$what` names it in the docs): one TCP or UDP request, a
+/// made from that namespace (`$what` names it in the docs): one TCP request (either
+/// family) or UDP request (IPv4), a
 /// long-lived TCP connection, a tally of many requests, and any closure run inside it.
 macro_rules! netns_client {
     ($what:literal) => {
         /// See [`crate::lab::net::tcp_request`].
         pub fn tcp_request(
             &self,
-            addr: std::net::Ipv4Addr,
+            addr: impl Into<std::net::IpAddr>,
             port: u16,
             timeout: std::time::Duration,
         ) -> std::io::Result<($crate::lab::net::Reply, std::net::SocketAddr)> {
@@ -35,7 +36,7 @@ macro_rules! netns_client {
         #[doc = concat!("A long-lived TCP connection from this ", $what, ".")]
         pub fn connect(
             &self,
-            addr: std::net::Ipv4Addr,
+            addr: impl Into<std::net::IpAddr>,
             port: u16,
             timeout: std::time::Duration,
         ) -> std::io::Result<$crate::lab::net::TcpConn> {

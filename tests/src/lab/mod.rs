@@ -86,6 +86,26 @@ pub use self::net::{
 };
 pub use self::ns::{http_get, http_get_full, netns_path, ns_command, ns_run, run_in_ns};
 
+/// An IP family, for a test written once for both (see [`crate::both_families`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    pub const ALL: [Family; 2] = [Family::V4, Family::V6];
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        })
+    }
+}
+
 /// Pod-network shape of a lab.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Shape {

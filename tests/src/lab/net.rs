@@ -8,7 +8,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{self, BufRead as _, BufReader, Write as _};
-use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::net::{
+    IpAddr, Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket,
+};
 use std::os::fd::AsRawFd as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -242,7 +244,7 @@ fn udp_loop(u: UdpSocket, id: String, stop: Arc<AtomicBool>) {
 /// [`tcp_request`] in the calling thread's namespace (use inside [`run_in_ns`] to make many
 /// requests without a thread per request).
 pub fn tcp_request_here(
-    addr: Ipv4Addr,
+    addr: impl Into<IpAddr>,
     port: u16,
     timeout: Duration,
 ) -> io::Result<(Reply, SocketAddr)> {
@@ -438,10 +440,11 @@ pub fn socket2_udp(port: u16) -> io::Result<UdpSocket> {
 /// talking to: the VIP when going through lbproxy). `timeout` bounds each step.
 pub fn tcp_request(
     ns: &str,
-    addr: Ipv4Addr,
+    addr: impl Into<IpAddr>,
     port: u16,
     timeout: Duration,
 ) -> io::Result<(Reply, SocketAddr)> {
+    let addr = addr.into();
     run_in_ns(ns, || tcp_request_here(addr, port, timeout))
 }
 
@@ -470,13 +473,23 @@ pub struct TcpConn {
 
 impl TcpConn {
     /// Connects from inside `ns`. `timeout` bounds the connect and every later request.
-    pub fn connect(ns: &str, addr: Ipv4Addr, port: u16, timeout: Duration) -> io::Result<TcpConn> {
+    pub fn connect(
+        ns: &str,
+        addr: impl Into<IpAddr>,
+        port: u16,
+        timeout: Duration,
+    ) -> io::Result<TcpConn> {
+        let addr = addr.into();
         run_in_ns(ns, || TcpConn::connect_here(addr, port, timeout))
     }
 
-    /// [`TcpConn::connect`] in the calling thread's namespace.
-    pub fn connect_here(addr: Ipv4Addr, port: u16, timeout: Duration) -> io::Result<TcpConn> {
-        let s = TcpStream::connect_timeout(&SocketAddr::from((addr, port)), timeout)?;
+    /// [`TcpConn::connect`] in the calling thread's namespace, over either family.
+    pub fn connect_here(
+        addr: impl Into<IpAddr>,
+        port: u16,
+        timeout: Duration,
+    ) -> io::Result<TcpConn> {
+        let s = TcpStream::connect_timeout(&SocketAddr::from((addr.into(), port)), timeout)?;
         s.set_read_timeout(Some(timeout))?;
         s.set_write_timeout(Some(timeout))?;
         s.set_nodelay(true)?;
