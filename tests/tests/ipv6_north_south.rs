@@ -18,6 +18,9 @@
 //!   `recvmsg6`/`getpeername6` see them) reach every IPv6 frontend kind, see the frontend as
 //!   their peer, and lose a connected socket whose backend leaves (`LB_SOCKREV6_V1`, the
 //!   reaper's IPv6 `sock_diag` dump).
+//!
+//! `--nodeport-addresses primary` over IPv6 is the `ipv6` case of north_south.rs's
+//! `node_port_addresses_primary_follows_the_default_route`.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader, Write as _};
@@ -28,17 +31,14 @@ use lbproxy_tests::lab::Inspect as _;
 use lbproxy_tests::lab::cgroup::{HostClient, Mode, Outcome, Requests};
 use lbproxy_tests::lab::multinode::{
     MultiNodeLab, NodeId, WEB_BACKEND_TCP as BACKEND_TCP, WEB_BACKEND_UDP as BACKEND_UDP,
-    WEB_CLUSTER_IP, WEB_EXTERNAL_IP, WEB_LB_IP, WEB_NODE_PORT_TCP as NODE_PORT_TCP,
-    WEB_NODE_PORT_UDP as NODE_PORT_UDP,
+    WEB_CLUSTER_IP6 as CLUSTER_IP6, WEB_EXTERNAL_IP6 as EXTERNAL_IP6, WEB_LB_IP,
+    WEB_LB_IP6 as LB_IP6, WEB_NODE_PORT_TCP as NODE_PORT_TCP, WEB_NODE_PORT_UDP as NODE_PORT_UDP,
+    dual_stack_web_manifest,
 };
 use lbproxy_tests::lab::{Backend, Lbproxy, Pod, http_get_full};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 const HEALTHY_WITHIN: Duration = Duration::from_secs(20);
-/// The IPv6 frontends: outside every lab subnet, routed to a node by the client.
-const EXTERNAL_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x50);
-const LB_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x60);
-const CLUSTER_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x10);
 const HC_PORT: u16 = 32000;
 
 struct Setup {
@@ -50,51 +50,9 @@ struct Setup {
     b1: Pod,
 }
 
-/// The dual-stack `web` Service (type LoadBalancer, one clusterIP, externalIP and LB IP per
-/// family, TCP 80 and UDP 53 with NodePorts) over `pods`, with one EndpointSlice per family;
-/// `policy` is its externalTrafficPolicy, `extra` spec lines (two-space indented).
+/// The dual-stack `web` Service over `pods` (see [`dual_stack_web_manifest`]).
 fn manifest(lab: &MultiNodeLab, pods: &[&Pod], policy: &str, extra: &str) -> String {
-    let slice = |name: &str, family: &str, v6: bool| {
-        let eps: String = pods
-            .iter()
-            .map(|p| {
-                let ip = if v6 {
-                    p.ip6.unwrap().to_string()
-                } else {
-                    p.ip.to_string()
-                };
-                format!(
-                    "- {{addresses: [\"{ip}\"], nodeName: {}, conditions: {{ready: true}}}}\n",
-                    lab.node_of(&p.name).name()
-                )
-            })
-            .collect();
-        format!(
-            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: default\n  labels: {{kubernetes.io/service-name: web}}\naddressType: {family}\nports: [{{name: http, port: {BACKEND_TCP}, protocol: TCP}}, {{name: dns, port: {BACKEND_UDP}, protocol: UDP}}]\nendpoints:\n{eps}"
-        )
-    };
-    format!(
-        "apiVersion: v1
-kind: Service
-metadata: {{name: web, namespace: default}}
-spec:
-  type: LoadBalancer
-  clusterIP: {WEB_CLUSTER_IP}
-  clusterIPs: [\"{WEB_CLUSTER_IP}\", \"{CLUSTER_IP6}\"]
-  ipFamilies: [IPv4, IPv6]
-  ipFamilyPolicy: RequireDualStack
-  externalIPs: [\"{WEB_EXTERNAL_IP}\", \"{EXTERNAL_IP6}\"]
-  externalTrafficPolicy: {policy}
-{extra}  ports:
-  - {{name: http, port: 80, protocol: TCP, targetPort: {BACKEND_TCP}, nodePort: {NODE_PORT_TCP}}}
-  - {{name: dns, port: 53, protocol: UDP, targetPort: {BACKEND_UDP}, nodePort: {NODE_PORT_UDP}}}
-status:
-  loadBalancer:
-    ingress: [{{ip: \"{WEB_LB_IP}\"}}, {{ip: \"{LB_IP6}\"}}]
-{}{}",
-        slice("web-v4", "IPv4", false),
-        slice("web-v6", "IPv6", true),
-    )
+    dual_stack_web_manifest(lab, pods, policy, extra)
 }
 
 impl Setup {
@@ -673,104 +631,5 @@ fn socket_lb_pods_translates_ipv6_at_the_socket() {
     assert!(
         !flows.contains(&client6),
         "a per-packet flow of the pod {client6}: {flows}"
-    );
-}
-
-/// `--nodeport-addresses primary` over IPv6: the IPv6 NodePort is served on the node's
-/// primary IPv6 address only, the preferred source of its IPv6 default route, and follows
-/// it when the route changes. Node A gets a second IPv6 address and an IPv6 default route
-/// preferring its own address: the second refuses the NodePort (the node's stack answers:
-/// nothing listens there); once the route prefers the second address, the two swap. (The
-/// IPv4 NodePort keeps to the IPv4 primary, as before.)
-#[test]
-fn ipv6_node_port_addresses_primary_follows_the_default_route() {
-    let lab = MultiNodeLab::new();
-    let a1 = lab.add_pod(NodeId::A, "a1");
-    let _server = a1.serve(&[BACKEND_TCP, BACKEND_UDP]);
-    lab.write_manifest_text(&manifest(&lab, &[&a1], "Cluster", ""));
-    let first = lab.node(NodeId::A).ip6;
-    let second = Ipv6Addr::new(0xfd00, 0xc612, 0x80, 0, 0, 0, 0, 0x201);
-    let run = |argv: &[&str]| {
-        lab.node_run(NodeId::A, argv)
-            .unwrap_or_else(|e| panic!("{argv:?} on nodeA: {e}"));
-    };
-    run(&[
-        "ip",
-        "addr",
-        "add",
-        &format!("{second}/64"),
-        "dev",
-        "eth0",
-        "nodad",
-    ]);
-    let default_from = |src: Ipv6Addr| {
-        run(&[
-            "ip",
-            "-6",
-            "route",
-            "replace",
-            "default",
-            "dev",
-            "eth0",
-            "src",
-            &src.to_string(),
-        ]);
-    };
-    default_from(first);
-    let mut args = lab.lbproxy_run_args(NodeId::A, &[]);
-    let at = args
-        .iter()
-        .position(|a| a == "--nodeport-addresses")
-        .expect("the lab passes --nodeport-addresses");
-    args[at + 1] = "primary".into();
-    let mut lb = lab.start_lbproxy_argv(NodeId::A, args, &[]);
-    lb.expect_healthy(HEALTHY_WITHIN);
-    let client = lab.add_client("ext");
-    let logs = |lb: &Lbproxy| format!("{}\n--- lbproxy\n{}", lab.diagnostics(), lb.log());
-    // Served on `on` by a1, from `on`; refused on `off`.
-    let serves = |on: Ipv6Addr, off: Ipv6Addr| {
-        let served = lbproxy_tests::lab::run_in_ns(&client.netns, || {
-            request(false, SocketAddr::from((on, NODE_PORT_TCP)))
-        });
-        let refused = lbproxy_tests::lab::run_in_ns(&client.netns, || {
-            TcpStream::connect_timeout(&SocketAddr::from((off, NODE_PORT_TCP)), TIMEOUT)
-        });
-        match (&served, &refused) {
-            (Ok((backend, _, from)), Err(e))
-                if backend == "a1"
-                    && *from == SocketAddr::from((on, NODE_PORT_TCP))
-                    && e.kind() == std::io::ErrorKind::ConnectionRefused =>
-            {
-                Ok(())
-            }
-            _ => Err(format!("[{on}]: {served:?}; [{off}]: {refused:?}")),
-        }
-    };
-    let within = |on, off| {
-        lbproxy_tests::lab::net::wait_for(
-            Duration::from_secs(5),
-            Duration::from_millis(100),
-            || serves(on, off).ok(),
-        )
-    };
-    assert!(
-        within(first, second).is_ok(),
-        "primary = the IPv6 default route's preferred source: {:?}\n{}",
-        serves(first, second),
-        logs(&lb)
-    );
-    default_from(second);
-    assert!(
-        within(second, first).is_ok(),
-        "primary follows the IPv6 default route's new source within 5 s: {:?}\n{}",
-        serves(second, first),
-        logs(&lb)
-    );
-    assert!(
-        lb.log()
-            .lines()
-            .any(|l| l.contains("nodePortAddresses: primary") && l.contains(&second.to_string())),
-        "the new primary IPv6 address is logged\n{}",
-        lb.log()
     );
 }

@@ -9,13 +9,13 @@
 //! 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249`.
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use lbproxy_tests::lab::Inspect as _;
-use lbproxy_tests::lab::multinode::{MultiNodeLab, NodeId};
+use lbproxy_tests::lab::multinode::{MultiNodeLab, NodeId, dual_stack_web_manifest};
 use lbproxy_tests::lab::{
-    Backend, HEALTHZ_ADDR, Lbproxy, Pod, http_get, tcp_request, udp_request, wait_for,
+    Backend, Family, HEALTHZ_ADDR, Lbproxy, Pod, http_get, tcp_request, udp_request, wait_for,
 };
 
 use lbproxy_tests::lab::multinode::{
@@ -995,25 +995,65 @@ mod node_port_to_local_backends {
     }
 }
 
-/// `--nodeport-addresses primary`: NodePorts are served on the node's primary address only,
-/// the one its default route prefers, and follow it when the route changes. Node A gets a
-/// second address on its fabric interface: at first the default route has no preferred
-/// source, so the primary is the interface's first address (the node's own) and the second
+lbproxy_tests::both_families!(node_port_addresses_primary_follows_the_default_route);
+
+/// `--nodeport-addresses primary`, in each family: NodePorts are served on the node's
+/// primary address of that family only, the one its default route prefers, and follow it
+/// when the route changes. Node A gets a second address on its fabric interface; the second
 /// address refuses the NodePort (the node's stack answers: nothing listens there); once the
 /// default route prefers the second address, the two swap.
-#[test]
-fn node_port_addresses_primary_follows_the_default_route() {
+///
+/// - IPv4: at first the default route has no preferred source, so the primary is the
+///   interface's first address (the node's own), served as soon as lbproxy is healthy.
+/// - IPv6 (the Service dual-stack): node A's IPv6 default route at first prefers its own
+///   address. (The IPv4 NodePort keeps to the IPv4 primary, as before.)
+fn node_port_addresses_primary_follows_the_default_route(family: Family) {
     let lab = MultiNodeLab::new();
     let a1 = lab.add_pod(NodeId::A, "a1");
     let _server = a1.serve(&[BACKEND_TCP, BACKEND_UDP]);
-    lab.write_manifest_text(&manifest(&lab, &[&a1], "Cluster"));
-    let first = lab.node(NodeId::A).ip;
-    let second = Ipv4Addr::new(198, 18, 80, 201);
-    lab.node_run(
-        NodeId::A,
-        &["ip", "addr", "add", &format!("{second}/24"), "dev", "eth0"],
-    )
-    .unwrap();
+    let node = lab.node(NodeId::A).clone();
+    let run = |argv: &[&str]| {
+        lab.node_run(NodeId::A, argv)
+            .unwrap_or_else(|e| panic!("{argv:?} on nodeA: {e}"));
+    };
+    let (first, second, ip_family) = match family {
+        Family::V4 => {
+            lab.write_manifest_text(&manifest(&lab, &[&a1], "Cluster"));
+            let second = Ipv4Addr::new(198, 18, 80, 201);
+            run(&["ip", "addr", "add", &format!("{second}/24"), "dev", "eth0"]);
+            (IpAddr::V4(node.ip), IpAddr::V4(second), "-4")
+        }
+        Family::V6 => {
+            lab.write_manifest_text(&dual_stack_web_manifest(&lab, &[&a1], "Cluster", ""));
+            let second = Ipv6Addr::new(0xfd00, 0xc612, 0x80, 0, 0, 0, 0, 0x201);
+            run(&[
+                "ip",
+                "addr",
+                "add",
+                &format!("{second}/64"),
+                "dev",
+                "eth0",
+                "nodad",
+            ]);
+            (IpAddr::V6(node.ip6), IpAddr::V6(second), "-6")
+        }
+    };
+    let default_from = |src: IpAddr| {
+        run(&[
+            "ip",
+            ip_family,
+            "route",
+            "replace",
+            "default",
+            "dev",
+            "eth0",
+            "src",
+            &src.to_string(),
+        ]);
+    };
+    if family == Family::V6 {
+        default_from(first);
+    }
     let mut args = lab.lbproxy_run_args(NodeId::A, &[]);
     let at = args
         .iter()
@@ -1024,8 +1064,8 @@ fn node_port_addresses_primary_follows_the_default_route() {
     lb.expect_healthy(HEALTHY_WITHIN);
     let client = lab.add_client("ext");
     let logs = |lb: &Lbproxy| format!("{}\n--- lbproxy\n{}", lab.diagnostics(), lb.log());
-    // Served on `on`, refused on `off`.
-    let serves = |on: Ipv4Addr, off: Ipv4Addr| {
+    // Served on `on` by a1, from `on`; refused on `off`.
+    let serves = |on: IpAddr, off: IpAddr| {
         let served = client.tcp_request(on, NODE_PORT_TCP, TIMEOUT);
         let refused = client.tcp_request(off, NODE_PORT_TCP, TIMEOUT);
         match (&served, &refused) {
@@ -1039,32 +1079,29 @@ fn node_port_addresses_primary_follows_the_default_route() {
             _ => Err(format!("{on}: {served:?}; {off}: {refused:?}")),
         }
     };
-    serves(first, second).unwrap_or_else(|e| {
-        panic!(
-            "primary = the interface's first address: {e}\n{}",
+    let within = |on, off| {
+        wait_for(Duration::from_secs(5), Duration::from_millis(100), || {
+            serves(on, off).ok()
+        })
+    };
+    match family {
+        Family::V4 => serves(first, second).unwrap_or_else(|e| {
+            panic!(
+                "primary = the interface's first address: {e}\n{}",
+                logs(&lb)
+            )
+        }),
+        Family::V6 => assert!(
+            within(first, second).is_ok(),
+            "primary = the IPv6 default route's preferred source: {:?}\n{}",
+            serves(first, second),
             logs(&lb)
-        )
-    });
-    lab.node_run(
-        NodeId::A,
-        &[
-            "ip",
-            "route",
-            "replace",
-            "default",
-            "dev",
-            "eth0",
-            "src",
-            &second.to_string(),
-        ],
-    )
-    .unwrap();
-    let moved = wait_for(Duration::from_secs(5), Duration::from_millis(100), || {
-        serves(second, first).ok()
-    });
+        ),
+    }
+    default_from(second);
     assert!(
-        moved.is_ok(),
-        "primary = the default route's preferred source, within 5 s: {:?}\n{}",
+        within(second, first).is_ok(),
+        "primary = the {family} default route's new preferred source, within 5 s: {:?}\n{}",
         serves(second, first),
         logs(&lb)
     );
@@ -1072,7 +1109,7 @@ fn node_port_addresses_primary_follows_the_default_route() {
         lb.log()
             .lines()
             .any(|l| l.contains("nodePortAddresses: primary") && l.contains(&second.to_string())),
-        "the new primary address is logged\n{}",
+        "the new primary {family} address is logged\n{}",
         lb.log()
     );
 }

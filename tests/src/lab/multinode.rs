@@ -1035,6 +1035,11 @@ pub const WEB_NODE_PORT_UDP: u16 = 30053;
 pub const WEB_BACKEND_TCP: u16 = 8080;
 /// The `web` backends' UDP port.
 pub const WEB_BACKEND_UDP: u16 = 5353;
+/// The IPv6 frontends of the dual-stack `web` ([`dual_stack_web_manifest`]): outside every
+/// lab subnet, routed to a node by the client.
+pub const WEB_CLUSTER_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x10);
+pub const WEB_EXTERNAL_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x50);
+pub const WEB_LB_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x60);
 
 /// A second ClusterIP Service `name` on `cluster_ip` with the web ports (TCP 80 -> 8080,
 /// UDP 53 -> 5353) over `eps`: with [`web_manifest`], one pod behind two Services, as a
@@ -1121,5 +1126,57 @@ ports:
 endpoints:{}
 {eps}",
         if eps.is_empty() { " []" } else { "" }
+    )
+}
+
+/// The dual-stack `web` Service (type LoadBalancer, one clusterIP, externalIP and LB IP per
+/// family, TCP 80 and UDP 53 with NodePorts) over `pods`, with one EndpointSlice per family;
+/// `policy` is its externalTrafficPolicy, `extra` spec lines (two-space indented).
+pub fn dual_stack_web_manifest(
+    lab: &MultiNodeLab,
+    pods: &[&super::Pod],
+    policy: &str,
+    extra: &str,
+) -> String {
+    let slice = |name: &str, family: &str, v6: bool| {
+        let eps: String = pods
+            .iter()
+            .map(|p| {
+                let ip = if v6 {
+                    p.ip6.unwrap().to_string()
+                } else {
+                    p.ip.to_string()
+                };
+                format!(
+                    "- {{addresses: [\"{ip}\"], nodeName: {}, conditions: {{ready: true}}}}\n",
+                    lab.node_of(&p.name).name()
+                )
+            })
+            .collect();
+        format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: default\n  labels: {{kubernetes.io/service-name: web}}\naddressType: {family}\nports: [{{name: http, port: {WEB_BACKEND_TCP}, protocol: TCP}}, {{name: dns, port: {WEB_BACKEND_UDP}, protocol: UDP}}]\nendpoints:\n{eps}"
+        )
+    };
+    format!(
+        "apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: default}}
+spec:
+  type: LoadBalancer
+  clusterIP: {WEB_CLUSTER_IP}
+  clusterIPs: [\"{WEB_CLUSTER_IP}\", \"{WEB_CLUSTER_IP6}\"]
+  ipFamilies: [IPv4, IPv6]
+  ipFamilyPolicy: RequireDualStack
+  externalIPs: [\"{WEB_EXTERNAL_IP}\", \"{WEB_EXTERNAL_IP6}\"]
+  externalTrafficPolicy: {policy}
+{extra}  ports:
+  - {{name: http, port: 80, protocol: TCP, targetPort: {WEB_BACKEND_TCP}, nodePort: {WEB_NODE_PORT_TCP}}}
+  - {{name: dns, port: 53, protocol: UDP, targetPort: {WEB_BACKEND_UDP}, nodePort: {WEB_NODE_PORT_UDP}}}
+status:
+  loadBalancer:
+    ingress: [{{ip: \"{WEB_LB_IP}\"}}, {{ip: \"{WEB_LB_IP6}\"}}]
+{}{}",
+        slice("web-v4", "IPv4", false),
+        slice("web-v6", "IPv6", true),
     )
 }
