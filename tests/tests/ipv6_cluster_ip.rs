@@ -20,10 +20,10 @@
 //! fragment both ways (`LB_FRAGS6_V1`): a 3000-byte request reaches the backend whole, and
 //! its 4000-byte answer reaches the client whole, from the ClusterIP.
 //!
-//! ICMPv6 errors about translated flows are translated (quote and outer header): a node's
-//! Packet Too Big for a client's segments to a backend behind a narrower hop lowers the
-//! client's path MTU (the transfer completes), and a backend's port unreachable reaches a
-//! connected UDP client as "connection refused".
+//! ICMPv6 errors about translated flows are translated (quote and outer header): their
+//! tests are the IPv6 cases of icmp_errors.rs (`pmtu_through_vip`: a node's Packet Too Big
+//! lowers the client's path MTU; `udp_port_unreachable`: a backend's port unreachable
+//! reaches a connected UDP client as "connection refused").
 //!
 //! A restart (SIGTERM, then a new `lbproxy run`) keeps IPv6 serving throughout: an open
 //! IPv6 connection stays on its backend while lbproxy is stopped and after the new one
@@ -63,7 +63,6 @@ both_shapes!(
     ipv6_session_affinity,
     ipv6_flows_of_a_backend_that_left,
     ipv6_fragmented_datagrams_both_ways,
-    ipv6_port_unreachable_reaches_the_client,
     ipv6_survives_a_restart,
     ipv6_spoofed_source_is_dropped,
     ipv6_pod_reaches_itself,
@@ -73,56 +72,6 @@ both_shapes!(
 #[test]
 fn ipv6_routed_pods_bypass_the_node_stack() {
     ipv6_stack_bypass(Shape::Routed);
-}
-
-mod ipv6_packet_too_big {
-    #[test]
-    fn routed() {
-        super::ipv6_packet_too_big(lbproxy_tests::lab::Shape::Routed)
-    }
-}
-
-/// The Service's IPv6 clusterIP: outside the pods' `fd00:c612::/64`, routed nowhere.
-const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x10);
-
-/// The `web` Service with clusterIPs `WEB_VIP` and `VIP6`, its IPv4 slice holding the IPv4
-/// addresses of `v4` and its IPv6 slice the IPv6 addresses of `v6`.
-fn dual_stack_manifest(v4: &[&Pod], v6: &[&Pod]) -> String {
-    dual_stack_manifest_with(v4, v6, "")
-}
-
-/// [`dual_stack_manifest`] with `spec` (YAML lines, indented two spaces) added to the
-/// Service's spec.
-fn dual_stack_manifest_with(v4: &[&Pod], v6: &[&Pod], spec: &str) -> String {
-    let endpoints = |addrs: Vec<String>| -> String {
-        if addrs.is_empty() {
-            return "null".into();
-        }
-        let items: Vec<String> = addrs
-            .iter()
-            .map(|a| format!("{{addresses: [\"{a}\"], conditions: {{ready: true}}}}"))
-            .collect();
-        format!("[{}]", items.join(", "))
-    };
-    let slice = |name: &str, family: &str, addrs: Vec<String>| {
-        format!(
-            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: default\n  labels: {{kubernetes.io/service-name: web}}\naddressType: {family}\nports: [{{name: http, port: {BACKEND_TCP}, protocol: TCP}}, {{name: dns, port: {BACKEND_UDP}, protocol: UDP}}]\nendpoints: {}\n",
-            endpoints(addrs)
-        )
-    };
-    format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: default}}\nspec:\n  clusterIP: {WEB_VIP}\n  clusterIPs: [\"{WEB_VIP}\", \"{VIP6}\"]\n  ipFamilies: [IPv4, IPv6]\n  ipFamilyPolicy: RequireDualStack\n{spec}  ports:\n  - {{name: http, port: {WEB_TCP}, protocol: TCP, targetPort: {BACKEND_TCP}}}\n  - {{name: dns, port: {WEB_UDP}, protocol: UDP, targetPort: {BACKEND_UDP}}}\n{}{}",
-        slice(
-            "web-v4",
-            "IPv4",
-            v4.iter().map(|p| p.ip.to_string()).collect()
-        ),
-        slice(
-            "web-v6",
-            "IPv6",
-            v6.iter().map(|p| p.ip6.unwrap().to_string()).collect()
-        ),
-    )
 }
 
 /// One answered request: the backend that answered, the client address it saw, and the
@@ -506,14 +455,6 @@ fn ipv6_flows_are_listed_and_flushed(shape: Shape) {
     ipv6_traffic_ok("after the flush", &s, 2);
 }
 
-/// Waits until a TCP connection to the IPv6 frontend succeeds (the frontend is programmed).
-fn wait_ipv6_served(s: &Setup) {
-    let deadline = Instant::now() + APPLY_WITHIN;
-    while s.client.run(tcp6).is_err() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn ipv6_session_affinity(shape: Shape) {
     let s = Setup::new(shape, &["b1", "b2", "b3"]);
     let pods: Vec<Pod> = ["b1", "b2", "b3"]
@@ -730,73 +671,6 @@ fn ipv6_fragmented_datagrams_both_ways(shape: Shape) {
     let after = s.lab.inspect_json("drops");
     let n = |v: &serde_json::Value| v["fragment_without_first"].as_u64().unwrap_or(0);
     assert_eq!(n(&after), n(&before), "no fragment went untranslated");
-}
-
-/// A request this long needs many full-size segments.
-const BIG: usize = 256 * 1024;
-
-fn ipv6_packet_too_big(shape: Shape) {
-    let s = Setup::new(shape, &["b1"]);
-    let b1 = s.backend("b1").clone();
-    s.lab
-        .write_manifest_text(&dual_stack_manifest(&[&b1], &[&b1]));
-    wait_ipv6_served(&s);
-    // Only the node's side of b1's link is narrow (the IPv6 minimum MTU): b1 still
-    // announces a 1440-byte MSS, so the client's segments do not fit and the node answers
-    // them with Packet Too Big, quoting client -> backend.
-    s.lab
-        .node_run(&["ip", "link", "set", "dev", &b1.host_if, "mtu", "1280"])
-        .unwrap_or_else(|e| panic!("[{shape}] narrowing {}: {e}", b1.host_if));
-    let started = Instant::now();
-    let r = s.client.run(|| {
-        let c = TcpStream::connect_timeout(&SocketAddr::from((VIP6, WEB_TCP)), T)?;
-        c.set_read_timeout(Some(Duration::from_secs(5)))?;
-        // Untranslated, the client never learns the path MTU and the write stalls.
-        c.set_write_timeout(Some(Duration::from_secs(5)))?;
-        let mut line = vec![b'x'; BIG];
-        line.push(b'\n');
-        (&c).write_all(&line)?;
-        let mut answer = String::new();
-        BufReader::new(&c).read_line(&mut answer)?;
-        Ok::<_, std::io::Error>(answer)
-    });
-    assert!(
-        matches!(&r, Ok(a) if a.starts_with("b1 ")),
-        "[{shape}] a {BIG}-byte request over IPv6 through a 1280-byte hop: {r:?} after {:?}\n{}",
-        started.elapsed(),
-        s.lab.diagnostics()
-    );
-}
-
-fn ipv6_port_unreachable_reaches_the_client(shape: Shape) {
-    let s = Setup::new(shape, &["b1"]);
-    let b1 = s.backend("b1").clone();
-    const CLOSED6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x13);
-    // A second service on b1's UDP port 5555, where nothing listens.
-    let closed = format!(
-        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: closed, namespace: default}}\nspec:\n  clusterIP: \"{CLOSED6}\"\n  clusterIPs: [\"{CLOSED6}\"]\n  ipFamilies: [IPv6]\n  ports:\n  - {{name: dns, port: 55, protocol: UDP, targetPort: 5555}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: closed-1, namespace: default, labels: {{kubernetes.io/service-name: closed}}}}\naddressType: IPv6\nports: [{{name: dns, port: 5555, protocol: UDP}}]\nendpoints: [{{addresses: [\"{}\"], conditions: {{ready: true}}}}]\n",
-        b1.ip6.unwrap()
-    );
-    s.lab
-        .write_manifest_text(&format!("{}{closed}", dual_stack_manifest(&[&b1], &[&b1])));
-    wait_ipv6_served(&s);
-    std::thread::sleep(Duration::from_millis(300));
-    let (r, took) = s.client.run(|| {
-        let u = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).unwrap();
-        u.connect((CLOSED6, 55)).unwrap();
-        u.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-        let started = Instant::now();
-        u.send(b"hello\n").unwrap();
-        let mut buf = [0u8; 64];
-        let r = u.recv(&mut buf);
-        (r.map(|_| ()), started.elapsed())
-    });
-    assert!(
-        matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused) && took < T,
-        "[{shape}] UDP over IPv6 to a backend port nobody listens on: {r:?} after {took:?} \
-         (want connection refused within {T:?})\n{}",
-        s.lab.diagnostics()
-    );
 }
 
 fn ipv6_survives_a_restart(shape: Shape) {
