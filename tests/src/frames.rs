@@ -1,4 +1,4 @@
-//! A hand-built frame for each case of the packet tests (`tests/tests/packet.rs`), in the
+//! A hand-built frame for each case of the packet tests (`tests/tests/packet/`), in the
 //! way of Cilium's `pktgen` and Katran's fixtures: Ethernet, IPv4 (options, fragments),
 //! TCP (options, payload), UDP (checksum or none), raw IPv6 with extension headers.
 //!

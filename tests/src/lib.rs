@@ -5,7 +5,7 @@
 //! `lbproxy run` process. It is used by this crate's integration tests (`tests/tests/*.rs`)
 //! and by `cargo xtask demo`.
 //!
-//! [`frames`] builds the Ethernet frames of the packet tests (`tests/tests/packet.rs`), every
+//! [`frames`] builds the Ethernet frames of the packet tests (`tests/tests/packet/`), every
 //! checksum computed in full, and decodes frames for their failure messages.
 //!
 //! [`apiserver`] is a small, real Kubernetes API server (list + watch over HTTP/1.1) that
