@@ -19,8 +19,9 @@
 //!   their peer, and lose a connected socket whose backend leaves (`LB_SOCKREV6_V1`, the
 //!   reaper's IPv6 `sock_diag` dump).
 //!
-//! `--nodeport-addresses primary` over IPv6 is the `ipv6` case of north_south.rs's
-//! `node_port_addresses_primary_follows_the_default_route`.
+//! Two tests are the `ipv6` cases of north_south.rs's: `--nodeport-addresses primary`
+//! (`node_port_addresses_primary_follows_the_default_route`) and `externalTrafficPolicy:
+//! Cluster` through either node (`node_port_external_ip_and_lb_ip_through_either_node`).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader, Write as _};
@@ -169,58 +170,6 @@ fn wait_served(ns: &str, to: SocketAddr) {
 
 fn proto(udp: bool) -> &'static str {
     if udp { "UDP" } else { "TCP" }
-}
-
-/// externalTrafficPolicy: Cluster, over IPv6, through either node: the NodePorts (TCP and
-/// UDP) on the node's IPv6 address, the IPv6 externalIP and the IPv6 LB IP are answered by
-/// both backends, from the address and port the client used; the backend on the node
-/// reached sees the client's IPv6 address, the other one that node's (SNAT). The IPv4
-/// NodePort of the same Service answers too.
-#[test]
-fn ipv6_node_port_external_ip_and_lb_ip_through_either_node() {
-    let s = Setup::new("Cluster", true, "");
-    let client = s.lab.add_client("ext");
-    wait_served(
-        &client.netns,
-        SocketAddr::from((s.lab.node(NodeId::A).ip6, NODE_PORT_TCP)),
-    );
-    for via in NodeId::ALL {
-        let node = s.lab.node(via).clone();
-        let (local, remote) = match via {
-            NodeId::A => (&s.a1, &s.b1),
-            NodeId::B => (&s.b1, &s.a1),
-        };
-        client.route_via6("fd00:c612:ffff::/64", &node);
-        let mut frontends = vec![];
-        for (udp, port) in [(false, NODE_PORT_TCP), (true, NODE_PORT_UDP)] {
-            frontends.push((udp, SocketAddr::from((node.ip6, port))));
-        }
-        for vip in [EXTERNAL_IP6, LB_IP6] {
-            frontends.push((false, SocketAddr::from((vip, 80))));
-            frontends.push((true, SocketAddr::from((vip, 53))));
-        }
-        for (udp, to) in frontends {
-            let what = format!("{} {to} via {via}", proto(udp));
-            let (seen, failed) = requests(&client.netns, udp, to, 24);
-            eprintln!("{what}: {seen:?}");
-            assert!(failed.is_empty(), "{what}: {failed:?}\n{}", s.logs());
-            assert_eq!(
-                seen.get(&local.name),
-                Some(&vec![IpAddr::V6(client.ip6)]),
-                "{what}: the backend on {via} sees the client's own IPv6 address: {seen:?}"
-            );
-            assert_eq!(
-                seen.get(&remote.name),
-                Some(&vec![IpAddr::V6(node.ip6)]),
-                "{what}: the backend on the other node sees {via}'s IPv6 address (SNAT): {seen:?}"
-            );
-        }
-    }
-    // The IPv4 NodePort of the same Service, at the same time.
-    let to = SocketAddr::from((s.lab.node(NodeId::A).ip, NODE_PORT_TCP));
-    let (seen, failed) = requests(&client.netns, false, to, 12);
-    assert!(failed.is_empty(), "TCP {to}: {failed:?}");
-    assert_eq!(seen.len(), 2, "TCP {to}: both backends answer: {seen:?}");
 }
 
 /// externalTrafficPolicy: Local over IPv6, with only a1 (nodeA) an endpoint: nodeA's IPv6

@@ -13,7 +13,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use lbproxy_tests::lab::Inspect as _;
-use lbproxy_tests::lab::multinode::{MultiNodeLab, NodeId, dual_stack_web_manifest};
+use lbproxy_tests::lab::multinode::{
+    Client, MultiNodeLab, NodeId, WEB_EXTERNAL_IP6, WEB_LB_IP6, dual_stack_web_manifest,
+};
 use lbproxy_tests::lab::{
     Backend, Family, HEALTHZ_ADDR, Lbproxy, Pod, http_get, tcp_request, udp_request, wait_for,
 };
@@ -62,6 +64,25 @@ impl Setup {
     /// `b1_listed`: whether b1 is in the slice (a1 always is); `extra` as in
     /// [`manifest_with`].
     fn with(policy: &str, b1_listed: bool, extra: &str) -> Setup {
+        Setup::build(b1_listed, |lab, pods| {
+            manifest_with(lab, pods, policy, extra)
+        })
+    }
+
+    /// [`Setup::new`] in `family`: for IPv6 the `web` Service is dual-stack
+    /// ([`dual_stack_web_manifest`]), its IPv4 frontends as [`manifest`]'s.
+    fn for_family(family: Family, policy: &str) -> Setup {
+        match family {
+            Family::V4 => Setup::new(policy),
+            Family::V6 => Setup::build(true, |lab, pods| {
+                dual_stack_web_manifest(lab, pods, policy, "")
+            }),
+        }
+    }
+
+    /// a1 on nodeA and b1 on nodeB serve; `b1_listed`: whether b1 is an endpoint in the
+    /// manifest `manifest` writes for the endpoints.
+    fn build(b1_listed: bool, manifest: impl FnOnce(&MultiNodeLab, &[&Pod]) -> String) -> Setup {
         let lab = MultiNodeLab::new();
         let a1 = lab.add_pod(NodeId::A, "a1");
         let b1 = lab.add_pod(NodeId::B, "b1");
@@ -70,7 +91,7 @@ impl Setup {
             b1.serve(&[BACKEND_TCP, BACKEND_UDP]),
         ];
         let pods: Vec<&Pod> = if b1_listed { vec![&a1, &b1] } else { vec![&a1] };
-        lab.write_manifest_text(&manifest_with(&lab, &pods, policy, extra));
+        lab.write_manifest_text(&manifest(&lab, &pods));
         let lbs = lab.start_lbproxy_on_both(&[], HEALTHY_WITHIN);
         Setup {
             lab,
@@ -114,7 +135,8 @@ impl Seen {
 
 /// `n` requests (new TCP connections, or UDP datagrams each from a new socket) from `ns` to
 /// `addr:port`; each reply must come from `addr:port`.
-fn requests(ns: &str, udp: bool, addr: Ipv4Addr, port: u16, n: usize) -> Seen {
+fn requests(ns: &str, udp: bool, addr: impl Into<IpAddr>, port: u16, n: usize) -> Seen {
+    let addr = addr.into();
     let mut seen = Seen::default();
     for i in 0..n {
         let r = if udp {
@@ -129,8 +151,8 @@ fn requests(ns: &str, udp: bool, addr: Ipv4Addr, port: u16, n: usize) -> Seen {
                 }
                 let client_ip = reply
                     .client_seen
-                    .rsplit_once(':')
-                    .map_or(reply.client_seen.clone(), |(ip, _)| ip.to_string());
+                    .parse::<SocketAddr>()
+                    .map_or(reply.client_seen.clone(), |a| a.ip().to_string());
                 let e = seen.by_backend.entry(reply.backend).or_default();
                 if !e.0.contains(&client_ip) {
                     e.0.push(client_ip);
@@ -146,12 +168,16 @@ fn requests(ns: &str, udp: bool, addr: Ipv4Addr, port: u16, n: usize) -> Seen {
 /// Every request answered from the frontend, by both backends; a1 (on `via`) sees
 /// `local_sees`, b1 (on the other node) sees `remote_sees`, or the reverse when `via` is
 /// nodeB.
-fn assert_spread(s: &Setup, what: &str, seen: &Seen, via: NodeId, client: Ipv4Addr) {
+fn assert_spread(s: &Setup, what: &str, seen: &Seen, via: NodeId, client: IpAddr) {
     let (local, remote) = match via {
         NodeId::A => (&s.a1, &s.b1),
         NodeId::B => (&s.b1, &s.a1),
     };
-    let node_ip = s.lab.node(via).ip;
+    // The node's address in the client's family.
+    let node_ip: IpAddr = match client {
+        IpAddr::V4(_) => s.lab.node(via).ip.into(),
+        IpAddr::V6(_) => s.lab.node(via).ip6.into(),
+    };
     assert!(
         seen.errors.is_empty() && seen.wrong_source.is_empty(),
         "{what}: {seen:?}\n{}",
@@ -172,34 +198,81 @@ fn assert_spread(s: &Setup, what: &str, seen: &Seen, via: NodeId, client: Ipv4Ad
     );
 }
 
-/// externalTrafficPolicy: Cluster. From a client outside the cluster, through either node:
-/// the NodePorts (TCP and UDP), the externalIP and the load-balancer IP are answered by both
-/// backends, always from the address and port the client used; the backend on the node
-/// reached sees the client, the other one sees that node's address.
-#[test]
-fn node_port_external_ip_and_lb_ip_through_either_node() {
-    let s = Setup::new("Cluster");
+/// Waits (at most [`HEALTHY_WITHIN`]) until `addr:port` answers a TCP request from `client`
+/// (both lbproxys programmed it).
+fn wait_served(client: &Client, addr: IpAddr, port: u16) {
+    let deadline = Instant::now() + HEALTHY_WITHIN;
+    while client.tcp_request(addr, port, TIMEOUT).is_err() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+lbproxy_tests::both_families!(node_port_external_ip_and_lb_ip_through_either_node);
+
+/// externalTrafficPolicy: Cluster, in each family. From a client outside the cluster,
+/// through either node: the NodePorts (TCP and UDP) on the node's address, the externalIP
+/// and the load-balancer IP are answered by both backends, always from the address and port
+/// the client used; the backend on the node reached sees the client's own address, the
+/// other one sees that node's address (SNAT, with each family's own port space). Over IPv6
+/// the Service is dual-stack, and its IPv4 NodePort answers too.
+fn node_port_external_ip_and_lb_ip_through_either_node(family: Family) {
+    let s = Setup::for_family(family, "Cluster");
     let client = s.lab.add_client("ext");
+    let (client_ip, vips): (IpAddr, [IpAddr; 2]) = match family {
+        Family::V4 => (client.ip.into(), [EXTERNAL_IP.into(), LB_IP.into()]),
+        Family::V6 => (
+            client.ip6.into(),
+            [WEB_EXTERNAL_IP6.into(), WEB_LB_IP6.into()],
+        ),
+    };
+    let node_addr = |via: NodeId| -> IpAddr {
+        match family {
+            Family::V4 => s.lab.node(via).ip.into(),
+            Family::V6 => s.lab.node(via).ip6.into(),
+        }
+    };
+    if family == Family::V6 {
+        wait_served(&client, node_addr(NodeId::A), NODE_PORT_TCP);
+    }
+    let proto = |udp: bool| if udp { "UDP" } else { "TCP" };
     for via in NodeId::ALL {
-        let node_ip = s.lab.node(via).ip;
+        let node_ip = node_addr(via);
         for (udp, port) in [(false, NODE_PORT_TCP), (true, NODE_PORT_UDP)] {
             let seen = requests(&client.netns, udp, node_ip, port, 24);
             let what = format!(
-                "{} NodePort {node_ip}:{port} via {via}",
-                if udp { "UDP" } else { "TCP" }
+                "{} NodePort {} via {via}",
+                proto(udp),
+                SocketAddr::from((node_ip, port))
             );
             eprintln!("{what}: {seen:?}");
-            assert_spread(&s, &what, &seen, via, client.ip);
+            assert_spread(&s, &what, &seen, via, client_ip);
         }
-        client.route_via("198.19.0.0/16", s.lab.node(via));
-        for vip in [EXTERNAL_IP, LB_IP] {
+        match family {
+            Family::V4 => client.route_via("198.19.0.0/16", s.lab.node(via)),
+            Family::V6 => client.route_via6("fd00:c612:ffff::/64", s.lab.node(via)),
+        }
+        for vip in vips {
             for (udp, port) in [(false, 80), (true, 53)] {
                 let seen = requests(&client.netns, udp, vip, port, 24);
-                let what = format!("{} {vip}:{port} via {via}", if udp { "UDP" } else { "TCP" });
+                let what = format!("{} {} via {via}", proto(udp), SocketAddr::from((vip, port)));
                 eprintln!("{what}: {seen:?}");
-                assert_spread(&s, &what, &seen, via, client.ip);
+                assert_spread(&s, &what, &seen, via, client_ip);
             }
         }
+    }
+    if family == Family::V6 {
+        // The IPv4 NodePort of the same Service, at the same time.
+        let a = s.lab.node(NodeId::A).ip;
+        let seen = requests(&client.netns, false, a, NODE_PORT_TCP, 12);
+        assert!(
+            seen.errors.is_empty() && seen.wrong_source.is_empty(),
+            "TCP {a}:{NODE_PORT_TCP}: {seen:?}"
+        );
+        assert_eq!(
+            seen.by_backend.len(),
+            2,
+            "TCP {a}:{NODE_PORT_TCP}: both backends answer: {seen:?}"
+        );
     }
 }
 

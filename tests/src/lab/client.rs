@@ -7,9 +7,9 @@
 //! then need no trait in scope.
 
 /// Generates, inside an `impl` block of a type with a `netns: String` field, the requests
-/// made from that namespace (`$what` names it in the docs): one TCP request (either
-/// family) or UDP request (IPv4), a
-/// long-lived TCP connection, a tally of many requests, and any closure run inside it.
+/// made from that namespace (`$what` names it in the docs): one TCP or UDP request (either
+/// family), a long-lived TCP connection, a tally of many requests, and any closure run inside
+/// it.
 macro_rules! netns_client {
     ($what:literal) => {
         /// See [`crate::lab::net::tcp_request`].
@@ -25,7 +25,7 @@ macro_rules! netns_client {
         /// See [`crate::lab::net::udp_request`].
         pub fn udp_request(
             &self,
-            addr: std::net::Ipv4Addr,
+            addr: impl Into<std::net::IpAddr>,
             port: u16,
             timeout: std::time::Duration,
             src_port: Option<u16>,
