@@ -19,9 +19,11 @@
 //!   their peer, and lose a connected socket whose backend leaves (`LB_SOCKREV6_V1`, the
 //!   reaper's IPv6 `sock_diag` dump).
 //!
-//! Two tests are the `ipv6` cases of north_south.rs's: `--nodeport-addresses primary`
-//! (`node_port_addresses_primary_follows_the_default_route`) and `externalTrafficPolicy:
-//! Cluster` through either node (`node_port_external_ip_and_lb_ip_through_either_node`).
+//! Three tests are the `ipv6` cases of north_south.rs's: `--nodeport-addresses primary`
+//! (`node_port_addresses_primary_follows_the_default_route`), `externalTrafficPolicy:
+//! Cluster` through either node (`node_port_external_ip_and_lb_ip_through_either_node`) and
+//! `externalTrafficPolicy: Local` with the healthCheckNodePort
+//! (`external_traffic_policy_local_and_health_check_node_port`).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader, Write as _};
@@ -36,11 +38,10 @@ use lbproxy_tests::lab::multinode::{
     WEB_LB_IP6 as LB_IP6, WEB_NODE_PORT_TCP as NODE_PORT_TCP, WEB_NODE_PORT_UDP as NODE_PORT_UDP,
     dual_stack_web_manifest,
 };
-use lbproxy_tests::lab::{Backend, Lbproxy, Pod, http_get_full};
+use lbproxy_tests::lab::{Backend, Lbproxy, Pod};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 const HEALTHY_WITHIN: Duration = Duration::from_secs(20);
-const HC_PORT: u16 = 32000;
 
 struct Setup {
     // Dropped last: servers and lbproxys go first.
@@ -170,55 +171,6 @@ fn wait_served(ns: &str, to: SocketAddr) {
 
 fn proto(udp: bool) -> &'static str {
     if udp { "UDP" } else { "TCP" }
-}
-
-/// externalTrafficPolicy: Local over IPv6, with only a1 (nodeA) an endpoint: nodeA's IPv6
-/// NodePort is answered by a1 alone, which sees the client's own address; nodeB's drops
-/// (an endpoint exists elsewhere), counted as `no_local_endpoint`. The healthCheckNodePort
-/// answers on both nodes' IPv6 addresses: 200 on nodeA, 503 on nodeB.
-#[test]
-fn ipv6_external_traffic_policy_local_and_health_check_node_port() {
-    let s = Setup::new(
-        "Local",
-        false,
-        &format!("  healthCheckNodePort: {HC_PORT}\n"),
-    );
-    let client = s.lab.add_client("ext");
-    let a6 = s.lab.node(NodeId::A).ip6;
-    let b6 = s.lab.node(NodeId::B).ip6;
-    wait_served(&client.netns, SocketAddr::from((a6, NODE_PORT_TCP)));
-    for (udp, port) in [(false, NODE_PORT_TCP), (true, NODE_PORT_UDP)] {
-        let to = SocketAddr::from((a6, port));
-        let (seen, failed) = requests(&client.netns, udp, to, 12);
-        assert!(
-            failed.is_empty(),
-            "{} {to}: {failed:?}\n{}",
-            proto(udp),
-            s.logs()
-        );
-        assert_eq!(
-            seen,
-            BTreeMap::from([(s.a1.name.clone(), vec![IpAddr::V6(client.ip6)])]),
-            "{} {to}: only nodeA's endpoint, seeing the client's address",
-            proto(udp)
-        );
-    }
-    let to = SocketAddr::from((b6, NODE_PORT_TCP));
-    let (seen, _) = requests(&client.netns, false, to, 2);
-    assert!(
-        seen.is_empty(),
-        "nodeB has no local endpoint: its IPv6 NodePort must not answer: {seen:?}"
-    );
-    for (addr, want) in [(a6, 200), (b6, 503)] {
-        let hc = SocketAddr::from((addr, HC_PORT));
-        let r = http_get_full(&client.netns, hc, "/", Duration::from_secs(2))
-            .unwrap_or_else(|e| panic!("GET http://{hc}/: {e}\n{}", s.logs()));
-        assert_eq!(r.status, want, "GET http://{hc}/: {r:?}");
-        assert!(
-            r.body.contains("\"localEndpoints\""),
-            "kube-proxy's body from {hc}: {r:?}"
-        );
-    }
 }
 
 /// The node processes' requests: each answered, from `to` as the peer; the backends that

@@ -47,6 +47,21 @@ fn manifest(lab: &MultiNodeLab, pods: &[&Pod], policy: &str) -> String {
     manifest_with(lab, pods, policy, "")
 }
 
+/// [`dual_stack_web_manifest`] with `extra` (one spec line, as [`manifest_with`]'s) added.
+fn dual_stack_manifest_with(
+    lab: &MultiNodeLab,
+    pods: &[&Pod],
+    policy: &str,
+    extra: &str,
+) -> String {
+    let extra = if extra.is_empty() {
+        String::new()
+    } else {
+        format!("  {extra}\n")
+    };
+    dual_stack_web_manifest(lab, pods, policy, &extra)
+}
+
 /// [`manifest`] with `extra` added to the Service's spec (e.g. `healthCheckNodePort: N`).
 fn manifest_with(lab: &MultiNodeLab, pods: &[&Pod], policy: &str, extra: &str) -> String {
     let eps: Vec<(Ipv4Addr, Option<&str>)> = pods
@@ -72,10 +87,15 @@ impl Setup {
     /// [`Setup::new`] in `family`: for IPv6 the `web` Service is dual-stack
     /// ([`dual_stack_web_manifest`]), its IPv4 frontends as [`manifest`]'s.
     fn for_family(family: Family, policy: &str) -> Setup {
+        Setup::for_family_with(family, policy, true, "")
+    }
+
+    /// [`Setup::with`] in `family` (see [`Setup::for_family`]).
+    fn for_family_with(family: Family, policy: &str, b1_listed: bool, extra: &str) -> Setup {
         match family {
-            Family::V4 => Setup::new(policy),
-            Family::V6 => Setup::build(true, |lab, pods| {
-                dual_stack_web_manifest(lab, pods, policy, "")
+            Family::V4 => Setup::with(policy, b1_listed, extra),
+            Family::V6 => Setup::build(b1_listed, |lab, pods| {
+                dual_stack_manifest_with(lab, pods, policy, extra)
             }),
         }
     }
@@ -584,19 +604,35 @@ fn only_b1(s: &Setup, client_ns: &str) {
 
 const HC_PORT: u16 = 32000;
 
-/// externalTrafficPolicy: Local with its only endpoint (a1) on nodeA:
+lbproxy_tests::both_families!(external_traffic_policy_local_and_health_check_node_port);
+
+/// externalTrafficPolicy: Local with its only endpoint (a1) on nodeA, in each family (over
+/// IPv6 the Service is dual-stack and every address below is the IPv6 one):
 /// - through nodeA, a1 answers and sees the client's own address (no SNAT);
 /// - through nodeB, which has no local endpoint, the traffic is dropped and counted
 ///   (`no_local_endpoint`), not answered: a TCP connect times out rather than being refused;
 /// - the healthCheckNodePort says so on both nodes, with kube-proxy's body: 200 and one
 ///   local endpoint on nodeA, 503 and none on nodeB;
 /// - with no endpoint at all, the client is rejected at once (connection refused).
-#[test]
-fn external_traffic_policy_local_and_health_check_node_port() {
+fn external_traffic_policy_local_and_health_check_node_port(family: Family) {
     let extra = format!("healthCheckNodePort: {HC_PORT}");
-    let s = Setup::with("Local", false, &extra);
+    let s = Setup::for_family_with(family, "Local", false, &extra);
     let client = s.lab.add_client("ext");
-    let (a, b) = (s.lab.node(NodeId::A).ip, s.lab.node(NodeId::B).ip);
+    let (a, b, client_ip): (IpAddr, IpAddr, IpAddr) = match family {
+        Family::V4 => (
+            s.lab.node(NodeId::A).ip.into(),
+            s.lab.node(NodeId::B).ip.into(),
+            client.ip.into(),
+        ),
+        Family::V6 => (
+            s.lab.node(NodeId::A).ip6.into(),
+            s.lab.node(NodeId::B).ip6.into(),
+            client.ip6.into(),
+        ),
+    };
+    if family == Family::V6 {
+        wait_served(&client, a, NODE_PORT_TCP);
+    }
     for (udp, port) in [(false, NODE_PORT_TCP), (true, NODE_PORT_UDP)] {
         let seen = requests(&client.netns, udp, a, port, 12);
         assert!(
@@ -606,7 +642,7 @@ fn external_traffic_policy_local_and_health_check_node_port() {
         );
         assert_eq!(
             seen.by_backend.get("a1").map(|e| e.0.clone()),
-            Some(vec![client.ip.to_string()]),
+            Some(vec![client_ip.to_string()]),
             "only a1, seeing the client's own address: {seen:?}"
         );
         assert_eq!(seen.by_backend.len(), 1, "{seen:?}");
@@ -658,8 +694,10 @@ fn external_traffic_policy_local_and_health_check_node_port() {
     }
 
     // No endpoint at all: rejected at once.
-    s.lab
-        .write_manifest_text(&manifest_with(&s.lab, &[], "Local", &extra));
+    s.lab.write_manifest_text(&match family {
+        Family::V4 => manifest_with(&s.lab, &[], "Local", &extra),
+        Family::V6 => dual_stack_manifest_with(&s.lab, &[], "Local", &extra),
+    });
     let until = Instant::now() + Duration::from_secs(5);
     loop {
         let started = Instant::now();
