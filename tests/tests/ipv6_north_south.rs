@@ -23,7 +23,8 @@
 //! (`node_port_addresses_primary_follows_the_default_route`), `externalTrafficPolicy:
 //! Cluster` through either node (`node_port_external_ip_and_lb_ip_through_either_node`) and
 //! `externalTrafficPolicy: Local` with the healthCheckNodePort
-//! (`external_traffic_policy_local_and_health_check_node_port`).
+//! (`external_traffic_policy_local_and_health_check_node_port`); a fourth is the `ipv6` case
+//! of north_south_flows.rs's `icmp_errors_about_node_port_flows_reach_the_client`.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader, Write as _};
@@ -366,127 +367,6 @@ fn ipv6_load_balancer_source_ranges_filter_the_ipv6_lb_ip() {
         ok.ip
     );
 }
-
-/// `web` over `web_eps` and the lab's IPv6-only UDP NodePort Service `closed` (nodePort
-/// 30055 -> port 5555, where nothing listens) over `backend`.
-fn closed_manifest6(lab: &MultiNodeLab, web_eps: &[&Pod], backend: &Pod) -> String {
-    format!(
-        "{}{}",
-        manifest(lab, web_eps, "Cluster", ""),
-        lab.closed_service(backend, true)
-    )
-}
-
-/// ICMPv6 errors about IPv6 north-south flows reach the outside client translated, so its
-/// socket sees them:
-/// - the port unreachable of a backend on nodeB about a datagram nodeA source-NATed: sent to
-///   nodeA's IPv6 SNAT address, it is translated, readdressed to the client and sent on,
-///   and the client's connected UDP socket to nodeA's IPv6 NodePort gets "connection
-///   refused" at once;
-/// - the same from a backend on nodeA itself (no SNAT; translated as it leaves the node);
-/// - Packet Too Big: nodeB's link to b1 is 1280 bytes, so nodeB answers the client's
-///   full-size segments, source-NATed by nodeA, with Packet Too Big to nodeA's address;
-///   translated and sent on, the client lowers its path MTU and a 256 KiB request through
-///   nodeA's IPv6 NodePort is answered.
-#[test]
-fn ipv6_icmp_errors_about_node_port_flows_reach_the_client() {
-    let s = Setup::new("Cluster", true, "");
-    let client = s.lab.add_client("ext");
-    let a6 = s.lab.node(NodeId::A).ip6;
-    for (backend, what) in [(&s.b1, "on nodeB, source-NATed"), (&s.a1, "on nodeA")] {
-        s.lab
-            .write_manifest_text(&closed_manifest6(&s.lab, &[&s.a1, &s.b1], backend));
-        // Programmed on nodeA first: until then nodeA's own stack would refuse the datagram.
-        let programmed = lbproxy_tests::lab::net::wait_for(
-            Duration::from_secs(5),
-            Duration::from_millis(50),
-            || {
-                s.lab
-                    .serves_only(NodeId::A, "default/closed", backend.ip6.unwrap().into())
-                    .then_some(())
-            },
-        );
-        assert!(
-            programmed.is_ok(),
-            "nodeA serves closed's IPv6 NodePort with {} only\n{}",
-            backend.name,
-            s.logs()
-        );
-        let refused = lbproxy_tests::lab::net::wait_for(
-            Duration::from_secs(5),
-            Duration::from_millis(200),
-            || {
-                client.run(|| {
-                    let u = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).ok()?;
-                    u.connect((a6, 30055)).ok()?;
-                    u.set_read_timeout(Some(Duration::from_millis(900))).ok()?;
-                    let started = Instant::now();
-                    u.send(b"hello\n").ok()?;
-                    let r = u.recv(&mut [0u8; 64]);
-                    (matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused)
-                        && started.elapsed() < Duration::from_secs(1))
-                    .then_some(())
-                })
-            },
-        );
-        assert!(
-            refused.is_ok(),
-            "UDP through nodeA's IPv6 NodePort to {} ({what}), where nothing listens: want \
-             connection refused within 1 s\n{}",
-            backend.name,
-            s.logs()
-        );
-    }
-    // Packet Too Big, source-NATed to b1 on nodeB.
-    s.lab
-        .write_manifest_text(&manifest(&s.lab, &[&s.b1], "Cluster", ""));
-    let to = SocketAddr::from((a6, NODE_PORT_TCP));
-    // Both nodes' maps first: requests alone can all land on b1 by chance while a1 is still
-    // in, and a connection opened to a1 then is reset when a1 leaves.
-    let b1_6 = s.b1.ip6.unwrap().into();
-    let only_b1 = lbproxy_tests::lab::net::wait_for(
-        Duration::from_secs(10),
-        Duration::from_millis(100),
-        || {
-            let programmed = NodeId::ALL
-                .iter()
-                .all(|&node| s.lab.serves_only(node, "default/web", b1_6));
-            let (seen, failed) = requests(&client.netns, false, to, 6);
-            (programmed && failed.is_empty() && seen.len() == 1 && seen.contains_key(&s.b1.name))
-                .then_some(())
-        },
-    );
-    assert!(only_b1.is_ok(), "only b1 serves {to}\n{}", s.logs());
-    s.lab
-        .node_run(
-            NodeId::B,
-            &["ip", "link", "set", "dev", &s.b1.host_if, "mtu", "1280"],
-        )
-        .unwrap();
-    let stream = client
-        .run(|| TcpStream::connect_timeout(&to, TIMEOUT))
-        .unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    stream
-        .set_write_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let mut line = vec![b'x'; 256 * 1024];
-    line.push(b'\n');
-    let started = Instant::now();
-    let w = (&stream).write_all(&line);
-    let mut answer = String::new();
-    let r = BufReader::new(&stream).read_line(&mut answer);
-    assert!(
-        w.is_ok() && r.is_ok() && answer.starts_with("b1 "),
-        "a 256 KiB request through nodeA's IPv6 NodePort to b1 over a 1280-byte hop: write \
-         {w:?}, read {r:?}, answer {answer:?} after {:?}\n{}",
-        started.elapsed(),
-        s.logs()
-    );
-}
-
 /// `--socket-lb pods` over IPv6: a pod's process (in the group) reaching the IPv6 ClusterIP
 /// is translated at the socket, `connect6` and `sendmsg6`: every request is answered, showing the
 /// ClusterIP as the peer, the backends see the pod's IPv6 address, the socket events count

@@ -3,15 +3,14 @@
 
 mod north_south_common;
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use lbproxy_tests::lab::multinode::NodeId;
-use lbproxy_tests::lab::{udp_request, wait_for};
-
 use lbproxy_tests::lab::multinode::{
-    WEB_NODE_PORT_TCP as NODE_PORT_TCP, WEB_NODE_PORT_UDP as NODE_PORT_UDP, cluster_ip_manifest,
+    NodeId, WEB_NODE_PORT_TCP as NODE_PORT_TCP, WEB_NODE_PORT_UDP as NODE_PORT_UDP,
+    cluster_ip_manifest, dual_stack_web_manifest,
 };
+use lbproxy_tests::lab::{Family, Pod, udp_request, wait_for};
 
 use north_south_common::*;
 
@@ -100,40 +99,58 @@ fn removed_backends_flows_move_or_reset(shared: bool) {
     }
 }
 
+lbproxy_tests::both_families!(icmp_errors_about_node_port_flows_reach_the_client);
+
 /// ICMP errors about north-south flows reach the outside client translated, so its socket
-/// sees them (issue 10's ICMP handling, for NodePorts):
+/// sees them (issue 10's ICMP handling, for NodePorts), in each family (over IPv6 the
+/// Service is dual-stack, the errors are ICMPv6):
 /// - the port unreachable of a backend on nodeB, about a datagram source-NATed by nodeA: the
 ///   client's connected UDP socket to nodeA's NodePort gets "connection refused" at once
 ///   (addressed to nodeA's SNAT address, it is translated and sent on to the client);
 /// - the same from a backend on nodeA itself (no SNAT; translated as it leaves the node);
-/// - PMTU: nodeB's link to b1 is narrower than the path before it, so nodeB answers the
-///   client's full-size segments, source-NATed by nodeA, with "fragmentation needed" to
-///   nodeA's address; translated and sent on, the client lowers its path MTU and a 256 KiB
-///   request through the NodePort is answered.
-#[test]
-fn icmp_errors_about_node_port_flows_reach_the_client() {
+/// - PMTU: nodeB's link to b1 is 1280 bytes, narrower than the path before it, so nodeB
+///   answers the client's full-size segments, source-NATed by nodeA, with "fragmentation
+///   needed" (Packet Too Big) to nodeA's address; translated and sent on, the client lowers
+///   its path MTU and a 256 KiB request through the NodePort is answered.
+fn icmp_errors_about_node_port_flows_reach_the_client(family: Family) {
     use std::io::{BufRead as _, Write as _};
-    let s = Setup::new("Cluster");
+    let s = Setup::for_family(family, "Cluster");
     let client = s.lab.add_client("ext");
-    let a = s.lab.node(NodeId::A).ip;
+    let (a, v6): (IpAddr, bool) = match family {
+        Family::V4 => (s.lab.node(NodeId::A).ip.into(), false),
+        Family::V6 => (s.lab.node(NodeId::A).ip6.into(), true),
+    };
+    let addr_of = |p: &Pod| -> IpAddr {
+        match family {
+            Family::V4 => p.ip.into(),
+            Family::V6 => p.ip6.expect("dual-stack pod").into(),
+        }
+    };
     for (backend, what) in [(&s.b1, "on nodeB, source-NATed"), (&s.a1, "on nodeA")] {
+        let web = match family {
+            Family::V4 => manifest(&s.lab, &[&s.a1, &s.b1], "Cluster"),
+            Family::V6 => dual_stack_web_manifest(&s.lab, &[&s.a1, &s.b1], "Cluster", ""),
+        };
         s.lab
-            .write_manifest_text(&closed_manifest(&s.lab, &[&s.a1, &s.b1], backend));
+            .write_manifest_text(&format!("{web}{}", s.lab.closed_service(backend, v6)));
         // Programmed on nodeA first: until then nodeA's own stack would refuse the datagram.
         let programmed = wait_for(Duration::from_secs(5), Duration::from_millis(50), || {
             s.lab
-                .serves_only(NodeId::A, "default/closed", backend.ip.into())
+                .serves_only(NodeId::A, "default/closed", addr_of(backend))
                 .then_some(())
         });
         assert!(
             programmed.is_ok(),
-            "nodeA serves closed's NodePort with {} only\n{}",
+            "nodeA serves closed's {family} NodePort with {} only\n{}",
             backend.name,
             s.logs()
         );
         let refused = wait_for(Duration::from_secs(5), Duration::from_millis(200), || {
             let u = client
-                .run(|| lbproxy_tests::lab::socket2_udp(0))
+                .run(|| match family {
+                    Family::V4 => lbproxy_tests::lab::socket2_udp(0),
+                    Family::V6 => lbproxy_tests::lab::net::socket2_udp6(0),
+                })
                 .expect("UDP socket");
             u.connect((a, 30055)).unwrap();
             u.set_read_timeout(Some(Duration::from_millis(900)))
@@ -147,14 +164,41 @@ fn icmp_errors_about_node_port_flows_reach_the_client() {
         });
         assert!(
             refused.is_ok(),
-            "UDP through nodeA's NodePort to {} ({what}), where nothing listens: want \
+            "UDP through nodeA's {family} NodePort to {} ({what}), where nothing listens: want \
              connection refused within 1 s\n{}",
             backend.name,
             s.logs()
         );
     }
     // PMTU, source-NATed to b1 on nodeB.
-    only_b1(&s, &client.netns);
+    match family {
+        Family::V4 => only_b1(&s, &client.netns),
+        Family::V6 => {
+            s.lab
+                .write_manifest_text(&dual_stack_web_manifest(&s.lab, &[&s.b1], "Cluster", ""));
+            // Both nodes' maps first: requests alone can all land on b1 by chance while a1
+            // is still in, and a connection opened to a1 then is reset when a1 leaves.
+            let b1_6 = addr_of(&s.b1);
+            let only_b1 = wait_for(Duration::from_secs(10), Duration::from_millis(100), || {
+                let programmed = NodeId::ALL
+                    .iter()
+                    .all(|&node| s.lab.serves_only(node, "default/web", b1_6));
+                let seen = requests(&client.netns, false, a, NODE_PORT_TCP, 6);
+                (programmed
+                    && seen.errors.is_empty()
+                    && seen.wrong_source.is_empty()
+                    && seen.by_backend.len() == 1
+                    && seen.by_backend.contains_key(&s.b1.name))
+                .then_some(())
+            });
+            assert!(
+                only_b1.is_ok(),
+                "only b1 serves {}\n{}",
+                SocketAddr::from((a, NODE_PORT_TCP)),
+                s.logs()
+            );
+        }
+    }
     s.lab
         .node_run(
             NodeId::B,
@@ -180,8 +224,8 @@ fn icmp_errors_about_node_port_flows_reach_the_client() {
     let r = std::io::BufReader::new(&stream).read_line(&mut answer);
     assert!(
         w.is_ok() && r.is_ok() && answer.starts_with("b1 "),
-        "a 256 KiB request through nodeA's NodePort to b1 over a 1280-byte hop: write {w:?}, \
-         read {r:?}, answer {answer:?} after {:?}\n{}",
+        "a 256 KiB request through nodeA's {family} NodePort to b1 over a 1280-byte hop: \
+         write {w:?}, read {r:?}, answer {answer:?} after {:?}\n{}",
         started.elapsed(),
         s.logs()
     );
