@@ -533,29 +533,6 @@ impl Scrape {
     }
 }
 
-#[cfg(test)]
-mod parser_tests {
-    use super::*;
-
-    #[test]
-    fn openmetrics_parser() {
-        let t = "# HELP a_total x\n# TYPE a counter\na_total 3\nb{map=\"LB_X\",q=\"a\\\"b\"} 1.5e0\n\
-                 h_bucket{le=\"+Inf\"} 4\nh_count 4 # {trace_id=\"1\"} 1\n# EOF\n";
-        let s = Scrape::parse(t).unwrap();
-        assert!(s.eof);
-        assert_eq!(s.value("a_total", &[]), 3.0);
-        assert_eq!(s.value("b", &[("map", "LB_X")]), 1.5);
-        assert_eq!(s.samples[1].labels["q"], "a\"b");
-        assert_eq!(s.value("h_bucket", &[("le", "+Inf")]), 4.0);
-        assert_eq!(s.value("h_count", &[]), 4.0);
-        assert_eq!(s.types["a"], "counter");
-        assert_eq!(
-            dechunk("3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n").unwrap(),
-            "abcde"
-        );
-    }
-}
-
 // ---- small fixtures of the Kubernetes source suites ----
 
 pub fn ip(n: u8) -> Ipv4Addr {
@@ -588,4 +565,27 @@ pub fn lists_since(reqs: &[Request], plural: &str) -> Vec<Request> {
         .filter(|r| r.is_list() && r.resource() == Some(plural))
         .cloned()
         .collect()
+}
+
+#[cfg(test)]
+mod parser_tests {
+    use super::*;
+
+    #[test]
+    fn openmetrics_parser() {
+        let t = "# HELP a_total x\n# TYPE a counter\na_total 3\nb{map=\"LB_X\",q=\"a\\\"b\"} 1.5e0\n\
+                 h_bucket{le=\"+Inf\"} 4\nh_count 4 # {trace_id=\"1\"} 1\n# EOF\n";
+        let s = Scrape::parse(t).unwrap();
+        assert!(s.eof);
+        assert_eq!(s.value("a_total", &[]), 3.0);
+        assert_eq!(s.value("b", &[("map", "LB_X")]), 1.5);
+        assert_eq!(s.samples[1].labels["q"], "a\"b");
+        assert_eq!(s.value("h_bucket", &[("le", "+Inf")]), 4.0);
+        assert_eq!(s.value("h_count", &[]), 4.0);
+        assert_eq!(s.types["a"], "counter");
+        assert_eq!(
+            dechunk("3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n").unwrap(),
+            "abcde"
+        );
+    }
 }
