@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::*;
+use lbproxy_tests::lab::Inspect as _;
 use lbproxy_tests::lab::{Lab, Pod, Shape, ns};
 
 both_shapes!(affinity_across_clients, tiny_flow_table);
@@ -135,10 +136,6 @@ fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
-fn drops(lab: &Lab, reason: &str) -> u64 {
-    lab.inspect_json("drops")[reason].as_u64().unwrap_or(0)
-}
-
 /// A flow table of 1024 entries (512 flows) flooded with 1500 UDP flows: lbproxy keeps
 /// running and serving; an active TCP connection survives (LRU keeps what is used); the
 /// collector works under pressure; an idle TCP connection evicted by the flood is counted,
@@ -158,7 +155,7 @@ fn tiny_flow_table(shape: Shape) {
         .expect("idle connection's first request")
         .backend;
     active.request().expect("active connection's first request");
-    let before = drops(lab, "tcp_midstream_without_flow");
+    let before = lab.drop_count("tcp_midstream_without_flow");
 
     // 1500 UDP flows, one source port each, keeping the active connection busy meanwhile.
     let mut udp_ok = 0;
@@ -228,7 +225,7 @@ fn tiny_flow_table(shape: Shape) {
         r.backend, idle_backend,
         "[{shape}] evicted flow re-hashed elsewhere"
     );
-    let after = drops(lab, "tcp_midstream_without_flow");
+    let after = lab.drop_count("tcp_midstream_without_flow");
     assert!(
         after > before,
         "[{shape}] eviction of a live flow not counted ({before} -> {after})"

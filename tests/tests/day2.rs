@@ -10,6 +10,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::*;
+use lbproxy_tests::lab::Inspect as _;
 use lbproxy_tests::lab::{
     Backend, Conditions, Endpoint, HEALTHZ_ADDR, Lab, Lbproxy, Pod, Shape, lbproxy_bin, ns_run,
     vip, wait_for,
@@ -178,9 +179,7 @@ fn pin_to_cpu0() {
 #[test]
 fn monitor_rate_cap_holds_under_a_burst() {
     let (lab, client, _pods, _servers, _lb) = lab_with_empty();
-    let before = lab.inspect_json("drops")["no_backend_icmp_unreachable"]
-        .as_u64()
-        .unwrap_or(0);
+    let before = lab.drop_count("no_backend_icmp_unreachable");
     let mon = Monitor::start(&lab, &["--rate", "2", "--duration", "20"]);
     let burst = Instant::now();
     client.run(|| {
@@ -206,9 +205,7 @@ fn monitor_rate_cap_holds_under_a_burst() {
         events.len()
     );
     let after = wait_for(Duration::from_secs(5), Duration::from_millis(200), || {
-        let n = lab.inspect_json("drops")["no_backend_icmp_unreachable"]
-            .as_u64()
-            .unwrap_or(0);
+        let n = lab.drop_count("no_backend_icmp_unreachable");
         (n >= before + 60).then_some(n)
     });
     assert!(after.is_ok(), "the drop counter must count all 60 rejects");

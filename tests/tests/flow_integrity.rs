@@ -21,6 +21,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
+use lbproxy_tests::lab::Inspect as _;
 use lbproxy_tests::lab::bpf;
 use lbproxy_tests::lab::connect::PendingConnect;
 use lbproxy_tests::lab::{
@@ -46,10 +47,6 @@ const SRC_HALF_CLOSE: u16 = 21031;
 
 /// The second VIP of [`tuple_clash`], sharing `web`'s backend.
 const VIP2: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 11);
-
-fn drops(lab: &Lab, reason: &str) -> u64 {
-    lab.inspect_json("drops")[reason].as_u64().unwrap_or(0)
-}
 
 /// A backend's answer line `"<identity> <client as seen>"`, split.
 fn parse_reply(line: &str) -> (String, String) {
@@ -188,7 +185,7 @@ fn tuple_clash(shape: Shape) {
         );
     }
     assert!(
-        drops(&lab, "tuple_clash_port_rewritten") >= 2,
+        lab.drop_count("tuple_clash_port_rewritten") >= 2,
         "[{shape}] the clashes are counted: {:#}",
         lab.inspect_json("drops")
     );
@@ -361,7 +358,7 @@ fn stale_reply_direct(shape: Shape) {
         s.lb.log()
     );
     assert!(
-        drops(&s.lab, "stale_reply_removed") >= 2,
+        s.lab.drop_count("stale_reply_removed") >= 2,
         "[{shape}] counted: {:#}",
         s.lab.inspect_json("drops")
     );
@@ -398,7 +395,7 @@ fn reply_half_recreated(shape: Shape) {
     );
     bpf::map_delete(&map, &key)
         .unwrap_or_else(|e| panic!("[{shape}] deleting the reply half: {e}"));
-    let before = drops(&s.lab, "flow_half_recreated");
+    let before = s.lab.drop_count("flow_half_recreated");
     // The request recreates the reply half before the answer comes back.
     let r = ask(&conn);
     assert!(
@@ -415,7 +412,7 @@ fn reply_half_recreated(shape: Shape) {
         "[{shape}] the recreated reply half restores the VIP"
     );
     assert_eq!(
-        drops(&s.lab, "flow_half_recreated"),
+        s.lab.drop_count("flow_half_recreated"),
         before + 1,
         "[{shape}] counted once"
     );

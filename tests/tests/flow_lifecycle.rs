@@ -28,6 +28,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use common::*;
+use lbproxy_tests::lab::Inspect as _;
 use lbproxy_tests::lab::connect::{PendingConnect, reset_on_close};
 use lbproxy_tests::lab::{
     Conditions, Endpoint, Lab, Pod, Proto, Shape, TcpConn, ns_run, vip, wait_for,
@@ -133,11 +134,6 @@ fn wait_service_backends(lab: &Lab, frontend: &str, want: &[String], ctx: &str) 
             lab.diagnostics()
         )
     })
-}
-
-/// `inspect drops --json` counter `reason` (0 when absent).
-fn drop_count(lab: &Lab, reason: &str) -> u64 {
-    lab.inspect_json("drops")[reason].as_u64().unwrap_or(0)
 }
 
 fn tcp_frontend() -> String {
@@ -464,7 +460,7 @@ fn terminating_then_removed(shape: Shape) {
     );
 
     // b2 leaves the slice.
-    let resets_before = drop_count(&s.lab, "backend_gone_tcp_reset");
+    let resets_before = s.lab.drop_count("backend_gone_tcp_reset");
     let t_write = Instant::now();
     s.lab
         .write_manifest(&web_objects("web", WEB_VIP, ready(&[&b1])));
@@ -490,7 +486,7 @@ fn terminating_then_removed(shape: Shape) {
         std::thread::sleep(Duration::from_millis(50));
     };
     let failed_at = t_write.elapsed();
-    let resets_after = drop_count(&s.lab, "backend_gone_tcp_reset");
+    let resets_after = s.lab.drop_count("backend_gone_tcp_reset");
     eprintln!(
         "[{shape}] removed: request failed {failed_at:?} after the write with {:?} ({err}); the \
          failing request took {took:?}; backend_gone_tcp_reset {resets_before} -> {resets_after}; \
@@ -605,8 +601,8 @@ fn reject_timings(shape: Shape) {
     ]));
     let mut lb = lab.start_lbproxy();
     lb.expect_healthy(HEALTHY_WITHIN);
-    let tcp0 = drop_count(&lab, "no_backend_tcp_reset");
-    let udp0 = drop_count(&lab, "no_backend_icmp_unreachable");
+    let tcp0 = lab.drop_count("no_backend_tcp_reset");
+    let udp0 = lab.drop_count("no_backend_icmp_unreachable");
 
     const N: usize = 5;
     let results = client.run(|| {
@@ -640,8 +636,8 @@ fn reject_timings(shape: Shape) {
         }
         out
     });
-    let tcp1 = drop_count(&lab, "no_backend_tcp_reset");
-    let udp1 = drop_count(&lab, "no_backend_icmp_unreachable");
+    let tcp1 = lab.drop_count("no_backend_tcp_reset");
+    let udp1 = lab.drop_count("no_backend_icmp_unreachable");
     let summary: Vec<String> = results
         .iter()
         .map(|(v, p, i, r, t)| format!("{p} {v} #{i}: {r:?} in {t:?}"))
@@ -998,7 +994,7 @@ fn shared_backend_leaves_one_service(shape: Shape) {
     assert_eq!(first, "b1", "[{shape}] web has b1 alone");
 
     // b1 leaves web, stays in metrics, keeps serving.
-    let resets_before = drop_count(&s.lab, "backend_gone_tcp_reset");
+    let resets_before = s.lab.drop_count("backend_gone_tcp_reset");
     let t_write = Instant::now();
     s.lab.write_manifest(&both(&b2));
     let mut after = Vec::new();
@@ -1036,7 +1032,7 @@ fn shared_backend_leaves_one_service(shape: Shape) {
     let t = Instant::now();
     let r = conn.request();
     let took = t.elapsed();
-    let resets_after = drop_count(&s.lab, "backend_gone_tcp_reset");
+    let resets_after = s.lab.drop_count("backend_gone_tcp_reset");
     assert!(
         matches!(&r, Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe)),
         "[{shape}] b1 left web (still in metrics): the connection through web to b1 must be \

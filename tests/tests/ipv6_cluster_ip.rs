@@ -20,25 +20,14 @@
 //! fragment both ways (`LB_FRAGS6_V1`): a 3000-byte request reaches the backend whole, and
 //! its 4000-byte answer reaches the client whole, from the ClusterIP.
 //!
-//! ICMPv6 errors about translated flows are translated (quote and outer header): a node's
-//! Packet Too Big for a client's segments to a backend behind a narrower hop lowers the
-//! client's path MTU (the transfer completes), and a backend's port unreachable reaches a
-//! connected UDP client as "connection refused".
+//! ICMPv6 errors about translated flows are translated (quote and outer header): their
+//! tests are the IPv6 cases of icmp_errors.rs (`pmtu_through_vip`: a node's Packet Too Big
+//! lowers the client's path MTU; `udp_port_unreachable`: a backend's port unreachable
+//! reaches a connected UDP client as "connection refused").
 //!
 //! A restart (SIGTERM, then a new `lbproxy run`) keeps IPv6 serving throughout: an open
 //! IPv6 connection stays on its backend while lbproxy is stopped and after the new one
 //! adopts the pinned IPv6 maps.
-//!
-//! A pod that sends to an IPv6 frontend from an address the node does not route back to it
-//! gets no translation: dropped, counted as `spoofed_source`, no flow entry. A pod that
-//! reaches itself through the IPv6 frontend (hairpin) is answered by itself, seeing the
-//! flow come from `HAIRPIN6`, from the frontend it called. With `--stack-bypass`, IPv6
-//! flows between routed pods are redirected past the node's stack, both ways: they are
-//! served while the node's ip6tables FORWARD chain drops the backends' traffic.
-//!
-//! With kube-proxy's `ip6tables -A FORWARD -m conntrack --ctstate INVALID -j DROP` in the
-//! node namespace, IPv6 service traffic is not dropped: the node's netfilter sees only
-//! consistent pod-to-pod tuples.
 //!
 //! An IPv6 frontend without endpoints answers at once, as the IPv4 one does: a TCP RST
 //! (connection refused) and an ICMPv6 port unreachable for UDP (a connected socket's
@@ -46,14 +35,19 @@
 //! by `lbproxy monitor` with its IPv6 addresses and service.
 
 mod common;
+mod ipv6_common;
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use common::*;
+use ipv6_common::*;
+use lbproxy_tests::lab::Inspect as _;
 use lbproxy_tests::lab::{Pod, Shape};
+
+/// The clusterIP of `metrics`, an IPv6 Service over a backend of `web`.
+const METRICS_VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x14);
 
 both_shapes!(
     dual_stack_service_serves_both_families,
@@ -63,162 +57,8 @@ both_shapes!(
     ipv6_flows_of_a_backend_that_left,
     ipv6_flows_of_a_backend_that_left_one_of_two_services,
     ipv6_fragmented_datagrams_both_ways,
-    ipv6_port_unreachable_reaches_the_client,
     ipv6_survives_a_restart,
-    ipv6_spoofed_source_is_dropped,
-    ipv6_pod_reaches_itself,
-    ipv6_with_the_invalid_drop_rule
 );
-
-#[test]
-fn ipv6_routed_pods_bypass_the_node_stack() {
-    ipv6_stack_bypass(Shape::Routed);
-}
-
-mod ipv6_packet_too_big {
-    #[test]
-    fn routed() {
-        super::ipv6_packet_too_big(lbproxy_tests::lab::Shape::Routed)
-    }
-}
-
-/// The Service's IPv6 clusterIP: outside the pods' `fd00:c612::/64`, routed nowhere.
-const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x10);
-/// The clusterIP of `metrics`, an IPv6 Service over a backend of `web`.
-const METRICS_VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x14);
-
-/// The `web` Service with clusterIPs `WEB_VIP` and `VIP6`, its IPv4 slice holding the IPv4
-/// addresses of `v4` and its IPv6 slice the IPv6 addresses of `v6`.
-fn dual_stack_manifest(v4: &[&Pod], v6: &[&Pod]) -> String {
-    dual_stack_manifest_with(v4, v6, "")
-}
-
-/// [`dual_stack_manifest`] with `spec` (YAML lines, indented two spaces) added to the
-/// Service's spec.
-fn dual_stack_manifest_with(v4: &[&Pod], v6: &[&Pod], spec: &str) -> String {
-    let endpoints = |addrs: Vec<String>| -> String {
-        if addrs.is_empty() {
-            return "null".into();
-        }
-        let items: Vec<String> = addrs
-            .iter()
-            .map(|a| format!("{{addresses: [\"{a}\"], conditions: {{ready: true}}}}"))
-            .collect();
-        format!("[{}]", items.join(", "))
-    };
-    let slice = |name: &str, family: &str, addrs: Vec<String>| {
-        format!(
-            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: default\n  labels: {{kubernetes.io/service-name: web}}\naddressType: {family}\nports: [{{name: http, port: {BACKEND_TCP}, protocol: TCP}}, {{name: dns, port: {BACKEND_UDP}, protocol: UDP}}]\nendpoints: {}\n",
-            endpoints(addrs)
-        )
-    };
-    format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: default}}\nspec:\n  clusterIP: {WEB_VIP}\n  clusterIPs: [\"{WEB_VIP}\", \"{VIP6}\"]\n  ipFamilies: [IPv4, IPv6]\n  ipFamilyPolicy: RequireDualStack\n{spec}  ports:\n  - {{name: http, port: {WEB_TCP}, protocol: TCP, targetPort: {BACKEND_TCP}}}\n  - {{name: dns, port: {WEB_UDP}, protocol: UDP, targetPort: {BACKEND_UDP}}}\n{}{}",
-        slice(
-            "web-v4",
-            "IPv4",
-            v4.iter().map(|p| p.ip.to_string()).collect()
-        ),
-        slice(
-            "web-v6",
-            "IPv6",
-            v6.iter().map(|p| p.ip6.unwrap().to_string()).collect()
-        ),
-    )
-}
-
-/// One answered request: the backend that answered, the client address it saw, and the
-/// address the answer came from.
-#[derive(Debug)]
-struct Answer {
-    backend: String,
-    client_seen: String,
-    from: SocketAddr,
-}
-
-fn parse(line: &str, from: SocketAddr) -> Result<Answer, String> {
-    let (backend, seen) = line
-        .trim_end()
-        .split_once(' ')
-        .ok_or_else(|| format!("malformed reply {line:?}"))?;
-    Ok(Answer {
-        backend: backend.to_string(),
-        client_seen: seen.to_string(),
-        from,
-    })
-}
-
-/// A new TCP connection to `[VIP6]:WEB_TCP` from the calling thread's namespace, one
-/// request on it.
-fn tcp6() -> Result<Answer, String> {
-    let to = SocketAddr::from((VIP6, WEB_TCP));
-    let mut c = TcpStream::connect_timeout(&to, T).map_err(|e| format!("connect {to}: {e}"))?;
-    c.set_read_timeout(Some(T)).map_err(|e| e.to_string())?;
-    c.write_all(b"hello\n").map_err(|e| format!("write: {e}"))?;
-    let mut line = String::new();
-    BufReader::new(&c)
-        .read_line(&mut line)
-        .map_err(|e| format!("read from {to}: {e}"))?;
-    let peer = c.peer_addr().map_err(|e| e.to_string())?;
-    parse(&line, peer)
-}
-
-/// One UDP request to `[VIP6]:WEB_UDP` from a new socket (a new source port, so a new flow).
-fn udp6() -> Result<Answer, String> {
-    let to = SocketAddr::from((VIP6, WEB_UDP));
-    let u = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).map_err(|e| e.to_string())?;
-    u.set_read_timeout(Some(T)).map_err(|e| e.to_string())?;
-    u.send_to(b"hello\n", to)
-        .map_err(|e| format!("send to {to}: {e}"))?;
-    let mut buf = [0u8; 512];
-    let (n, from) = u
-        .recv_from(&mut buf)
-        .map_err(|e| format!("no UDP answer from {to}: {e}"))?;
-    parse(&String::from_utf8_lossy(&buf[..n]), from)
-}
-
-/// `n` TCP connections and `n` UDP requests over IPv6 from `client`: each must be answered
-/// from the VIP:port it was sent to, by a backend that saw the client's own IPv6 address.
-/// Returns the answers per backend, (TCP, UDP).
-fn ipv6_traffic_ok(
-    ctx: &str,
-    s: &Setup,
-    n: usize,
-) -> (BTreeMap<String, usize>, BTreeMap<String, usize>) {
-    let c6 = s.client.ip6.unwrap();
-    let (tcp, udp) = s.client.run(|| {
-        let tcp: Vec<_> = (0..n).map(|_| tcp6()).collect();
-        let udp: Vec<_> = (0..n).map(|_| udp6()).collect();
-        (tcp, udp)
-    });
-    let mut out = (BTreeMap::new(), BTreeMap::new());
-    for (proto, answers, port, tally) in [
-        ("TCP", tcp, WEB_TCP, &mut out.0),
-        ("UDP", udp, WEB_UDP, &mut out.1),
-    ] {
-        for (i, a) in answers.into_iter().enumerate() {
-            let a = a.unwrap_or_else(|e| {
-                panic!(
-                    "{ctx}: {proto} #{i} over IPv6: {e}\n{}",
-                    s.lab.diagnostics()
-                )
-            });
-            assert_eq!(
-                a.from,
-                SocketAddr::from((VIP6, port)),
-                "{ctx}: {proto} #{i}: the answer must come from the IPv6 ClusterIP: {a:?}"
-            );
-            let seen: SocketAddr = a.client_seen.parse().unwrap();
-            assert_eq!(
-                seen.ip(),
-                IpAddr::V6(c6),
-                "{ctx}: {proto} #{i}: the backend must see the client's own address: {a:?}"
-            );
-            *tally.entry(a.backend).or_insert(0) += 1;
-        }
-    }
-    out
-}
 
 fn dual_stack_service_serves_both_families(shape: Shape) {
     let s = Setup::new(shape, &["b1", "b2"]);
@@ -350,9 +190,6 @@ fn dual_stack_service_serves_both_families(shape: Shape) {
     );
 }
 
-/// The second Service's IPv6 clusterIP: no endpoints at all.
-const EMPTY6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x20);
-
 fn ipv6_frontend_without_endpoints_rejects(shape: Shape) {
     let s = Setup::new(shape, &["b1"]);
     let b1 = s.backend("b1").clone();
@@ -426,22 +263,6 @@ fn ipv6_frontend_without_endpoints_rejects(shape: Shape) {
     assert_eq!((tcp.len(), udp.len()), (1, 1), "{tcp:?} {udp:?}");
 }
 
-/// `lbproxy ARGS --bpffs-dir DIR` in the lab's node namespace, which must succeed: its
-/// stdout parsed as JSON.
-fn tool_json(s: &Setup, args: &[&str]) -> serde_json::Value {
-    let dir = s.lab.bpffs_dir().display().to_string();
-    let argv: Vec<&str> = args.iter().copied().chain(["--bpffs-dir", &dir]).collect();
-    let out = s.lab.lbproxy_cmd(&argv);
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "lbproxy {argv:?}: {}{text}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(&text)
-        .unwrap_or_else(|e| panic!("lbproxy {argv:?}: bad JSON ({e}): {text}"))
-}
-
 fn ipv6_flows_are_listed_and_flushed(shape: Shape) {
     let s = Setup::new(shape, &["b1"]);
     let b1 = s.backend("b1").clone();
@@ -506,14 +327,6 @@ fn ipv6_flows_are_listed_and_flushed(shape: Shape) {
     assert_eq!(rows.len(), v4_before, "the IPv4 flows stay: {after:#}");
     // The client's next IPv6 requests are new flows, served as before.
     ipv6_traffic_ok("after the flush", &s, 2);
-}
-
-/// Waits until a TCP connection to the IPv6 frontend succeeds (the frontend is programmed).
-fn wait_ipv6_served(s: &Setup) {
-    let deadline = Instant::now() + APPLY_WITHIN;
-    while s.client.run(tcp6).is_err() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn ipv6_session_affinity(shape: Shape) {
@@ -615,11 +428,7 @@ fn flows_of_a_backend_that_left6(shape: Shape, shared: bool) {
     } else {
         (&b1, &b2)
     };
-    let resets = |lab: &lbproxy_tests::lab::Lab| {
-        lab.inspect_json("drops")["backend_gone_tcp_reset"]
-            .as_u64()
-            .unwrap_or(0)
-    };
+    let resets = |lab: &lbproxy_tests::lab::Lab| lab.drop_count("backend_gone_tcp_reset");
     let before = resets(&s.lab);
     let mut after = dual_stack_manifest(&[&b1, &b2], &[stay]);
     if shared {
@@ -784,73 +593,6 @@ fn ipv6_fragmented_datagrams_both_ways(shape: Shape) {
     assert_eq!(n(&after), n(&before), "no fragment went untranslated");
 }
 
-/// A request this long needs many full-size segments.
-const BIG: usize = 256 * 1024;
-
-fn ipv6_packet_too_big(shape: Shape) {
-    let s = Setup::new(shape, &["b1"]);
-    let b1 = s.backend("b1").clone();
-    s.lab
-        .write_manifest_text(&dual_stack_manifest(&[&b1], &[&b1]));
-    wait_ipv6_served(&s);
-    // Only the node's side of b1's link is narrow (the IPv6 minimum MTU): b1 still
-    // announces a 1440-byte MSS, so the client's segments do not fit and the node answers
-    // them with Packet Too Big, quoting client -> backend.
-    s.lab
-        .node_run(&["ip", "link", "set", "dev", &b1.host_if, "mtu", "1280"])
-        .unwrap_or_else(|e| panic!("[{shape}] narrowing {}: {e}", b1.host_if));
-    let started = Instant::now();
-    let r = s.client.run(|| {
-        let c = TcpStream::connect_timeout(&SocketAddr::from((VIP6, WEB_TCP)), T)?;
-        c.set_read_timeout(Some(Duration::from_secs(5)))?;
-        // Untranslated, the client never learns the path MTU and the write stalls.
-        c.set_write_timeout(Some(Duration::from_secs(5)))?;
-        let mut line = vec![b'x'; BIG];
-        line.push(b'\n');
-        (&c).write_all(&line)?;
-        let mut answer = String::new();
-        BufReader::new(&c).read_line(&mut answer)?;
-        Ok::<_, std::io::Error>(answer)
-    });
-    assert!(
-        matches!(&r, Ok(a) if a.starts_with("b1 ")),
-        "[{shape}] a {BIG}-byte request over IPv6 through a 1280-byte hop: {r:?} after {:?}\n{}",
-        started.elapsed(),
-        s.lab.diagnostics()
-    );
-}
-
-fn ipv6_port_unreachable_reaches_the_client(shape: Shape) {
-    let s = Setup::new(shape, &["b1"]);
-    let b1 = s.backend("b1").clone();
-    const CLOSED6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x13);
-    // A second service on b1's UDP port 5555, where nothing listens.
-    let closed = format!(
-        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: closed, namespace: default}}\nspec:\n  clusterIP: \"{CLOSED6}\"\n  clusterIPs: [\"{CLOSED6}\"]\n  ipFamilies: [IPv6]\n  ports:\n  - {{name: dns, port: 55, protocol: UDP, targetPort: 5555}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: closed-1, namespace: default, labels: {{kubernetes.io/service-name: closed}}}}\naddressType: IPv6\nports: [{{name: dns, port: 5555, protocol: UDP}}]\nendpoints: [{{addresses: [\"{}\"], conditions: {{ready: true}}}}]\n",
-        b1.ip6.unwrap()
-    );
-    s.lab
-        .write_manifest_text(&format!("{}{closed}", dual_stack_manifest(&[&b1], &[&b1])));
-    wait_ipv6_served(&s);
-    std::thread::sleep(Duration::from_millis(300));
-    let (r, took) = s.client.run(|| {
-        let u = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).unwrap();
-        u.connect((CLOSED6, 55)).unwrap();
-        u.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-        let started = Instant::now();
-        u.send(b"hello\n").unwrap();
-        let mut buf = [0u8; 64];
-        let r = u.recv(&mut buf);
-        (r.map(|_| ()), started.elapsed())
-    });
-    assert!(
-        matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused) && took < T,
-        "[{shape}] UDP over IPv6 to a backend port nobody listens on: {r:?} after {took:?} \
-         (want connection refused within {T:?})\n{}",
-        s.lab.diagnostics()
-    );
-}
-
 fn ipv6_survives_a_restart(shape: Shape) {
     let mut s = Setup::new(shape, &["b1", "b2"]);
     let (b1, b2) = (s.backend("b1").clone(), s.backend("b2").clone());
@@ -905,413 +647,4 @@ fn ipv6_survives_a_restart(shape: Shape) {
         2,
         "the IPv6 frontends adopted: {rows:#}"
     );
-}
-
-/// The source address a pod sees on its own IPv6 hairpin flows
-/// (`lbproxy_common::HAIRPIN_ADDR6`).
-const HAIRPIN6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xa9fe, 0x2a01, 0, 0, 0, 0, 1);
-/// An address outside the pods' `fd00:c612::/64`, which the node does not route to any pod.
-const SPOOFED6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x9, 0, 0, 0, 0, 0, 0xc8);
-
-/// `inspect drops --json` counter `reason` (0 when absent).
-fn drop_count(s: &Setup, reason: &str) -> u64 {
-    s.lab.inspect_json("drops")[reason].as_u64().unwrap_or(0)
-}
-
-/// From the client, with `src` added to its interface: three UDP requests and one TCP
-/// connect to the IPv6 frontend, all from `src`, each given 300 ms (the connect a second) to
-/// be answered. Returns the answers and the connect's outcome.
-fn send_from6(s: &Setup, src: Ipv6Addr) -> (Vec<String>, Result<(), String>) {
-    lbproxy_tests::lab::ns_run(
-        &s.client.netns,
-        &[
-            "ip",
-            "-6",
-            "addr",
-            "add",
-            &format!("{src}/128"),
-            "dev",
-            "eth0",
-            "nodad",
-        ],
-    )
-    .unwrap_or_else(|e| panic!("adding {src} to the client: {e}"));
-    s.client.run(|| {
-        let u = UdpSocket::bind((src, 21001)).expect("bind UDP to the spoofed address");
-        u.set_read_timeout(Some(Duration::from_millis(300)))
-            .unwrap();
-        let mut answers = Vec::new();
-        for _ in 0..3 {
-            u.send_to(b"hello\n", (VIP6, WEB_UDP)).expect("UDP send");
-            let mut buf = [0u8; 256];
-            if let Ok((n, from)) = u.recv_from(&mut buf) {
-                answers.push(format!(
-                    "{} from {from}",
-                    String::from_utf8_lossy(&buf[..n])
-                ));
-            }
-        }
-        let tcp = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None)
-            .and_then(|t| {
-                t.bind(&SocketAddr::from((src, 21002)).into())?;
-                t.connect_timeout(
-                    &SocketAddr::from((VIP6, WEB_TCP)).into(),
-                    Duration::from_secs(1),
-                )
-            })
-            .map_err(|e| e.to_string());
-        (answers, tcp)
-    })
-}
-
-/// A client sends UDP and a TCP SYN to the IPv6 frontend from an address that is not its
-/// own: nothing is translated (no answer, no connection, no flow names the address) and
-/// `spoofed_source` counts the packets. In the routed shape, the same for a neighbour pod's
-/// IPv6 address. The client's own address is never counted and keeps working.
-fn ipv6_spoofed_source_is_dropped(shape: Shape) {
-    let s = Setup::new(shape, &["b1", "b2"]);
-    let (b1, b2) = (s.backend("b1").clone(), s.backend("b2").clone());
-    s.lab
-        .write_manifest_text(&dual_stack_manifest(&[&b1, &b2], &[&b1]));
-    wait_ipv6_served(&s);
-    ipv6_traffic_ok("own address, before", &s, 4);
-    assert_eq!(
-        drop_count(&s, "spoofed_source"),
-        0,
-        "the client's own IPv6 address was counted as spoofed\n{}",
-        s.lab.diagnostics()
-    );
-    let mut spoofed = vec![SPOOFED6];
-    if shape == Shape::Routed {
-        spoofed.push(b2.ip6.unwrap());
-    }
-    for src in spoofed {
-        let before = drop_count(&s, "spoofed_source");
-        let (answers, tcp) = send_from6(&s, src);
-        assert!(
-            answers.is_empty(),
-            "answers to IPv6 requests from {src}, which is not the client's: {answers:?}"
-        );
-        assert!(
-            tcp.is_err(),
-            "a TCP connection from {src}, which is not the client's, was established"
-        );
-        let counted = drop_count(&s, "spoofed_source") - before;
-        assert!(
-            counted >= 4,
-            "spoofed_source counted {counted} packets from {src}, want the 3 UDP requests and \
-             at least one SYN\n{}",
-            s.lab.diagnostics()
-        );
-        let flows = tool_json(&s, &["inspect", "flows", "--json"]);
-        let named: Vec<_> = flows
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|f| f.to_string().contains(&src.to_string()))
-            .collect();
-        assert!(named.is_empty(), "flows name {src}: {named:#?}");
-        // Gone again, so that source address selection cannot pick it for the client's
-        // own requests.
-        lbproxy_tests::lab::ns_run(
-            &s.client.netns,
-            &[
-                "ip",
-                "-6",
-                "addr",
-                "del",
-                &format!("{src}/128"),
-                "dev",
-                "eth0",
-            ],
-        )
-        .unwrap_or_else(|e| panic!("removing {src} from the client: {e}"));
-    }
-    ipv6_traffic_ok("own address, after", &s, 4);
-}
-
-/// One TCP request (a new connection) and one UDP request (a new socket) from `pod` to the
-/// IPv6 frontend: (backend, client seen, answered from) of each.
-fn requests6(pod: &Pod) -> (Answer, Answer) {
-    pod.run(|| (tcp6(), udp6()))
-        .into_tcp_udp()
-        .unwrap_or_else(|e| panic!("from {}: {e}", pod.name))
-}
-
-trait Both {
-    fn into_tcp_udp(self) -> Result<(Answer, Answer), String>;
-}
-
-impl Both for (Result<Answer, String>, Result<Answer, String>) {
-    fn into_tcp_udp(self) -> Result<(Answer, Answer), String> {
-        Ok((self.0?, self.1?))
-    }
-}
-
-/// A pod that is a backend of the IPv6 frontend reaches itself through it: answered by
-/// itself, seeing `HAIRPIN6` as the client, from the frontend's address and port; other
-/// pods still see their own address. A flow to another backend keeps the pod's address.
-fn ipv6_pod_reaches_itself(shape: Shape) {
-    let s = Setup::new(shape, &["b1", "b2"]);
-    let (b1, b2) = (s.backend("b1").clone(), s.backend("b2").clone());
-    // Only b1 serves IPv6, so every IPv6 request from b1 is a hairpin flow.
-    s.lab
-        .write_manifest_text(&dual_stack_manifest(&[&b1, &b2], &[&b1]));
-    wait_ipv6_served(&s);
-    for i in 0..4 {
-        let (tcp, udp) = requests6(&b1);
-        for (proto, a, port) in [("TCP", &tcp, WEB_TCP), ("UDP", &udp, WEB_UDP)] {
-            assert_eq!(a.backend, "b1", "{proto} #{i} from b1 to itself: {a:?}");
-            let seen: SocketAddr = a.client_seen.parse().unwrap();
-            assert_eq!(
-                seen.ip(),
-                IpAddr::V6(HAIRPIN6),
-                "{proto} #{i}: b1 must see its own flow come from the hairpin address: {a:?}"
-            );
-            assert_eq!(
-                a.from,
-                SocketAddr::from((VIP6, port)),
-                "{proto} #{i}: the answer must come from the IPv6 frontend: {a:?}"
-            );
-        }
-    }
-    // b2 to b1: an ordinary flow, with b2's own address.
-    let (tcp, _) = requests6(&b2);
-    let seen: SocketAddr = tcp.client_seen.parse().unwrap();
-    assert_eq!(seen.ip(), IpAddr::V6(b2.ip6.unwrap()), "b2 to b1: {tcp:?}");
-    let v = s.lab.inspect_json("delivery");
-    assert!(
-        v["packets"]["redirect_hairpin"].as_u64().unwrap_or(0) > 0,
-        "hairpin packets are sent back into the pod, and counted: {v:#}"
-    );
-}
-
-/// `--stack-bypass` on routed pods: with the node's ip6tables FORWARD chain dropping the
-/// backends' traffic (so pod-to-pod IPv6 through the node's stack is lost), every IPv6
-/// request through the frontend is answered, by both backends, from the frontend, and the
-/// datapath counts redirects both ways.
-fn ipv6_stack_bypass(shape: Shape) {
-    let s = Setup::with_args(shape, &["b1", "b2"], &["--stack-bypass"]);
-    let (b1, b2) = (s.backend("b1").clone(), s.backend("b2").clone());
-    s.lab
-        .write_manifest_text(&dual_stack_manifest(&[&b1, &b2], &[&b1, &b2]));
-    wait_ipv6_served(&s);
-    // Warm the neighbours (the first packets to a backend take the stack, which resolves
-    // them), then drop what the stack forwards.
-    ipv6_traffic_ok("bypass, open node", &s, 8);
-    for (proto, port) in [("tcp", BACKEND_TCP), ("udp", BACKEND_UDP)] {
-        for dir in ["--dport", "--sport"] {
-            s.lab
-                .node_run(&[
-                    "ip6tables",
-                    "-A",
-                    "FORWARD",
-                    "-p",
-                    proto,
-                    dir,
-                    &port.to_string(),
-                    "-j",
-                    "DROP",
-                ])
-                .unwrap_or_else(|e| panic!("installing an ip6tables FORWARD drop rule: {e}"));
-        }
-    }
-    let direct = s.client.run(|| {
-        TcpStream::connect_timeout(
-            &SocketAddr::from((b1.ip6.unwrap(), BACKEND_TCP)),
-            Duration::from_millis(500),
-        )
-    });
-    assert!(
-        direct.is_err(),
-        "the FORWARD drop rule must stop direct IPv6 pod-to-pod traffic, but b1 answered"
-    );
-    let delivered = |path: &str| {
-        s.lab.inspect_json("delivery")["packets"][path]
-            .as_u64()
-            .unwrap_or(0)
-    };
-    let (fwd0, rev0) = (
-        delivered("redirect_to_backend"),
-        delivered("redirect_to_client"),
-    );
-    let n = 20;
-    let (tcp, udp) = ipv6_traffic_ok("bypass, FORWARD dropping", &s, n);
-    assert!(
-        tcp.len() == 2 && udp.len() == 2,
-        "both backends answer over IPv6: TCP {tcp:?} UDP {udp:?}"
-    );
-    let (fwd, rev) = (
-        delivered("redirect_to_backend") - fwd0,
-        delivered("redirect_to_client") - rev0,
-    );
-    assert!(
-        fwd >= 5 * n as u64 && rev >= 4 * n as u64,
-        "redirects during {n} TCP and {n} UDP requests over IPv6: {fwd} to backends, {rev} to the client"
-    );
-}
-
-/// With `ip6tables -A FORWARD -m conntrack --ctstate INVALID -j DROP` in the node namespace
-/// (kube-proxy's rule, in its IPv6 table), TCP and UDP through the IPv6 ClusterIP keep
-/// working: each request is answered within 800 ms (a dropped SYN-ACK or reply, recovered
-/// by a retransmission after 1 s, fails), on new connections, on one long-lived connection
-/// and from one fixed UDP source port, always from the ClusterIP.
-fn ipv6_with_the_invalid_drop_rule(shape: Shape) {
-    let s = Setup::new(shape, &["b1", "b2"]);
-    let (b1, b2) = (s.backend("b1").clone(), s.backend("b2").clone());
-    let rule = [
-        "FORWARD",
-        "-m",
-        "conntrack",
-        "--ctstate",
-        "INVALID",
-        "-j",
-        "DROP",
-    ];
-    let mut argv = vec!["ip6tables", "-A"];
-    argv.extend(rule);
-    s.lab
-        .node_run(&argv)
-        .unwrap_or_else(|e| panic!("[{shape}] installing the ip6tables INVALID drop rule: {e}"));
-    s.lab
-        .write_manifest_text(&dual_stack_manifest(&[&b1, &b2], &[&b1, &b2]));
-    let deadline = Instant::now() + APPLY_WITHIN;
-    while s.client.run(tcp6).is_err() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let tt = Duration::from_millis(800);
-    let (tcp_to, udp_to) = (
-        SocketAddr::from((VIP6, WEB_TCP)),
-        SocketAddr::from((VIP6, WEB_UDP)),
-    );
-    let failures: Vec<String> = s.client.run(|| {
-        let mut failures = Vec::new();
-        let request = |c: &TcpStream, r: &mut BufReader<&TcpStream>| -> Result<String, String> {
-            (&mut &*c)
-                .write_all(b"hello\n")
-                .map_err(|e| format!("write: {e}"))?;
-            let mut line = String::new();
-            r.read_line(&mut line).map_err(|e| format!("read: {e}"))?;
-            Ok(line)
-        };
-        for i in 0..20 {
-            let r = TcpStream::connect_timeout(&tcp_to, tt)
-                .map_err(|e| format!("connect: {e}"))
-                .and_then(|c| {
-                    c.set_read_timeout(Some(tt)).map_err(|e| e.to_string())?;
-                    request(&c, &mut BufReader::new(&c))
-                });
-            if let Err(e) = r {
-                failures.push(format!("new TCP connection #{i}: {e}"));
-            }
-        }
-        match TcpStream::connect_timeout(&tcp_to, tt) {
-            Ok(c) => {
-                c.set_read_timeout(Some(tt)).unwrap();
-                let mut r = BufReader::new(&c);
-                for i in 0..20 {
-                    if let Err(e) = request(&c, &mut r) {
-                        failures.push(format!("request #{i} on one TCP connection: {e}"));
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            }
-            Err(e) => failures.push(format!("the long-lived connection: {e}")),
-        }
-        let u = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 41_000)).unwrap();
-        u.set_read_timeout(Some(tt)).unwrap();
-        for i in 0..20 {
-            let mut buf = [0u8; 256];
-            let r = u
-                .send_to(b"hello\n", udp_to)
-                .and_then(|_| u.recv_from(&mut buf));
-            match r {
-                Ok((_, from)) if from == udp_to => {}
-                Ok((_, from)) => {
-                    failures.push(format!("UDP #{i} from port 41000: answered from {from}"))
-                }
-                Err(e) => failures.push(format!("UDP #{i} from port 41000: {e}")),
-            }
-        }
-        failures
-    });
-    let counters = s
-        .lab
-        .node_run(&["ip6tables", "-L", "FORWARD", "-v", "-x", "-n"])
-        .unwrap_or_else(|e| e);
-    assert!(
-        failures.is_empty(),
-        "[{shape}] with the ip6tables INVALID drop rule:\n  {}\nrules:\n{counters}",
-        failures.join("\n  ")
-    );
-}
-
-/// Puts a sticky destination-options header (one PadN option, 8 bytes in all) on every
-/// packet `sock` sends (`IPV6_DSTOPTS`, which needs CAP_NET_RAW: the tests run as root).
-fn with_dest_opts(sock: &impl std::os::fd::AsRawFd) {
-    // Next header (the kernel fills it in), length 0 (8 bytes), PadN of 4 zero bytes.
-    let opts: [u8; 8] = [0, 0, 1, 4, 0, 0, 0, 0];
-    // SAFETY: a valid socket and an 8-byte option buffer.
-    let r = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::IPPROTO_IPV6,
-            libc::IPV6_DSTOPTS,
-            opts.as_ptr().cast(),
-            opts.len() as libc::socklen_t,
-        )
-    };
-    assert_eq!(
-        r,
-        0,
-        "setsockopt(IPV6_DSTOPTS): {}",
-        std::io::Error::last_os_error()
-    );
-}
-
-/// A TCP connection and a connected UDP socket's datagram (from `udp_port`, 0 for any) from
-/// the client to the frontend without endpoints, with a destination-options header on
-/// every packet when `dest_opts`: each must be refused within 500 ms.
-fn refused_at_once(s: &Setup, udp_port: u16, dest_opts: bool, what: &str) {
-    let (tcp, udp) = s.client.run(|| {
-        let to = SocketAddr::from((EMPTY6, WEB_TCP));
-        let t = socket2::Socket::new(
-            socket2::Domain::IPV6,
-            socket2::Type::STREAM,
-            Some(socket2::Protocol::TCP),
-        )
-        .unwrap();
-        let u = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, udp_port)).unwrap();
-        if dest_opts {
-            with_dest_opts(&t);
-            with_dest_opts(&u);
-        }
-        let started = Instant::now();
-        let tcp = t
-            .connect_timeout(&to.into(), Duration::from_secs(3))
-            .map_err(|e| (e.kind(), started.elapsed()));
-        u.connect((EMPTY6, WEB_UDP)).unwrap();
-        u.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-        let started = Instant::now();
-        u.send(b"hello\n").unwrap();
-        let udp = u
-            .recv(&mut [0u8; 64])
-            .map(|_| ())
-            .map_err(|e| (e.kind(), started.elapsed()));
-        (tcp, udp)
-    });
-    for (proto, r) in [("TCP", tcp), ("UDP", udp)] {
-        match r {
-            Err((std::io::ErrorKind::ConnectionRefused, took)) => assert!(
-                took < Duration::from_millis(500),
-                "{proto} {what}: refused, but only after {took:?}"
-            ),
-            other => panic!(
-                "{proto} {what} to an IPv6 frontend without endpoints: want connection \
-                 refused at once, got {other:?}\n{}",
-                s.lab.diagnostics()
-            ),
-        }
-    }
 }

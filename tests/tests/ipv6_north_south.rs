@@ -18,27 +18,31 @@
 //!   `recvmsg6`/`getpeername6` see them) reach every IPv6 frontend kind, see the frontend as
 //!   their peer, and lose a connected socket whose backend leaves (`LB_SOCKREV6_V1`, the
 //!   reaper's IPv6 `sock_diag` dump).
+//!
+//! Three tests are the `ipv6` cases of north_south.rs's: `--nodeport-addresses primary`
+//! (`node_port_addresses_primary_follows_the_default_route`), `externalTrafficPolicy:
+//! Cluster` through either node (`node_port_external_ip_and_lb_ip_through_either_node`) and
+//! `externalTrafficPolicy: Local` with the healthCheckNodePort
+//! (`external_traffic_policy_local_and_health_check_node_port`); a fourth is the `ipv6` case
+//! of north_south_flows.rs's `icmp_errors_about_node_port_flows_reach_the_client`.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
+use lbproxy_tests::lab::Inspect as _;
 use lbproxy_tests::lab::cgroup::{HostClient, Mode, Outcome, Requests};
 use lbproxy_tests::lab::multinode::{
     MultiNodeLab, NodeId, WEB_BACKEND_TCP as BACKEND_TCP, WEB_BACKEND_UDP as BACKEND_UDP,
-    WEB_CLUSTER_IP, WEB_EXTERNAL_IP, WEB_LB_IP, WEB_NODE_PORT_TCP as NODE_PORT_TCP,
-    WEB_NODE_PORT_UDP as NODE_PORT_UDP,
+    WEB_CLUSTER_IP6 as CLUSTER_IP6, WEB_EXTERNAL_IP6 as EXTERNAL_IP6, WEB_LB_IP,
+    WEB_LB_IP6 as LB_IP6, WEB_NODE_PORT_TCP as NODE_PORT_TCP, WEB_NODE_PORT_UDP as NODE_PORT_UDP,
+    dual_stack_web_manifest,
 };
-use lbproxy_tests::lab::{Backend, Lbproxy, Pod, http_get_full};
+use lbproxy_tests::lab::{Backend, Lbproxy, Pod};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 const HEALTHY_WITHIN: Duration = Duration::from_secs(20);
-/// The IPv6 frontends: outside every lab subnet, routed to a node by the client.
-const EXTERNAL_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x50);
-const LB_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x60);
-const CLUSTER_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x10);
-const HC_PORT: u16 = 32000;
 
 struct Setup {
     // Dropped last: servers and lbproxys go first.
@@ -49,51 +53,9 @@ struct Setup {
     b1: Pod,
 }
 
-/// The dual-stack `web` Service (type LoadBalancer, one clusterIP, externalIP and LB IP per
-/// family, TCP 80 and UDP 53 with NodePorts) over `pods`, with one EndpointSlice per family;
-/// `policy` is its externalTrafficPolicy, `extra` spec lines (two-space indented).
+/// The dual-stack `web` Service over `pods` (see [`dual_stack_web_manifest`]).
 fn manifest(lab: &MultiNodeLab, pods: &[&Pod], policy: &str, extra: &str) -> String {
-    let slice = |name: &str, family: &str, v6: bool| {
-        let eps: String = pods
-            .iter()
-            .map(|p| {
-                let ip = if v6 {
-                    p.ip6.unwrap().to_string()
-                } else {
-                    p.ip.to_string()
-                };
-                format!(
-                    "- {{addresses: [\"{ip}\"], nodeName: {}, conditions: {{ready: true}}}}\n",
-                    lab.node_of(&p.name).name()
-                )
-            })
-            .collect();
-        format!(
-            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: default\n  labels: {{kubernetes.io/service-name: web}}\naddressType: {family}\nports: [{{name: http, port: {BACKEND_TCP}, protocol: TCP}}, {{name: dns, port: {BACKEND_UDP}, protocol: UDP}}]\nendpoints:\n{eps}"
-        )
-    };
-    format!(
-        "apiVersion: v1
-kind: Service
-metadata: {{name: web, namespace: default}}
-spec:
-  type: LoadBalancer
-  clusterIP: {WEB_CLUSTER_IP}
-  clusterIPs: [\"{WEB_CLUSTER_IP}\", \"{CLUSTER_IP6}\"]
-  ipFamilies: [IPv4, IPv6]
-  ipFamilyPolicy: RequireDualStack
-  externalIPs: [\"{WEB_EXTERNAL_IP}\", \"{EXTERNAL_IP6}\"]
-  externalTrafficPolicy: {policy}
-{extra}  ports:
-  - {{name: http, port: 80, protocol: TCP, targetPort: {BACKEND_TCP}, nodePort: {NODE_PORT_TCP}}}
-  - {{name: dns, port: 53, protocol: UDP, targetPort: {BACKEND_UDP}, nodePort: {NODE_PORT_UDP}}}
-status:
-  loadBalancer:
-    ingress: [{{ip: \"{WEB_LB_IP}\"}}, {{ip: \"{LB_IP6}\"}}]
-{}{}",
-        slice("web-v4", "IPv4", false),
-        slice("web-v6", "IPv6", true),
-    )
+    dual_stack_web_manifest(lab, pods, policy, extra)
 }
 
 impl Setup {
@@ -210,107 +172,6 @@ fn wait_served(ns: &str, to: SocketAddr) {
 
 fn proto(udp: bool) -> &'static str {
     if udp { "UDP" } else { "TCP" }
-}
-
-/// externalTrafficPolicy: Cluster, over IPv6, through either node: the NodePorts (TCP and
-/// UDP) on the node's IPv6 address, the IPv6 externalIP and the IPv6 LB IP are answered by
-/// both backends, from the address and port the client used; the backend on the node
-/// reached sees the client's IPv6 address, the other one that node's (SNAT). The IPv4
-/// NodePort of the same Service answers too.
-#[test]
-fn ipv6_node_port_external_ip_and_lb_ip_through_either_node() {
-    let s = Setup::new("Cluster", true, "");
-    let client = s.lab.add_client("ext");
-    wait_served(
-        &client.netns,
-        SocketAddr::from((s.lab.node(NodeId::A).ip6, NODE_PORT_TCP)),
-    );
-    for via in NodeId::ALL {
-        let node = s.lab.node(via).clone();
-        let (local, remote) = match via {
-            NodeId::A => (&s.a1, &s.b1),
-            NodeId::B => (&s.b1, &s.a1),
-        };
-        client.route_via6("fd00:c612:ffff::/64", &node);
-        let mut frontends = vec![];
-        for (udp, port) in [(false, NODE_PORT_TCP), (true, NODE_PORT_UDP)] {
-            frontends.push((udp, SocketAddr::from((node.ip6, port))));
-        }
-        for vip in [EXTERNAL_IP6, LB_IP6] {
-            frontends.push((false, SocketAddr::from((vip, 80))));
-            frontends.push((true, SocketAddr::from((vip, 53))));
-        }
-        for (udp, to) in frontends {
-            let what = format!("{} {to} via {via}", proto(udp));
-            let (seen, failed) = requests(&client.netns, udp, to, 24);
-            eprintln!("{what}: {seen:?}");
-            assert!(failed.is_empty(), "{what}: {failed:?}\n{}", s.logs());
-            assert_eq!(
-                seen.get(&local.name),
-                Some(&vec![IpAddr::V6(client.ip6)]),
-                "{what}: the backend on {via} sees the client's own IPv6 address: {seen:?}"
-            );
-            assert_eq!(
-                seen.get(&remote.name),
-                Some(&vec![IpAddr::V6(node.ip6)]),
-                "{what}: the backend on the other node sees {via}'s IPv6 address (SNAT): {seen:?}"
-            );
-        }
-    }
-    // The IPv4 NodePort of the same Service, at the same time.
-    let to = SocketAddr::from((s.lab.node(NodeId::A).ip, NODE_PORT_TCP));
-    let (seen, failed) = requests(&client.netns, false, to, 12);
-    assert!(failed.is_empty(), "TCP {to}: {failed:?}");
-    assert_eq!(seen.len(), 2, "TCP {to}: both backends answer: {seen:?}");
-}
-
-/// externalTrafficPolicy: Local over IPv6, with only a1 (nodeA) an endpoint: nodeA's IPv6
-/// NodePort is answered by a1 alone, which sees the client's own address; nodeB's drops
-/// (an endpoint exists elsewhere), counted as `no_local_endpoint`. The healthCheckNodePort
-/// answers on both nodes' IPv6 addresses: 200 on nodeA, 503 on nodeB.
-#[test]
-fn ipv6_external_traffic_policy_local_and_health_check_node_port() {
-    let s = Setup::new(
-        "Local",
-        false,
-        &format!("  healthCheckNodePort: {HC_PORT}\n"),
-    );
-    let client = s.lab.add_client("ext");
-    let a6 = s.lab.node(NodeId::A).ip6;
-    let b6 = s.lab.node(NodeId::B).ip6;
-    wait_served(&client.netns, SocketAddr::from((a6, NODE_PORT_TCP)));
-    for (udp, port) in [(false, NODE_PORT_TCP), (true, NODE_PORT_UDP)] {
-        let to = SocketAddr::from((a6, port));
-        let (seen, failed) = requests(&client.netns, udp, to, 12);
-        assert!(
-            failed.is_empty(),
-            "{} {to}: {failed:?}\n{}",
-            proto(udp),
-            s.logs()
-        );
-        assert_eq!(
-            seen,
-            BTreeMap::from([(s.a1.name.clone(), vec![IpAddr::V6(client.ip6)])]),
-            "{} {to}: only nodeA's endpoint, seeing the client's address",
-            proto(udp)
-        );
-    }
-    let to = SocketAddr::from((b6, NODE_PORT_TCP));
-    let (seen, _) = requests(&client.netns, false, to, 2);
-    assert!(
-        seen.is_empty(),
-        "nodeB has no local endpoint: its IPv6 NodePort must not answer: {seen:?}"
-    );
-    for (addr, want) in [(a6, 200), (b6, 503)] {
-        let hc = SocketAddr::from((addr, HC_PORT));
-        let r = http_get_full(&client.netns, hc, "/", Duration::from_secs(2))
-            .unwrap_or_else(|e| panic!("GET http://{hc}/: {e}\n{}", s.logs()));
-        assert_eq!(r.status, want, "GET http://{hc}/: {r:?}");
-        assert!(
-            r.body.contains("\"localEndpoints\""),
-            "kube-proxy's body from {hc}: {r:?}"
-        );
-    }
 }
 
 /// The node processes' requests: each answered, from `to` as the peer; the backends that
@@ -471,7 +332,7 @@ fn ipv6_load_balancer_source_ranges_filter_the_ipv6_lb_ip() {
             s.logs()
         );
     }
-    let before = s.lab.drop_count(NodeId::A, "source_range_denied");
+    let before = s.lab.node(NodeId::A).drop_count("source_range_denied");
     for (udp, port) in [(false, 80), (true, 53)] {
         let to = SocketAddr::from((LB_IP6, port));
         let (seen, _) = requests(&other.netns, udp, to, 2);
@@ -481,7 +342,7 @@ fn ipv6_load_balancer_source_ranges_filter_the_ipv6_lb_ip() {
             proto(udp)
         );
     }
-    let after = s.lab.drop_count(NodeId::A, "source_range_denied");
+    let after = s.lab.node(NodeId::A).drop_count("source_range_denied");
     assert!(
         after >= before + 4,
         "source_range_denied counted on nodeA ({before} -> {after})\n{}",
@@ -506,127 +367,6 @@ fn ipv6_load_balancer_source_ranges_filter_the_ipv6_lb_ip() {
         ok.ip
     );
 }
-
-/// `web` over `web_eps` and the lab's IPv6-only UDP NodePort Service `closed` (nodePort
-/// 30055 -> port 5555, where nothing listens) over `backend`.
-fn closed_manifest6(lab: &MultiNodeLab, web_eps: &[&Pod], backend: &Pod) -> String {
-    format!(
-        "{}{}",
-        manifest(lab, web_eps, "Cluster", ""),
-        lab.closed_service(backend, true)
-    )
-}
-
-/// ICMPv6 errors about IPv6 north-south flows reach the outside client translated, so its
-/// socket sees them:
-/// - the port unreachable of a backend on nodeB about a datagram nodeA source-NATed: sent to
-///   nodeA's IPv6 SNAT address, it is translated, readdressed to the client and sent on,
-///   and the client's connected UDP socket to nodeA's IPv6 NodePort gets "connection
-///   refused" at once;
-/// - the same from a backend on nodeA itself (no SNAT; translated as it leaves the node);
-/// - Packet Too Big: nodeB's link to b1 is 1280 bytes, so nodeB answers the client's
-///   full-size segments, source-NATed by nodeA, with Packet Too Big to nodeA's address;
-///   translated and sent on, the client lowers its path MTU and a 256 KiB request through
-///   nodeA's IPv6 NodePort is answered.
-#[test]
-fn ipv6_icmp_errors_about_node_port_flows_reach_the_client() {
-    let s = Setup::new("Cluster", true, "");
-    let client = s.lab.add_client("ext");
-    let a6 = s.lab.node(NodeId::A).ip6;
-    for (backend, what) in [(&s.b1, "on nodeB, source-NATed"), (&s.a1, "on nodeA")] {
-        s.lab
-            .write_manifest_text(&closed_manifest6(&s.lab, &[&s.a1, &s.b1], backend));
-        // Programmed on nodeA first: until then nodeA's own stack would refuse the datagram.
-        let programmed = lbproxy_tests::lab::net::wait_for(
-            Duration::from_secs(5),
-            Duration::from_millis(50),
-            || {
-                s.lab
-                    .serves_only(NodeId::A, "default/closed", backend.ip6.unwrap().into())
-                    .then_some(())
-            },
-        );
-        assert!(
-            programmed.is_ok(),
-            "nodeA serves closed's IPv6 NodePort with {} only\n{}",
-            backend.name,
-            s.logs()
-        );
-        let refused = lbproxy_tests::lab::net::wait_for(
-            Duration::from_secs(5),
-            Duration::from_millis(200),
-            || {
-                client.run(|| {
-                    let u = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).ok()?;
-                    u.connect((a6, 30055)).ok()?;
-                    u.set_read_timeout(Some(Duration::from_millis(900))).ok()?;
-                    let started = Instant::now();
-                    u.send(b"hello\n").ok()?;
-                    let r = u.recv(&mut [0u8; 64]);
-                    (matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused)
-                        && started.elapsed() < Duration::from_secs(1))
-                    .then_some(())
-                })
-            },
-        );
-        assert!(
-            refused.is_ok(),
-            "UDP through nodeA's IPv6 NodePort to {} ({what}), where nothing listens: want \
-             connection refused within 1 s\n{}",
-            backend.name,
-            s.logs()
-        );
-    }
-    // Packet Too Big, source-NATed to b1 on nodeB.
-    s.lab
-        .write_manifest_text(&manifest(&s.lab, &[&s.b1], "Cluster", ""));
-    let to = SocketAddr::from((a6, NODE_PORT_TCP));
-    // Both nodes' maps first: requests alone can all land on b1 by chance while a1 is still
-    // in, and a connection opened to a1 then is reset when a1 leaves.
-    let b1_6 = s.b1.ip6.unwrap().into();
-    let only_b1 = lbproxy_tests::lab::net::wait_for(
-        Duration::from_secs(10),
-        Duration::from_millis(100),
-        || {
-            let programmed = NodeId::ALL
-                .iter()
-                .all(|&node| s.lab.serves_only(node, "default/web", b1_6));
-            let (seen, failed) = requests(&client.netns, false, to, 6);
-            (programmed && failed.is_empty() && seen.len() == 1 && seen.contains_key(&s.b1.name))
-                .then_some(())
-        },
-    );
-    assert!(only_b1.is_ok(), "only b1 serves {to}\n{}", s.logs());
-    s.lab
-        .node_run(
-            NodeId::B,
-            &["ip", "link", "set", "dev", &s.b1.host_if, "mtu", "1280"],
-        )
-        .unwrap();
-    let stream = client
-        .run(|| TcpStream::connect_timeout(&to, TIMEOUT))
-        .unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    stream
-        .set_write_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let mut line = vec![b'x'; 256 * 1024];
-    line.push(b'\n');
-    let started = Instant::now();
-    let w = (&stream).write_all(&line);
-    let mut answer = String::new();
-    let r = BufReader::new(&stream).read_line(&mut answer);
-    assert!(
-        w.is_ok() && r.is_ok() && answer.starts_with("b1 "),
-        "a 256 KiB request through nodeA's IPv6 NodePort to b1 over a 1280-byte hop: write \
-         {w:?}, read {r:?}, answer {answer:?} after {:?}\n{}",
-        started.elapsed(),
-        s.logs()
-    );
-}
-
 /// `--socket-lb pods` over IPv6: a pod's process (in the group) reaching the IPv6 ClusterIP
 /// is translated at the socket, `connect6` and `sendmsg6`: every request is answered, showing the
 /// ClusterIP as the peer, the backends see the pod's IPv6 address, the socket events count
@@ -638,7 +378,7 @@ fn socket_lb_pods_translates_ipv6_at_the_socket() {
     let client = s.lab.add_pod(NodeId::A, "client");
     s.lab.wait_programs_on(&client, Duration::from_secs(10));
     let client6 = client.ip6.unwrap().to_string();
-    let before = s.lab.inspect_json(NodeId::A, "sockets")["events"].clone();
+    let before = s.lab.node(NodeId::A).inspect_json("sockets")["events"].clone();
     for (mode, port) in [(Mode::Tcp, 80), (Mode::Udp, 53)] {
         let to = SocketAddr::from((CLUSTER_IP6, port));
         let out = HostClient::spawn(
@@ -653,7 +393,7 @@ fn socket_lb_pods_translates_ipv6_at_the_socket() {
             assert_eq!(seen, &vec![client6.clone()], "{ctx}: {m:?}");
         }
     }
-    let after = s.lab.inspect_json(NodeId::A, "sockets")["events"].clone();
+    let after = s.lab.node(NodeId::A).inspect_json("sockets")["events"].clone();
     let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap_or(0);
     for (event, least) in [("connect_translated", 8), ("sendmsg_translated", 8)] {
         assert!(
@@ -668,108 +408,9 @@ fn socket_lb_pods_translates_ipv6_at_the_socket() {
         n(&before, "other_netns"),
         "a pod's socket was left to the per-packet path: {after}"
     );
-    let flows = s.lab.inspect_json(NodeId::A, "flows").to_string();
+    let flows = s.lab.node(NodeId::A).inspect_json("flows").to_string();
     assert!(
         !flows.contains(&client6),
         "a per-packet flow of the pod {client6}: {flows}"
-    );
-}
-
-/// `--nodeport-addresses primary` over IPv6: the IPv6 NodePort is served on the node's
-/// primary IPv6 address only, the preferred source of its IPv6 default route, and follows
-/// it when the route changes. Node A gets a second IPv6 address and an IPv6 default route
-/// preferring its own address: the second refuses the NodePort (the node's stack answers:
-/// nothing listens there); once the route prefers the second address, the two swap. (The
-/// IPv4 NodePort keeps to the IPv4 primary, as before.)
-#[test]
-fn ipv6_node_port_addresses_primary_follows_the_default_route() {
-    let lab = MultiNodeLab::new();
-    let a1 = lab.add_pod(NodeId::A, "a1");
-    let _server = a1.serve(&[BACKEND_TCP, BACKEND_UDP]);
-    lab.write_manifest_text(&manifest(&lab, &[&a1], "Cluster", ""));
-    let first = lab.node(NodeId::A).ip6;
-    let second = Ipv6Addr::new(0xfd00, 0xc612, 0x80, 0, 0, 0, 0, 0x201);
-    let run = |argv: &[&str]| {
-        lab.node_run(NodeId::A, argv)
-            .unwrap_or_else(|e| panic!("{argv:?} on nodeA: {e}"));
-    };
-    run(&[
-        "ip",
-        "addr",
-        "add",
-        &format!("{second}/64"),
-        "dev",
-        "eth0",
-        "nodad",
-    ]);
-    let default_from = |src: Ipv6Addr| {
-        run(&[
-            "ip",
-            "-6",
-            "route",
-            "replace",
-            "default",
-            "dev",
-            "eth0",
-            "src",
-            &src.to_string(),
-        ]);
-    };
-    default_from(first);
-    let mut args = lab.lbproxy_run_args(NodeId::A, &[]);
-    let at = args
-        .iter()
-        .position(|a| a == "--nodeport-addresses")
-        .expect("the lab passes --nodeport-addresses");
-    args[at + 1] = "primary".into();
-    let mut lb = lab.start_lbproxy_argv(NodeId::A, args, &[]);
-    lb.expect_healthy(HEALTHY_WITHIN);
-    let client = lab.add_client("ext");
-    let logs = |lb: &Lbproxy| format!("{}\n--- lbproxy\n{}", lab.diagnostics(), lb.log());
-    // Served on `on` by a1, from `on`; refused on `off`.
-    let serves = |on: Ipv6Addr, off: Ipv6Addr| {
-        let served = lbproxy_tests::lab::run_in_ns(&client.netns, || {
-            request(false, SocketAddr::from((on, NODE_PORT_TCP)))
-        });
-        let refused = lbproxy_tests::lab::run_in_ns(&client.netns, || {
-            TcpStream::connect_timeout(&SocketAddr::from((off, NODE_PORT_TCP)), TIMEOUT)
-        });
-        match (&served, &refused) {
-            (Ok((backend, _, from)), Err(e))
-                if backend == "a1"
-                    && *from == SocketAddr::from((on, NODE_PORT_TCP))
-                    && e.kind() == std::io::ErrorKind::ConnectionRefused =>
-            {
-                Ok(())
-            }
-            _ => Err(format!("[{on}]: {served:?}; [{off}]: {refused:?}")),
-        }
-    };
-    let within = |on, off| {
-        lbproxy_tests::lab::net::wait_for(
-            Duration::from_secs(5),
-            Duration::from_millis(100),
-            || serves(on, off).ok(),
-        )
-    };
-    assert!(
-        within(first, second).is_ok(),
-        "primary = the IPv6 default route's preferred source: {:?}\n{}",
-        serves(first, second),
-        logs(&lb)
-    );
-    default_from(second);
-    assert!(
-        within(second, first).is_ok(),
-        "primary follows the IPv6 default route's new source within 5 s: {:?}\n{}",
-        serves(second, first),
-        logs(&lb)
-    );
-    assert!(
-        lb.log()
-            .lines()
-            .any(|l| l.contains("nodePortAddresses: primary") && l.contains(&second.to_string())),
-        "the new primary IPv6 address is logged\n{}",
-        lb.log()
     );
 }

@@ -25,6 +25,7 @@ use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::time::{Duration, Instant};
 
 use common::*;
+use lbproxy_tests::lab::Inspect as _;
 use lbproxy_tests::lab::{Lab, Pod, Shape, bpf, ns_run, wait_for};
 use serde_json::Value;
 
@@ -45,11 +46,6 @@ const SRC_TCP: u16 = 21002;
 const UDP_SENDS: u64 = 3;
 /// How long to wait for an answer that must not come.
 const SILENCE: Duration = Duration::from_secs(1);
-
-/// `inspect drops --json` counter `reason` (0 when absent).
-fn drop_count(lab: &Lab, reason: &str) -> u64 {
-    lab.inspect_json("drops")[reason].as_u64().unwrap_or(0)
-}
 
 /// The flow entries (`inspect flows --json`) whose client is `addr`, any port.
 fn flows_from(lab: &Lab, addr: Ipv4Addr) -> Vec<Value> {
@@ -222,7 +218,7 @@ fn spoofed_source_is_dropped(shape: Shape) {
     let lab = &s.lab;
     web_traffic_ok_in(Some(lab), "own address, before", &s.client, WEB_VIP, 4);
     assert_eq!(
-        drop_count(lab, "spoofed_source"),
+        lab.drop_count("spoofed_source"),
         0,
         "the client's own address was counted as spoofed\n{}",
         lab.diagnostics()
@@ -273,9 +269,9 @@ fn spoofed_source_is_dropped(shape: Shape) {
             .iter()
             .map(|b| input_packets_from(b, addr))
             .collect();
-        let before = drop_count(lab, "spoofed_source");
+        let before = lab.drop_count("spoofed_source");
         let (answers, connected) = send_from(&s.client, addr);
-        let dropped = drop_count(lab, "spoofed_source") - before;
+        let dropped = lab.drop_count("spoofed_source") - before;
         let ctx = format!("{shape}, client {} sending from {addr}", s.client.ip);
         assert!(
             answers.is_empty(),
@@ -310,10 +306,10 @@ fn spoofed_source_is_dropped(shape: Shape) {
         .unwrap_or_else(|e| panic!("removing {addr} from the client: {e}"));
     }
 
-    let before = drop_count(lab, "spoofed_source");
+    let before = lab.drop_count("spoofed_source");
     web_traffic_ok_in(Some(lab), "own address, after", &s.client, WEB_VIP, 4);
     assert_eq!(
-        drop_count(lab, "spoofed_source"),
+        lab.drop_count("spoofed_source"),
         before,
         "the client's own address was counted as spoofed"
     );
@@ -394,11 +390,11 @@ fn frame_verdicts(shape: Shape) {
     };
 
     let spoofed = udp_frame(SPOOFED, SRC_UDP);
-    let before = drop_count(lab, "spoofed_source");
+    let before = lab.drop_count("spoofed_source");
     let r = run("spoofed", ifindex, &spoofed);
     assert_eq!(r.retval, TC_ACT_SHOT, "spoofed source: want TC_ACT_SHOT");
     assert_eq!(r.data, spoofed, "spoofed source: the frame was changed");
-    assert_eq!(drop_count(lab, "spoofed_source"), before + 1);
+    assert_eq!(lab.drop_count("spoofed_source"), before + 1);
     assert!(
         flows_from(lab, SPOOFED).is_empty(),
         "a flow for the spoofed source"
@@ -408,7 +404,7 @@ fn frame_verdicts(shape: Shape) {
     let r = run("own address", ifindex, &own);
     assert_eq!(r.retval, TC_ACT_UNSPEC, "own address: want TC_ACT_UNSPEC");
     assert_eq!(frame_dst(&r.data), b1, "own address: not translated to b1");
-    assert_eq!(drop_count(lab, "spoofed_source"), before + 1);
+    assert_eq!(lab.drop_count("spoofed_source"), before + 1);
 
     let unchecked = Ipv4Addr::new(198, 18, 9, 201);
     let r = run("unchecked interface", 1, &udp_frame(unchecked, SRC_UDP));
@@ -421,7 +417,7 @@ fn frame_verdicts(shape: Shape) {
         b1,
         "unchecked interface: not translated"
     );
-    assert_eq!(drop_count(lab, "spoofed_source"), before + 1);
+    assert_eq!(lab.drop_count("spoofed_source"), before + 1);
     assert_eq!(
         flows_from(lab, unchecked).len(),
         1,

@@ -53,7 +53,9 @@
 
 pub mod bpf;
 pub mod cgroup;
+mod client;
 pub mod connect;
+pub mod inspect;
 pub mod lbproxy;
 pub mod manifest;
 pub mod multinode;
@@ -69,8 +71,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::time::Duration;
 
+pub use self::inspect::Inspect;
 pub use self::lbproxy::{
     HEALTHZ_ADDR, Lbproxy, METRICS_ADDR, lbproxy_bin, lbproxy_bin_if_present, run_lbproxy_cmd,
 };
@@ -83,6 +85,26 @@ pub use self::net::{
     tcp_request, tcp_request_here, udp_request, udp_request_here, wait_for, wait_udp_port_released,
 };
 pub use self::ns::{http_get, http_get_full, netns_path, ns_command, ns_run, run_in_ns};
+
+/// An IP family, for a test written once for both (see [`crate::both_families`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    pub const ALL: [Family; 2] = [Family::V4, Family::V6];
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        })
+    }
+}
 
 /// Pod-network shape of a lab.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -190,53 +212,7 @@ impl Pod {
         Backend::start(&self.netns, &self.name, ports)
     }
 
-    /// See [`net::tcp_request`].
-    pub fn tcp_request(
-        &self,
-        addr: Ipv4Addr,
-        port: u16,
-        timeout: Duration,
-    ) -> std::io::Result<(Reply, std::net::SocketAddr)> {
-        tcp_request(&self.netns, addr, port, timeout)
-    }
-
-    /// See [`net::udp_request`].
-    pub fn udp_request(
-        &self,
-        addr: Ipv4Addr,
-        port: u16,
-        timeout: Duration,
-        src_port: Option<u16>,
-    ) -> std::io::Result<(Reply, std::net::SocketAddr)> {
-        udp_request(&self.netns, addr, port, timeout, src_port)
-    }
-
-    /// A long-lived TCP connection from this pod.
-    pub fn connect(
-        &self,
-        addr: Ipv4Addr,
-        port: u16,
-        timeout: Duration,
-    ) -> std::io::Result<TcpConn> {
-        TcpConn::connect(&self.netns, addr, port, timeout)
-    }
-
-    /// See [`net::tally`].
-    pub fn tally(
-        &self,
-        proto: Proto,
-        addr: Ipv4Addr,
-        port: u16,
-        n: usize,
-        timeout: Duration,
-    ) -> Tally {
-        tally(&self.netns, proto, addr, port, n, timeout)
-    }
-
-    /// Runs `f` inside this pod's namespace.
-    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        run_in_ns(&self.netns, f)
-    }
+    client::netns_client!("pod");
 
     /// Drops inbound TCP to `port` in the pod's own INPUT chain: SYNs reach the pod and
     /// vanish, as with a hung or overloaded process. The error names the pod.
@@ -700,14 +676,10 @@ impl Lab {
         lbproxy::run_lbproxy_cmd(&self.node, args)
     }
 
-    /// `lbproxy inspect WHAT --json --bpffs-dir DIR`, parsed. Panics on failure or bad JSON.
+    /// [`Inspect::inspect_json`], also callable without the trait in scope (the benchmarks
+    /// in xtask call it so).
     pub fn inspect_json(&self, what: &str) -> serde_json::Value {
-        let dir = self.bpffs_dir.display().to_string();
-        let out = self.lbproxy_cmd(&["inspect", what, "--json", "--bpffs-dir", &dir]);
-        let text = ns::output_result(&format!("lbproxy inspect {what} --json"), out)
-            .unwrap_or_else(|e| panic!("{e}"));
-        serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("lbproxy inspect {what} --json: bad JSON ({e}): {text}"))
+        Inspect::inspect_json(self, what)
     }
 
     /// Every tcx attachment on the node namespace's interfaces (see [`bpf`]).
@@ -780,6 +752,16 @@ impl Lab {
     pub fn lbproxy_cleanup(&self) -> Output {
         let dir = self.bpffs_dir.display().to_string();
         self.lbproxy_cmd(&["cleanup", "--bpffs-dir", &dir])
+    }
+}
+
+impl Inspect for Lab {
+    fn lbproxy_cmd(&self, args: &[&str]) -> Output {
+        Lab::lbproxy_cmd(self, args)
+    }
+
+    fn bpffs_dir(&self) -> &Path {
+        &self.bpffs_dir
     }
 }
 

@@ -62,7 +62,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -71,9 +71,11 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::cgroup::{CgroupGroup, HostClient, Requests};
-use super::lbproxy::{HEALTHZ_ADDR, Lbproxy, METRICS_ADDR, lbproxy_bin_if_present};
+use super::inspect::Inspect;
+use super::lbproxy::{
+    HEALTHZ_ADDR, Lbproxy, METRICS_ADDR, lbproxy_bin_if_present, run_lbproxy_cmd,
+};
 use super::manifest::{Endpoint, Manifest, write_atomic};
-use super::net::{Proto, Reply, Tally, TcpConn, tally, tcp_request, udp_request};
 use super::ns::{ns_command, ns_run, run_in_ns};
 use super::{
     COUNTER, Pod, ROUTED_GATEWAY, ROUTED_GATEWAY6, SWEEP, ip_batch, netns_add, netns_del,
@@ -210,6 +212,16 @@ pub struct Node {
     pub bpffs_dir: PathBuf,
 }
 
+impl Inspect for Node {
+    fn lbproxy_cmd(&self, args: &[&str]) -> std::process::Output {
+        run_lbproxy_cmd(&self.netns, args)
+    }
+
+    fn bpffs_dir(&self) -> &Path {
+        &self.bpffs_dir
+    }
+}
+
 /// An external client: a namespace whose `eth0` (a /24 on the fabric) is plugged into
 /// [`FABRIC_BRIDGE`]. It has no routes beyond the fabric until given some.
 #[derive(Clone, Debug)]
@@ -250,53 +262,7 @@ impl Client {
         self.route_via(&node.pod_cidr, node);
     }
 
-    /// See [`super::net::tcp_request`].
-    pub fn tcp_request(
-        &self,
-        addr: Ipv4Addr,
-        port: u16,
-        timeout: Duration,
-    ) -> std::io::Result<(Reply, SocketAddr)> {
-        tcp_request(&self.netns, addr, port, timeout)
-    }
-
-    /// See [`super::net::udp_request`].
-    pub fn udp_request(
-        &self,
-        addr: Ipv4Addr,
-        port: u16,
-        timeout: Duration,
-        src_port: Option<u16>,
-    ) -> std::io::Result<(Reply, SocketAddr)> {
-        udp_request(&self.netns, addr, port, timeout, src_port)
-    }
-
-    /// A long-lived TCP connection from this client.
-    pub fn connect(
-        &self,
-        addr: Ipv4Addr,
-        port: u16,
-        timeout: Duration,
-    ) -> std::io::Result<TcpConn> {
-        TcpConn::connect(&self.netns, addr, port, timeout)
-    }
-
-    /// See [`super::net::tally`].
-    pub fn tally(
-        &self,
-        proto: Proto,
-        addr: Ipv4Addr,
-        port: u16,
-        n: usize,
-        timeout: Duration,
-    ) -> Tally {
-        tally(&self.netns, proto, addr, port, n, timeout)
-    }
-
-    /// Runs `f` inside this client's namespace.
-    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        run_in_ns(&self.netns, f)
-    }
+    super::client::netns_client!("client");
 }
 
 #[derive(Default)]
@@ -829,18 +795,6 @@ impl MultiNodeLab {
         ns_run(&self.node(node).netns, argv)
     }
 
-    /// `lbproxy inspect WHAT --json` over `node`'s pinned maps, parsed. Panics when it
-    /// prints no JSON.
-    pub fn inspect_json(&self, node: NodeId, what: &str) -> serde_json::Value {
-        let out = std::process::Command::new(super::lbproxy_bin())
-            .args(["inspect", what, "--json", "--bpffs-dir"])
-            .arg(&self.node(node).bpffs_dir)
-            .output()
-            .unwrap_or_else(|e| panic!("lbproxy inspect {what}: {e}"));
-        serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("inspect {what} --json: {e}: {out:?}"))
-    }
-
     /// A UDP NodePort Service `closed` (port 55, nodePort 30055 -> port 5555, where nothing
     /// listens) over `backend` alone, single-stack in `backend`'s family (`v6`), with its
     /// EndpointSlice: YAML to append to a manifest, for port-unreachable tests.
@@ -882,18 +836,11 @@ endpoints:
         )
     }
 
-    /// `node`'s datapath drop counter `reason` (0 when it never counted).
-    pub fn drop_count(&self, node: NodeId, reason: &str) -> u64 {
-        self.inspect_json(node, "drops")[reason]
-            .as_u64()
-            .unwrap_or(0)
-    }
-
     /// Whether `node`'s maps serve every frontend of `service` (`namespace/name`) in
     /// `backend`'s family with `backend` alone (and serve at least one).
     pub fn serves_only(&self, node: NodeId, service: &str, backend: IpAddr) -> bool {
         let want = backend.to_string();
-        let rows = self.inspect_json(node, "services");
+        let rows = self.node(node).inspect_json("services");
         let mine: Vec<&serde_json::Value> = rows
             .as_array()
             .into_iter()
@@ -1088,6 +1035,11 @@ pub const WEB_NODE_PORT_UDP: u16 = 30053;
 pub const WEB_BACKEND_TCP: u16 = 8080;
 /// The `web` backends' UDP port.
 pub const WEB_BACKEND_UDP: u16 = 5353;
+/// The IPv6 frontends of the dual-stack `web` ([`dual_stack_web_manifest`]): outside every
+/// lab subnet, routed to a node by the client.
+pub const WEB_CLUSTER_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x10);
+pub const WEB_EXTERNAL_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x50);
+pub const WEB_LB_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x60);
 
 /// A second ClusterIP Service `name` on `cluster_ip` with the web ports (TCP 80 -> 8080,
 /// UDP 53 -> 5353) over `eps`: with [`web_manifest`], one pod behind two Services, as a
@@ -1174,5 +1126,57 @@ ports:
 endpoints:{}
 {eps}",
         if eps.is_empty() { " []" } else { "" }
+    )
+}
+
+/// The dual-stack `web` Service (type LoadBalancer, one clusterIP, externalIP and LB IP per
+/// family, TCP 80 and UDP 53 with NodePorts) over `pods`, with one EndpointSlice per family;
+/// `policy` is its externalTrafficPolicy, `extra` spec lines (two-space indented).
+pub fn dual_stack_web_manifest(
+    lab: &MultiNodeLab,
+    pods: &[&super::Pod],
+    policy: &str,
+    extra: &str,
+) -> String {
+    let slice = |name: &str, family: &str, v6: bool| {
+        let eps: String = pods
+            .iter()
+            .map(|p| {
+                let ip = if v6 {
+                    p.ip6.unwrap().to_string()
+                } else {
+                    p.ip.to_string()
+                };
+                format!(
+                    "- {{addresses: [\"{ip}\"], nodeName: {}, conditions: {{ready: true}}}}\n",
+                    lab.node_of(&p.name).name()
+                )
+            })
+            .collect();
+        format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: default\n  labels: {{kubernetes.io/service-name: web}}\naddressType: {family}\nports: [{{name: http, port: {WEB_BACKEND_TCP}, protocol: TCP}}, {{name: dns, port: {WEB_BACKEND_UDP}, protocol: UDP}}]\nendpoints:\n{eps}"
+        )
+    };
+    format!(
+        "apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: default}}
+spec:
+  type: LoadBalancer
+  clusterIP: {WEB_CLUSTER_IP}
+  clusterIPs: [\"{WEB_CLUSTER_IP}\", \"{WEB_CLUSTER_IP6}\"]
+  ipFamilies: [IPv4, IPv6]
+  ipFamilyPolicy: RequireDualStack
+  externalIPs: [\"{WEB_EXTERNAL_IP}\", \"{WEB_EXTERNAL_IP6}\"]
+  externalTrafficPolicy: {policy}
+{extra}  ports:
+  - {{name: http, port: 80, protocol: TCP, targetPort: {WEB_BACKEND_TCP}, nodePort: {WEB_NODE_PORT_TCP}}}
+  - {{name: dns, port: 53, protocol: UDP, targetPort: {WEB_BACKEND_UDP}, nodePort: {WEB_NODE_PORT_UDP}}}
+status:
+  loadBalancer:
+    ingress: [{{ip: \"{WEB_LB_IP}\"}}, {{ip: \"{WEB_LB_IP6}\"}}]
+{}{}",
+        slice("web-v4", "IPv4", false),
+        slice("web-v6", "IPv6", true),
     )
 }

@@ -8,7 +8,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{self, BufRead as _, BufReader, Write as _};
-use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::net::{
+    IpAddr, Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket,
+};
 use std::os::fd::AsRawFd as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -242,7 +244,7 @@ fn udp_loop(u: UdpSocket, id: String, stop: Arc<AtomicBool>) {
 /// [`tcp_request`] in the calling thread's namespace (use inside [`run_in_ns`] to make many
 /// requests without a thread per request).
 pub fn tcp_request_here(
-    addr: Ipv4Addr,
+    addr: impl Into<IpAddr>,
     port: u16,
     timeout: Duration,
 ) -> io::Result<(Reply, SocketAddr)> {
@@ -264,13 +266,18 @@ fn fresh_udp_port() -> u16 {
 /// [`udp_request`] in the calling thread's namespace (see [`tcp_request_here`]); without
 /// `src_port`, from a port no earlier request used ([`fresh_udp_port`]).
 pub fn udp_request_here(
-    addr: Ipv4Addr,
+    addr: impl Into<IpAddr>,
     port: u16,
     timeout: Duration,
     src_port: Option<u16>,
 ) -> io::Result<(Reply, SocketAddr)> {
-    let sock = socket2_udp(src_port.unwrap_or_else(fresh_udp_port))?;
-    sock.send_to(REQUEST, SocketAddrV4::new(addr, port))?;
+    let to = SocketAddr::from((addr.into(), port));
+    let src_port = src_port.unwrap_or_else(fresh_udp_port);
+    let sock = match to {
+        SocketAddr::V4(_) => socket2_udp(src_port)?,
+        SocketAddr::V6(_) => socket2_udp6(src_port)?,
+    };
+    sock.send_to(REQUEST, to)?;
     let deadline = Instant::now() + timeout;
     let mut buf = [0u8; 2048];
     loop {
@@ -278,7 +285,7 @@ pub fn udp_request_here(
         if left.is_zero() {
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
-                format!("no UDP reply from {addr}:{port} within {timeout:?}"),
+                format!("no UDP reply from {to} within {timeout:?}"),
             ));
         }
         sock.set_read_timeout(Some(left))?;
@@ -391,6 +398,16 @@ fn bind_v6only(port: u16) -> io::Result<(TcpListener, UdpSocket)> {
     Ok((t, u))
 }
 
+/// [`socket2_udp`] over IPv6: an unconnected UDP socket on `[::]:port` (IPv6 only) with
+/// SO_REUSEADDR.
+pub fn socket2_udp6(port: u16) -> io::Result<UdpSocket> {
+    let s = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::DGRAM, None)?;
+    s.set_only_v6(true)?;
+    s.set_reuse_address(true)?;
+    s.bind(&SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)).into())?;
+    Ok(s.into())
+}
+
 /// An unconnected UDP socket on 0.0.0.0:`port` with SO_REUSEADDR (so a fixed source port can
 /// be reused right away). Unconnected, so replies from any source are seen as they came.
 pub fn socket2_udp(port: u16) -> io::Result<UdpSocket> {
@@ -438,10 +455,11 @@ pub fn socket2_udp(port: u16) -> io::Result<UdpSocket> {
 /// talking to: the VIP when going through lbproxy). `timeout` bounds each step.
 pub fn tcp_request(
     ns: &str,
-    addr: Ipv4Addr,
+    addr: impl Into<IpAddr>,
     port: u16,
     timeout: Duration,
 ) -> io::Result<(Reply, SocketAddr)> {
+    let addr = addr.into();
     run_in_ns(ns, || tcp_request_here(addr, port, timeout))
 }
 
@@ -450,11 +468,12 @@ pub fn tcp_request(
 /// and the address the reply came from (recvfrom), which should be `addr:port`.
 pub fn udp_request(
     ns: &str,
-    addr: Ipv4Addr,
+    addr: impl Into<IpAddr>,
     port: u16,
     timeout: Duration,
     src_port: Option<u16>,
 ) -> io::Result<(Reply, SocketAddr)> {
+    let addr = addr.into();
     run_in_ns(ns, || udp_request_here(addr, port, timeout, src_port))
 }
 
@@ -470,13 +489,23 @@ pub struct TcpConn {
 
 impl TcpConn {
     /// Connects from inside `ns`. `timeout` bounds the connect and every later request.
-    pub fn connect(ns: &str, addr: Ipv4Addr, port: u16, timeout: Duration) -> io::Result<TcpConn> {
+    pub fn connect(
+        ns: &str,
+        addr: impl Into<IpAddr>,
+        port: u16,
+        timeout: Duration,
+    ) -> io::Result<TcpConn> {
+        let addr = addr.into();
         run_in_ns(ns, || TcpConn::connect_here(addr, port, timeout))
     }
 
-    /// [`TcpConn::connect`] in the calling thread's namespace.
-    pub fn connect_here(addr: Ipv4Addr, port: u16, timeout: Duration) -> io::Result<TcpConn> {
-        let s = TcpStream::connect_timeout(&SocketAddr::from((addr, port)), timeout)?;
+    /// [`TcpConn::connect`] in the calling thread's namespace, over either family.
+    pub fn connect_here(
+        addr: impl Into<IpAddr>,
+        port: u16,
+        timeout: Duration,
+    ) -> io::Result<TcpConn> {
+        let s = TcpStream::connect_timeout(&SocketAddr::from((addr.into(), port)), timeout)?;
         s.set_read_timeout(Some(timeout))?;
         s.set_write_timeout(Some(timeout))?;
         s.set_nodelay(true)?;

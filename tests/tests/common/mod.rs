@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use lbproxy_tests::lab::{
@@ -22,6 +22,34 @@ macro_rules! both_shapes {
             #[test]
             fn bridge() {
                 super::$name(lbproxy_tests::lab::Shape::Bridge)
+            }
+        }
+    )*};
+}
+
+/// Generates `mod $name { fn routed_ipv4(); fn routed_ipv6(); fn bridge_ipv4(); fn
+/// bridge_ipv6(); }` tests calling `$name(Shape, Family)`: [`both_shapes!`] times
+/// `lbproxy_tests::both_families!`, for a behaviour the same in both shapes and families.
+#[macro_export]
+macro_rules! both_shapes_and_families {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use lbproxy_tests::lab::{Family, Shape};
+            #[test]
+            fn routed_ipv4() {
+                super::$name(Shape::Routed, Family::V4)
+            }
+            #[test]
+            fn routed_ipv6() {
+                super::$name(Shape::Routed, Family::V6)
+            }
+            #[test]
+            fn bridge_ipv4() {
+                super::$name(Shape::Bridge, Family::V4)
+            }
+            #[test]
+            fn bridge_ipv6() {
+                super::$name(Shape::Bridge, Family::V6)
             }
         }
     )*};
@@ -336,5 +364,59 @@ impl Drop for Monitor {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+// ---- IPv6: the `web` Service dual-stack ----
+
+/// The Service's IPv6 clusterIP: outside the pods' `fd00:c612::/64`, routed nowhere.
+pub const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x10);
+
+/// The `web` Service with clusterIPs `WEB_VIP` and `VIP6`, its IPv4 slice holding the IPv4
+/// addresses of `v4` and its IPv6 slice the IPv6 addresses of `v6`.
+pub fn dual_stack_manifest(v4: &[&Pod], v6: &[&Pod]) -> String {
+    dual_stack_manifest_with(v4, v6, "")
+}
+
+/// [`dual_stack_manifest`] with `spec` (YAML lines, indented two spaces) added to the
+/// Service's spec.
+pub fn dual_stack_manifest_with(v4: &[&Pod], v6: &[&Pod], spec: &str) -> String {
+    let endpoints = |addrs: Vec<String>| -> String {
+        if addrs.is_empty() {
+            return "null".into();
+        }
+        let items: Vec<String> = addrs
+            .iter()
+            .map(|a| format!("{{addresses: [\"{a}\"], conditions: {{ready: true}}}}"))
+            .collect();
+        format!("[{}]", items.join(", "))
+    };
+    let slice = |name: &str, family: &str, addrs: Vec<String>| {
+        format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: default\n  labels: {{kubernetes.io/service-name: web}}\naddressType: {family}\nports: [{{name: http, port: {BACKEND_TCP}, protocol: TCP}}, {{name: dns, port: {BACKEND_UDP}, protocol: UDP}}]\nendpoints: {}\n",
+            endpoints(addrs)
+        )
+    };
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: default}}\nspec:\n  clusterIP: {WEB_VIP}\n  clusterIPs: [\"{WEB_VIP}\", \"{VIP6}\"]\n  ipFamilies: [IPv4, IPv6]\n  ipFamilyPolicy: RequireDualStack\n{spec}  ports:\n  - {{name: http, port: {WEB_TCP}, protocol: TCP, targetPort: {BACKEND_TCP}}}\n  - {{name: dns, port: {WEB_UDP}, protocol: UDP, targetPort: {BACKEND_UDP}}}\n{}{}",
+        slice(
+            "web-v4",
+            "IPv4",
+            v4.iter().map(|p| p.ip.to_string()).collect()
+        ),
+        slice(
+            "web-v6",
+            "IPv6",
+            v6.iter().map(|p| p.ip6.unwrap().to_string()).collect()
+        ),
+    )
+}
+
+/// Waits (at most [`APPLY_WITHIN`]) until a TCP request from `s`'s client to the IPv6
+/// frontend `[VIP6]:WEB_TCP` is answered (the frontend is programmed).
+pub fn wait_ipv6_served(s: &Setup) {
+    let deadline = Instant::now() + APPLY_WITHIN;
+    while s.client.tcp_request(VIP6, WEB_TCP, T).is_err() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -1,4 +1,4 @@
-//! Shared pieces of the Kubernetes-API-source tests (`kube_source.rs`, `metrics.rs`,
+//! Shared pieces of the Kubernetes-API-source tests (`kube_source*.rs`, `metrics.rs`,
 //! `config.rs`): a lab with an [`ApiServer`] in its node namespace, lbproxy started against
 //! it, the programmed frontends as `lbproxy inspect services --json` reports them, an HTTP
 //! GET that de-chunks, and a small OpenMetrics text parser.
@@ -10,8 +10,10 @@ use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use lbproxy_tests::apiserver::ApiServer;
-use lbproxy_tests::lab::{Backend, Endpoint, Lab, Lbproxy, Manifest, Pod, Shape, run_in_ns};
+use lbproxy_tests::apiserver::{ApiServer, Request};
+use lbproxy_tests::lab::{
+    Backend, Endpoint, EndpointSlice, Lab, Lbproxy, Manifest, Pod, Shape, run_in_ns,
+};
 use serde_json::Value;
 
 use crate::common::{BACKEND_TCP, BACKEND_UDP, HEALTHY_WITHIN, WEB_TCP, WEB_UDP, web_objects};
@@ -529,6 +531,40 @@ impl Scrape {
         v.dedup();
         v
     }
+}
+
+// ---- small fixtures of the Kubernetes source suites ----
+
+pub fn ip(n: u8) -> Ipv4Addr {
+    Ipv4Addr::new(198, 18, 0, n)
+}
+
+pub fn ready_ips(ips: &[Ipv4Addr]) -> Vec<Endpoint> {
+    ips.iter().map(|i| Endpoint::ready(*i)).collect()
+}
+
+/// `endpoints` JSON for `ips` (ready, on lab-node).
+pub fn eps_json(ips: &[Ipv4Addr]) -> Value {
+    let s = EndpointSlice {
+        endpoints: ready_ips(ips),
+        ..EndpointSlice::new("x", "x")
+    }
+    .to_json();
+    s["endpoints"].clone()
+}
+
+pub fn watches_since(reqs: &[Request], plural: &str) -> Vec<Request> {
+    reqs.iter()
+        .filter(|r| r.is_watch() && r.resource() == Some(plural))
+        .cloned()
+        .collect()
+}
+
+pub fn lists_since(reqs: &[Request], plural: &str) -> Vec<Request> {
+    reqs.iter()
+        .filter(|r| r.is_list() && r.resource() == Some(plural))
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]
