@@ -7,26 +7,25 @@
 //! `LB_FLOWS6_V1` for IPv6). Service and backend ids are one space across both, so the
 //! slots, members and counters keyed by id are shared.
 
-use aya_ebpf::programs::TcContext;
+use aya_ebpf::{btf_maps::lpm_trie::Key, programs::TcContext};
 use lbproxy_common::{
     Addr, AffinityKeyOf, AffinityValue, BackendOf, DropReason, FlowKeyOf, FlowValueOf, FlowWork,
     HAIRPIN_ADDR, HAIRPIN_ADDR6, NODE_ADDR_F_NODEPORT, NODE_ADDR_F_SNAT, ServiceKeyOf,
-    ServiceValue,
+    ServiceValue, SrcRangeData, SrcRangeData6,
 };
 
 use crate::{
-    flow::Source,
+    csum::{self, csum_add, words_diff},
     maps::{
         LB_AFFINITY_V1, LB_AFFINITY6_V1, LB_BACKENDS_V1, LB_BACKENDS6_V1, LB_FLOWS_V3,
         LB_FLOWS6_V1, LB_NODEADDR6_V1, LB_NODEADDRS_V1, LB_NODEIFS_V1, LB_NODEIFS6_V1,
-        LB_PODADDRS_V1, LB_SCRATCH_V1, LB_SCRATCH6_V1, LB_SERVICES_V2, LB_SERVICES6_V1,
+        LB_PODADDRS_V1, LB_SCRATCH_V1, LB_SRCRANGE6_V1, LB_SRCRANGES_V1, LB_SCRATCH6_V1, LB_SERVICES_V2, LB_SERVICES6_V1,
     },
-    nat::csum,
-    parse::{
+    packet::{
         IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, IP_TTL_OFF, IP6_DST_OFF, IP6_HOPS_OFF, IP6_SRC_OFF,
         L2_L3_LEN, ptr_at,
     },
-    reason::Verdict,
+    stage::{Source, Verdict},
 };
 
 const FAIL: Verdict = Verdict::Drop(DropReason::NatFailed);
@@ -89,28 +88,6 @@ pub trait Family: Addr {
     /// header checksum where the family has one; nothing when neither changes.
     fn rewrite_l3(ctx: &TcContext, old: (&Self, &Self), new: (&Self, &Self))
     -> Result<(), Verdict>;
-}
-
-/// 32-bit one's-complement addition (end-around carry), the kernel's `csum_add`.
-#[inline(always)]
-pub fn csum_add(a: u32, b: u32) -> u32 {
-    let (sum, carry) = a.overflowing_add(b);
-    sum.wrapping_add(u32::from(carry))
-}
-
-/// The difference of 32-bit words changing from `old` to `new`: each old word's complement
-/// and each new word, for the words that change. 0 when nothing changes.
-#[inline(always)]
-pub fn words_diff<const N: usize>(old: [u32; N], new: [u32; N]) -> u32 {
-    let mut d = 0;
-    let mut i = 0;
-    while i < N {
-        if old[i] != new[i] {
-            d = csum_add(csum_add(d, !old[i]), new[i]);
-        }
-        i += 1;
-    }
-    d
 }
 
 /// The map accessors of [`Family`], the same code over each family's maps: its frontends,
@@ -246,7 +223,7 @@ impl Family for [u8; 4] {
     }
     #[inline(always)]
     fn in_source_ranges(svc_id: u32, src: Self) -> bool {
-        crate::lb::service::in_ranges(svc_id, u32::from_ne_bytes(src)) != 0
+        in_ranges(svc_id, u32::from_ne_bytes(src)) != 0
     }
     #[inline(always)]
     fn addr_diff(old: (&Self, &Self), new: (&Self, &Self)) -> u32 {
@@ -340,7 +317,7 @@ impl Family for [u8; 16] {
     #[inline(always)]
     fn in_source_ranges(svc_id: u32, src: Self) -> bool {
         let w = |i: usize| u32::from_ne_bytes([src[i], src[i + 1], src[i + 2], src[i + 3]]);
-        crate::lb::service::in_ranges6(svc_id, w(0), w(4), w(8), w(12)) != 0
+        in_ranges6(svc_id, w(0), w(4), w(8), w(12)) != 0
     }
     /// Word by word, read in place.
     #[inline(always)]
@@ -380,4 +357,37 @@ fn words6(a: &[u8; 16]) -> [u32; 4] {
             p.add(3).read_unaligned(),
         ]
     }
+}
+
+/// 1 when `src` (network order, as read) is in one of frontend `svc_id`'s ranges. Its own
+/// BPF function, so the trie lookup's key and registers stay out of the callers' frames.
+#[inline(never)]
+pub fn in_ranges(svc_id: u32, src: u32) -> u32 {
+    let key = Key::new(
+        SrcRangeData::prefix_len(32),
+        SrcRangeData {
+            svc_id_be: svc_id.to_be_bytes(),
+            addr: src.to_ne_bytes(),
+        },
+    );
+    u32::from(LB_SRCRANGES_V1.get(&key).is_some())
+}
+
+/// [`in_ranges`] for an IPv6 source, given as its four words (network order, as read), in
+/// `LB_SRCRANGE6_V1`.
+#[inline(never)]
+pub fn in_ranges6(svc_id: u32, a: u32, b: u32, c: u32, d: u32) -> u32 {
+    let mut addr = [0u8; 16];
+    addr[0..4].copy_from_slice(&a.to_ne_bytes());
+    addr[4..8].copy_from_slice(&b.to_ne_bytes());
+    addr[8..12].copy_from_slice(&c.to_ne_bytes());
+    addr[12..16].copy_from_slice(&d.to_ne_bytes());
+    let key = Key::new(
+        SrcRangeData6::prefix_len(128),
+        SrcRangeData6 {
+            svc_id_be: svc_id.to_be_bytes(),
+            addr,
+        },
+    );
+    u32::from(LB_SRCRANGE6_V1.get(&key).is_some())
 }

@@ -50,67 +50,13 @@ use crate::{
     family::Family,
     lb::{affinity, select},
     maps::LB_SNATTRIES_V1,
-    parse::{Packet, TCP_FLAG_FIN, TCP_FLAG_RST},
-    reason::{Verdict, count},
+    packet::{Packet, TCP_FLAG_FIN, TCP_FLAG_RST},
+    reason::count,
+    stage::{NatTarget, Source, Verdict},
 };
 
 /// `last_seen_ns` is refreshed at most this often, to keep writes off the hot path.
 const TOUCH_INTERVAL_NS: u64 = 1_000_000_000;
-
-/// Where a packet is translated to.
-#[derive(Clone, Copy)]
-pub struct NatTarget<A = [u8; 4]> {
-    /// Forward: the backend. Reply: the VIP.
-    pub addr: A,
-    pub port_be: u16,
-    /// The client's port on the far side of the translation. Forward: the source port the
-    /// backend sees (the client's own, unless the tuple clashed or the flow is
-    /// source-NATed). Reply: the client's own port, restored as the destination port.
-    pub peer_port_be: u16,
-    /// The same for the address. Forward: the source address the backend sees (the
-    /// client's own, or the node's when source-NATed). Reply: the client's own address.
-    pub peer_addr: A,
-}
-
-impl<A: Addr> NatTarget<A> {
-    #[inline(always)]
-    fn of(v: &FlowValueOf<A>) -> NatTarget<A> {
-        NatTarget {
-            addr: v.nat_addr,
-            port_be: v.nat_port_be,
-            peer_port_be: v.peer_port_be,
-            peer_addr: v.peer_addr,
-        }
-    }
-}
-
-/// Where a new flow's packets come from as the backend sees them: the client itself
-/// ([`Source::CLIENT`]); source-NATed (`snat`) to the node's address `addr` on the interface
-/// towards the backend with a port of the SNAT range (`min..=max`, host order); or, without
-/// `snat`, from another address `addr` with the client's own port (a pod's flow to itself,
-/// `hairpin`), moved like a clashing tuple's when another flow holds it.
-///
-/// A struct whose every field is always set, not an enum with payload: the fields of an
-/// enum variant not taken are undefined, and LLVM may then compute with whatever register
-/// it likes, a map pointer included, which the verifier refuses. A caller whose sources
-/// never set `snat` (`lb_from_pod`) has the SNAT port search folded away.
-#[derive(Clone, Copy)]
-pub struct Source<A = [u8; 4]> {
-    pub snat: bool,
-    /// The source address the backend sees; the unspecified address: the client's own.
-    pub addr: A,
-    pub min: u16,
-    pub max: u16,
-}
-
-impl<A: Addr> Source<A> {
-    pub const CLIENT: Source<A> = Source {
-        snat: false,
-        addr: A::ZERO,
-        min: 0,
-        max: 0,
-    };
-}
 
 /// Tries for a SNAT port: random ones first, then linear.
 const SNAT_ATTEMPTS: u32 = 16;

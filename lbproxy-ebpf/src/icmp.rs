@@ -41,12 +41,14 @@ use lbproxy_common::{IPPROTO_TCP, IPPROTO_UDP};
 use network_types::{eth::EtherType, ip::Ipv4Hdr};
 
 use crate::{
-    flow::{self, NatTarget},
-    nat::csum,
-    parse::{ETH_LEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, TCP_CSUM_OFF, UDP_CSUM_OFF, ptr_at},
+    csum, flow,
+    packet::{
+        ETH_LEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, IPPROTO_ICMP, TCP_CSUM_OFF,
+        UDP_CSUM_OFF, ptr_at,
+    },
+    stage::NatTarget,
 };
 
-pub const IPPROTO_ICMP: u8 = 1;
 const ICMP_DEST_UNREACH: u8 = 3;
 const ICMP_TIME_EXCEEDED: u8 = 11;
 const ICMP_LEN: usize = 8;
@@ -250,7 +252,6 @@ fn translate(ctx: &TcContext, side: Side) -> Option<([u8; 4], [u8; 4])> {
     Some((out_src, out_dst))
 }
 
-pub const IPPROTO_ICMPV6: u8 = 58;
 /// ICMPv6 errors (RFC 4443): destination unreachable, packet too big, time exceeded,
 /// parameter problem.
 const ICMPV6_ERROR_MAX: u8 = 4;

@@ -34,6 +34,7 @@
 #![no_std]
 #![no_main]
 
+mod csum;
 mod deliver;
 mod family;
 mod flow;
@@ -44,11 +45,13 @@ mod maps;
 mod monitor;
 mod nat;
 mod north;
+mod packet;
 mod parse;
 mod reason;
 mod reject;
 mod sock;
 mod source;
+mod stage;
 
 use aya_ebpf::{
     macros::{cgroup_sock_addr, classifier},
@@ -62,8 +65,9 @@ use lbproxy_common::{
 };
 
 use crate::{
-    parse::L4,
-    reason::{TC_ACT_UNSPEC, Verdict, count, count_and_drop},
+    packet::{IPPROTO_ICMP, IPPROTO_ICMPV6, L4},
+    reason::{count, count_and_drop},
+    stage::{TC_ACT_UNSPEC, Verdict},
 };
 
 #[classifier]
@@ -210,7 +214,7 @@ const PARSED6: i32 = i32::MIN;
 /// counted). A BPF function of its own, as [`translate6`]: the parsed packet crosses the
 /// call in map memory, not on the stack.
 #[inline(never)]
-fn parse6_into(ctx: &TcContext, pkt: &mut parse::Packet<[u8; 16]>, hook: u8) -> i32 {
+fn parse6_into(ctx: &TcContext, pkt: &mut packet::Packet<[u8; 16]>, hook: u8) -> i32 {
     match parse::parse6(ctx) {
         Ok(Some(p)) => {
             *pkt = p;
@@ -237,8 +241,8 @@ fn from_pod_action(ctx: &TcContext, r: Result<i32, DropReason>) -> i32 {
 #[inline(never)]
 fn translate6(
     ctx: &TcContext,
-    pkt: &parse::Packet<[u8; 16]>,
-    to: &flow::NatTarget<[u8; 16]>,
+    pkt: &packet::Packet<[u8; 16]>,
+    to: &stage::NatTarget<[u8; 16]>,
 ) -> i32 {
     let to = *to;
     if hairpin::is_hairpin(&to) {
@@ -266,7 +270,7 @@ fn translate6(
 /// The reject of an IPv6 packet from a pod (`reject::answer6`), as a BPF function of its
 /// own, as [`translate6`].
 #[inline(never)]
-fn reject6(ctx: &TcContext, pkt: &parse::Packet<[u8; 16]>, reason: DropReason, hook: u8) -> i32 {
+fn reject6(ctx: &TcContext, pkt: &packet::Packet<[u8; 16]>, reason: DropReason, hook: u8) -> i32 {
     match reject::answer6(ctx, pkt, reason, hook) {
         Ok(action) => action,
         Err(v) => count_and_drop(ctx, hook, v.reason()),
@@ -277,7 +281,7 @@ fn reject6(ctx: &TcContext, pkt: &parse::Packet<[u8; 16]>, reason: DropReason, h
 /// `HAIRPIN_ADDR6`), or with the stack bypass a backend's reply (see [`reply_from_pod`]).
 /// Anything else passes untouched. A BPF function of its own, as [`translate6`].
 #[inline(never)]
-fn reply6(ctx: &TcContext, pkt: &parse::Packet<[u8; 16]>) -> i32 {
+fn reply6(ctx: &TcContext, pkt: &packet::Packet<[u8; 16]>) -> i32 {
     let r = if pkt.dst_addr == HAIRPIN_ADDR6 {
         hairpin::reply(ctx, pkt)
     } else {
@@ -299,7 +303,7 @@ const FORWARD6_NO_FRONTEND: u32 = 3;
 /// `slot.reason`; the return value says which (`FORWARD6_*`; `FORWARD6_NO_FRONTEND` when
 /// the packet is addressed to no frontend): only scalars cross the call.
 #[inline(never)]
-fn forward6(ctx: &TcContext, slot: &mut maps::FromPod6) -> u32 {
+fn forward6(ctx: &TcContext, slot: &mut stage::StagedPacket6) -> u32 {
     let pkt = &slot.pkt;
     let Some(svc) = lb::service::lookup_from_pod(pkt) else {
         return FORWARD6_NO_FRONTEND;
@@ -331,7 +335,7 @@ fn forward6(ctx: &TcContext, slot: &mut maps::FromPod6) -> u32 {
 #[inline(always)]
 fn reply_from_pod<A: family::Family>(
     ctx: &TcContext,
-    pkt: &parse::Packet<A>,
+    pkt: &packet::Packet<A>,
     config: &DatapathConfig,
 ) -> Result<i32, DropReason> {
     if !deliver::enabled(config) {
@@ -496,7 +500,7 @@ fn from_node6(ctx: TcContext) -> i32 {
 /// [`forward6`] for a packet from outside the node: only frontends other than ClusterIPs,
 /// new flows source-NATed when their backend is on another node (`north::source_for`).
 #[inline(never)]
-fn forward_node6(ctx: &TcContext, slot: &mut maps::FromPod6) -> u32 {
+fn forward_node6(ctx: &TcContext, slot: &mut stage::StagedPacket6) -> u32 {
     let pkt = &slot.pkt;
     let svc = match lb::service::lookup(pkt) {
         Some(svc) if svc.kind != SVC_KIND_CLUSTER_IP => svc,
@@ -523,8 +527,8 @@ fn forward_node6(ctx: &TcContext, slot: &mut maps::FromPod6) -> u32 {
 /// Writes `flow::forward`'s answer `r` into `slot` and says which kind it is (`FORWARD6_*`).
 #[inline(always)]
 fn forward6_answer(
-    slot: &mut maps::FromPod6,
-    r: Result<flow::NatTarget<[u8; 16]>, Verdict>,
+    slot: &mut stage::StagedPacket6,
+    r: Result<stage::NatTarget<[u8; 16]>, Verdict>,
 ) -> u32 {
     match r {
         Ok(t) => {
@@ -545,7 +549,7 @@ fn forward6_answer(
 /// An IPv6 packet from outside translated to `slot.to`: to a backend on this node, up the
 /// stack to its pod; to one on another node (source-NATed), redirected out towards it.
 #[inline(never)]
-fn translate_node6(ctx: &TcContext, slot: &maps::FromPod6) -> i32 {
+fn translate_node6(ctx: &TcContext, slot: &stage::StagedPacket6) -> i32 {
     let (pkt, to) = (&slot.pkt, slot.to);
     let r = nat::dnat(ctx, pkt, to)
         .map_err(|v| v.reason())
@@ -565,7 +569,7 @@ fn translate_node6(ctx: &TcContext, slot: &maps::FromPod6) -> i32 {
 /// [`reply_from_node`] for IPv6, as a BPF function of its own, called after
 /// `forward_node6` returned (IPv4 inlines it: its frame is shared with the forward path's).
 #[inline(never)]
-fn reply_node<A: family::Family>(ctx: &TcContext, pkt: &parse::Packet<A>) -> i32 {
+fn reply_node<A: family::Family>(ctx: &TcContext, pkt: &packet::Packet<A>) -> i32 {
     match reply_from_node(ctx, pkt) {
         Ok(action) => action,
         Err(reason) => count_and_drop(ctx, HOOK_FROM_NODE, reason),
@@ -644,7 +648,7 @@ fn icmp_from_node(ctx: &TcContext) -> Result<i32, DropReason> {
         if client == dst {
             return Ok(TC_ACT_UNSPEC);
         }
-        return north::redirect_ip(ctx, icmp::IPPROTO_ICMP, (&src, 0), (&client, 0));
+        return north::redirect_ip(ctx, IPPROTO_ICMP, (&src, 0), (&client, 0));
     }
     icmp::from_client(ctx);
     Ok(TC_ACT_UNSPEC)
@@ -656,13 +660,13 @@ fn icmp_from_node(ctx: &TcContext) -> Result<i32, DropReason> {
 #[inline(never)]
 fn icmp_from_node6(raw: *mut core::ffi::c_void) -> i32 {
     let ctx = &TcContext::new(raw.cast());
-    let Ok(dst) = ctx.load::<[u8; 16]>(parse::ETH_LEN + 24) else {
+    let Ok(dst) = ctx.load::<[u8; 16]>(packet::IP6_DST_OFF) else {
         return TC_ACT_UNSPEC;
     };
     if north::to_snat_address(&dst) && icmp::to_snat_client6(TcContext::new(raw.cast())) {
         let (Ok(src), Ok(client)) = (
-            ctx.load::<[u8; 16]>(parse::ETH_LEN + 8),
-            ctx.load::<[u8; 16]>(parse::ETH_LEN + 24),
+            ctx.load::<[u8; 16]>(packet::IP6_SRC_OFF),
+            ctx.load::<[u8; 16]>(packet::IP6_DST_OFF),
         ) else {
             return TC_ACT_UNSPEC;
         };
@@ -670,7 +674,7 @@ fn icmp_from_node6(raw: *mut core::ffi::c_void) -> i32 {
             // Not source-NATed (a client on this node's own address): up the stack.
             return TC_ACT_UNSPEC;
         }
-        return match north::redirect_ip(ctx, icmp::IPPROTO_ICMPV6, (&src, 0), (&client, 0)) {
+        return match north::redirect_ip(ctx, IPPROTO_ICMPV6, (&src, 0), (&client, 0)) {
             Ok(action) => action,
             Err(reason) => count_and_drop(ctx, HOOK_FROM_NODE, reason),
         };
@@ -685,7 +689,7 @@ fn icmp_from_node6(raw: *mut core::ffi::c_void) -> i32 {
 #[inline(always)]
 fn reply_from_node<A: family::Family>(
     ctx: &TcContext,
-    pkt: &parse::Packet<A>,
+    pkt: &packet::Packet<A>,
 ) -> Result<i32, DropReason> {
     if !north::to_snat_address(&pkt.dst_addr) {
         // Not for one of this node's SNAT addresses: not a reply of a source-NATed flow.

@@ -21,7 +21,7 @@ use lbproxy_common::{
 
 use crate::{
     maps::{LB_EVENTS_V1, LB_MONCTL_V1, LB_MONRATE_V1},
-    parse::ETH_LEN,
+    packet::ETH_LEN,
 };
 
 const ETH_P_IP: u16 = 0x0800;

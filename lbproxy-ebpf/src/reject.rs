@@ -28,12 +28,13 @@ use network_types::ip::Ipv4Hdr;
 
 use crate::{
     monitor,
-    nat::csum::{fold, sum_words},
-    parse::{
+    csum::{fold, sum_words},
+    packet::{
         ETH_LEN, IP_LEN, IP6_DST_OFF, IP6_LEN, IP6_SRC_OFF, Packet, TCP_FLAG_ACK, TCP_FLAG_FIN,
         TCP_FLAG_RST, TCP_FLAG_SYN, TCP_LEN, ptr_at,
     },
-    reason::{Verdict, count},
+    reason::count,
+    stage::Verdict,
 };
 
 const IPPROTO_ICMP: u8 = 1;

@@ -1,7 +1,6 @@
 //! Stage 0: parse. The fields of an IPv4 or IPv6 TCP or UDP packet the load balancer looks
-//! at, read once; [`offsets`] says where everything is and checks access to it.
-
-mod offsets;
+//! at, read once into a [`Packet`]; `packet` says where everything is and checks access to
+//! it.
 
 use aya_ebpf::programs::TcContext;
 use lbproxy_common::{DropReason, FragKey, FragKey6, FragPorts, IPPROTO_TCP, IPPROTO_UDP};
@@ -12,70 +11,12 @@ use network_types::{
     udp::UdpHdr,
 };
 
-pub use self::offsets::*;
 use crate::{
     maps::{LB_FRAGS_V1, LB_FRAGS6_V1},
-    reason::{Verdict, count},
+    packet::*,
+    reason::count,
+    stage::Verdict,
 };
-
-/// What a [`Packet`] holds of its TCP or UDP header.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum L4 {
-    /// The whole fixed header: translatable, answerable.
-    Header,
-    /// None: an IPv4 fragment after the first. The ports are the first fragment's (from
-    /// `LB_FRAGS_V1`) and `tcp_flags` is 0. Only the IP header may be rewritten, and such a
-    /// packet is never answered.
-    Absent,
-    /// The ports, but the rest of the header cut short, or a TCP data offset below 5. Not
-    /// translatable: dropped as `Malformed` when it is addressed to a frontend, else passed
-    /// (and counted, `L4HeaderBadPassed`).
-    Bad,
-}
-
-/// The parts of a TCP or UDP packet the load balancer looks at, of an IPv4 (`A = [u8; 4]`)
-/// or IPv6 (`A = [u8; 16]`) packet. Addresses and ports are raw network-order bytes, as in
-/// the maps.
-#[derive(Clone, Copy)]
-pub struct Packet<A = [u8; 4]> {
-    pub src_addr: A,
-    pub dst_addr: A,
-    pub src_port_be: u16,
-    pub dst_port_be: u16,
-    pub proto: u8,
-    /// TCP flags (byte 13 of the header); 0 for UDP and for a fragment after the first.
-    pub tcp_flags: u8,
-    /// Offset of the L4 header from the start of the frame (where it would be, for
-    /// [`L4::Absent`]).
-    pub l4_off: usize,
-    /// Whether the L4 header is here to be rewritten or answered.
-    pub l4: L4,
-}
-
-impl<A> Packet<A> {
-    /// A SYN without ACK: the first segment of a TCP connection (or its retransmission).
-    #[inline(always)]
-    pub fn is_syn(&self) -> bool {
-        self.proto == IPPROTO_TCP && self.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK) == TCP_FLAG_SYN
-    }
-
-    /// Whether a reject may answer this packet: it carries its whole L4 header (so it is not
-    /// a later fragment) and is not a TCP RST (RFC 793: a RST is never answered).
-    #[inline(always)]
-    pub fn answerable(&self) -> bool {
-        self.l4 == L4::Header && self.tcp_flags & TCP_FLAG_RST == 0
-    }
-
-    /// Offset of the L4 checksum field for this packet's protocol.
-    #[inline(always)]
-    pub fn l4_csum_off(&self) -> usize {
-        if self.proto == IPPROTO_TCP {
-            self.l4_off + TCP_CSUM_OFF
-        } else {
-            self.l4_off + UDP_CSUM_OFF
-        }
-    }
-}
 
 /// Makes the first `len` bytes of the packet (or all of it, when shorter) readable in the
 /// linear part of the skb, with `bpf_skb_pull_data`, when they are not already. Headers a
@@ -417,7 +358,7 @@ pub fn is_icmp6(ctx: &TcContext) -> bool {
         Some(p) => unsafe { *p },
         None => ctx.load::<u8>(IP6_NEXT_OFF).unwrap_or(0),
     };
-    next == crate::icmp::IPPROTO_ICMPV6
+    next == IPPROTO_ICMPV6
 }
 
 /// Whether the frame is IPv6 by its EtherType: which of [`parse`] and [`parse6`] reads it.
