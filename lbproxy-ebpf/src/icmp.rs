@@ -43,7 +43,7 @@ use network_types::{eth::EtherType, ip::Ipv4Hdr};
 use crate::{
     csum, flow,
     packet::{
-        ETH_LEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, IPPROTO_ICMP, TCP_CSUM_OFF,
+        ETH_LEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, IPPROTO_ICMP, IPPROTO_ICMPV6, TCP_CSUM_OFF,
         UDP_CSUM_OFF, ptr_at,
     },
     stage::NatTarget,
@@ -208,9 +208,24 @@ fn translate(ctx: &TcContext, side: Side) -> Option<([u8; 4], [u8; 4])> {
     let mut icmp = icmp;
     icmp[ICMP_CSUM..ICMP_CSUM + 2].copy_from_slice(&icmp_csum.to_ne_bytes());
     ctx.store(icmp_off, &icmp, 0).ok()?;
-    // The outer header: the VIP as the source of a backend's own error, the backend as the
-    // destination of a client's error to the VIP; and, for a source-NATed flow, the client
-    // as the destination of an error addressed to the node's SNAT address.
+    readdress(ctx, &outer, side, (old_addr, old_peer), &to)
+}
+
+/// The outer header of an error [`translate`] rewrote the quote of (`outer`, as it came):
+/// the VIP as the source of a backend's own error, the backend as the destination of a
+/// client's error to the VIP; and, for a source-NATed flow, the client as the destination of
+/// an error addressed to the node's SNAT address. `old` is the quote's translated end and
+/// the client's end before translation. Returns the outer (source, destination) as it now
+/// is.
+#[inline(always)]
+fn readdress(
+    ctx: &TcContext,
+    outer: &[u8; Ipv4Hdr::LEN],
+    side: Side,
+    old: ([u8; 4], [u8; 4]),
+    to: &NatTarget,
+) -> Option<([u8; 4], [u8; 4])> {
+    let (old_addr, old_peer) = old;
     let mut out_src = [outer[12], outer[13], outer[14], outer[15]];
     let mut out_dst = [outer[16], outer[17], outer[18], outer[19]];
     let (translated, peer) = match side {
@@ -231,12 +246,12 @@ fn translate(ctx: &TcContext, side: Side) -> Option<([u8; 4], [u8; 4])> {
     }
     if changed {
         let c = csum::update(
-            word(&outer, 10),
+            word(outer, 10),
             &[
-                word(&outer, 12),
-                word(&outer, 14),
-                word(&outer, 16),
-                word(&outer, 18),
+                word(outer, 12),
+                word(outer, 14),
+                word(outer, 16),
+                word(outer, 18),
             ],
             &[
                 word(&out_src, 0),
@@ -401,4 +416,57 @@ fn translate6(ctx: &TcContext, side: Side, snat: bool) -> Option<()> {
     }
     ctx.store(icmp_off + ICMP_CSUM, &icmp_csum, 0).ok()?;
     Some(())
+}
+
+/// ICMP versus ICMPv6: the error formats this module translates, per family, for the hooks'
+/// pipelines (`hooks`), which are written once for both.
+pub trait Errors: Sized {
+    /// The upper-layer protocol number of the family's ICMP.
+    const PROTO: u8;
+    /// An error travelling to a client, about its translated packet: translated in place
+    /// ([`to_client`], [`to_client6`]).
+    fn to_client(ctx: &TcContext);
+    /// An error from a client, about a reply it got: translated in place ([`from_client`],
+    /// [`from_client6`]).
+    fn from_client(ctx: &TcContext);
+    /// An error addressed to one of this node's SNAT addresses, about a source-NATed
+    /// packet: translated and readdressed to the client ([`to_snat_client`],
+    /// [`to_snat_client6`]); whether it was. The caller reads the new outer addresses from
+    /// the packet (`Headers::addrs`).
+    fn to_snat_client(ctx: &TcContext) -> bool;
+}
+
+/// BPF functions of their own, as their IPv6 twins: the quote they read takes room in
+/// their frame only, not in the hook's.
+impl Errors for [u8; 4] {
+    const PROTO: u8 = IPPROTO_ICMP;
+    #[inline(never)]
+    fn to_client(ctx: &TcContext) {
+        to_client(ctx);
+    }
+    #[inline(never)]
+    fn from_client(ctx: &TcContext) {
+        from_client(ctx);
+    }
+    #[inline(never)]
+    fn to_snat_client(ctx: &TcContext) -> bool {
+        to_snat_client(ctx).is_some()
+    }
+}
+
+/// The IPv6 functions take the context by value (see [`to_client6`]).
+impl Errors for [u8; 16] {
+    const PROTO: u8 = IPPROTO_ICMPV6;
+    #[inline(always)]
+    fn to_client(ctx: &TcContext) {
+        to_client6(TcContext::new(ctx.skb.skb));
+    }
+    #[inline(always)]
+    fn from_client(ctx: &TcContext) {
+        from_client6(TcContext::new(ctx.skb.skb));
+    }
+    #[inline(always)]
+    fn to_snat_client(ctx: &TcContext) -> bool {
+        to_snat_client6(TcContext::new(ctx.skb.skb))
+    }
 }

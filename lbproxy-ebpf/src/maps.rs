@@ -226,6 +226,12 @@ pub fn config() -> DatapathConfig {
     LB_CONFIG_V1.get(0).copied().unwrap_or_default()
 }
 
-/// This CPU's [`crate::stage::StagedPacket6`]: the IPv6 hooks' stages hand it on.
+/// This CPU's [`crate::stage::StagedPacket`] of an IPv4 packet: a hook's stages hand it on
+/// (`family::Family::staged`). The datapath's own scratch: not pinned, not in
+/// `lbproxy_common::MAPS`, created afresh with each load.
 #[aya_ebpf::macros::btf_map]
-pub static LB_PACKET6: PerCpuArray<crate::stage::StagedPacket6, 1, 0> = PerCpuArray::new();
+pub static LB_PACKET4: PerCpuArray<crate::stage::StagedPacket<[u8; 4]>, 1, 0> = PerCpuArray::new();
+
+/// [`LB_PACKET4`] for IPv6.
+#[aya_ebpf::macros::btf_map]
+pub static LB_PACKET6: PerCpuArray<crate::stage::StagedPacket<[u8; 16]>, 1, 0> = PerCpuArray::new();

@@ -212,46 +212,15 @@ pub fn parse6(ctx: &TcContext) -> Result<Option<Packet<[u8; 16]>>, Verdict> {
         pkt.src_addr = ip.cast::<u8>().add(8).cast::<[u8; 16]>().read_unaligned();
         pkt.dst_addr = ip.cast::<u8>().add(24).cast::<[u8; 16]>().read_unaligned();
     }
-    let mut next = next;
-    let mut off = L2_L3_LEN6;
-    let mut later_fragment = false;
-    // The fragment header's identification (as read) and M flag, when there is one.
-    let mut frag: Option<(u32, bool)> = None;
-    let mut walked = 0;
-    while walked < MAX_EXT_HEADERS {
-        if next != NH_HOP_BY_HOP
-            && next != NH_ROUTING
-            && next != NH_DEST_OPTS
-            && next != NH_AH
-            && next != NH_FRAGMENT
-        {
-            break;
-        }
-        let Ok(h) = ctx.load::<[u8; 4]>(off) else {
-            return Ok(None);
-        };
-        let len = if next == NH_FRAGMENT {
-            let Ok(id) = ctx.load::<u32>(off + 4) else {
-                return Ok(None);
-            };
-            // Offset (13 bits, in 8-byte units), 2 reserved bits, the M flag.
-            let word = u16::from_be_bytes([h[2], h[3]]);
-            later_fragment = word & 0xfff8 != 0;
-            frag = Some((id, word & 1 != 0));
-            8
-        } else if next == NH_AH {
-            (usize::from(h[1]) + 2) * 4
-        } else {
-            (usize::from(h[1]) + 1) * 8
-        };
-        next = h[0];
-        off += len;
-        walked += 1;
-        if later_fragment {
-            // What follows is the middle of a datagram, not headers.
-            break;
-        }
-    }
+    let Some(Walk {
+        next,
+        off,
+        later_fragment,
+        frag,
+    }) = walk_ext6(ctx, next)
+    else {
+        return Ok(None);
+    };
     if next != IPPROTO_TCP && next != IPPROTO_UDP {
         return Ok(None);
     }
@@ -307,6 +276,69 @@ pub fn parse6(ctx: &TcContext) -> Result<Option<Packet<[u8; 16]>>, Verdict> {
     Ok(Some(pkt))
 }
 
+/// Where [`walk_ext6`] stopped: the next header there and its offset, whether a fragment
+/// header said the rest is a later fragment's, and that header's identification (as read)
+/// and M flag, when there is one.
+struct Walk {
+    next: u8,
+    off: usize,
+    later_fragment: bool,
+    frag: Option<(u32, bool)>,
+}
+
+/// The IPv6 extension-header walk of [`parse6`], from the fixed header's next header
+/// `next`: steps over hop-by-hop options, routing, destination options, AH and fragment
+/// headers, at most [`MAX_EXT_HEADERS`]. `None` when an extension header is cut short.
+#[inline(always)]
+fn walk_ext6(ctx: &TcContext, next: u8) -> Option<Walk> {
+    let mut next = next;
+    let mut off = L2_L3_LEN6;
+    let mut later_fragment = false;
+    // The fragment header's identification (as read) and M flag, when there is one.
+    let mut frag: Option<(u32, bool)> = None;
+    let mut walked = 0;
+    while walked < MAX_EXT_HEADERS {
+        if next != NH_HOP_BY_HOP
+            && next != NH_ROUTING
+            && next != NH_DEST_OPTS
+            && next != NH_AH
+            && next != NH_FRAGMENT
+        {
+            break;
+        }
+        let Ok(h) = ctx.load::<[u8; 4]>(off) else {
+            return None;
+        };
+        let len = if next == NH_FRAGMENT {
+            let Ok(id) = ctx.load::<u32>(off + 4) else {
+                return None;
+            };
+            // Offset (13 bits, in 8-byte units), 2 reserved bits, the M flag.
+            let word = u16::from_be_bytes([h[2], h[3]]);
+            later_fragment = word & 0xfff8 != 0;
+            frag = Some((id, word & 1 != 0));
+            8
+        } else if next == NH_AH {
+            (usize::from(h[1]) + 2) * 4
+        } else {
+            (usize::from(h[1]) + 1) * 8
+        };
+        next = h[0];
+        off += len;
+        walked += 1;
+        if later_fragment {
+            // What follows is the middle of a datagram, not headers.
+            break;
+        }
+    }
+    Some(Walk {
+        next,
+        off,
+        later_fragment,
+        frag,
+    })
+}
+
 /// The `LB_FRAGS6_V1` key of the IPv6 datagram `(src, dst, id, proto)`.
 #[inline(always)]
 fn frag6_key(src: &[u8; 16], dst: &[u8; 16], id: u32, proto: u8) -> FragKey6 {
@@ -346,6 +378,22 @@ fn record_frag6(src: &[u8; 16], dst: &[u8; 16], id: u32, proto: u8, ports: u32) 
         dst_port_be: (ports >> 16) as u16,
     };
     let _ = LB_FRAGS6_V1.insert(key, ports, 0);
+}
+
+/// Whether an IPv4 frame (by its EtherType) carries ICMP: version 4, protocol ICMP, and the
+/// whole fixed header there (a shorter one is [`parse`]'s to drop as malformed).
+#[inline(always)]
+pub fn is_icmp4(ctx: &TcContext) -> bool {
+    let Ok(ether_type) = ctx.load::<u16>(12) else {
+        return false;
+    };
+    if ether_type != EtherType::Ipv4 as u16 {
+        return false;
+    }
+    match ctx.load::<[u8; IP_LEN]>(ETH_LEN) {
+        Ok(h) => h[0] >> 4 == 4 && h[9] == IPPROTO_ICMP,
+        Err(_) => false,
+    }
 }
 
 /// Whether an IPv6 frame carries ICMPv6 right after its fixed header.

@@ -3,11 +3,7 @@
 use aya_ebpf::programs::TcContext;
 use lbproxy_common::{DropReason, VERDICT_DROP};
 
-use crate::{
-    maps::LB_DROPS_V2,
-    monitor,
-    stage::{TC_ACT_SHOT},
-};
+use crate::{maps::LB_DROPS_V2, monitor, stage::TC_ACT_SHOT};
 
 /// Counts one packet under `reason`.
 #[inline(always)]

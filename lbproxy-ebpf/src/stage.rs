@@ -1,6 +1,6 @@
 //! The types the stages hand each other: what a stage decided ([`Verdict`] and the typed
 //! outcomes of the hooks' stages), where a flow translates to ([`NatTarget`], [`Source`]),
-//! and the per-CPU state an IPv6 packet's stages share ([`StagedPacket6`]). Every stage
+//! and the per-CPU state a hook's stages share ([`StagedPacket`]). Every stage
 //! imports them and they import nothing of the stages, so the datapath's module graph has
 //! no circle (`packet` and `csum` are the other leaves).
 
@@ -86,12 +86,64 @@ impl<A: Addr> Source<A> {
     };
 }
 
+/// What a hook's parse stage (a BPF function of its own) did with the packet. A scalar, so it crosses the call in a register.
+#[repr(u32)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Parsed {
+    /// A TCP or UDP packet, now in [`StagedPacket::pkt`].
+    Packet = 0,
+    /// Not the load balancer's (not TCP or UDP, or not understood): it passes.
+    Pass = 1,
+    /// Malformed: dropped, already counted.
+    Dropped = 2,
+}
+
+/// What the frontend, source and flow stages decided for a parsed packet, when those run as
+/// a BPF function of their own. The answer's data is in the [`StagedPacket`]:
+/// [`StagedPacket::to`] for `Translate`, [`StagedPacket::reason`] for
+/// `Drop` and `Reject`. A scalar, so it crosses the call in a register.
+#[repr(u32)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Forwarded {
+    /// Translate the packet to the flow's backend.
+    Translate = 0,
+    /// Drop it, counted under the reason.
+    Drop = 1,
+    /// Answer the client at once, counted under the reason.
+    Reject = 2,
+    /// Not addressed to a frontend this hook serves: maybe a reply to translate back.
+    NoFrontend = 3,
+}
+
+impl Forwarded {
+    /// Writes `flow::forward`'s answer `r` into `staged` and says which kind it is.
+    #[inline(always)]
+    pub fn record<A: Addr>(
+        staged: &mut StagedPacket<A>,
+        r: Result<NatTarget<A>, Verdict>,
+    ) -> Forwarded {
+        match r {
+            Ok(t) => {
+                staged.to = t;
+                Forwarded::Translate
+            }
+            Err(Verdict::Drop(r)) => {
+                staged.reason = r;
+                Forwarded::Drop
+            }
+            Err(Verdict::Reject(r)) => {
+                staged.reason = r;
+                Forwarded::Reject
+            }
+        }
+    }
+}
 
 /// A packet going through a hook's stages, with what the flow stage chose for it: parsed
-/// (`pkt`), then translated to `to` or given up for `reason`. The IPv6 hooks' stages are
-/// BPF functions of their own, run one after the other (the verifier allows 512 bytes of
-/// stack along a call chain, and the IPv6 stages together need more); what they hand on
-/// crosses the calls in this CPU's entry of `maps::LB_PACKET6`, not on the stack. The
+/// (`pkt`), then translated to `to` or given up for `reason`. A hook's stages are BPF
+/// functions of their own, run one after the other (the verifier allows 512 bytes of stack
+/// along a call chain, and the IPv6 stages together need more); what they hand on crosses
+/// the calls in this CPU's entry of `maps::LB_PACKET4`/`LB_PACKET6`, not on the stack. The
 /// datapath's own scratch: not pinned, not in `lbproxy_common::MAPS`, created afresh with
 /// each load.
 pub struct StagedPacket<A> {
@@ -99,6 +151,3 @@ pub struct StagedPacket<A> {
     pub to: NatTarget<A>,
     pub reason: DropReason,
 }
-
-/// [`StagedPacket`] of an IPv6 packet, the only family that needs it.
-pub type StagedPacket6 = StagedPacket<[u8; 16]>;

@@ -2,7 +2,8 @@
 
 use lbproxy_common::select::{flow_hash, jump};
 use lbproxy_common::{
-    BackendOf, DropReason, IPPROTO_TCP, MEMBER_SERVING, MemberKey, SVC_F_LOCAL_ONLY, ServiceValue, SlotKey,
+    BackendOf, DropReason, IPPROTO_TCP, MEMBER_SERVING, MemberKey, SVC_F_LOCAL_ONLY, ServiceValue,
+    SlotKey,
 };
 
 use crate::{
