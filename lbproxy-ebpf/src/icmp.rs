@@ -43,8 +43,8 @@ use network_types::{eth::EtherType, ip::Ipv4Hdr};
 use crate::{
     csum, flow,
     packet::{
-        ETH_LEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, IPPROTO_ICMP, IPPROTO_ICMPV6, TCP_CSUM_OFF,
-        UDP_CSUM_OFF, ptr_at,
+        ETH_LEN, IP_CSUM_OFF, IP_DST_OFF, IP_MAX_LEN, IP_SRC_OFF, IP6_DST_OFF, IPPROTO_ICMP,
+        IPPROTO_ICMPV6, L2_L3_LEN6, TCP_CSUM_OFF, UDP_CSUM_OFF, ptr_at,
     },
     stage::NatTarget,
 };
@@ -103,7 +103,7 @@ fn translate(ctx: &TcContext, side: Side) -> Option<([u8; 4], [u8; 4])> {
         return None;
     }
     let icmp_off = ETH_LEN + usize::from(outer[0] & 0x0f) * 4;
-    if !(ETH_LEN + Ipv4Hdr::LEN..=ETH_LEN + 60).contains(&icmp_off) {
+    if !(ETH_LEN + Ipv4Hdr::LEN..=ETH_LEN + IP_MAX_LEN).contains(&icmp_off) {
         return None;
     }
     let icmp: [u8; ICMP_LEN] = ctx.load(icmp_off).ok()?;
@@ -346,7 +346,7 @@ fn quote6(ctx: &TcContext, at: usize) -> Option<&[u8; QUOTE6_LEN]> {
 /// node's SNAT address, and becomes the client too.
 #[inline(always)]
 fn translate6(ctx: &TcContext, side: Side, snat: bool) -> Option<()> {
-    let icmp_off = ETH_LEN + 40;
+    let icmp_off = L2_L3_LEN6;
     let inner_off = icmp_off + ICMP_LEN;
     let end = inner_off + QUOTE6_LEN;
     if ctx.data() + end > ctx.data_end() {
@@ -408,11 +408,11 @@ fn translate6(ctx: &TcContext, side: Side, snat: bool) -> Option<()> {
         ctx.store(ETH_LEN + outer_at, &e.nat_addr, 0).ok()?;
     }
     if snat {
-        let dst = ptr_at::<[u8; 16]>(ctx, ETH_LEN + 24)?;
+        let dst = ptr_at::<[u8; 16]>(ctx, IP6_DST_OFF)?;
         // SAFETY: bounds checked by `ptr_at`; read before the store below.
         let old = sum16(unsafe { &*dst });
         icmp_csum = replace_sum(icmp_csum, old, sum16(&e.peer_addr));
-        ctx.store(ETH_LEN + 24, &e.peer_addr, 0).ok()?;
+        ctx.store(IP6_DST_OFF, &e.peer_addr, 0).ok()?;
     }
     ctx.store(icmp_off + ICMP_CSUM, &icmp_csum, 0).ok()?;
     Some(())

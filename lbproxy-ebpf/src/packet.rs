@@ -20,9 +20,12 @@ pub const TCP_LEN: usize = TcpHdr::LEN;
 
 /// The IPv4 TTL, followed by the protocol: the two make one checksummed 16-bit word.
 pub const IP_TTL_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, ttl);
+pub const IP_PROTO_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, proto);
 pub const IP_CSUM_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, check);
 pub const IP_SRC_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, src_addr);
 pub const IP_DST_OFF: usize = ETH_LEN + offset_of!(Ipv4Hdr, dst_addr);
+/// The longest IPv4 header (IHL 15), options included.
+pub const IP_MAX_LEN: usize = 60;
 /// The Ethernet header and an IPv4 header without options.
 pub const L2_L3_LEN: usize = ETH_LEN + IP_LEN;
 
@@ -51,6 +54,7 @@ pub const TCP_FLAGS_OFF: usize = offset_of!(TcpHdr, _bitfield_1) + 1;
 
 const _: () = assert!(IP_LEN == 20 && TCP_LEN == 20 && TCP_FLAGS_OFF == 13);
 const _: () = assert!(IP_TTL_OFF == ETH_LEN + 8 && L2_L3_LEN == ETH_LEN + 20);
+const _: () = assert!(IP_PROTO_OFF == ETH_LEN + 9 && IP_SRC_OFF == ETH_LEN + 12);
 
 /// The upper-layer protocol numbers of ICMP and ICMPv6.
 pub const IPPROTO_ICMP: u8 = 1;
