@@ -44,16 +44,7 @@ pub fn run<A: Datapath>(ctx: TcContext) -> i32 {
         Forwarded::Translate => translate(ctx, &staged.pkt, &staged.to),
         Forwarded::Reject => reject(ctx, &staged.pkt, staged.reason, HOOK_FROM_POD),
         Forwarded::Drop => drop_logged(ctx, HOOK_FROM_POD, staged.reason),
-        Forwarded::NoFrontend => {
-            let pkt = &staged.pkt;
-            if pkt.l4 == L4::Bad {
-                return pass_bad_l4();
-            }
-            if pkt.l4 == L4::Header && pkt.dst_addr != A::HAIRPIN {
-                flow::direct(pkt);
-            }
-            reply(ctx, pkt)
-        }
+        Forwarded::NoFrontend => no_frontend(ctx, &staged.pkt),
     }
 }
 
@@ -122,11 +113,20 @@ fn translate<A: Datapath>(ctx: &TcContext, pkt: &Packet<A>, to: &NatTarget<A>) -
     action(ctx, HOOK_FROM_POD, r.map_err(|v| v.reason()))
 }
 
-/// A packet to no frontend: the reply of a hairpin flow (to `Headers::HAIRPIN`), or with
-/// the stack bypass a backend's reply (see [`bypass_reply`]). Anything else passes
-/// untouched. A BPF function of its own, as [`translate`].
+/// A packet to no frontend: a TCP or UDP header cut short passes, counted; the reply of a
+/// hairpin flow (to `Headers::HAIRPIN`) is sent back into the pod; with the stack bypass a
+/// backend's reply is redirected (see [`bypass_reply`]); anything else passes untouched.
+/// First, a stale VIP flow's reply half on the packet's tuple is forgotten
+/// (`flow::direct`). A BPF function of its own, as [`translate`]: the flow key
+/// `flow::direct` builds takes room in this frame, not in `run`'s.
 #[inline(never)]
-fn reply<A: Datapath>(ctx: &TcContext, pkt: &Packet<A>) -> i32 {
+fn no_frontend<A: Datapath>(ctx: &TcContext, pkt: &Packet<A>) -> i32 {
+    if pkt.l4 == L4::Bad {
+        return pass_bad_l4();
+    }
+    if pkt.l4 == L4::Header && pkt.dst_addr != A::HAIRPIN {
+        flow::direct(pkt);
+    }
     let r = if pkt.dst_addr == A::HAIRPIN {
         hairpin::reply(ctx, pkt)
     } else {
