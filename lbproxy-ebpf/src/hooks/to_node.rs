@@ -1,0 +1,42 @@
+//! `lb_to_node` (tcx egress on the node's own interfaces: traffic leaving the node): a
+//! reply of a backend on this node to a client outside it is reverse-NATed to come from the
+//! frontend the client used; an ICMP error of such a backend about the client's translated
+//! packet is translated.
+
+use aya_ebpf::programs::TcContext;
+use lbproxy_common::{DropReason, HOOK_TO_NODE};
+
+use super::{Datapath, drop_logged};
+use crate::{flow, nat, packet::L4, stage::TC_ACT_UNSPEC};
+
+/// The pipeline: ICMP errors to `icmp`; else parse -> flow (reply half) -> translate.
+#[inline(never)]
+pub fn run<A: Datapath>(ctx: TcContext) -> i32 {
+    let ctx = &ctx;
+    if A::is_icmp(ctx) {
+        A::to_client(ctx);
+        return TC_ACT_UNSPEC;
+    }
+    match reverse::<A>(ctx) {
+        Ok(action) => action,
+        Err(reason) => drop_logged(ctx, HOOK_TO_NODE, reason),
+    }
+}
+
+#[inline(always)]
+fn reverse<A: Datapath>(ctx: &TcContext) -> Result<i32, DropReason> {
+    let pkt = match A::parse(ctx) {
+        Ok(Some(pkt)) if pkt.l4 != L4::Bad => pkt,
+        Ok(_) => return Ok(TC_ACT_UNSPEC),
+        Err(v) => return Err(v.reason()),
+    };
+    let Some(to) = flow::reply(&pkt) else {
+        return Ok(TC_ACT_UNSPEC);
+    };
+    if to.peer_addr != pkt.dst_addr {
+        // A source-NATed flow's reply arrives on the way in, not out.
+        return Ok(TC_ACT_UNSPEC);
+    }
+    nat::snat(ctx, &pkt, to).map_err(|v| v.reason())?;
+    Ok(TC_ACT_UNSPEC)
+}
