@@ -1692,9 +1692,9 @@ fn serve_watch(
                 });
                 write_watch_head(w)?;
                 write_chunk(w, &event_line("ERROR", &status))?;
+                set(&|r| r.ended_at = Some(Instant::now()));
                 w.write_all(b"0\r\n\r\n")?;
                 w.flush()?;
-                set(&|r| r.ended_at = Some(Instant::now()));
                 return Ok(true);
             }
         }
@@ -1780,6 +1780,9 @@ fn serve_watch(
                 write_chunk(w, e)?;
             }
             if end {
+                // Over before the client can see it end: `open_watches` must never count a
+                // watch whose client has read its last chunk.
+                set(&|r| r.ended_at = Some(Instant::now()));
                 w.write_all(b"0\r\n\r\n")?;
                 w.flush()?;
                 return Ok(true);
@@ -1789,7 +1792,9 @@ fn serve_watch(
     if let Some(c) = inner.conns.lock().unwrap().get_mut(&conn) {
         c.watching = false;
     }
-    set(&|r| r.ended_at = Some(Instant::now()));
+    set(&|r| {
+        r.ended_at.get_or_insert_with(Instant::now);
+    });
     result
 }
 
