@@ -121,19 +121,14 @@ pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Link>, rtnetlink::Er
         .route()
         .get(rtnetlink::RouteMessageBuilder::<std::net::Ipv4Addr>::new().build())
         .execute();
-    // (metric, ifindex, preferred source) of the best default route.
-    let mut default: Option<(u32, u32, Option<std::net::Ipv4Addr>)> = None;
+    let mut default: Option<DefaultRoute<std::net::Ipv4Addr>> = None;
     while let Some(msg) = routes.try_next().await? {
         if let Some((dst, oif)) = host_route(&msg)
             && let Some(l) = out.iter_mut().find(|l| l.iface.index == oif)
         {
             l.routes_v4.push(dst);
         }
-        if let Some(d) = default_route(&msg)
-            && default.is_none_or(|best| d.0 < best.0)
-        {
-            default = Some(d);
-        }
+        keep_best_default(&mut default, &msg);
     }
     if let Some((_, oif, src)) = default
         && let Some(l) = out.iter_mut().find(|l| l.iface.index == oif)
@@ -144,13 +139,9 @@ pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Link>, rtnetlink::Er
         .route()
         .get(rtnetlink::RouteMessageBuilder::<std::net::Ipv6Addr>::new().build())
         .execute();
-    let mut default6: Option<(u32, u32, Option<std::net::Ipv6Addr>)> = None;
+    let mut default6: Option<DefaultRoute<std::net::Ipv6Addr>> = None;
     while let Some(msg) = routes.try_next().await? {
-        if let Some(d) = default_route6(&msg)
-            && default6.is_none_or(|best| d.0 < best.0)
-        {
-            default6 = Some(d);
-        }
+        keep_best_default(&mut default6, &msg);
     }
     if let Some((_, oif, src)) = default6
         && let Some(l) = out.iter_mut().find(|l| l.iface.index == oif)
@@ -189,12 +180,39 @@ fn host_route(
     Some((dst?, oif?))
 }
 
-/// A unicast IPv4 default route of the main table with one output interface: (metric,
-/// ifindex, preferred source).
-fn default_route(
+/// An address family of the route listing: how a route's preferred source of the family
+/// reads.
+trait RouteFamily: Copy {
+    fn of(a: &netlink_packet_route::route::RouteAddress) -> Option<Self>;
+}
+
+impl RouteFamily for std::net::Ipv4Addr {
+    fn of(a: &netlink_packet_route::route::RouteAddress) -> Option<Self> {
+        match a {
+            netlink_packet_route::route::RouteAddress::Inet(ip) => Some(*ip),
+            _ => None,
+        }
+    }
+}
+
+impl RouteFamily for std::net::Ipv6Addr {
+    fn of(a: &netlink_packet_route::route::RouteAddress) -> Option<Self> {
+        match a {
+            netlink_packet_route::route::RouteAddress::Inet6(ip) => Some(*ip),
+            _ => None,
+        }
+    }
+}
+
+/// (metric, ifindex, preferred source) of a default route.
+type DefaultRoute<A> = (u32, u32, Option<A>);
+
+/// A unicast default route (`0.0.0.0/0`, `::/0`) of the main table with one output
+/// interface, and its preferred source of family `A`.
+fn default_route<A: RouteFamily>(
     msg: &netlink_packet_route::route::RouteMessage,
-) -> Option<(u32, u32, Option<std::net::Ipv4Addr>)> {
-    use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteType};
+) -> Option<DefaultRoute<A>> {
+    use netlink_packet_route::route::{RouteAttribute, RouteHeader, RouteType};
     let h = &msg.header;
     if h.destination_prefix_length != 0 || h.kind != RouteType::Unicast {
         return None;
@@ -205,7 +223,11 @@ fn default_route(
         match a {
             RouteAttribute::Oif(i) => oif = Some(*i),
             RouteAttribute::Priority(p) => metric = *p,
-            RouteAttribute::PrefSource(RouteAddress::Inet(ip)) => src = Some(*ip),
+            RouteAttribute::PrefSource(a) => {
+                if let Some(ip) = A::of(a) {
+                    src = Some(ip);
+                }
+            }
             RouteAttribute::Table(t) => table = *t,
             _ => {}
         }
@@ -214,29 +236,17 @@ fn default_route(
     Some((metric, oif?, src))
 }
 
-/// [`default_route`] for IPv6: a unicast `::/0` route of the main table with one output
-/// interface.
-fn default_route6(
+/// Keeps in `best` the default route of lowest metric of those seen, `msg` included (the
+/// first of equal metrics).
+fn keep_best_default<A: RouteFamily>(
+    best: &mut Option<DefaultRoute<A>>,
     msg: &netlink_packet_route::route::RouteMessage,
-) -> Option<(u32, u32, Option<std::net::Ipv6Addr>)> {
-    use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteType};
-    let h = &msg.header;
-    if h.destination_prefix_length != 0 || h.kind != RouteType::Unicast {
-        return None;
+) {
+    if let Some(d) = default_route(msg)
+        && best.is_none_or(|b| d.0 < b.0)
+    {
+        *best = Some(d);
     }
-    let mut table = u32::from(h.table);
-    let (mut oif, mut metric, mut src) = (None, 0, None);
-    for a in &msg.attributes {
-        match a {
-            RouteAttribute::Oif(i) => oif = Some(*i),
-            RouteAttribute::Priority(p) => metric = *p,
-            RouteAttribute::PrefSource(RouteAddress::Inet6(ip)) => src = Some(*ip),
-            RouteAttribute::Table(t) => table = *t,
-            _ => {}
-        }
-    }
-    (table == u32::from(RouteHeader::RT_TABLE_MAIN)).then_some(())?;
-    Some((metric, oif?, src))
 }
 
 /// A handle for listing, and a receiver that gets `()` whenever a link is added, changed or
@@ -328,4 +338,85 @@ pub async fn spawn_attach(
         }
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use netlink_packet_route::route::{
+        RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteType,
+    };
+
+    use super::*;
+
+    fn route(prefix: u8, table: u8, attrs: Vec<RouteAttribute>) -> RouteMessage {
+        let mut m = RouteMessage::default();
+        m.header.destination_prefix_length = prefix;
+        m.header.kind = RouteType::Unicast;
+        m.header.table = table;
+        m.attributes = attrs;
+        m
+    }
+
+    const MAIN: u8 = RouteHeader::RT_TABLE_MAIN;
+
+    /// Of the main table's default routes, the one of lowest metric wins, with its
+    /// preferred source of the family listed; other tables and other prefixes do not count.
+    #[test]
+    fn the_default_route_of_lowest_metric_per_family() {
+        let v4: std::net::Ipv4Addr = "10.0.0.5".parse().unwrap();
+        let v6: std::net::Ipv6Addr = "2001:db8::5".parse().unwrap();
+        let msgs = [
+            route(
+                0,
+                MAIN,
+                vec![RouteAttribute::Oif(2), RouteAttribute::Priority(200)],
+            ),
+            route(
+                0,
+                MAIN,
+                vec![
+                    RouteAttribute::Oif(3),
+                    RouteAttribute::Priority(100),
+                    RouteAttribute::PrefSource(RouteAddress::Inet(v4)),
+                    RouteAttribute::PrefSource(RouteAddress::Inet6(v6)),
+                ],
+            ),
+            route(
+                0,
+                100,
+                vec![RouteAttribute::Oif(4), RouteAttribute::Priority(1)],
+            ),
+            route(
+                8,
+                MAIN,
+                vec![RouteAttribute::Oif(5), RouteAttribute::Priority(0)],
+            ),
+            route(
+                0,
+                MAIN,
+                vec![RouteAttribute::Oif(6), RouteAttribute::Priority(100)],
+            ),
+        ];
+        let mut best4: Option<DefaultRoute<std::net::Ipv4Addr>> = None;
+        let mut best6: Option<DefaultRoute<std::net::Ipv6Addr>> = None;
+        for m in &msgs {
+            keep_best_default(&mut best4, m);
+            keep_best_default(&mut best6, m);
+        }
+        assert_eq!(best4, Some((100, 3, Some(v4))));
+        assert_eq!(best6, Some((100, 3, Some(v6))));
+        // A table given as an attribute counts over the header's.
+        let mut m = route(
+            0,
+            MAIN,
+            vec![RouteAttribute::Oif(7), RouteAttribute::Table(100)],
+        );
+        assert_eq!(default_route::<std::net::Ipv4Addr>(&m), None);
+        m.attributes = vec![RouteAttribute::Table(u32::from(MAIN))];
+        assert_eq!(
+            default_route::<std::net::Ipv4Addr>(&m),
+            None,
+            "no output interface"
+        );
+    }
 }
