@@ -182,14 +182,8 @@ fn nodeport_addresses_primary_follow_the_default_route_per_family() {
     assert_eq!(s.v6.primary, Some(v6("2001:db8::5")));
     assert_eq!(
         flags(&s.v4.addrs),
-        [
-            (&v4("10.0.0.5"), NP | SNAT),
-            (&v4("10.0.0.6"), 0),
-            (&v4("192.168.1.5"), SNAT),
-        ]
-        .into_iter()
-        .filter(|(_, f)| *f != 0)
-        .collect()
+        [(&v4("10.0.0.5"), NP | SNAT), (&v4("192.168.1.5"), SNAT)].into(),
+        "10.0.0.6, neither primary nor a SNAT address, is not a node address to the datapath"
     );
     assert_eq!(s.hc_addresses, Some(ips(&["10.0.0.5", "2001:db8::5"])));
 
