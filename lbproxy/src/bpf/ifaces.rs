@@ -27,21 +27,34 @@ pub struct Link {
     pub is_bridge: bool,
     /// Whether this is the loopback interface.
     pub is_loopback: bool,
-    /// Its IPv4 addresses, primary first (the order the kernel lists them in).
-    pub ipv4: Vec<std::net::Ipv4Addr>,
+    /// Its IPv4 addresses.
+    pub v4: LinkAddrs<std::net::Ipv4Addr>,
     /// The addresses with a unicast `/32` route out of it in the main table (a routed pod
     /// network's pod addresses), sorted.
     pub routes_v4: Vec<std::net::Ipv4Addr>,
-    /// When the main table's IPv4 default route (the one of lowest metric) leaves by this
-    /// interface: the node's primary address, the route's preferred source if it has one,
-    /// else this interface's first address. `nodePortAddresses: primary` serves it.
-    pub primary_v4: Option<std::net::Ipv4Addr>,
-    /// Its IPv6 addresses of global scope (global and unique local; never link-local),
-    /// in the order the kernel lists them.
-    pub ipv6: Vec<std::net::Ipv6Addr>,
-    /// [`Link::primary_v4`] for IPv6: the main table's IPv6 default route's preferred
-    /// source, else this interface's first global IPv6 address.
-    pub primary_v6: Option<std::net::Ipv6Addr>,
+    /// Its IPv6 addresses of global scope (global and unique local; never link-local).
+    pub v6: LinkAddrs<std::net::Ipv6Addr>,
+}
+
+/// An interface's addresses of one family.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LinkAddrs<A> {
+    /// In the order the kernel lists them (primary first).
+    pub addrs: Vec<A>,
+    /// When the main table's default route of the family (the one of lowest metric) leaves
+    /// by this interface: the node's primary address of the family, the route's preferred
+    /// source if it has one, else this interface's first address of the family.
+    /// `nodePortAddresses: primary` serves it.
+    pub primary: Option<A>,
+}
+
+impl<A> Default for LinkAddrs<A> {
+    fn default() -> Self {
+        Self {
+            addrs: Vec::new(),
+            primary: None,
+        }
+    }
 }
 
 /// Lists every interface in this network namespace.
@@ -86,11 +99,9 @@ pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Link>, rtnetlink::Er
                 master,
                 is_bridge,
                 is_loopback,
-                ipv4: Vec::new(),
+                v4: LinkAddrs::default(),
                 routes_v4: Vec::new(),
-                primary_v4: None,
-                ipv6: Vec::new(),
-                primary_v6: None,
+                v6: LinkAddrs::default(),
             });
         }
     }
@@ -104,14 +115,14 @@ pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Link>, rtnetlink::Er
                 continue;
             };
             match a {
-                AddressAttribute::Local(std::net::IpAddr::V4(ip)) if !l.ipv4.contains(ip) => {
-                    l.ipv4.push(*ip);
+                AddressAttribute::Local(std::net::IpAddr::V4(ip)) if !l.v4.addrs.contains(ip) => {
+                    l.v4.addrs.push(*ip);
                 }
                 // IPv6 addresses come as `Address` (there is no `Local` without a peer).
                 AddressAttribute::Address(std::net::IpAddr::V6(ip))
-                    if global && !ip.is_unicast_link_local() && !l.ipv6.contains(ip) =>
+                    if global && !ip.is_unicast_link_local() && !l.v6.addrs.contains(ip) =>
                 {
-                    l.ipv6.push(*ip);
+                    l.v6.addrs.push(*ip);
                 }
                 _ => {}
             }
@@ -130,11 +141,7 @@ pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Link>, rtnetlink::Er
         }
         keep_best_default(&mut default, &msg);
     }
-    if let Some((_, oif, src)) = default
-        && let Some(l) = out.iter_mut().find(|l| l.iface.index == oif)
-    {
-        l.primary_v4 = src.or_else(|| l.ipv4.first().copied());
-    }
+    set_primary(&mut out, default);
     let mut routes = handle
         .route()
         .get(rtnetlink::RouteMessageBuilder::<std::net::Ipv6Addr>::new().build())
@@ -143,11 +150,7 @@ pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Link>, rtnetlink::Er
     while let Some(msg) = routes.try_next().await? {
         keep_best_default(&mut default6, &msg);
     }
-    if let Some((_, oif, src)) = default6
-        && let Some(l) = out.iter_mut().find(|l| l.iface.index == oif)
-    {
-        l.primary_v6 = src.or_else(|| l.ipv6.first().copied());
-    }
+    set_primary(&mut out, default6);
     for l in &mut out {
         l.routes_v4.sort();
         l.routes_v4.dedup();
@@ -181,9 +184,10 @@ fn host_route(
 }
 
 /// An address family of the route listing: how a route's preferred source of the family
-/// reads.
+/// reads, and where a link keeps its addresses of the family.
 trait RouteFamily: Copy {
     fn of(a: &netlink_packet_route::route::RouteAddress) -> Option<Self>;
+    fn addrs_of(l: &mut Link) -> &mut LinkAddrs<Self>;
 }
 
 impl RouteFamily for std::net::Ipv4Addr {
@@ -193,6 +197,9 @@ impl RouteFamily for std::net::Ipv4Addr {
             _ => None,
         }
     }
+    fn addrs_of(l: &mut Link) -> &mut LinkAddrs<Self> {
+        &mut l.v4
+    }
 }
 
 impl RouteFamily for std::net::Ipv6Addr {
@@ -201,6 +208,9 @@ impl RouteFamily for std::net::Ipv6Addr {
             netlink_packet_route::route::RouteAddress::Inet6(ip) => Some(*ip),
             _ => None,
         }
+    }
+    fn addrs_of(l: &mut Link) -> &mut LinkAddrs<Self> {
+        &mut l.v6
     }
 }
 
@@ -246,6 +256,17 @@ fn keep_best_default<A: RouteFamily>(
         && best.is_none_or(|b| d.0 < b.0)
     {
         *best = Some(d);
+    }
+}
+
+/// Makes the interface the `best` default route leaves by hold the node's primary address
+/// of the family: the route's preferred source, else the interface's first address.
+fn set_primary<A: RouteFamily>(links: &mut [Link], best: Option<DefaultRoute<A>>) {
+    if let Some((_, oif, src)) = best
+        && let Some(l) = links.iter_mut().find(|l| l.iface.index == oif)
+    {
+        let f = A::addrs_of(l);
+        f.primary = src.or_else(|| f.addrs.first().copied());
     }
 }
 

@@ -112,11 +112,11 @@ impl NodeState {
         let mut node_ips: Vec<IpAddr> = node_links
             .iter()
             .flat_map(|l| {
-                l.ipv4
+                l.v4.addrs
                     .iter()
                     .copied()
                     .map(IpAddr::from)
-                    .chain(l.ipv6.iter().copied().map(IpAddr::from))
+                    .chain(l.v6.addrs.iter().copied().map(IpAddr::from))
             })
             .collect();
         node_ips.sort();

@@ -62,10 +62,10 @@ impl NodeFamily for V4 {
         v.snat_addr
     }
     fn link_addrs(l: &Link) -> Vec<Self> {
-        l.ipv4.iter().map(|a| a.octets()).collect()
+        l.v4.addrs.iter().map(|a| a.octets()).collect()
     }
     fn link_primary(l: &Link) -> Option<Self> {
-        l.primary_v4.map(|a| a.octets())
+        l.v4.primary.map(|a| a.octets())
     }
     fn maps<S: Store>(m: &mut NodeMaps<S>) -> &mut FamilyMaps<S, Self> {
         &mut m.v4
@@ -100,10 +100,10 @@ impl NodeFamily for V6 {
         v.snat_addr
     }
     fn link_addrs(l: &Link) -> Vec<Self> {
-        l.ipv6.iter().map(|a| a.octets()).collect()
+        l.v6.addrs.iter().map(|a| a.octets()).collect()
     }
     fn link_primary(l: &Link) -> Option<Self> {
-        l.primary_v6.map(|a| a.octets())
+        l.v6.primary.map(|a| a.octets())
     }
     fn maps<S: Store>(m: &mut NodeMaps<S>) -> &mut FamilyMaps<S, Self> {
         &mut m.v6

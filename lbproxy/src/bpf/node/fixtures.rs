@@ -1,7 +1,7 @@
 //! Listed interfaces for tests, built as a listing would show them.
 
 use crate::bpf::attach::Interface;
-use crate::bpf::ifaces::Link;
+use crate::bpf::ifaces::{Link, LinkAddrs};
 
 /// An interface `name` with ifindex `index`, nothing else yet.
 pub fn link(index: u32, name: &str) -> LinkBuilder {
@@ -14,11 +14,9 @@ pub fn link(index: u32, name: &str) -> LinkBuilder {
         master: None,
         is_bridge: false,
         is_loopback: false,
-        ipv4: Vec::new(),
+        v4: LinkAddrs::default(),
         routes_v4: Vec::new(),
-        primary_v4: None,
-        ipv6: Vec::new(),
-        primary_v6: None,
+        v6: LinkAddrs::default(),
     })
 }
 
@@ -27,22 +25,22 @@ pub struct LinkBuilder(pub Link);
 impl LinkBuilder {
     /// IPv4 addresses, primary first.
     pub fn v4(mut self, addrs: &[&str]) -> Self {
-        self.0.ipv4 = addrs.iter().map(|a| a.parse().unwrap()).collect();
+        self.0.v4.addrs = addrs.iter().map(|a| a.parse().unwrap()).collect();
         self
     }
     /// Global IPv6 addresses, in the kernel's order.
     pub fn v6(mut self, addrs: &[&str]) -> Self {
-        self.0.ipv6 = addrs.iter().map(|a| a.parse().unwrap()).collect();
+        self.0.v6.addrs = addrs.iter().map(|a| a.parse().unwrap()).collect();
         self
     }
     /// The IPv4 default route leaves by it, from `src`.
     pub fn primary_v4(mut self, src: &str) -> Self {
-        self.0.primary_v4 = Some(src.parse().unwrap());
+        self.0.v4.primary = Some(src.parse().unwrap());
         self
     }
     /// The IPv6 default route leaves by it, from `src`.
     pub fn primary_v6(mut self, src: &str) -> Self {
-        self.0.primary_v6 = Some(src.parse().unwrap());
+        self.0.v6.primary = Some(src.parse().unwrap());
         self
     }
     /// `/32` routes out of it.

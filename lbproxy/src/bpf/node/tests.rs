@@ -193,9 +193,9 @@ fn nodeport_addresses_primary_follow_the_default_route_per_family() {
     assert_eq!(p.maps.v6.addrs.entries, s.v6.addrs);
 
     // The IPv4 default route moves to eth1, from a preferred source; the IPv6 one goes.
-    links[1].primary_v4 = None;
-    links[1].primary_v6 = None;
-    links[2].primary_v4 = Some("192.168.1.5".parse().unwrap());
+    links[1].v4.primary = None;
+    links[1].v6.primary = None;
+    links[2].v4.primary = Some("192.168.1.5".parse().unwrap());
     let s = state(&links, NodePortAddresses::Primary);
     assert_eq!(s.v4.primary, Some(v4("192.168.1.5")));
     assert_eq!(s.v6.primary, None);
@@ -218,8 +218,8 @@ fn nodeport_addresses_primary_follow_the_default_route_per_family() {
     assert_eq!(s.hc_addresses, Some(ips(&["192.168.1.5"])));
 
     // A primary address on a pod interface never counts.
-    links[2].primary_v4 = None;
-    links[5].primary_v4 = Some("198.18.0.9".parse().unwrap());
+    links[2].v4.primary = None;
+    links[5].v4.primary = Some("198.18.0.9".parse().unwrap());
     assert_eq!(state(&links, NodePortAddresses::Primary).v4.primary, None);
 }
 

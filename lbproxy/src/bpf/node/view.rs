@@ -41,7 +41,7 @@ impl<'a> NodeView<'a> {
             if pod_globs.is_match(&l.iface.name) {
                 roles.insert(l.iface.clone(), Role::Pod);
             } else if !l.is_loopback
-                && (!l.ipv4.is_empty() || !l.ipv6.is_empty())
+                && (!l.v4.addrs.is_empty() || !l.v6.addrs.is_empty())
                 && l.master.is_none()
                 && !pod_masters.contains(&l.iface.index)
             {
