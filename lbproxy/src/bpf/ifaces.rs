@@ -27,21 +27,34 @@ pub struct Link {
     pub is_bridge: bool,
     /// Whether this is the loopback interface.
     pub is_loopback: bool,
-    /// Its IPv4 addresses, primary first (the order the kernel lists them in).
-    pub ipv4: Vec<std::net::Ipv4Addr>,
+    /// Its IPv4 addresses.
+    pub v4: LinkAddrs<std::net::Ipv4Addr>,
     /// The addresses with a unicast `/32` route out of it in the main table (a routed pod
     /// network's pod addresses), sorted.
     pub routes_v4: Vec<std::net::Ipv4Addr>,
-    /// When the main table's IPv4 default route (the one of lowest metric) leaves by this
-    /// interface: the node's primary address, the route's preferred source if it has one,
-    /// else this interface's first address. `nodePortAddresses: primary` serves it.
-    pub primary_v4: Option<std::net::Ipv4Addr>,
-    /// Its IPv6 addresses of global scope (global and unique local; never link-local),
-    /// in the order the kernel lists them.
-    pub ipv6: Vec<std::net::Ipv6Addr>,
-    /// [`Link::primary_v4`] for IPv6: the main table's IPv6 default route's preferred
-    /// source, else this interface's first global IPv6 address.
-    pub primary_v6: Option<std::net::Ipv6Addr>,
+    /// Its IPv6 addresses of global scope (global and unique local; never link-local).
+    pub v6: LinkAddrs<std::net::Ipv6Addr>,
+}
+
+/// An interface's addresses of one family.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LinkAddrs<A> {
+    /// In the order the kernel lists them (primary first).
+    pub addrs: Vec<A>,
+    /// When the main table's default route of the family (the one of lowest metric) leaves
+    /// by this interface: the node's primary address of the family, the route's preferred
+    /// source if it has one, else this interface's first address of the family.
+    /// `nodePortAddresses: primary` serves it.
+    pub primary: Option<A>,
+}
+
+impl<A> Default for LinkAddrs<A> {
+    fn default() -> Self {
+        Self {
+            addrs: Vec::new(),
+            primary: None,
+        }
+    }
 }
 
 /// Lists every interface in this network namespace.
@@ -86,11 +99,9 @@ pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Link>, rtnetlink::Er
                 master,
                 is_bridge,
                 is_loopback,
-                ipv4: Vec::new(),
+                v4: LinkAddrs::default(),
                 routes_v4: Vec::new(),
-                primary_v4: None,
-                ipv6: Vec::new(),
-                primary_v6: None,
+                v6: LinkAddrs::default(),
             });
         }
     }
@@ -104,14 +115,14 @@ pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Link>, rtnetlink::Er
                 continue;
             };
             match a {
-                AddressAttribute::Local(std::net::IpAddr::V4(ip)) if !l.ipv4.contains(ip) => {
-                    l.ipv4.push(*ip);
+                AddressAttribute::Local(std::net::IpAddr::V4(ip)) if !l.v4.addrs.contains(ip) => {
+                    l.v4.addrs.push(*ip);
                 }
                 // IPv6 addresses come as `Address` (there is no `Local` without a peer).
                 AddressAttribute::Address(std::net::IpAddr::V6(ip))
-                    if global && !ip.is_unicast_link_local() && !l.ipv6.contains(ip) =>
+                    if global && !ip.is_unicast_link_local() && !l.v6.addrs.contains(ip) =>
                 {
-                    l.ipv6.push(*ip);
+                    l.v6.addrs.push(*ip);
                 }
                 _ => {}
             }
@@ -121,42 +132,25 @@ pub async fn list(handle: &rtnetlink::Handle) -> Result<Vec<Link>, rtnetlink::Er
         .route()
         .get(rtnetlink::RouteMessageBuilder::<std::net::Ipv4Addr>::new().build())
         .execute();
-    // (metric, ifindex, preferred source) of the best default route.
-    let mut default: Option<(u32, u32, Option<std::net::Ipv4Addr>)> = None;
+    let mut default: Option<DefaultRoute<std::net::Ipv4Addr>> = None;
     while let Some(msg) = routes.try_next().await? {
         if let Some((dst, oif)) = host_route(&msg)
             && let Some(l) = out.iter_mut().find(|l| l.iface.index == oif)
         {
             l.routes_v4.push(dst);
         }
-        if let Some(d) = default_route(&msg)
-            && default.is_none_or(|best| d.0 < best.0)
-        {
-            default = Some(d);
-        }
+        keep_best_default(&mut default, &msg);
     }
-    if let Some((_, oif, src)) = default
-        && let Some(l) = out.iter_mut().find(|l| l.iface.index == oif)
-    {
-        l.primary_v4 = src.or_else(|| l.ipv4.first().copied());
-    }
+    set_primary(&mut out, default);
     let mut routes = handle
         .route()
         .get(rtnetlink::RouteMessageBuilder::<std::net::Ipv6Addr>::new().build())
         .execute();
-    let mut default6: Option<(u32, u32, Option<std::net::Ipv6Addr>)> = None;
+    let mut default6: Option<DefaultRoute<std::net::Ipv6Addr>> = None;
     while let Some(msg) = routes.try_next().await? {
-        if let Some(d) = default_route6(&msg)
-            && default6.is_none_or(|best| d.0 < best.0)
-        {
-            default6 = Some(d);
-        }
+        keep_best_default(&mut default6, &msg);
     }
-    if let Some((_, oif, src)) = default6
-        && let Some(l) = out.iter_mut().find(|l| l.iface.index == oif)
-    {
-        l.primary_v6 = src.or_else(|| l.ipv6.first().copied());
-    }
+    set_primary(&mut out, default6);
     for l in &mut out {
         l.routes_v4.sort();
         l.routes_v4.dedup();
@@ -189,12 +183,46 @@ fn host_route(
     Some((dst?, oif?))
 }
 
-/// A unicast IPv4 default route of the main table with one output interface: (metric,
-/// ifindex, preferred source).
-fn default_route(
+/// An address family of the route listing: how a route's preferred source of the family
+/// reads, and where a link keeps its addresses of the family.
+trait RouteFamily: Copy {
+    fn of(a: &netlink_packet_route::route::RouteAddress) -> Option<Self>;
+    fn addrs_of(l: &mut Link) -> &mut LinkAddrs<Self>;
+}
+
+impl RouteFamily for std::net::Ipv4Addr {
+    fn of(a: &netlink_packet_route::route::RouteAddress) -> Option<Self> {
+        match a {
+            netlink_packet_route::route::RouteAddress::Inet(ip) => Some(*ip),
+            _ => None,
+        }
+    }
+    fn addrs_of(l: &mut Link) -> &mut LinkAddrs<Self> {
+        &mut l.v4
+    }
+}
+
+impl RouteFamily for std::net::Ipv6Addr {
+    fn of(a: &netlink_packet_route::route::RouteAddress) -> Option<Self> {
+        match a {
+            netlink_packet_route::route::RouteAddress::Inet6(ip) => Some(*ip),
+            _ => None,
+        }
+    }
+    fn addrs_of(l: &mut Link) -> &mut LinkAddrs<Self> {
+        &mut l.v6
+    }
+}
+
+/// (metric, ifindex, preferred source) of a default route.
+type DefaultRoute<A> = (u32, u32, Option<A>);
+
+/// A unicast default route (`0.0.0.0/0`, `::/0`) of the main table with one output
+/// interface, and its preferred source of family `A`.
+fn default_route<A: RouteFamily>(
     msg: &netlink_packet_route::route::RouteMessage,
-) -> Option<(u32, u32, Option<std::net::Ipv4Addr>)> {
-    use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteType};
+) -> Option<DefaultRoute<A>> {
+    use netlink_packet_route::route::{RouteAttribute, RouteHeader, RouteType};
     let h = &msg.header;
     if h.destination_prefix_length != 0 || h.kind != RouteType::Unicast {
         return None;
@@ -205,7 +233,11 @@ fn default_route(
         match a {
             RouteAttribute::Oif(i) => oif = Some(*i),
             RouteAttribute::Priority(p) => metric = *p,
-            RouteAttribute::PrefSource(RouteAddress::Inet(ip)) => src = Some(*ip),
+            RouteAttribute::PrefSource(a) => {
+                if let Some(ip) = A::of(a) {
+                    src = Some(ip);
+                }
+            }
             RouteAttribute::Table(t) => table = *t,
             _ => {}
         }
@@ -214,29 +246,28 @@ fn default_route(
     Some((metric, oif?, src))
 }
 
-/// [`default_route`] for IPv6: a unicast `::/0` route of the main table with one output
-/// interface.
-fn default_route6(
+/// Keeps in `best` the default route of lowest metric of those seen, `msg` included (the
+/// first of equal metrics).
+fn keep_best_default<A: RouteFamily>(
+    best: &mut Option<DefaultRoute<A>>,
     msg: &netlink_packet_route::route::RouteMessage,
-) -> Option<(u32, u32, Option<std::net::Ipv6Addr>)> {
-    use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteType};
-    let h = &msg.header;
-    if h.destination_prefix_length != 0 || h.kind != RouteType::Unicast {
-        return None;
+) {
+    if let Some(d) = default_route(msg)
+        && best.is_none_or(|b| d.0 < b.0)
+    {
+        *best = Some(d);
     }
-    let mut table = u32::from(h.table);
-    let (mut oif, mut metric, mut src) = (None, 0, None);
-    for a in &msg.attributes {
-        match a {
-            RouteAttribute::Oif(i) => oif = Some(*i),
-            RouteAttribute::Priority(p) => metric = *p,
-            RouteAttribute::PrefSource(RouteAddress::Inet6(ip)) => src = Some(*ip),
-            RouteAttribute::Table(t) => table = *t,
-            _ => {}
-        }
+}
+
+/// Makes the interface the `best` default route leaves by hold the node's primary address
+/// of the family: the route's preferred source, else the interface's first address.
+fn set_primary<A: RouteFamily>(links: &mut [Link], best: Option<DefaultRoute<A>>) {
+    if let Some((_, oif, src)) = best
+        && let Some(l) = links.iter_mut().find(|l| l.iface.index == oif)
+    {
+        let f = A::addrs_of(l);
+        f.primary = src.or_else(|| f.addrs.first().copied());
     }
-    (table == u32::from(RouteHeader::RT_TABLE_MAIN)).then_some(())?;
-    Some((metric, oif?, src))
 }
 
 /// A handle for listing, and a receiver that gets `()` whenever a link is added, changed or
@@ -328,4 +359,85 @@ pub async fn spawn_attach(
         }
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use netlink_packet_route::route::{
+        RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteType,
+    };
+
+    use super::*;
+
+    fn route(prefix: u8, table: u8, attrs: Vec<RouteAttribute>) -> RouteMessage {
+        let mut m = RouteMessage::default();
+        m.header.destination_prefix_length = prefix;
+        m.header.kind = RouteType::Unicast;
+        m.header.table = table;
+        m.attributes = attrs;
+        m
+    }
+
+    const MAIN: u8 = RouteHeader::RT_TABLE_MAIN;
+
+    /// Of the main table's default routes, the one of lowest metric wins, with its
+    /// preferred source of the family listed; other tables and other prefixes do not count.
+    #[test]
+    fn the_default_route_of_lowest_metric_per_family() {
+        let v4: std::net::Ipv4Addr = "10.0.0.5".parse().unwrap();
+        let v6: std::net::Ipv6Addr = "2001:db8::5".parse().unwrap();
+        let msgs = [
+            route(
+                0,
+                MAIN,
+                vec![RouteAttribute::Oif(2), RouteAttribute::Priority(200)],
+            ),
+            route(
+                0,
+                MAIN,
+                vec![
+                    RouteAttribute::Oif(3),
+                    RouteAttribute::Priority(100),
+                    RouteAttribute::PrefSource(RouteAddress::Inet(v4)),
+                    RouteAttribute::PrefSource(RouteAddress::Inet6(v6)),
+                ],
+            ),
+            route(
+                0,
+                100,
+                vec![RouteAttribute::Oif(4), RouteAttribute::Priority(1)],
+            ),
+            route(
+                8,
+                MAIN,
+                vec![RouteAttribute::Oif(5), RouteAttribute::Priority(0)],
+            ),
+            route(
+                0,
+                MAIN,
+                vec![RouteAttribute::Oif(6), RouteAttribute::Priority(100)],
+            ),
+        ];
+        let mut best4: Option<DefaultRoute<std::net::Ipv4Addr>> = None;
+        let mut best6: Option<DefaultRoute<std::net::Ipv6Addr>> = None;
+        for m in &msgs {
+            keep_best_default(&mut best4, m);
+            keep_best_default(&mut best6, m);
+        }
+        assert_eq!(best4, Some((100, 3, Some(v4))));
+        assert_eq!(best6, Some((100, 3, Some(v6))));
+        // A table given as an attribute counts over the header's.
+        let mut m = route(
+            0,
+            MAIN,
+            vec![RouteAttribute::Oif(7), RouteAttribute::Table(100)],
+        );
+        assert_eq!(default_route::<std::net::Ipv4Addr>(&m), None);
+        m.attributes = vec![RouteAttribute::Table(u32::from(MAIN))];
+        assert_eq!(
+            default_route::<std::net::Ipv4Addr>(&m),
+            None,
+            "no output interface"
+        );
+    }
 }

@@ -11,6 +11,7 @@ pub mod attach;
 pub mod cleanup;
 pub mod flow_gc;
 pub mod ifaces;
+pub mod node;
 pub mod pinned;
 pub mod sock;
 pub mod sock_diag;
