@@ -1,0 +1,3 @@
+//! What lbproxy says about itself: its log.
+
+pub mod logging;
