@@ -958,7 +958,7 @@ pub struct MapFill {
 
 /// `inspect status`.
 fn status(maps: &PinnedMaps, dir: &Path, out: Output, healthz: &str) -> anyhow::Result<String> {
-    let (controller, healthy, age) = match crate::http::get_json(healthz, "/healthz") {
+    let (controller, healthy, age) = match get_json(healthz, "/healthz") {
         Ok(v) => {
             let healthy = v["healthy"].as_bool();
             let age = v["secondsSinceUpdate"].as_f64();
@@ -1055,6 +1055,29 @@ fn status(maps: &PinnedMaps, dir: &Path, out: Output, healthz: &str) -> anyhow::
         .collect();
     text.push_str(&table(&["MAP", "ENTRIES", "CAPACITY", "FILL"], &cells));
     Ok(text)
+}
+
+/// GETs `http://{addr}{path}` and parses the body as JSON, whatever the status (a 503
+/// `/healthz` still says why), within 3 s. For `lbproxy inspect status`.
+fn get_json(addr: &str, path: &str) -> anyhow::Result<serde_json::Value> {
+    use http_body_util::BodyExt as _;
+    let uri: http::Uri = format!("http://{addr}{path}").parse()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<http_body_util::Empty<bytes::Bytes>>();
+        let fetch = async {
+            let resp = client.get(uri).await?;
+            let body = resp.into_body().collect().await?.to_bytes();
+            anyhow::Ok(serde_json::from_slice(&body)?)
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(3), fetch)
+            .await
+            .map_err(|_| anyhow::anyhow!("no answer within 3 s"))?
+    })
 }
 
 #[cfg(test)]

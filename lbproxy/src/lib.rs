@@ -23,6 +23,7 @@ pub mod model;
 pub mod monitor;
 pub mod program;
 pub mod run;
+pub mod server;
 pub mod source;
 pub mod telemetry;
 pub mod yaml;

@@ -12,7 +12,11 @@ use tokio::sync::mpsc;
 
 use crate::bpf::{Attacher, Datapath, PinnedMaps};
 use crate::controller::Controller;
-use crate::{bpf, config, config_watch, controller, http, source, telemetry};
+use std::sync::Arc;
+
+use crate::server::Health;
+use crate::telemetry::Metrics;
+use crate::{bpf, config, config_watch, controller, server, source, telemetry};
 
 /// Flags override the `--config` file; a flag not given takes the file's value, then the
 /// default shown.
@@ -167,7 +171,7 @@ fn apply_oom_score_adj(value: Option<i32>) {
 fn spawn_flow_gc(
     settings: &config::Settings,
     capacities: &[(&'static str, i64)],
-    health: http::Health,
+    metrics: Arc<Metrics>,
 ) {
     let dir = settings.bpffs_dir.clone();
     let timeouts = settings.flow_timeouts;
@@ -205,10 +209,9 @@ fn spawn_flow_gc(
             .await;
             match r {
                 Ok(Ok((stats, v6))) => {
-                    report_gc(&health, lbproxy_common::map_names::FLOWS, &stats);
-                    report_gc(&health, lbproxy_common::map_names::FLOWS6, &v6);
-                    health
-                        .metrics
+                    report_gc(&metrics, lbproxy_common::map_names::FLOWS, &stats);
+                    report_gc(&metrics, lbproxy_common::map_names::FLOWS6, &v6);
+                    metrics
                         .snat_ports_max_ratio
                         .set(stats.snat_ports_max as f64 / snat_range as f64);
                 }
@@ -221,12 +224,11 @@ fn spawn_flow_gc(
 
 /// One collection of the flow map `map`: its deletions and fill in the metrics, and a log
 /// line when it deleted anything or ran under pressure.
-fn report_gc(health: &http::Health, map: &'static str, stats: &bpf::flow_gc::GcStats) {
-    health.metrics.flow_gc_deleted.inc_by(stats.deleted as u64);
-    health
-        .metrics
+fn report_gc(metrics: &Metrics, map: &'static str, stats: &bpf::flow_gc::GcStats) {
+    metrics.flow_gc_deleted.inc_by(stats.deleted as u64);
+    metrics
         .map_entries
-        .get_or_create(&http::MapLabel::of(map))
+        .get_or_create(&telemetry::MapLabel::of(map))
         .set(i64::try_from(stats.scanned - stats.deleted).unwrap_or(i64::MAX));
     if stats.deleted > 0 || stats.under_pressure {
         tracing::info!(
@@ -293,7 +295,7 @@ async fn run(
 ) -> anyhow::Result<()> {
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
-        commit = http::GIT_COMMIT,
+        commit = telemetry::GIT_COMMIT,
         config = %settings.configz(),
         "lbproxy starting"
     );
@@ -311,21 +313,24 @@ async fn run(
         anyhow::bail!("manifests {}: no such file or directory", p.display());
     }
     let globs = parse_globs(&settings.pod_interfaces)?;
-    let health = http::Health::new(settings.sync_period);
-    http::serve(
+    let health = Health::new(settings.sync_period);
+    let metrics = Arc::new(Metrics::new());
+    server::serve(
         health.clone(),
+        metrics.clone(),
         settings.healthz_bind_address,
         settings.metrics_bind_address,
         settings.configz(),
     )
     .await?;
-    let started = start_datapath(&settings, globs, &health).await?;
+    let started = start_datapath(&settings, globs, &metrics).await?;
 
     // The source.
-    let mut report = controller::Report::new(health.clone(), settings.hostname.clone());
+    let mut report =
+        controller::Report::new(health.clone(), metrics.clone(), settings.hostname.clone());
     report.capacities = started.capacities;
     let (tx, mut events) = mpsc::channel(256);
-    start_source(&settings, &health, &mut report, tx).await?;
+    start_source(&settings, &metrics, &mut report, tx).await?;
 
     // The controller, until SIGTERM or SIGINT.
     let mut ctl = Controller::new(PinnedMaps::open(&settings.bpffs_dir)?, report)
@@ -333,7 +338,7 @@ async fn run(
         .with_node_addresses(started.node_ips);
     if started.sock_lb {
         let (tx, rx) = tokio::sync::watch::channel(0);
-        bpf::sock::spawn_reaper(settings.bpffs_dir.clone(), rx, health.clone());
+        bpf::sock::spawn_reaper(settings.bpffs_dir.clone(), rx, metrics.clone());
         ctl = ctl.with_sync_notify(tx);
     }
     let timing = controller::Timing {
@@ -372,7 +377,7 @@ struct Started {
 async fn start_datapath(
     settings: &config::Settings,
     globs: GlobSet,
-    health: &http::Health,
+    metrics: &Arc<Metrics>,
 ) -> anyhow::Result<Started> {
     let mut dp =
         Datapath::load(&settings.bpffs_dir, settings.flow_map_size).with_context(|| {
@@ -397,12 +402,15 @@ async fn start_datapath(
         hc_tx,
         node_ips_tx,
     )?;
-    bpf::ifaces::spawn_attach(dp, attacher, health.clone())
+    let handle = crate::http::Health {
+        metrics: metrics.clone(),
+    };
+    bpf::ifaces::spawn_attach(dp, attacher, handle)
         .await
         .context("opening rtnetlink")?;
     let capacities = bpf::capacities(&settings.bpffs_dir);
-    spawn_flow_gc(settings, &capacities, health.clone());
-    bpf::spawn_counters(PinnedMaps::open(&settings.bpffs_dir)?, health.clone());
+    spawn_flow_gc(settings, &capacities, metrics.clone());
+    bpf::spawn_counters(PinnedMaps::open(&settings.bpffs_dir)?, metrics.clone());
     Ok(Started {
         capacities,
         hc_addresses,
@@ -415,7 +423,7 @@ async fn start_datapath(
 /// Kubernetes API (whose client also gives `report` its Event recorder).
 async fn start_source(
     settings: &config::Settings,
-    health: &http::Health,
+    metrics: &Metrics,
     report: &mut controller::Report,
     tx: mpsc::Sender<source::SourceEvent>,
 ) -> anyhow::Result<()> {
@@ -424,7 +432,7 @@ async fn start_source(
         None => {
             let client = source::kube::client(
                 settings.kubeconfig.as_deref(),
-                &health.metrics,
+                metrics,
                 settings.qps,
                 settings.burst,
             )
