@@ -9,7 +9,11 @@ use clap::{Parser, Subcommand};
 
 use crate::config::DEFAULT_BPFFS_DIR;
 use crate::run::RunArgs;
-use crate::{bpf, config, flush, inspect, monitor, telemetry};
+use crate::{bpf, config, telemetry};
+
+pub mod flush;
+pub mod inspect;
+pub mod monitor;
 
 #[derive(Parser)]
 #[command(
