@@ -1,7 +1,7 @@
-//! `lbproxy run`: the flags, the settings they resolve to, and the wiring of the pieces (the
+//! `lbproxy run`: the settings (from [`config::RunArgs`]), and the wiring of the pieces (the
 //! datapath, the servers, the source, the controller) until a signal ends it.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -11,109 +11,13 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
 use crate::bpf::{Attacher, Datapath, PinnedMaps};
+use crate::config::RunArgs;
 use crate::controller::Controller;
 use std::sync::Arc;
 
 use crate::server::Health;
 use crate::telemetry::Metrics;
 use crate::{bpf, config, config_watch, controller, server, source, telemetry};
-
-/// Flags override the `--config` file; a flag not given takes the file's value, then the
-/// default shown.
-#[derive(clap::Args)]
-pub struct RunArgs {
-    /// A KubeProxyConfiguration-style YAML file (see README).
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// Validate the configuration and flags, print the result, and exit.
-    #[arg(long)]
-    validate_only: bool,
-    /// Write the effective configuration (both documents, defaults filled in) to this file
-    /// and exit, as kube-proxy's flag does.
-    #[arg(long, value_name = "FILE")]
-    write_config_to: Option<PathBuf>,
-    /// Log format: `text` or `json` (one JSON object per line) [default: text]
-    #[arg(long, value_name = "FORMAT")]
-    logging_format: Option<String>,
-    /// Log verbosity, as kube-proxy's `-v`: 0-2 info, 3-4 lbproxy's debug lines, 5-6
-    /// lbproxy's trace and its libraries' debug, 7 and up everything. RUST_LOG, when set,
-    /// overrides it [default: 0]
-    #[arg(short = 'v', long = "v", value_name = "N")]
-    verbosity: Option<u32>,
-    /// API client request rate, requests per second; negative: unlimited [default: 5]
-    #[arg(long, allow_negative_numbers = true)]
-    kube_api_qps: Option<f64>,
-    /// API client burst above that rate [default: 10]
-    #[arg(long)]
-    kube_api_burst: Option<u32>,
-    /// Standalone source: a file or directory of Service and EndpointSlice manifests (YAML or
-    /// JSON), watched. Without it, lbproxy watches the Kubernetes API.
-    #[arg(long)]
-    manifests: Option<PathBuf>,
-    /// kubeconfig for the API server [default: $KUBECONFIG, else in-cluster]
-    #[arg(long)]
-    kubeconfig: Option<String>,
-    /// This node's name, for node-local endpoints and Events [default: the hostname]
-    #[arg(long)]
-    hostname_override: Option<String>,
-    /// Comma-separated globs of host-side pod interfaces [default: lxc*,veth*,cali*]
-    #[arg(long)]
-    pod_interfaces: Option<String>,
-    /// Where maps and links are pinned; must be on a bpffs [default: /sys/fs/bpf/lbproxy]
-    #[arg(long)]
-    bpffs_dir: Option<PathBuf>,
-    /// [default: 0.0.0.0:10256]
-    #[arg(long)]
-    healthz_bind_address: Option<String>,
-    /// [default: 127.0.0.1:10249]
-    #[arg(long)]
-    metrics_bind_address: Option<String>,
-    /// Full reconcile of the maps against the model [default: 30s]
-    #[arg(long)]
-    sync_period: Option<String>,
-    /// Minimum time between two syncs [default: 0s]
-    #[arg(long)]
-    min_sync_period: Option<String>,
-    /// Flow table capacity (LRU); each flow takes two entries [default: 262144]
-    #[arg(long)]
-    flow_map_size: Option<u64>,
-    /// Redirect service traffic between pods on this node straight into the destination pod,
-    /// skipping the node's routing and netfilter (iptables policy on the node then does not
-    /// see it) [default: false]
-    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
-    stack_bypass: Option<bool>,
-    /// Idle timeout of an established TCP flow [default: 24h]
-    #[arg(long)]
-    conntrack_tcp_timeout_established: Option<String>,
-    /// Idle timeout of a half-closed TCP flow (one FIN seen; the other side may still send)
-    /// [default: 1h]. A flow closed both ways, or reset, goes after 10 s
-    #[arg(long)]
-    conntrack_tcp_timeout_close_wait: Option<String>,
-    /// Idle timeout of a UDP flow [default: 30s]
-    #[arg(long)]
-    conntrack_udp_timeout: Option<String>,
-    /// Idle timeout of a TCP flow whose SYN was never answered [default: 30s]
-    #[arg(long)]
-    flow_tcp_timeout_syn_sent: Option<String>,
-    /// Node addresses that serve NodePorts: comma-separated CIDRs, or `primary` (the address
-    /// the node's IPv4 default route prefers, followed as routes change) [default: every IPv4
-    /// address of the node's non-pod interfaces except loopback]
-    #[arg(long, value_delimiter = ',')]
-    nodeport_addresses: Option<Vec<String>>,
-    /// Source ports for north-south flows source-NATed to a backend on another node, MIN-MAX
-    /// [default: 1024-29999, clear of the NodePort and the node's ephemeral ranges]
-    #[arg(long)]
-    snat_port_range: Option<String>,
-    /// The cgroup v2 directory the socket-level programs attach to; they translate the
-    /// sockets of every process in it and below [default: /sys/fs/cgroup when that is cgroup
-    /// v2, else lbproxy's own cgroup2 mount at /run/lbproxy/cgroupv2]
-    #[arg(long)]
-    cgroup_root: Option<PathBuf>,
-    /// Socket-level load balancing: `host` (the node's own processes), `pods` (theirs and
-    /// pods'), or `off` [default: host]
-    #[arg(long)]
-    socket_lb: Option<String>,
-}
 
 fn parse_globs(globs: &[String]) -> anyhow::Result<GlobSet> {
     let mut b = GlobSetBuilder::new();
@@ -139,7 +43,7 @@ pub fn main(args: RunArgs, json_errors: &mut bool) -> anyhow::Result<()> {
 /// `run` before the runtime starts: the settings, `--write-config-to`, `--validate-only`,
 /// the logger, and what the log says once at start.
 fn prepare(args: &RunArgs) -> anyhow::Result<(config::Settings, Vec<String>)> {
-    let (settings, warnings) = settings(args)?;
+    let (settings, warnings) = args.settings()?;
     if let Some(path) = &args.write_config_to {
         std::fs::write(path, settings.to_yaml())
             .with_context(|| format!("--write-config-to {}", path.display()))?;
@@ -240,50 +144,6 @@ fn report_gc(metrics: &Metrics, map: &'static str, stats: &bpf::flow_gc::GcStats
             "flow gc"
         );
     }
-}
-
-/// The effective settings, and the warnings about what the config file held that lbproxy
-/// ignores.
-fn settings(args: &RunArgs) -> anyhow::Result<(config::Settings, Vec<String>)> {
-    let file = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| {
-                format!("invalid configuration: {}: cannot read", path.display())
-            })?;
-            Some((path.as_path(), config::parse_file(path, &text)?))
-        }
-        None => None,
-    };
-    let flags = config::Flags {
-        kubeconfig: args.kubeconfig.clone(),
-        hostname_override: args.hostname_override.clone(),
-        healthz_bind_address: args.healthz_bind_address.clone(),
-        metrics_bind_address: args.metrics_bind_address.clone(),
-        sync_period: args.sync_period.clone(),
-        min_sync_period: args.min_sync_period.clone(),
-        pod_interfaces: args.pod_interfaces.clone(),
-        bpffs_dir: args.bpffs_dir.clone(),
-        flow_map_size: args.flow_map_size,
-        stack_bypass: args.stack_bypass,
-        manifests: args.manifests.clone(),
-        tcp_established_timeout: args.conntrack_tcp_timeout_established.clone(),
-        tcp_close_wait_timeout: args.conntrack_tcp_timeout_close_wait.clone(),
-        udp_timeout: args.conntrack_udp_timeout.clone(),
-        tcp_syn_sent_timeout: args.flow_tcp_timeout_syn_sent.clone(),
-        node_port_addresses: args.nodeport_addresses.clone(),
-        snat_port_range: args.snat_port_range.clone(),
-        cgroup_root: args.cgroup_root.clone(),
-        socket_lb: args.socket_lb.clone(),
-        logging_format: args.logging_format.clone(),
-        verbosity: args.verbosity,
-        kube_api_qps: args.kube_api_qps,
-        kube_api_burst: args.kube_api_burst,
-    };
-    let warnings = file
-        .as_ref()
-        .map(|(_, f)| f.warnings.clone())
-        .unwrap_or_default();
-    Ok((config::resolve(file, flags)?, warnings))
 }
 
 /// The pieces in order: the servers, the datapath (attached before the first sync), the

@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 use crate::config::DEFAULT_BPFFS_DIR;
-use crate::run::RunArgs;
+use crate::config::RunArgs;
 use crate::{bpf, config, telemetry};
 
 pub mod flush;
