@@ -82,8 +82,6 @@ pub const KUBE_PROXY_KIND: &str = "KubeProxyConfiguration";
 pub const LBPROXY_API_VERSION: &str = "lbproxy.io/v1alpha1";
 pub const LBPROXY_KIND: &str = "LbproxyConfiguration";
 
-/// What lbproxy does with a field of kube-proxy's `KubeProxyConfiguration` v1alpha1.
-
 /// A config file, read: its two documents and what was ignored in it.
 #[derive(Debug, Default, Clone)]
 pub struct FileConfig {

@@ -56,7 +56,7 @@ pub fn backends(maps: &PinnedMaps) -> Vec<BackendRow> {
 
 /// `inspect backends`.
 pub fn render(maps: &PinnedMaps, out: Output, filter: &Filter) -> anyhow::Result<String> {
-    let mut rows = backends(&maps);
+    let mut rows = backends(maps);
     rows.retain(|r| filter.backend_ok(&r.addr, r.port));
     Ok(if out.machine() {
         out.encode(&rows)?

@@ -137,7 +137,7 @@ where
 
 /// `inspect flows`.
 pub fn render(maps: &PinnedMaps, out: Output, filter: &Filter) -> anyhow::Result<String> {
-    let mut rows = flows(&maps);
+    let mut rows = flows(maps);
     rows.retain(|r| filter.service_ok(&r.service) && filter.backend_addr_ok(&r.backend));
     Ok(if out.machine() {
         out.encode(&rows)?

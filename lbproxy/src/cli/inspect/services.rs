@@ -161,7 +161,7 @@ fn kind_name(kind: u8) -> &'static str {
 /// `inspect services`: the rows `--service` and `--backend` keep, as JSON/YAML or a table of
 /// one line per backend.
 pub fn render(maps: &PinnedMaps, out: Output, filter: &Filter) -> anyhow::Result<String> {
-    let mut rows = services(&maps);
+    let mut rows = services(maps);
     rows.retain(|r| {
         filter.service_ok(&r.service)
             && (filter.backend.is_none()

@@ -70,7 +70,7 @@ pub fn snat(maps: &PinnedMaps) -> Vec<SnatRow> {
 
 /// `inspect snat`: the 20 destinations with the most SNAT ports in use (all as JSON/YAML).
 pub fn render(maps: &PinnedMaps, out: Output) -> anyhow::Result<String> {
-    let rows = snat(&maps);
+    let rows = snat(maps);
     Ok(if out.machine() {
         out.encode(&rows)?
     } else {
