@@ -300,7 +300,7 @@ pub fn watch() -> std::io::Result<(rtnetlink::Handle, mpsc::UnboundedReceiver<()
 pub async fn spawn_attach(
     mut dp: super::Datapath,
     mut attacher: super::Attacher,
-    health: crate::http::Health,
+    metrics: std::sync::Arc<crate::telemetry::Metrics>,
 ) -> std::io::Result<()> {
     let (handle, mut link_events) = watch()?;
     let sync =
@@ -311,8 +311,7 @@ pub async fn spawn_attach(
                 for e in attacher.sync(dp, &list) {
                     tracing::error!("attach failed (will retry): {}", super::error_chain(&e));
                 }
-                health
-                    .metrics
+                metrics
                     .attached_interfaces
                     .set(i64::try_from(attacher.attached().len()).unwrap_or(i64::MAX));
             }

@@ -490,7 +490,7 @@ pub fn capacities(dir: &Path) -> Vec<(&'static str, i64)> {
 
 /// Reads the datapath's drop, delivery, SNAT-tries and socket-level counters every 2 s into their Prometheus
 /// counters, off the controller's loop.
-pub fn spawn_counters(maps: PinnedMaps, health: crate::http::Health) {
+pub fn spawn_counters(maps: PinnedMaps, metrics: std::sync::Arc<crate::telemetry::Metrics>) {
     tokio::spawn(async move {
         let mut drops_seen: HashMap<u32, u64> = HashMap::new();
         let mut delivery_seen: HashMap<u32, u64> = HashMap::new();
@@ -499,22 +499,26 @@ pub fn spawn_counters(maps: PinnedMaps, health: crate::http::Health) {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let m = &health.metrics;
+            let m = &metrics;
             for (reason, n) in maps.drop_counts() {
-                let c = m.datapath_drops.get_or_create(&crate::http::ReasonLabel {
-                    reason: reason.label().to_string(),
-                });
+                let c = m
+                    .datapath_drops
+                    .get_or_create(&crate::telemetry::ReasonLabel {
+                        reason: reason.label().to_string(),
+                    });
                 advance(&c, drops_seen.entry(reason as u32).or_insert(0), n);
             }
             for (path, n) in maps.delivery_counts() {
-                let c = m.datapath_delivered.get_or_create(&crate::http::PathLabel {
-                    path: path.label().to_string(),
-                });
+                let c = m
+                    .datapath_delivered
+                    .get_or_create(&crate::telemetry::PathLabel {
+                        path: path.label().to_string(),
+                    });
                 advance(&c, delivery_seen.entry(path as u32).or_insert(0), n);
             }
             m.snat_port_tries.set(maps.snat_tries());
             for (event, n) in maps.sock_counts() {
-                let c = m.sock_events.get_or_create(&crate::http::EventLabel {
+                let c = m.sock_events.get_or_create(&crate::telemetry::EventLabel {
                     event: event.label().to_string(),
                 });
                 advance(&c, sock_seen.entry(event as u32).or_insert(0), n);

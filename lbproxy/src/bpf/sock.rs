@@ -376,11 +376,11 @@ pub fn reap(dir: &Path) -> Result<Reaped, SockError> {
 }
 
 /// Runs [`reap`] at start, whenever `synced` moves (a sync deleted something), and every
-/// 30 s, off the controller's loop; counts destroyed sockets in `health`'s metrics.
+/// 30 s, off the controller's loop; counts destroyed sockets in `metrics`.
 pub fn spawn_reaper(
     dir: PathBuf,
     mut synced: tokio::sync::watch::Receiver<u64>,
-    health: crate::http::Health,
+    metrics: std::sync::Arc<crate::telemetry::Metrics>,
 ) {
     tokio::spawn(async move {
         loop {
@@ -388,7 +388,7 @@ pub fn spawn_reaper(
             let started = std::time::Instant::now();
             match tokio::task::spawn_blocking(move || reap(&d)).await {
                 Ok(Ok(r)) => {
-                    health.metrics.sock_destroyed.inc_by(r.destroyed as u64);
+                    metrics.sock_destroyed.inc_by(r.destroyed as u64);
                     if r.stale > 0 {
                         tracing::info!(
                             stale = r.stale,

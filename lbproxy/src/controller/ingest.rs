@@ -125,7 +125,7 @@ impl Ingest {
                     // A list is one change (kube-proxy counts it once, too), whatever it
                     // held; it is not counted in the changes total.
                     self.endpoint_changes_pending += 1;
-                    report.health.queued();
+                    report.queued();
                 }
             }
             Kind::Node => {}

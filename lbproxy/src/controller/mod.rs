@@ -321,8 +321,8 @@ impl<M: Maps> Controller<M> {
         };
         self.report.programmed(self.sync.programmed());
         for (family, label) in [
-            (crate::model::Family::V4, &crate::http::IPV4),
-            (crate::model::Family::V6, &crate::http::IPV6),
+            (crate::model::Family::V4, &crate::telemetry::IPV4),
+            (crate::model::Family::V6, &crate::telemetry::IPV6),
         ] {
             let (internal, external) = crate::desired::endpoints::no_local_endpoints(
                 &self.ingest.model,
@@ -330,7 +330,6 @@ impl<M: Maps> Controller<M> {
                 family,
             );
             self.report
-                .health
                 .metrics
                 .set_no_local_endpoints(label, internal, external);
         }

@@ -17,9 +17,12 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use lbproxy_common::{DropReason, map_names};
 
 use crate::desired::Frontend;
-use crate::http::{self, Health};
+use std::sync::Arc;
+
 use crate::model::NamespacedName;
 use crate::program::{ApplyStats, MapWriteError, Programmed};
+use crate::server::Health;
+use crate::telemetry::{self, Metrics};
 
 /// A failed sync logs the cause of this many writes, then how many more failed.
 pub const LOGGED_ERRORS: usize = 5;
@@ -27,6 +30,7 @@ pub const LOGGED_ERRORS: usize = 5;
 /// Where and how the controller reports.
 pub struct Report {
     pub health: Health,
+    pub metrics: Arc<Metrics>,
     /// This node's name, for Events.
     pub node: String,
     pub node_uid: Option<String>,
@@ -63,9 +67,10 @@ impl Synced<'_> {
 }
 
 impl Report {
-    pub fn new(health: Health, node: String) -> Self {
+    pub fn new(health: Health, metrics: Arc<Metrics>, node: String) -> Self {
         Self {
             health,
+            metrics,
             node,
             node_uid: None,
             events: None,
@@ -80,17 +85,23 @@ impl Report {
     }
 
     pub fn service_change(&self, pending: i64) {
-        let m = &self.health.metrics;
+        let m = &self.metrics;
         m.service_changes_total.inc();
         m.service_changes_pending.set(pending);
-        self.health.queued();
+        self.queued();
     }
 
     pub fn endpoint_change(&self, pending: i64) {
-        let m = &self.health.metrics;
+        let m = &self.metrics;
         m.endpoint_changes_total.inc();
         m.endpoint_changes_pending.set(pending);
+        self.queued();
+    }
+
+    /// A change was queued for the maps: `/healthz` starts its clock, the metric its timestamp.
+    pub fn queued(&self) {
         self.health.queued();
+        self.metrics.queued_now();
     }
 
     /// A source could not read what it watches.
@@ -103,7 +114,7 @@ impl Report {
 
     /// A source refused its input.
     pub fn source_rejected(&self, source: &str, error: &str) {
-        self.health.metrics.sync_failures.inc();
+        self.metrics.sync_failures.inc();
         tracing::error!(
             source,
             "{source} rejected, keeping the last good state: {error}"
@@ -116,15 +127,16 @@ impl Report {
         {
             self.syncs += 1;
         }
-        let m = &self.health.metrics;
+        let m = &self.metrics;
         m.observe_sync(s.full(), s.started.elapsed().as_secs_f64());
-        let now = http::unix_now();
+        let now = telemetry::unix_now();
         for t in triggers {
             m.observe_programming((now - t).max(0.0));
         }
         m.service_changes_pending.set(0);
         m.endpoint_changes_pending.set(0);
         self.health.updated();
+        m.synced_now();
         tracing::debug!(
             what = s.what,
             full = s.full(),
@@ -156,7 +168,7 @@ impl Report {
         {
             self.syncs += 1;
         }
-        let m = &self.health.metrics;
+        let m = &self.metrics;
         m.observe_sync(s.full(), s.started.elapsed().as_secs_f64());
         m.sync_failures.inc();
         for e in errors.iter().take(LOGGED_ERRORS) {
@@ -247,16 +259,12 @@ impl Report {
         }
         self.map_full = failing.keys().cloned().collect();
         let as_i64 = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        self.health
-            .metrics
-            .services_map_full
-            .set(as_i64(failing.len()));
+        self.metrics.services_map_full.set(as_i64(failing.len()));
     }
 
     /// How many services are over the per-service slot limit.
     pub fn over_limit(&self, n: usize) {
-        self.health
-            .metrics
+        self.metrics
             .services_over_limit
             .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
@@ -295,8 +303,7 @@ impl Report {
 
     /// How many frontends more than one service claims.
     pub fn conflicts(&self, n: usize) {
-        self.health
-            .metrics
+        self.metrics
             .frontend_conflicts
             .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
@@ -305,10 +312,9 @@ impl Report {
     pub fn unserved(&self, by_kind: &std::collections::BTreeMap<u8, usize>) {
         for kind in crate::desired::FrontendKind::ALL {
             let n = by_kind.get(&kind.number()).copied().unwrap_or(0);
-            self.health
-                .metrics
+            self.metrics
                 .frontends_not_served
-                .get_or_create(&http::KindLabel {
+                .get_or_create(&telemetry::KindLabel {
                     kind: kind.label().to_string(),
                 })
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
@@ -318,10 +324,12 @@ impl Report {
     /// Map fill as the controller wrote it: no syscalls, so it runs after every sync. The
     /// flow table's fill comes from the collector, which scans it anyway.
     pub fn programmed(&self, p: &Programmed) {
-        let m = &self.health.metrics;
+        let m = &self.metrics;
         let as_i64 = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         let set = |map: &str, n: i64| {
-            m.map_entries.get_or_create(&http::MapLabel::of(map)).set(n);
+            m.map_entries
+                .get_or_create(&telemetry::MapLabel::of(map))
+                .set(n);
         };
         let v6_frontends = p.frontends.keys().filter(|f| f.addr.is_ipv6()).count();
         let v6_backends = p.backends.values().filter(|b| b.addr.is_ipv6()).count();
@@ -344,7 +352,7 @@ impl Report {
         set(map_names::DROPS, i64::from(DropReason::COUNT));
         for (name, cap) in &self.capacities {
             m.map_capacity
-                .get_or_create(&http::MapLabel::of(name))
+                .get_or_create(&telemetry::MapLabel::of(name))
                 .set(*cap);
         }
     }

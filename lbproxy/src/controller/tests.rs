@@ -9,10 +9,11 @@ use lbproxy_common::SlotKey;
 use tokio::sync::mpsc;
 
 use super::{Controller, Report, Timing};
-use crate::http::Health;
 use crate::model::{self, NamespacedName, Normalized};
 use crate::program::mem::MemMaps;
+use crate::server::Health;
 use crate::source::{Kind, SourceEvent};
+use crate::telemetry::Metrics;
 
 const NODE: &str = "node-a";
 
@@ -26,7 +27,11 @@ fn timing() -> Timing {
 fn controller(maps: MemMaps) -> Controller<MemMaps> {
     Controller::new(
         maps,
-        Report::new(Health::new(Duration::from_secs(30)), NODE.into()),
+        Report::new(
+            Health::new(Duration::from_secs(30)),
+            std::sync::Arc::new(Metrics::new()),
+            NODE.into(),
+        ),
     )
 }
 
@@ -788,7 +793,7 @@ async fn a_service_over_the_slot_limit_is_not_programmed_and_the_others_are() {
              the per-service limit of 32,768; not programmed"
         )
     );
-    assert_eq!(ctl.report.health.metrics.services_over_limit.get(), 1);
+    assert_eq!(ctl.report.metrics.services_over_limit.get(), 1);
     // Told once (an Event on the Service when a recorder is configured), not every sync.
     drive(&mut ctl, vec![slice("web", &ips)]).await;
     let events: Vec<&NamespacedName> = ctl.report.service_events.iter().map(|e| &e.0).collect();
@@ -803,7 +808,7 @@ async fn a_service_over_the_slot_limit_is_not_programmed_and_the_others_are() {
         ])
     );
     assert!(ctl.sync.too_large().is_empty());
-    assert_eq!(ctl.report.health.metrics.services_over_limit.get(), 0);
+    assert_eq!(ctl.report.metrics.services_over_limit.get(), 0);
     // Not left behind in the backends map either.
     assert_eq!(ctl.maps().backends.len(), 3, "{:?}", ctl.maps().backends);
 }
@@ -847,7 +852,7 @@ async fn a_full_map_fails_only_the_frontend_that_does_not_fit_and_tells_its_serv
         "{}",
         events[0].1
     );
-    assert_eq!(ctl.report.health.metrics.services_map_full.get(), 1);
+    assert_eq!(ctl.report.metrics.services_map_full.get(), 1);
 
     // Still full: the retry fails again, and the streak is not told twice.
     drive(&mut ctl, vec![slice("api", &["198.18.0.9", "198.18.0.10"])]).await;
@@ -864,7 +869,7 @@ async fn a_full_map_fails_only_the_frontend_that_does_not_fit_and_tells_its_serv
             "198.18.0.9:8080".to_string()
         ])
     );
-    assert_eq!(ctl.report.health.metrics.services_map_full.get(), 0);
+    assert_eq!(ctl.report.metrics.services_map_full.get(), 0);
 }
 
 /// A sync that keeps failing is retried after 1, 2, 4, 8, 16 then 30 s (not every second),
@@ -934,7 +939,11 @@ fn a_failed_sync_logs_its_first_errors_and_counts_the_rest() {
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();
-    let mut report = Report::new(Health::new(Duration::from_secs(30)), NODE.into());
+    let mut report = Report::new(
+        Health::new(Duration::from_secs(30)),
+        std::sync::Arc::new(Metrics::new()),
+        NODE.into(),
+    );
     let errors: Vec<_> = (0..12)
         .map(|_| crate::program::mem::map_full("slots"))
         .collect();

@@ -44,7 +44,7 @@ pub fn not_eligible(node: &Node) -> Option<String> {
 /// measured and rate-limited by [`super::kube_client`].
 pub async fn client(
     kubeconfig: Option<&Path>,
-    metrics: &crate::http::Metrics,
+    metrics: &crate::telemetry::Metrics,
     qps: f32,
     burst: u32,
 ) -> anyhow::Result<Client> {

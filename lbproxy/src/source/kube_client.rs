@@ -65,7 +65,7 @@ pub struct ClientMetrics {
 impl ClientMetrics {
     pub fn new(
         cluster_url: &http::Uri,
-        metrics: &crate::http::Metrics,
+        metrics: &crate::telemetry::Metrics,
         qps: f32,
         burst: u32,
     ) -> Self {

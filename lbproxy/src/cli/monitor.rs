@@ -35,7 +35,7 @@ pub struct Options {
     /// Only events of these reasons (labels, as in `inspect drops`); empty: all.
     pub reasons: Vec<String>,
     /// Only events of this service (`--service`, matched as `inspect` matches it).
-    pub filter: crate::inspect::Filter,
+    pub filter: crate::cli::inspect::Filter,
     /// Stop after this many events were printed.
     pub count: Option<u64>,
     /// Stop after this long.

@@ -12,7 +12,7 @@ use lbproxy_common::{FlowKeyOf, FlowValueOf};
 use serde::Serialize;
 
 use crate::bpf::{PinnedMaps, label_str};
-use crate::inspect::{Filter, FlowEnds};
+use crate::cli::inspect::{Filter, FlowEnds};
 use crate::model::Protocol;
 
 /// Which flows: every given selector must match; at least one, or `all`.
@@ -130,7 +130,7 @@ pub fn run(dir: &Path, sel: &Selector, dry_run: bool, json: bool) -> anyhow::Res
     if !rows.is_empty() {
         print!(
             "{}",
-            crate::inspect::table(&["SERVICE", "CLIENT", "FRONTEND", "BACKEND"], &rows)
+            crate::cli::inspect::table(&["SERVICE", "CLIENT", "FRONTEND", "BACKEND"], &rows)
         );
     }
     if dry_run {

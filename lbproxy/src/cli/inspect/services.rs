@@ -1,0 +1,211 @@
+//! `inspect services`: every frontend with its backends, read from the pinned maps.
+
+use lbproxy_common::SlotKey;
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use serde::Serialize;
+
+use super::backends::BackendRow;
+use super::{Filter, Output, split_label, table};
+use crate::bpf::pinned::label_bytes;
+use crate::bpf::{PinnedMaps, label_str};
+use crate::desired::{BackendAddr, Frontend, FrontendKind};
+use crate::model::Protocol;
+
+#[derive(Serialize)]
+pub struct ServiceRow {
+    pub frontend: String,
+    pub vip: String,
+    pub port: u16,
+    pub protocol: String,
+    pub service: String,
+    pub port_name: String,
+    pub svc_id: u32,
+    /// `sessionAffinity: ClientIP` timeout in seconds; 0 without affinity.
+    pub affinity_timeout_s: u32,
+    /// The backends that get new connections (`ready`, or `terminating` as the fallback).
+    pub backends: Vec<BackendRow>,
+    /// Backends out of the service that still serve flows of it (`draining`).
+    pub draining: Vec<BackendRow>,
+    /// `ClusterIP`, `NodePort`, `ExternalIP` or `LoadBalancerIP`.
+    pub kind: String,
+    /// Whether the datapath serves this frontend. A frontend the Service asks for but
+    /// lbproxy does not serve yet (a NodePort, an IPv6 cluster IP, ...) has `served: false`,
+    /// `svc_id` 0, no backends, and the reason in `not_served`.
+    pub served: bool,
+    pub not_served: String,
+}
+
+pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
+    let backends: BTreeMap<u32, BackendAddr> = maps
+        .all_backends()
+        .filter_map(|(id, b)| BackendAddr::from_value(&b).map(|a| (id, a)))
+        .collect();
+    // Each service's backends by the flows still using them, to tell the draining ones.
+    let mut flows_of: BTreeMap<(u32, u32), usize> = BTreeMap::new();
+    for ids in maps.forward_flows() {
+        *flows_of.entry(ids).or_default() += 1;
+    }
+    let mut rows = Vec::new();
+    for (k, v) in maps.all_services() {
+        let Some(fe) = Frontend::from_key(&k) else {
+            continue;
+        };
+        let label = maps
+            .labels
+            .get(&v.svc_id, 0)
+            .map(|l| label_str(&l))
+            .unwrap_or_default();
+        let (service, port_name) = split_label(&label);
+        let mut bes = Vec::new();
+        for slot in 0..v.count {
+            let Ok(id) = maps.slots.get(
+                &SlotKey {
+                    svc_id: v.svc_id,
+                    slot,
+                },
+                0,
+            ) else {
+                continue;
+            };
+            if let Some(b) = backends.get(&id) {
+                let fallback = v.flags & lbproxy_common::SVC_F_TERMINATING_FALLBACK != 0;
+                bes.push(BackendRow {
+                    state: Some(if fallback { "terminating" } else { "ready" }),
+                    ..BackendRow::of(id, b)
+                });
+            }
+        }
+        // Backends out of the slots whose flows of this service go on.
+        let in_slots: Vec<u32> = bes.iter().map(|b| b.id).collect();
+        let mut draining = Vec::new();
+        for (&(_, id), &n) in flows_of.range((v.svc_id, 0)..=(v.svc_id, u32::MAX)) {
+            if !in_slots.contains(&id)
+                && let Some(b) = backends.get(&id)
+            {
+                draining.push(BackendRow {
+                    state: Some("draining"),
+                    flows: Some(n),
+                    ..BackendRow::of(id, b)
+                });
+            }
+        }
+        bes.sort_by(|a, b| (&a.addr, a.port).cmp(&(&b.addr, b.port)));
+        rows.push(ServiceRow {
+            // A NodePort's entry is at 0.0.0.0: every node-port address of the node.
+            // The pods' entry of a split frontend (`externalTrafficPolicy: Local`) says so.
+            frontend: if v.kind == lbproxy_common::SVC_KIND_NODE_PORT {
+                let pods = if fe.pods_only { " (pods)" } else { "" };
+                format!("*:{}/{}{pods}", fe.port, fe.proto.as_str())
+            } else {
+                fe.to_string()
+            },
+            vip: fe.addr.to_string(),
+            port: fe.port,
+            protocol: fe.proto.as_str().to_string(),
+            service,
+            port_name,
+            svc_id: v.svc_id,
+            affinity_timeout_s: v.affinity_timeout_s,
+            backends: bes,
+            draining,
+            kind: kind_name(v.kind).to_string(),
+            served: true,
+            not_served: String::new(),
+        });
+    }
+    for (k, v) in maps.unserved.iter().flatten() {
+        let (service, port_name) = split_label(&label_bytes(&v.label));
+        let proto = Protocol::from_number(k.proto).map_or("?", Protocol::as_str);
+        let port = u16::from_be(k.port_be);
+        let vip = if k.addr == [0; 16] {
+            "*".to_string()
+        } else if k.family == lbproxy_common::FAMILY_IPV4 {
+            Ipv4Addr::new(k.addr[0], k.addr[1], k.addr[2], k.addr[3]).to_string()
+        } else {
+            std::net::Ipv6Addr::from(k.addr).to_string()
+        };
+        let frontend = if vip.contains(':') {
+            format!("[{vip}]:{port}/{proto}")
+        } else {
+            format!("{vip}:{port}/{proto}")
+        };
+        rows.push(ServiceRow {
+            frontend,
+            vip,
+            port,
+            protocol: proto.to_string(),
+            service,
+            port_name,
+            svc_id: 0,
+            affinity_timeout_s: 0,
+            backends: Vec::new(),
+            draining: Vec::new(),
+            kind: kind_name(k.kind).to_string(),
+            served: false,
+            not_served: label_bytes(&v.reason),
+        });
+    }
+    rows.sort_by(|a, b| {
+        (&a.service, !a.served, &a.frontend).cmp(&(&b.service, !b.served, &b.frontend))
+    });
+    rows
+}
+
+/// The name of a `SVC_KIND_*`.
+fn kind_name(kind: u8) -> &'static str {
+    FrontendKind::from_number(kind).map_or("?", FrontendKind::display)
+}
+
+/// `inspect services`: the rows `--service` and `--backend` keep, as JSON/YAML or a table of
+/// one line per backend.
+pub fn render(maps: &PinnedMaps, out: Output, filter: &Filter) -> anyhow::Result<String> {
+    let mut rows = services(maps);
+    rows.retain(|r| {
+        filter.service_ok(&r.service)
+            && (filter.backend.is_none()
+                || r.backends
+                    .iter()
+                    .chain(&r.draining)
+                    .any(|b| filter.backend_ok(&b.addr, b.port)))
+    });
+    Ok(if out.machine() {
+        out.encode(&rows)?
+    } else {
+        let mut cells: Vec<Vec<String>> = Vec::new();
+        for r in &rows {
+            let head = [
+                r.service.clone(),
+                r.port_name.clone(),
+                r.kind.clone(),
+                r.frontend.clone(),
+            ];
+            let tails: Vec<[String; 2]> = if !r.served {
+                vec![["-".into(), format!("not served yet: {}", r.not_served)]]
+            } else if r.backends.is_empty() && r.draining.is_empty() {
+                vec![["(none)".into(), "-".into()]]
+            } else {
+                r.backends
+                    .iter()
+                    .chain(&r.draining)
+                    .map(|b| {
+                        let state = match (b.state, b.flows) {
+                            (Some(s), Some(n)) => format!("{s} ({n} flows)"),
+                            (Some(s), None) => s.to_string(),
+                            (None, _) => "-".into(),
+                        };
+                        [b.at(), state]
+                    })
+                    .collect()
+            };
+            for t in tails {
+                cells.push(head.iter().cloned().chain(t).collect());
+            }
+        }
+        table(
+            &["SERVICE", "PORT", "KIND", "FRONTEND", "BACKEND", "STATE"],
+            &cells,
+        )
+    })
+}

@@ -1,0 +1,151 @@
+//! `lbproxy run`'s flags, parsed by clap, and the settings they resolve to with the
+//! `--config` file.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+
+use super::{Flags, Settings, parse_file, resolve};
+
+/// Flags override the `--config` file; a flag not given takes the file's value, then the
+/// default shown.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// A KubeProxyConfiguration-style YAML file (see README).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Validate the configuration and flags, print the result, and exit.
+    #[arg(long)]
+    pub validate_only: bool,
+    /// Write the effective configuration (both documents, defaults filled in) to this file
+    /// and exit, as kube-proxy's flag does.
+    #[arg(long, value_name = "FILE")]
+    pub write_config_to: Option<PathBuf>,
+    /// Log format: `text` or `json` (one JSON object per line) [default: text]
+    #[arg(long, value_name = "FORMAT")]
+    pub logging_format: Option<String>,
+    /// Log verbosity, as kube-proxy's `-v`: 0-2 info, 3-4 lbproxy's debug lines, 5-6
+    /// lbproxy's trace and its libraries' debug, 7 and up everything. RUST_LOG, when set,
+    /// overrides it [default: 0]
+    #[arg(short = 'v', long = "v", value_name = "N")]
+    pub verbosity: Option<u32>,
+    /// API client request rate, requests per second; negative: unlimited [default: 5]
+    #[arg(long, allow_negative_numbers = true)]
+    pub kube_api_qps: Option<f64>,
+    /// API client burst above that rate [default: 10]
+    #[arg(long)]
+    pub kube_api_burst: Option<u32>,
+    /// Standalone source: a file or directory of Service and EndpointSlice manifests (YAML or
+    /// JSON), watched. Without it, lbproxy watches the Kubernetes API.
+    #[arg(long)]
+    pub manifests: Option<PathBuf>,
+    /// kubeconfig for the API server [default: $KUBECONFIG, else in-cluster]
+    #[arg(long)]
+    pub kubeconfig: Option<String>,
+    /// This node's name, for node-local endpoints and Events [default: the hostname]
+    #[arg(long)]
+    pub hostname_override: Option<String>,
+    /// Comma-separated globs of host-side pod interfaces [default: lxc*,veth*,cali*]
+    #[arg(long)]
+    pub pod_interfaces: Option<String>,
+    /// Where maps and links are pinned; must be on a bpffs [default: /sys/fs/bpf/lbproxy]
+    #[arg(long)]
+    pub bpffs_dir: Option<PathBuf>,
+    /// [default: 0.0.0.0:10256]
+    #[arg(long)]
+    pub healthz_bind_address: Option<String>,
+    /// [default: 127.0.0.1:10249]
+    #[arg(long)]
+    pub metrics_bind_address: Option<String>,
+    /// Full reconcile of the maps against the model [default: 30s]
+    #[arg(long)]
+    pub sync_period: Option<String>,
+    /// Minimum time between two syncs [default: 0s]
+    #[arg(long)]
+    pub min_sync_period: Option<String>,
+    /// Flow table capacity (LRU); each flow takes two entries [default: 262144]
+    #[arg(long)]
+    pub flow_map_size: Option<u64>,
+    /// Redirect service traffic between pods on this node straight into the destination pod,
+    /// skipping the node's routing and netfilter (iptables policy on the node then does not
+    /// see it) [default: false]
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub stack_bypass: Option<bool>,
+    /// Idle timeout of an established TCP flow [default: 24h]
+    #[arg(long)]
+    pub conntrack_tcp_timeout_established: Option<String>,
+    /// Idle timeout of a half-closed TCP flow (one FIN seen; the other side may still send)
+    /// [default: 1h]. A flow closed both ways, or reset, goes after 10 s
+    #[arg(long)]
+    pub conntrack_tcp_timeout_close_wait: Option<String>,
+    /// Idle timeout of a UDP flow [default: 30s]
+    #[arg(long)]
+    pub conntrack_udp_timeout: Option<String>,
+    /// Idle timeout of a TCP flow whose SYN was never answered [default: 30s]
+    #[arg(long)]
+    pub flow_tcp_timeout_syn_sent: Option<String>,
+    /// Node addresses that serve NodePorts: comma-separated CIDRs, or `primary` (the address
+    /// the node's IPv4 default route prefers, followed as routes change) [default: every IPv4
+    /// address of the node's non-pod interfaces except loopback]
+    #[arg(long, value_delimiter = ',')]
+    pub nodeport_addresses: Option<Vec<String>>,
+    /// Source ports for north-south flows source-NATed to a backend on another node, MIN-MAX
+    /// [default: 1024-29999, clear of the NodePort and the node's ephemeral ranges]
+    #[arg(long)]
+    pub snat_port_range: Option<String>,
+    /// The cgroup v2 directory the socket-level programs attach to; they translate the
+    /// sockets of every process in it and below [default: /sys/fs/cgroup when that is cgroup
+    /// v2, else lbproxy's own cgroup2 mount at /run/lbproxy/cgroupv2]
+    #[arg(long)]
+    pub cgroup_root: Option<PathBuf>,
+    /// Socket-level load balancing: `host` (the node's own processes), `pods` (theirs and
+    /// pods'), or `off` [default: host]
+    #[arg(long)]
+    pub socket_lb: Option<String>,
+}
+
+impl RunArgs {
+    /// The effective settings, and the warnings about what the config file held that lbproxy
+    /// ignores.
+    pub fn settings(&self) -> anyhow::Result<(Settings, Vec<String>)> {
+        let file = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).with_context(|| {
+                    format!("invalid configuration: {}: cannot read", path.display())
+                })?;
+                Some((path.as_path(), parse_file(path, &text)?))
+            }
+            None => None,
+        };
+        let flags = Flags {
+            kubeconfig: self.kubeconfig.clone(),
+            hostname_override: self.hostname_override.clone(),
+            healthz_bind_address: self.healthz_bind_address.clone(),
+            metrics_bind_address: self.metrics_bind_address.clone(),
+            sync_period: self.sync_period.clone(),
+            min_sync_period: self.min_sync_period.clone(),
+            pod_interfaces: self.pod_interfaces.clone(),
+            bpffs_dir: self.bpffs_dir.clone(),
+            flow_map_size: self.flow_map_size,
+            stack_bypass: self.stack_bypass,
+            manifests: self.manifests.clone(),
+            tcp_established_timeout: self.conntrack_tcp_timeout_established.clone(),
+            tcp_close_wait_timeout: self.conntrack_tcp_timeout_close_wait.clone(),
+            udp_timeout: self.conntrack_udp_timeout.clone(),
+            tcp_syn_sent_timeout: self.flow_tcp_timeout_syn_sent.clone(),
+            node_port_addresses: self.nodeport_addresses.clone(),
+            snat_port_range: self.snat_port_range.clone(),
+            cgroup_root: self.cgroup_root.clone(),
+            socket_lb: self.socket_lb.clone(),
+            logging_format: self.logging_format.clone(),
+            verbosity: self.verbosity,
+            kube_api_qps: self.kube_api_qps,
+            kube_api_burst: self.kube_api_burst,
+        };
+        let warnings = file
+            .as_ref()
+            .map(|(_, f)| f.warnings.clone())
+            .unwrap_or_default();
+        Ok((resolve(file, flags)?, warnings))
+    }
+}

@@ -1,0 +1,19 @@
+//! What lbproxy says about itself: its log ([`logging`]) and its metrics ([`Metrics`], the
+//! registry `/metrics` serves; [`crate::server`] serves it).
+
+use std::time::SystemTime;
+
+pub mod logging;
+mod metrics;
+mod process;
+
+pub use metrics::*;
+
+/// The commit lbproxy was built from, or `unknown` (set by the build script).
+pub const GIT_COMMIT: &str = env!("LBPROXY_GIT_COMMIT");
+
+pub fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
