@@ -22,8 +22,8 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use lbproxy_common::{
-    Backend, Backend6, FAMILY_IPV4, FAMILY_IPV6, ServiceKey, ServiceKey6, ServiceKeyOf,
-    UnservedKey, UnservedValue, nul_padded,
+    Backend, Backend6, IpFamily, Scope as KeyScope, ServiceKey, ServiceKey6, ServiceKeyOf,
+    SvcFlags, SvcKind, UnservedKey, UnservedValue, nul_padded,
 };
 
 use super::endpoints::{EndpointSet, Scope, endpoint_set_in, local_only};
@@ -67,19 +67,14 @@ impl FrontendKind {
         }
     }
 
-    /// Its `SVC_KIND_*` number in the maps.
+    /// Its number in the maps (`ServiceValue::kind`).
     pub fn number(self) -> u8 {
-        match self {
-            FrontendKind::ClusterIp => lbproxy_common::SVC_KIND_CLUSTER_IP,
-            FrontendKind::NodePort => lbproxy_common::SVC_KIND_NODE_PORT,
-            FrontendKind::ExternalIp => lbproxy_common::SVC_KIND_EXTERNAL_IP,
-            FrontendKind::LoadBalancerIp => lbproxy_common::SVC_KIND_LOAD_BALANCER,
-        }
+        SvcKind::from(self).into()
     }
 
-    /// The kind a `SVC_KIND_*` number stands for.
+    /// The kind a map's `kind` number stands for.
     pub fn from_number(n: u8) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.number() == n)
+        SvcKind::try_from(n).ok().map(Self::from)
     }
 
     /// Where this kind's traffic comes from, which picks its traffic policy.
@@ -89,6 +84,28 @@ impl FrontendKind {
             FrontendKind::NodePort | FrontendKind::ExternalIp | FrontendKind::LoadBalancerIp => {
                 Scope::External
             }
+        }
+    }
+}
+
+impl From<FrontendKind> for SvcKind {
+    fn from(k: FrontendKind) -> SvcKind {
+        match k {
+            FrontendKind::ClusterIp => SvcKind::ClusterIp,
+            FrontendKind::NodePort => SvcKind::NodePort,
+            FrontendKind::ExternalIp => SvcKind::ExternalIp,
+            FrontendKind::LoadBalancerIp => SvcKind::LoadBalancer,
+        }
+    }
+}
+
+impl From<SvcKind> for FrontendKind {
+    fn from(k: SvcKind) -> FrontendKind {
+        match k {
+            SvcKind::ClusterIp => FrontendKind::ClusterIp,
+            SvcKind::NodePort => FrontendKind::NodePort,
+            SvcKind::ExternalIp => FrontendKind::ExternalIp,
+            SvcKind::LoadBalancer => FrontendKind::LoadBalancerIp,
         }
     }
 }
@@ -126,9 +143,10 @@ impl Unserved {
             proto: self.proto.number(),
             kind: self.kind.number(),
             family: match self.family {
-                Family::V4 => FAMILY_IPV4,
-                Family::V6 => FAMILY_IPV6,
-            },
+                Family::V4 => IpFamily::V4,
+                Family::V6 => IpFamily::V6,
+            }
+            .into(),
             _pad: [0; 3],
             svc_hash: fnv1a(self.label.as_bytes()),
         };
@@ -188,10 +206,11 @@ impl Frontend {
     /// Its entry's key, in its family's map.
     pub fn key(&self) -> FrontendKey {
         let scope = if self.pods_only {
-            lbproxy_common::SCOPE_INTERNAL
+            KeyScope::Internal
         } else {
-            lbproxy_common::SCOPE_DEFAULT
-        };
+            KeyScope::Default
+        }
+        .into();
         let (port_be, proto) = (self.port.to_be(), self.proto.number());
         match self.addr {
             IpAddr::V4(a) => FrontendKey::V4(ServiceKeyOf {
@@ -228,7 +247,7 @@ impl Frontend {
             addr,
             port: u16::from_be(port_be),
             proto: Protocol::from_number(proto)?,
-            pods_only: scope == lbproxy_common::SCOPE_INTERNAL,
+            pods_only: KeyScope::try_from(scope) == Ok(KeyScope::Internal),
         })
     }
 }
@@ -322,7 +341,7 @@ pub struct FrontendSpec {
     /// may serve it and all of them are on other nodes; `SVC_F_SOURCE_RANGES` when only
     /// sources in `src_ranges` may use it; `SVC_F_TERMINATING_FALLBACK` when its backends
     /// are terminating ones, none being ready.
-    pub flags: u16,
+    pub flags: SvcFlags,
     /// A load-balancer IP's `loadBalancerSourceRanges` of its own family (sorted, without
     /// duplicates); empty for every other frontend and for a `/0` range of its family.
     pub src_ranges: Vec<ipnet::IpNet>,
@@ -485,13 +504,13 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
                                     .serving
                                     .is_empty()
                             {
-                                lbproxy_common::SVC_F_LOCAL_ONLY
+                                SvcFlags::LOCAL_ONLY
                             } else {
-                                0
+                                SvcFlags::EMPTY
                             } | if set.fallback {
-                                lbproxy_common::SVC_F_TERMINATING_FALLBACK
+                                SvcFlags::TERMINATING_FALLBACK
                             } else {
-                                0
+                                SvcFlags::EMPTY
                             };
                             FrontendSpec {
                                 flags,
@@ -508,7 +527,7 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
                     {
                         FrontendSpec {
                             kind,
-                            flags: spec.flags | lbproxy_common::SVC_F_SOURCE_RANGES,
+                            flags: spec.flags | SvcFlags::SOURCE_RANGES,
                             src_ranges: filter.clone(),
                             ..spec
                         }
@@ -529,7 +548,7 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
                         && local_only(svc, Scope::External)
                         && !local_only(svc, Scope::Internal);
                     if split {
-                        spec.flags |= lbproxy_common::SVC_F_SPLIT_SCOPE;
+                        spec.flags |= SvcFlags::SPLIT_SCOPE;
                         let pods = specs
                             .entry((Scope::Internal, family))
                             .or_insert_with(|| {
@@ -583,7 +602,7 @@ fn spec_of(svc: &Service, port: &ServicePort, label: &str, set: EndpointSet) -> 
         draining: addrs(set.draining),
         affinity_timeout_s: svc.affinity_timeout_s,
         kind: FrontendKind::ClusterIp,
-        flags: 0,
+        flags: SvcFlags::EMPTY,
         src_ranges: Vec::new(),
     }
 }
@@ -920,10 +939,18 @@ status:
                     vec!["198.18.0.2", "198.18.0.3"],
                     "{fe}"
                 );
-                assert_eq!(spec.flags & lbproxy_common::SVC_F_SPLIT_SCOPE, 0, "{fe}");
+                assert_eq!(
+                    spec.flags.bits() & lbproxy_common::SVC_F_SPLIT_SCOPE,
+                    0,
+                    "{fe}"
+                );
             } else {
                 assert_eq!(addrs(&spec.backends), vec!["198.18.0.2"], "{fe}");
-                assert_ne!(spec.flags & lbproxy_common::SVC_F_SPLIT_SCOPE, 0, "{fe}");
+                assert_ne!(
+                    spec.flags.bits() & lbproxy_common::SVC_F_SPLIT_SCOPE,
+                    0,
+                    "{fe}"
+                );
             }
         }
         assert_eq!(
@@ -959,7 +986,8 @@ status:
         assert!(
             both.served
                 .iter()
-                .all(|(fe, s)| !fe.pods_only && s.flags & lbproxy_common::SVC_F_SPLIT_SCOPE == 0),
+                .all(|(fe, s)| !fe.pods_only
+                    && s.flags.bits() & lbproxy_common::SVC_F_SPLIT_SCOPE == 0),
             "{:?}",
             served(&both)
         );
@@ -1013,7 +1041,7 @@ status:
                 .map(|(fe, s)| {
                     (
                         fe.addr.to_string(),
-                        s.flags & lbproxy_common::SVC_F_SOURCE_RANGES,
+                        s.flags.bits() & lbproxy_common::SVC_F_SOURCE_RANGES,
                         s.src_ranges.iter().map(ToString::to_string).collect(),
                     )
                 })
@@ -1100,16 +1128,22 @@ status:
                 .collect::<Vec<_>>(),
             vec!["198.51.100.7/32", "203.0.113.0/24"]
         );
-        assert_ne!(lbip.flags & lbproxy_common::SVC_F_SOURCE_RANGES, 0);
+        assert_ne!(lbip.flags.bits() & lbproxy_common::SVC_F_SOURCE_RANGES, 0);
         for k in [FrontendKind::ClusterIp, FrontendKind::NodePort] {
             let s = by_kind(&f, k);
-            assert!(s.src_ranges.is_empty() && s.flags == 0, "{k:?}: {s:?}");
+            assert!(
+                s.src_ranges.is_empty() && s.flags.is_empty(),
+                "{k:?}: {s:?}"
+            );
         }
         let open = by_kind(
             &lb("[203.0.113.0/24, '0.0.0.0/0']"),
             FrontendKind::LoadBalancerIp,
         );
-        assert!(open.src_ranges.is_empty() && open.flags == 0, "{open:?}");
+        assert!(
+            open.src_ranges.is_empty() && open.flags.is_empty(),
+            "{open:?}"
+        );
     }
 
     /// As kube-proxy: ranges that hold one of this node's addresses admit the service's

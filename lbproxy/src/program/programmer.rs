@@ -448,7 +448,7 @@ impl Programmer {
                     && c.count == Some(want_count)
                     && c.affinity_timeout_s == spec.affinity_timeout_s
                     && c.kind == spec.kind.number()
-                    && c.flags == spec.flags
+                    && c.flags == spec.flags.bits()
                     && c.src_ranges.iter().eq(spec.src_ranges.iter())
                     && c.members == new_members
             })
@@ -489,7 +489,10 @@ impl Programmer {
         // their flows end and no client is sent back to them; newcomers (and members whose
         // way of belonging changed) before their slots, so a flow to them is live from its
         // first packet and affinity to them holds at once.
-        for id in old_members.keys().filter(|id| !new_members.contains_key(id)) {
+        for id in old_members
+            .keys()
+            .filter(|id| !new_members.contains_key(id))
+        {
             maps.del_member(svc_id, *id)?;
             stats.deletes += 1;
             if let Some(f) = self.state.frontends.get_mut(&fe) {
@@ -556,7 +559,7 @@ impl Programmer {
         if programmed_count != Some(want_count)
             || programmed_affinity != spec.affinity_timeout_s
             || programmed_kind != spec.kind.number()
-            || programmed_flags != spec.flags
+            || programmed_flags != spec.flags.bits()
         {
             maps.put_service(
                 fe.key(),
@@ -564,7 +567,7 @@ impl Programmer {
                     svc_id,
                     count: want_count,
                     affinity_timeout_s: spec.affinity_timeout_s,
-                    flags: spec.flags,
+                    flags: spec.flags.bits(),
                     kind: spec.kind.number(),
                     _pad: 0,
                 },
@@ -574,7 +577,7 @@ impl Programmer {
                 f.count = Some(want_count);
                 f.affinity_timeout_s = spec.affinity_timeout_s;
                 f.kind = spec.kind.number();
-                f.flags = spec.flags;
+                f.flags = spec.flags.bits();
             }
         }
 
@@ -631,7 +634,7 @@ mod tests {
             draining: vec![],
             affinity_timeout_s: 0,
             kind: crate::desired::FrontendKind::ClusterIp,
-            flags: 0,
+            flags: lbproxy_common::SvcFlags::EMPTY,
             src_ranges: vec![],
         }
     }
@@ -691,7 +694,10 @@ mod tests {
         let mut q = Programmer::adopt(m.read_programmed(), 0);
         let before = m.ops;
         q.apply(&mut m, &d).unwrap();
-        assert_eq!(m.ops, before, "re-applying an adopted state wrote something");
+        assert_eq!(
+            m.ops, before,
+            "re-applying an adopted state wrote something"
+        );
         d.insert(fe(10, 80), spec(&[2, 3]));
         q.apply(&mut m, &d).unwrap();
         let want = BTreeMap::from([(be(2), MEMBER_SERVING), (be(3), MEMBER_SERVING)]);
