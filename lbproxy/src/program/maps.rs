@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use lbproxy_common::{MemberKey, ServiceValue, SlotKey, UnservedKey, UnservedValue};
 
 use super::{Programmed, ProgrammedFrontend};
-use crate::desired::{BackendAddr, BackendValue, Frontend, FrontendKey};
+use crate::desired::{BackendAddr, Frontend};
+use crate::program::encode::{BackendValue, FrontendKey};
 use crate::model::Family;
 
 /// A map write that failed, naming the map and the entry, with the cause kept as a source

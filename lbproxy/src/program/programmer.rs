@@ -448,7 +448,7 @@ impl Programmer {
                     && c.count == Some(want_count)
                     && c.affinity_timeout_s == spec.affinity_timeout_s
                     && c.kind == spec.kind.number()
-                    && c.flags == spec.flags.bits()
+                    && c.flags == super::encode::flags(&spec.policy).bits()
                     && c.src_ranges.iter().eq(spec.src_ranges.iter())
                     && c.members == new_members
             })
@@ -559,7 +559,7 @@ impl Programmer {
         if programmed_count != Some(want_count)
             || programmed_affinity != spec.affinity_timeout_s
             || programmed_kind != spec.kind.number()
-            || programmed_flags != spec.flags.bits()
+            || programmed_flags != super::encode::flags(&spec.policy).bits()
         {
             maps.put_service(
                 fe.key(),
@@ -567,7 +567,7 @@ impl Programmer {
                     svc_id,
                     count: want_count,
                     affinity_timeout_s: spec.affinity_timeout_s,
-                    flags: spec.flags.bits(),
+                    flags: super::encode::flags(&spec.policy).bits(),
                     kind: spec.kind.number(),
                     _pad: 0,
                 },
@@ -577,7 +577,7 @@ impl Programmer {
                 f.count = Some(want_count);
                 f.affinity_timeout_s = spec.affinity_timeout_s;
                 f.kind = spec.kind.number();
-                f.flags = spec.flags.bits();
+                f.flags = super::encode::flags(&spec.policy).bits();
             }
         }
 
@@ -634,7 +634,7 @@ mod tests {
             draining: vec![],
             affinity_timeout_s: 0,
             kind: crate::desired::FrontendKind::ClusterIp,
-            flags: lbproxy_common::SvcFlags::EMPTY,
+            policy: crate::desired::Policy::default(),
             src_ranges: vec![],
         }
     }
