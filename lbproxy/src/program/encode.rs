@@ -9,11 +9,11 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use lbproxy_common::{
-    Backend, Backend6, IpFamily, Scope, ServiceKey, ServiceKey6, ServiceKeyOf, SvcFlags, SvcKind,
-    UnservedKey, UnservedValue, nul_padded,
+    Backend, Backend6, IpFamily, Scope, ServiceKey, ServiceKey6, ServiceKeyOf, ServiceValue,
+    SvcFlags, SvcKind, UnservedKey, UnservedValue, nul_padded,
 };
 
-use crate::desired::{BackendAddr, Family, Frontend, FrontendKind, Policy, Unserved};
+use crate::desired::{BackendAddr, Family, Frontend, FrontendKind, FrontendSpec, Policy, Unserved};
 use crate::model::Protocol;
 
 /// A frontend's key in its family's frontend map: `LB_SERVICES_V2` or `LB_SERVICES6_V1`.
@@ -61,6 +61,19 @@ impl FrontendKind {
     /// The kind a map's `kind` number stands for.
     pub fn from_number(n: u8) -> Option<Self> {
         SvcKind::try_from(n).ok().map(Self::from)
+    }
+}
+
+/// A frontend's service entry: its id, how many slots serve new flows, and its spec's
+/// affinity, kind and policy.
+pub fn service_value(svc_id: u32, count: u32, spec: &FrontendSpec) -> ServiceValue {
+    ServiceValue {
+        svc_id,
+        count,
+        affinity_timeout_s: spec.affinity_timeout_s,
+        flags: flags(&spec.policy).bits(),
+        kind: spec.kind.number(),
+        _pad: 0,
     }
 }
 

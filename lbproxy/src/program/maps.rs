@@ -7,8 +7,8 @@ use lbproxy_common::{MemberKey, ServiceValue, SlotKey, UnservedKey, UnservedValu
 
 use super::{Programmed, ProgrammedFrontend};
 use crate::desired::{BackendAddr, Frontend};
-use crate::program::encode::{BackendValue, FrontendKey};
 use crate::model::Family;
+use crate::program::encode::{BackendValue, FrontendKey};
 
 /// A map write that failed, naming the map and the entry, with the cause kept as a source
 /// (the errno, for a write the kernel refused).
@@ -101,8 +101,7 @@ pub trait Maps {
     fn del_slot(&mut self, key: SlotKey) -> Result<(), MapWriteError>;
     /// Writes backend `backend_id` as a member of service `svc_id`, with `how`
     /// (`MEMBER_SERVING` or `MEMBER_DRAINING`).
-    fn put_member(&mut self, svc_id: u32, backend_id: u32, how: u32)
-    -> Result<(), MapWriteError>;
+    fn put_member(&mut self, svc_id: u32, backend_id: u32, how: u32) -> Result<(), MapWriteError>;
     fn del_member(&mut self, svc_id: u32, backend_id: u32) -> Result<(), MapWriteError>;
     /// Writes a frontend into its family's frontend map.
     fn put_service(&mut self, key: FrontendKey, value: ServiceValue) -> Result<(), MapWriteError>;
@@ -181,11 +180,8 @@ pub fn assemble(
                 svc_id: v.svc_id,
                 label: label(v.svc_id),
                 slots: list,
-                count: Some(v.count),
+                value: Some(v),
                 draining: Vec::new(),
-                affinity_timeout_s: v.affinity_timeout_s,
-                kind: v.kind,
-                flags: v.flags,
                 src_ranges: ranges_of.remove(&v.svc_id).unwrap_or_default(),
                 members: members_of.remove(&v.svc_id).unwrap_or_default(),
             },
