@@ -281,7 +281,6 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
             families.push(Family::of(ip));
         }
     }
-    let in_families = |ip: &&IpAddr| families.contains(&Family::of(ip));
     // The same for every port: (IPv4, IPv6).
     let ranges = (
         source_ranges(model, svc, Family::V4),
@@ -294,42 +293,7 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
         } else {
             format!("{}:{}", svc.id, port.name)
         };
-        // (kind, family, address, frontend port) of each frontend this port asks for.
-        let mut asked: Vec<(FrontendKind, Family, Option<IpAddr>, u16)> = Vec::new();
-        for ip in &svc.cluster_ips {
-            asked.push((
-                FrontendKind::ClusterIp,
-                Family::of(ip),
-                Some(*ip),
-                port.port,
-            ));
-        }
-        if let Some(node_port) = port.node_port {
-            for family in &families {
-                asked.push((FrontendKind::NodePort, *family, None, node_port));
-            }
-        }
-        for ip in svc.external_ips.iter().filter(in_families) {
-            asked.push((
-                FrontendKind::ExternalIp,
-                Family::of(ip),
-                Some(*ip),
-                port.port,
-            ));
-        }
-        let lb_vips = svc
-            .load_balancer_ingress
-            .iter()
-            .filter(|ing| ing.ip_mode == IpMode::Vip)
-            .map(|ing| &ing.ip);
-        for ip in lb_vips.filter(in_families) {
-            asked.push((
-                FrontendKind::LoadBalancerIp,
-                Family::of(ip),
-                Some(*ip),
-                port.port,
-            ));
-        }
+        let asked = asked_by(svc, port, &families);
         // Each family's frontends are served from that family's endpoints only.
         let mut specs: BTreeMap<(Scope, Family), FrontendSpec> = BTreeMap::new();
         for (kind, family, addr, frontend_port) in asked {
@@ -424,6 +388,53 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
     out.unserved.sort();
     out.unserved.dedup();
     out
+}
+
+/// (kind, family, address, frontend port) of each frontend `port` asks for, in the order
+/// [`frontends_for`] serves them: clusterIPs, NodePorts (one per family), externalIPs,
+/// load-balancer IPs with ipMode VIP, the last two in `families` only.
+fn asked_by(
+    svc: &Service,
+    port: &ServicePort,
+    families: &[Family],
+) -> Vec<(FrontendKind, Family, Option<IpAddr>, u16)> {
+    let in_families = |ip: &&IpAddr| families.contains(&Family::of(ip));
+    let mut asked: Vec<(FrontendKind, Family, Option<IpAddr>, u16)> = Vec::new();
+    for ip in &svc.cluster_ips {
+        asked.push((
+            FrontendKind::ClusterIp,
+            Family::of(ip),
+            Some(*ip),
+            port.port,
+        ));
+    }
+    if let Some(node_port) = port.node_port {
+        for family in families {
+            asked.push((FrontendKind::NodePort, *family, None, node_port));
+        }
+    }
+    for ip in svc.external_ips.iter().filter(in_families) {
+        asked.push((
+            FrontendKind::ExternalIp,
+            Family::of(ip),
+            Some(*ip),
+            port.port,
+        ));
+    }
+    let lb_vips = svc
+        .load_balancer_ingress
+        .iter()
+        .filter(|ing| ing.ip_mode == IpMode::Vip)
+        .map(|ing| &ing.ip);
+    for ip in lb_vips.filter(in_families) {
+        asked.push((
+            FrontendKind::LoadBalancerIp,
+            Family::of(ip),
+            Some(*ip),
+            port.port,
+        ));
+    }
+    asked
 }
 
 /// The spec of a frontend of `port` that uses `set` (the endpoints of the frontend's family).
