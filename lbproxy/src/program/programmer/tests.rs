@@ -2,9 +2,9 @@
 //! write at every position.
 
 use super::*;
-use lbproxy_common::{MEMBER_DRAINING, MEMBER_SERVING};
 use crate::model::Protocol;
 use crate::program::mem::MemMaps;
+use lbproxy_common::{MEMBER_DRAINING, MEMBER_SERVING};
 use std::net::Ipv4Addr;
 
 fn fe(last: u8, port: u16) -> Frontend {
@@ -522,5 +522,8 @@ fn a_change_of_the_entry_alone_rewrites_the_entry_only() {
     let mut q = Programmer::adopt(m.read_programmed(), m.read_id_cursor());
     let before = m.ops;
     q.apply(&mut m, &d).unwrap();
-    assert_eq!(m.ops, before, "re-applying an adopted entry wrote something");
+    assert_eq!(
+        m.ops, before,
+        "re-applying an adopted entry wrote something"
+    );
 }
