@@ -20,24 +20,49 @@ pub const DEFAULT_FLOW_MAP_SIZE: u32 = 262_144;
 /// entry here is 120 bytes against 64), and most clusters carry far more IPv4 flows.
 pub const DEFAULT_FLOW6_MAP_SIZE: u32 = 65_536;
 
-/// Flow states. UDP flows stay `NONE`. A TCP flow is `SYN_SENT` until the backend answers.
-/// Closing is not a state: each half records the FIN and RST of its own direction in
-/// [`FlowValue::flags`], so a half-close (one FIN) is told apart from a closed flow.
-pub const FLOW_STATE_NONE: u8 = 0;
-pub const FLOW_STATE_SYN_SENT: u8 = 1;
-pub const FLOW_STATE_ESTABLISHED: u8 = 2;
-/// `LB_FLOWS_V1` only: a FIN or RST was seen in either direction. Never written to V2; the
-/// migration turns it into [`FLOW_F_FIN`] on both halves.
-pub const FLOW_STATE_CLOSING_V1: u8 = 3;
+wire_enum! {
+    /// `FlowValue::state`. UDP flows stay `None`. A TCP flow is `SynSent` until the backend
+    /// answers. Closing is not a state: each half records the FIN and RST of its own
+    /// direction in [`FlowValue::flags`], so a half-close (one FIN) is told apart from a
+    /// closed flow.
+    pub enum FlowState: u8 {
+        None = 0,
+        SynSent = 1,
+        Established = 2,
+        /// `LB_FLOWS_V1` only: a FIN or RST was seen in either direction. Never written to
+        /// V2; the migration turns it into [`FlowFlags::FIN`] on both halves.
+        ClosingV1 = 3,
+    }
+}
 
-/// [`FlowValue::flags`]: this half's direction sent a FIN.
-pub const FLOW_F_FIN: u8 = 0x01;
-/// [`FlowValue::flags`]: this half's direction sent a RST.
-pub const FLOW_F_RST: u8 = 0x02;
+pub const FLOW_STATE_NONE: u8 = FlowState::None as u8;
+pub const FLOW_STATE_SYN_SENT: u8 = FlowState::SynSent as u8;
+pub const FLOW_STATE_ESTABLISHED: u8 = FlowState::Established as u8;
+pub const FLOW_STATE_CLOSING_V1: u8 = FlowState::ClosingV1 as u8;
 
-/// Which way a flow entry translates.
-pub const FLOW_DIR_FORWARD: u8 = 0;
-pub const FLOW_DIR_REPLY: u8 = 1;
+wire_flags! {
+    /// `FlowValue::flags`: what this half's direction sent.
+    pub struct FlowFlags: u8 {
+        const FIN = 0x01;
+        const RST = 0x02;
+    }
+}
+
+/// [`FlowFlags::FIN`] as the value holds it.
+pub const FLOW_F_FIN: u8 = FlowFlags::FIN.bits();
+/// [`FlowFlags::RST`] as the value holds it.
+pub const FLOW_F_RST: u8 = FlowFlags::RST.bits();
+
+wire_enum! {
+    /// `FlowKey::dir`: which way a flow entry translates.
+    pub enum FlowDir: u8 {
+        Forward = 0,
+        Reply = 1,
+    }
+}
+
+pub const FLOW_DIR_FORWARD: u8 = FlowDir::Forward as u8;
+pub const FLOW_DIR_REPLY: u8 = FlowDir::Reply as u8;
 
 /// Key of `LB_FLOWS_V3` (and V2, V1) and, with IPv6 addresses, of `LB_FLOWS6_V1`.
 ///
@@ -115,9 +140,9 @@ pub struct FlowValueOf<A: Addr> {
     pub nat_addr: A,
     pub nat_port_be: u16,
     pub peer_port_be: u16,
-    /// `FLOW_STATE_*`.
+    /// A [`FlowState`].
     pub state: u8,
-    /// `FLOW_F_*` seen in this half's direction.
+    /// [`FlowFlags`] seen in this half's direction.
     pub flags: u8,
     pub _pad: [u8; 2],
     pub svc_id: u32,

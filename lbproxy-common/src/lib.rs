@@ -54,6 +54,127 @@ macro_rules! counter_enum {
     };
 }
 
+/// Declares a `#[repr(u8)]` (or other integer) enum of the values a map field may hold, with
+/// the one conversion each way: `From<E> for u8` (what is written) and `TryFrom<u8>` (what
+/// is read, failing with the unknown value). Map values keep the plain integer (no enum
+/// inside a map value: a wrong byte would be undefined behaviour); code on both sides
+/// converts at the edge. `ALL` lists the variants, so a test can check both ways round-trip.
+macro_rules! wire_enum {
+    (
+        $(#[$doc:meta])*
+        pub enum $name:ident: $int:ty {
+            $($(#[$vdoc:meta])* $variant:ident = $value:literal,)*
+        }
+    ) => {
+        $(#[$doc])*
+        #[repr($int)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum $name {
+            $($(#[$vdoc])* $variant = $value,)*
+        }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),*];
+        }
+
+        impl From<$name> for $int {
+            #[inline(always)]
+            fn from(v: $name) -> $int {
+                v as $int
+            }
+        }
+
+        impl TryFrom<$int> for $name {
+            /// The value no variant has.
+            type Error = $int;
+            #[inline(always)]
+            fn try_from(n: $int) -> Result<Self, $int> {
+                match n {
+                    $($value => Ok($name::$variant),)*
+                    other => Err(other),
+                }
+            }
+        }
+    };
+}
+
+/// Declares a bit set over a map field's integer: a `Copy` newtype with one associated
+/// constant per bit, `bits()`/`from_bits_retain()` (the one conversion each way), `contains`,
+/// `|` and `|=`. Unknown bits are kept, so a newer writer's bits survive an older reader.
+macro_rules! wire_flags {
+    (
+        $(#[$doc:meta])*
+        pub struct $name:ident: $int:ty {
+            $($(#[$vdoc:meta])* const $flag:ident = $value:expr;)*
+        }
+    ) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name($int);
+
+        impl $name {
+            $($(#[$vdoc])* pub const $flag: $name = $name($value);)*
+            /// No bit set.
+            pub const EMPTY: $name = $name(0);
+            /// Every named bit, with its name, for display.
+            pub const NAMED: &'static [(&'static str, $name)] = &[$((stringify!($flag), $name::$flag)),*];
+
+            /// The integer a map holds.
+            #[inline(always)]
+            pub const fn bits(self) -> $int {
+                self.0
+            }
+            /// The set a map's integer stands for, unknown bits included.
+            #[inline(always)]
+            pub const fn from_bits_retain(bits: $int) -> Self {
+                $name(bits)
+            }
+            /// Whether every bit of `other` is set.
+            #[inline(always)]
+            pub const fn contains(self, other: $name) -> bool {
+                self.0 & other.0 == other.0
+            }
+            #[inline(always)]
+            pub const fn union(self, other: $name) -> $name {
+                $name(self.0 | other.0)
+            }
+            #[inline(always)]
+            pub const fn is_empty(self) -> bool {
+                self.0 == 0
+            }
+        }
+
+        impl core::ops::BitOr for $name {
+            type Output = $name;
+            #[inline(always)]
+            fn bitor(self, o: $name) -> $name {
+                self.union(o)
+            }
+        }
+
+        impl core::ops::BitOrAssign for $name {
+            #[inline(always)]
+            fn bitor_assign(&mut self, o: $name) {
+                self.0 |= o.0;
+            }
+        }
+
+        impl From<$name> for $int {
+            #[inline(always)]
+            fn from(f: $name) -> $int {
+                f.0
+            }
+        }
+
+        impl From<$int> for $name {
+            #[inline(always)]
+            fn from(bits: $int) -> $name {
+                $name(bits)
+            }
+        }
+    };
+}
+
 /// `unsafe impl aya::Pod` for map types, with the userspace feature only.
 macro_rules! pod {
     ($($t:ty),* $(,)?) => {
@@ -102,16 +223,16 @@ pub use family::Addr;
 pub use flows::{
     DEFAULT_FLOW_MAP_SIZE, DEFAULT_FLOW6_MAP_SIZE, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_F_FIN,
     FLOW_F_RST, FLOW_STATE_CLOSING_V1, FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE,
-    FLOW_STATE_SYN_SENT, FlowKey, FlowKey6, FlowKeyOf, FlowValue, FlowValue6, FlowValueOf,
-    FlowValueV1, FlowValueV2, FlowWork,
+    FLOW_STATE_SYN_SENT, FlowDir, FlowFlags, FlowKey, FlowKey6, FlowKeyOf, FlowState, FlowValue,
+    FlowValue6, FlowValueOf, FlowValueV1, FlowValueV2, FlowWork,
 };
 pub use frags::{FragKey, FragKey6, FragPorts, MAX_FRAG_DATAGRAMS};
 pub use hairpin::{HAIRPIN_ADDR, HAIRPIN_ADDR6};
 pub use labels::{ServiceLabel, nul_padded};
-pub use members::{MEMBER_DRAINING, MEMBER_SERVING, MemberKey};
+pub use members::{MEMBER_DRAINING, MEMBER_SERVING, MemberKey, Membership};
 pub use monitor::{
-    DEFAULT_EVENTS_PER_CPU_PER_SEC, HOOK_FROM_NODE, HOOK_FROM_POD, HOOK_TO_NODE, HOOK_TO_POD,
-    MonitorCtl, MonitorEvent, MonitorRate, VERDICT_DROP, VERDICT_REJECT,
+    DEFAULT_EVENTS_PER_CPU_PER_SEC, HOOK_FROM_NODE, HOOK_FROM_POD, HOOK_TO_NODE, HOOK_TO_POD, Hook,
+    MonitorCtl, MonitorEvent, MonitorRate, VERDICT_DROP, VERDICT_REJECT, Verdict,
 };
 pub use node_addrs::{MAX_NODE_ADDRS, NODE_ADDR_F_NODEPORT, NODE_ADDR_F_SNAT, NodeAddr};
 pub use node_ifs::{
@@ -122,8 +243,8 @@ pub use pod_ifs::{MAX_POD_IFS, POD_IF_BRIDGE, POD_IF_NETKIT, POD_IF_VETH, PodIf}
 pub use services::{
     MAX_SERVICES, SCOPE_DEFAULT, SCOPE_INTERNAL, SVC_F_LOCAL_ONLY, SVC_F_SNAT, SVC_F_SOURCE_RANGES,
     SVC_F_SPLIT_SCOPE, SVC_F_TERMINATING_FALLBACK, SVC_KIND_CLUSTER_IP, SVC_KIND_EXTERNAL_IP,
-    SVC_KIND_LOAD_BALANCER, SVC_KIND_NODE_PORT, ServiceKey, ServiceKey6, ServiceKeyOf,
-    ServiceValue, ServiceValueV1,
+    SVC_KIND_LOAD_BALANCER, SVC_KIND_NODE_PORT, Scope, ServiceKey, ServiceKey6, ServiceKeyOf,
+    ServiceValue, ServiceValueV1, SvcFlags, SvcKind,
 };
 pub use slots::{MAX_SLOTS, SlotKey};
 pub use sock::{
@@ -136,7 +257,7 @@ pub use src_ranges::{
     MAX_SRC_RANGES, SrcRangeData, SrcRangeData6, SrcRangeDataOf, SrcRangeKey, SrcRangeKey6,
     SrcRangeKeyOf, SrcRangeValue,
 };
-pub use unserved::{FAMILY_IPV4, FAMILY_IPV6, UnservedKey, UnservedValue};
+pub use unserved::{FAMILY_IPV4, FAMILY_IPV6, IpFamily, UnservedKey, UnservedValue};
 
 pod!(
     ServiceKey,

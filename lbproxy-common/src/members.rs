@@ -4,14 +4,24 @@
 use crate::slots::MAX_SLOTS;
 use crate::spec::{MapKind, MapSpec};
 
-/// Value of `LB_MEMBERS_V1`: the backend is in one of the service's slots, i.e. eligible for
-/// new flows. Session affinity accepts only these, so a backend that left (or turned
-/// not-ready) loses its affinity clients at once, whatever slot it had. (Maps written before
-/// [`MEMBER_DRAINING`] existed hold 1 for every member, which still means this.)
-pub const MEMBER_SERVING: u32 = 1;
-/// Value of `LB_MEMBERS_V1`: the backend is still listed in one of the service's
-/// EndpointSlices (terminating, not ready) but takes no new flows: it keeps the flows it has.
-pub const MEMBER_DRAINING: u32 = 2;
+wire_enum! {
+    /// Value of `LB_MEMBERS_V1`: how a backend belongs to a service.
+    pub enum Membership: u32 {
+        /// The backend is in one of the service's slots, i.e. eligible for new flows. Session
+        /// affinity accepts only these, so a backend that left (or turned not-ready) loses its
+        /// affinity clients at once, whatever slot it had. (Maps written before `Draining`
+        /// existed hold 1 for every member, which still means this.)
+        Serving = 1,
+        /// The backend is still listed in one of the service's EndpointSlices (terminating,
+        /// not ready) but takes no new flows: it keeps the flows it has.
+        Draining = 2,
+    }
+}
+
+/// [`Membership::Serving`] as the map holds it.
+pub const MEMBER_SERVING: u32 = Membership::Serving as u32;
+/// [`Membership::Draining`] as the map holds it.
+pub const MEMBER_DRAINING: u32 = Membership::Draining as u32;
 
 /// Key of `LB_MEMBERS_V1`: backend `backend_id` is a member of service `svc_id`: serving
 /// ([`MEMBER_SERVING`]) or draining ([`MEMBER_DRAINING`]). A flow is live only while its

@@ -36,16 +36,46 @@ pub struct MonitorRate {
 }
 const _: () = assert!(core::mem::size_of::<MonitorRate>() == 16);
 
-/// Where an event was seen: the program (and so the direction) that dropped the packet.
-pub const HOOK_FROM_POD: u8 = 0;
-pub const HOOK_TO_POD: u8 = 1;
-pub const HOOK_FROM_NODE: u8 = 2;
-pub const HOOK_TO_NODE: u8 = 3;
+wire_enum! {
+    /// `MonitorEvent::hook`: where an event was seen, the program (and so the direction)
+    /// that dropped the packet.
+    pub enum Hook: u8 {
+        FromPod = 0,
+        ToPod = 1,
+        FromNode = 2,
+        ToNode = 3,
+    }
+}
 
-/// [`MonitorEvent::verdict`]: the packet was dropped.
-pub const VERDICT_DROP: u8 = 0;
-/// [`MonitorEvent::verdict`]: the packet was answered (a TCP RST or an ICMP unreachable).
-pub const VERDICT_REJECT: u8 = 1;
+impl Hook {
+    /// Its name in `lbproxy monitor`'s output: the program's, without `lb_`.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Hook::FromPod => "from_pod",
+            Hook::ToPod => "to_pod",
+            Hook::FromNode => "from_node",
+            Hook::ToNode => "to_node",
+        }
+    }
+}
+
+pub const HOOK_FROM_POD: u8 = Hook::FromPod as u8;
+pub const HOOK_TO_POD: u8 = Hook::ToPod as u8;
+pub const HOOK_FROM_NODE: u8 = Hook::FromNode as u8;
+pub const HOOK_TO_NODE: u8 = Hook::ToNode as u8;
+
+wire_enum! {
+    /// `MonitorEvent::verdict`.
+    pub enum Verdict: u8 {
+        /// The packet was dropped.
+        Drop = 0,
+        /// The packet was answered (a TCP RST or an ICMP unreachable).
+        Reject = 1,
+    }
+}
+
+pub const VERDICT_DROP: u8 = Verdict::Drop as u8;
+pub const VERDICT_REJECT: u8 = Verdict::Reject as u8;
 
 /// One drop or reject, as the datapath saw the packet (before any translation of its own).
 /// Addresses are 16 bytes for both families: an IPv4 address fills the first 4.
@@ -64,11 +94,11 @@ pub struct MonitorEvent {
     pub dst_port_be: u16,
     /// IP protocol (6 TCP, 17 UDP, ...); 0 when the packet is not IP.
     pub proto: u8,
-    /// `HOOK_*`.
+    /// A [`Hook`].
     pub hook: u8,
-    /// `VERDICT_*`.
+    /// A [`Verdict`].
     pub verdict: u8,
-    /// [`crate::FAMILY_IPV4`] or [`crate::FAMILY_IPV6`]; 0 when not IP.
+    /// A [`crate::IpFamily`]; 0 when not IP.
     pub family: u8,
     /// The packet's length on the wire.
     pub len: u32,

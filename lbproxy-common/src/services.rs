@@ -12,44 +12,75 @@ use crate::spec::{MapKind, MapSpec};
 /// Room in `LB_SERVICES_V2`, and in `LB_LABELS_V1` (one label per `svc_id`).
 pub const MAX_SERVICES: u32 = 65_536;
 
-/// `ServiceKey::scope` of the entry every lookup finds first. A frontend with one endpoint
-/// set for all its clients (all of them, today) has only this entry. Cilium's
-/// `LB_LOOKUP_SCOPE_EXT`.
-pub const SCOPE_DEFAULT: u8 = 0;
-/// `ServiceKey::scope` of a frontend's second entry, for traffic from inside the cluster when
-/// it uses another endpoint set than external traffic (e.g. `externalTrafficPolicy: Local`
-/// with `internalTrafficPolicy: Cluster`). Looked up only when the default entry has
-/// [`SVC_F_SPLIT_SCOPE`] and the packet comes from one of this node's pods (`lb_from_pod`).
-/// Cilium's `LB_LOOKUP_SCOPE_INT`.
-pub const SCOPE_INTERNAL: u8 = 1;
+wire_enum! {
+    /// `ServiceKey::scope`: which of a frontend's entries a lookup finds.
+    pub enum Scope: u8 {
+        /// The entry every lookup finds first. A frontend with one endpoint set for all its
+        /// clients has only this entry. Cilium's `LB_LOOKUP_SCOPE_EXT`.
+        Default = 0,
+        /// A frontend's second entry, for traffic from inside the cluster when it uses another
+        /// endpoint set than external traffic (e.g. `externalTrafficPolicy: Local` with
+        /// `internalTrafficPolicy: Cluster`). Looked up only when the default entry has
+        /// [`SvcFlags::SPLIT_SCOPE`] and the packet comes from one of this node's pods
+        /// (`lb_from_pod`). Cilium's `LB_LOOKUP_SCOPE_INT`.
+        Internal = 1,
+    }
+}
 
-/// `ServiceValue::kind`: how the frontend is reached. Reserved for metrics and inspection; the
-/// datapath does not read it yet. 0 is what every entry held before kinds were named.
-pub const SVC_KIND_CLUSTER_IP: u8 = 0;
-pub const SVC_KIND_NODE_PORT: u8 = 1;
-pub const SVC_KIND_EXTERNAL_IP: u8 = 2;
-pub const SVC_KIND_LOAD_BALANCER: u8 = 3;
+/// [`Scope::Default`] as the key holds it.
+pub const SCOPE_DEFAULT: u8 = Scope::Default as u8;
+/// [`Scope::Internal`] as the key holds it.
+pub const SCOPE_INTERNAL: u8 = Scope::Internal as u8;
 
-/// `ServiceValue::flags` bits. 0 means a plain frontend.
-///
-/// Look the frontend up again with [`SCOPE_INTERNAL`] when the packet comes from one of this
-/// node's pods: this entry's endpoints are for external clients (`externalTrafficPolicy:
-/// Local`).
-pub const SVC_F_SPLIT_SCOPE: u16 = 1 << 0;
-/// Only node-local backends are in this entry's slots (`externalTrafficPolicy: Local`) and
-/// other nodes have endpoints: with none here (count 0), traffic is dropped
-/// (`no_local_endpoint`), as kube-proxy does, not rejected: the client's load balancer is
-/// expected to steer it to a node that has some (the health check says which).
-pub const SVC_F_LOCAL_ONLY: u16 = 1 << 1;
-/// SNAT the client to the node's address before forwarding (traffic that arrives from outside
-/// the node and leaves to a remote backend, so replies come back through this node).
-pub const SVC_F_SNAT: u16 = 1 << 2;
-/// Only sources in this frontend's `loadBalancerSourceRanges` (`LB_SRCRANGES_V1`, keyed by
-/// its `svc_id`) may use it; others are dropped (`source_range_denied`).
-pub const SVC_F_SOURCE_RANGES: u16 = 1 << 3;
-/// Not read by the datapath: this frontend's slots hold endpoints that are serving but
-/// terminating, because none is ready (KEP-1669's fallback), for `lbproxy inspect`.
-pub const SVC_F_TERMINATING_FALLBACK: u16 = 1 << 4;
+wire_enum! {
+    /// `ServiceValue::kind` (and `UnservedKey::kind`): how the frontend is reached. Reserved
+    /// for metrics and inspection; the datapath does not read it yet. 0 is what every entry
+    /// held before kinds were named.
+    pub enum SvcKind: u8 {
+        ClusterIp = 0,
+        NodePort = 1,
+        ExternalIp = 2,
+        LoadBalancer = 3,
+    }
+}
+
+pub const SVC_KIND_CLUSTER_IP: u8 = SvcKind::ClusterIp as u8;
+pub const SVC_KIND_NODE_PORT: u8 = SvcKind::NodePort as u8;
+pub const SVC_KIND_EXTERNAL_IP: u8 = SvcKind::ExternalIp as u8;
+pub const SVC_KIND_LOAD_BALANCER: u8 = SvcKind::LoadBalancer as u8;
+
+wire_flags! {
+    /// `ServiceValue::flags`. Empty means a plain frontend.
+    pub struct SvcFlags: u16 {
+        /// Look the frontend up again with [`Scope::Internal`] when the packet comes from one
+        /// of this node's pods: this entry's endpoints are for external clients
+        /// (`externalTrafficPolicy: Local`).
+        const SPLIT_SCOPE = 1 << 0;
+        /// Only node-local backends are in this entry's slots (`externalTrafficPolicy:
+        /// Local`) and other nodes have endpoints: with none here (count 0), traffic is
+        /// dropped (`no_local_endpoint`), as kube-proxy does, not rejected: the client's load
+        /// balancer is expected to steer it to a node that has some (the health check says
+        /// which).
+        const LOCAL_ONLY = 1 << 1;
+        /// SNAT the client to the node's address before forwarding (traffic that arrives from
+        /// outside the node and leaves to a remote backend, so replies come back through this
+        /// node).
+        const SNAT = 1 << 2;
+        /// Only sources in this frontend's `loadBalancerSourceRanges` (`LB_SRCRANGES_V1`,
+        /// keyed by its `svc_id`) may use it; others are dropped (`source_range_denied`).
+        const SOURCE_RANGES = 1 << 3;
+        /// Not read by the datapath: this frontend's slots hold endpoints that are serving but
+        /// terminating, because none is ready (KEP-1669's fallback), for `lbproxy inspect`.
+        const TERMINATING_FALLBACK = 1 << 4;
+    }
+}
+
+/// The bits of [`SvcFlags`] as the datapath tests them.
+pub const SVC_F_SPLIT_SCOPE: u16 = SvcFlags::SPLIT_SCOPE.bits();
+pub const SVC_F_LOCAL_ONLY: u16 = SvcFlags::LOCAL_ONLY.bits();
+pub const SVC_F_SNAT: u16 = SvcFlags::SNAT.bits();
+pub const SVC_F_SOURCE_RANGES: u16 = SvcFlags::SOURCE_RANGES.bits();
+pub const SVC_F_TERMINATING_FALLBACK: u16 = SvcFlags::TERMINATING_FALLBACK.bits();
 
 /// Key of `LB_SERVICES_V2` (and of the retired `LB_SERVICES_V1`): one frontend, a
 /// VIP:port/proto, in one lookup scope.
@@ -59,7 +90,7 @@ pub struct ServiceKeyOf<A> {
     pub addr: A,
     pub port_be: u16,
     pub proto: u8,
-    /// `SCOPE_*`: [`SCOPE_DEFAULT`], or [`SCOPE_INTERNAL`] for the pods' entry of a split
+    /// A [`Scope`]: [`Scope::Default`], or [`Scope::Internal`] for the pods' entry of a split
     /// frontend. (This byte was padding, always 0.)
     pub scope: u8,
 }
@@ -83,9 +114,9 @@ pub struct ServiceValue {
     pub svc_id: u32,
     pub count: u32,
     pub affinity_timeout_s: u32,
-    /// `SVC_F_*` bits, 0 today. (These four bytes were one reserved `u32`, always 0.)
+    /// [`SvcFlags`] bits. (These four bytes were one reserved `u32`, always 0.)
     pub flags: u16,
-    /// `SVC_KIND_*`, 0 ([`SVC_KIND_CLUSTER_IP`]) today.
+    /// A [`SvcKind`].
     pub kind: u8,
     pub _pad: u8,
 }

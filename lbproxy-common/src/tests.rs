@@ -268,3 +268,63 @@ fn hash_seed_takes_reserved_space() {
         );
     }
 }
+
+/// Every wire enum converts to its integer and back, and an unknown integer is refused
+/// with its value.
+#[test]
+fn wire_enums_round_trip_and_refuse_unknown_values() {
+    fn check<E, I>(all: &[E], unknown: I)
+    where
+        E: Copy + PartialEq + core::fmt::Debug + TryFrom<I, Error = I>,
+        I: Copy + PartialEq + core::fmt::Debug + From<E>,
+    {
+        for v in all {
+            assert_eq!(E::try_from(I::from(*v)), Ok(*v));
+        }
+        assert_eq!(E::try_from(unknown), Err(unknown));
+    }
+    check(SvcKind::ALL, 4u8);
+    check(Scope::ALL, 2u8);
+    check(FlowState::ALL, 4u8);
+    check(FlowDir::ALL, 2u8);
+    check(Hook::ALL, 4u8);
+    check(Verdict::ALL, 2u8);
+    check(IpFamily::ALL, 5u8);
+    check(Membership::ALL, 0u32);
+    // The aliases the datapath uses are the enums' values.
+    assert_eq!(
+        [
+            SVC_KIND_CLUSTER_IP,
+            SVC_KIND_NODE_PORT,
+            SVC_KIND_EXTERNAL_IP,
+            SVC_KIND_LOAD_BALANCER
+        ],
+        [0, 1, 2, 3]
+    );
+    assert_eq!((SCOPE_DEFAULT, SCOPE_INTERNAL), (0, 1));
+    assert_eq!((FAMILY_IPV4, FAMILY_IPV6), (4, 6));
+    assert_eq!((MEMBER_SERVING, MEMBER_DRAINING), (1, 2));
+}
+
+/// Flag sets keep unknown bits, and their bits are the values the maps always held.
+#[test]
+fn wire_flags_keep_their_bits() {
+    let f = SvcFlags::LOCAL_ONLY | SvcFlags::SOURCE_RANGES;
+    assert_eq!(f.bits(), 0b1010);
+    assert!(f.contains(SvcFlags::LOCAL_ONLY) && !f.contains(SvcFlags::SNAT));
+    assert_eq!(SvcFlags::from_bits_retain(0x8000).bits(), 0x8000);
+    assert_eq!(
+        [
+            SVC_F_SPLIT_SCOPE,
+            SVC_F_LOCAL_ONLY,
+            SVC_F_SNAT,
+            SVC_F_SOURCE_RANGES,
+            SVC_F_TERMINATING_FALLBACK
+        ],
+        [1, 2, 4, 8, 16]
+    );
+    assert_eq!(
+        (FLOW_F_FIN, FLOW_F_RST),
+        (FlowFlags::FIN.bits(), FlowFlags::RST.bits())
+    );
+}

@@ -4,9 +4,16 @@
 
 use crate::spec::{MapKind, MapSpec};
 
-/// `UnservedKey::family`.
-pub const FAMILY_IPV4: u8 = 4;
-pub const FAMILY_IPV6: u8 = 6;
+wire_enum! {
+    /// `UnservedKey::family` and `MonitorEvent::family`: the IP version's number.
+    pub enum IpFamily: u8 {
+        V4 = 4,
+        V6 = 6,
+    }
+}
+
+pub const FAMILY_IPV4: u8 = IpFamily::V4 as u8;
+pub const FAMILY_IPV6: u8 = IpFamily::V6 as u8;
 
 /// Key of `LB_UNSERVED_V1`: one frontend of one service. `addr` is the IPv4 address in its
 /// first 4 bytes, or the IPv6 address; all zeros for a NodePort (every node address).
@@ -17,9 +24,9 @@ pub struct UnservedKey {
     pub addr: [u8; 16],
     pub port_be: u16,
     pub proto: u8,
-    /// `SVC_KIND_*`.
+    /// A [`crate::SvcKind`].
     pub kind: u8,
-    /// `FAMILY_IPV4` or `FAMILY_IPV6`.
+    /// An [`IpFamily`].
     pub family: u8,
     pub _pad: [u8; 3],
     pub svc_hash: u64,

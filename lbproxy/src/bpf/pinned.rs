@@ -11,8 +11,9 @@ use lbproxy_common::{
 };
 
 use super::{BpfError, check_pinned_layouts, open_pinned};
-use crate::desired::{BackendAddr, BackendValue, Frontend, FrontendKey};
+use crate::desired::{BackendAddr, Frontend};
 use crate::model::Family;
+use crate::program::encode::{BackendValue, FrontendKey};
 use crate::program::{MapWriteError, Maps, Programmed, WriteCause, assemble};
 
 /// Typed handles on the pinned maps.

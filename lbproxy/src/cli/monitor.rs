@@ -14,9 +14,8 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{Array, Map, MapData, RingBuf};
 use lbproxy_common::{
-    DropReason, FAMILY_IPV4, FAMILY_IPV6, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FlowKeyOf,
-    HOOK_FROM_NODE, HOOK_FROM_POD, HOOK_TO_NODE, HOOK_TO_POD, MonitorCtl, MonitorEvent,
-    SCOPE_DEFAULT, ServiceKeyOf, VERDICT_REJECT, map_names,
+    DropReason, FlowDir, FlowKeyOf, Hook, IpFamily, MonitorCtl, MonitorEvent, Scope, ServiceKeyOf,
+    Verdict, map_names,
 };
 use serde::Serialize;
 
@@ -207,10 +206,9 @@ struct Resolver {
 impl Resolver {
     fn row(&mut self, maps: &PinnedMaps, ev: &MonitorEvent) -> EventRow {
         let ip = |a: &[u8; 16]| -> Option<IpAddr> {
-            match ev.family {
-                FAMILY_IPV4 => Some(IpAddr::V4(Ipv4Addr::new(a[0], a[1], a[2], a[3]))),
-                FAMILY_IPV6 => Some(IpAddr::V6(Ipv6Addr::from(*a))),
-                _ => None,
+            match IpFamily::try_from(ev.family).ok()? {
+                IpFamily::V4 => Some(IpAddr::V4(Ipv4Addr::new(a[0], a[1], a[2], a[3]))),
+                IpFamily::V6 => Some(IpAddr::V6(Ipv6Addr::from(*a))),
             }
         };
         let ports = ev.src_port_be != 0 || ev.dst_port_be != 0;
@@ -230,19 +228,12 @@ impl Resolver {
             );
         EventRow {
             time: wall_time(ev.ts_ns),
-            verdict: if ev.verdict == VERDICT_REJECT {
-                "reject"
-            } else {
-                "drop"
+            verdict: match Verdict::try_from(ev.verdict) {
+                Ok(Verdict::Reject) => "reject",
+                Ok(Verdict::Drop) | Err(_) => "drop",
             },
             reason,
-            hook: match ev.hook {
-                HOOK_FROM_POD => "from_pod",
-                HOOK_TO_POD => "to_pod",
-                HOOK_FROM_NODE => "from_node",
-                HOOK_TO_NODE => "to_node",
-                _ => "?",
-            },
+            hook: Hook::try_from(ev.hook).map_or("?", Hook::label),
             interface: self.ifname(ev.ifindex),
             protocol: Protocol::from_number(ev.proto)
                 .map_or_else(|| format!("proto_{}", ev.proto), |p| p.as_str().to_string()),
@@ -278,7 +269,7 @@ impl Resolver {
 /// belongs to (a reply, or a packet of a flow whose backend left). Looked up in the maps of
 /// the event's family.
 fn service_of(maps: &PinnedMaps, ev: &MonitorEvent) -> String {
-    let svc_id = if ev.family == FAMILY_IPV4 {
+    let svc_id = if ev.family == u8::from(IpFamily::V4) {
         let v4 = |a: &[u8; 16]| [a[0], a[1], a[2], a[3]];
         svc_id_of(
             ev,
@@ -287,7 +278,7 @@ fn service_of(maps: &PinnedMaps, ev: &MonitorEvent) -> String {
             |k| maps.services.get(k, 0).ok().map(|v| v.svc_id),
             |k| maps.flows.get(k, 0).ok().map(|v| v.svc_id),
         )
-    } else if ev.family == FAMILY_IPV6 {
+    } else if ev.family == u8::from(IpFamily::V6) {
         svc_id_of(
             ev,
             (ev.src_addr, ev.dst_addr),
@@ -317,21 +308,21 @@ fn svc_id_of<A: Copy>(
         addr: dst,
         port_be: ev.dst_port_be,
         proto: ev.proto,
-        scope: SCOPE_DEFAULT,
+        scope: Scope::Default.into(),
     };
     let nodeport = ServiceKeyOf {
         addr: any,
         ..frontend
     };
     [frontend, nodeport].iter().find_map(&service).or_else(|| {
-        [FLOW_DIR_FORWARD, FLOW_DIR_REPLY].iter().find_map(|&dir| {
+        [FlowDir::Forward, FlowDir::Reply].iter().find_map(|&dir| {
             flow(&FlowKeyOf {
                 src_addr: src,
                 dst_addr: dst,
                 src_port_be: ev.src_port_be,
                 dst_port_be: ev.dst_port_be,
                 proto: ev.proto,
-                dir,
+                dir: dir.into(),
                 _pad: [0; 2],
             })
         })

@@ -6,8 +6,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use lbproxy_common::{MemberKey, ServiceValue, SlotKey, UnservedKey, UnservedValue};
 
 use super::{Programmed, ProgrammedFrontend};
-use crate::desired::{BackendAddr, BackendValue, Frontend, FrontendKey};
+use crate::desired::{BackendAddr, Frontend};
 use crate::model::Family;
+use crate::program::encode::{BackendValue, FrontendKey};
 
 /// A map write that failed, naming the map and the entry, with the cause kept as a source
 /// (the errno, for a write the kernel refused).
@@ -179,11 +180,8 @@ pub fn assemble(
                 svc_id: v.svc_id,
                 label: label(v.svc_id),
                 slots: list,
-                count: Some(v.count),
+                value: Some(v),
                 draining: Vec::new(),
-                affinity_timeout_s: v.affinity_timeout_s,
-                kind: v.kind,
-                flags: v.flags,
                 src_ranges: ranges_of.remove(&v.svc_id).unwrap_or_default(),
                 members: members_of.remove(&v.svc_id).unwrap_or_default(),
             },

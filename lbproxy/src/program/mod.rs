@@ -1,6 +1,8 @@
 //! Desired state into the maps: a [`Programmer`] diffs what is programmed against what is
-//! desired and writes the difference through the [`Maps`] trait.
+//! desired and writes the difference through the [`Maps`] trait; [`encode`] is how the
+//! desired state's types look in the maps.
 
+pub mod encode;
 mod maps;
 mod programmer;
 
