@@ -1041,6 +1041,17 @@ pub const WEB_CLUSTER_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0
 pub const WEB_EXTERNAL_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x50);
 pub const WEB_LB_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x60);
 
+/// `eps` as the YAML items of an EndpointSlice's `endpoints` list, each ready, with its
+/// node name when given.
+fn ready_endpoints_yaml(eps: &[(Ipv4Addr, Option<&str>)]) -> String {
+    eps.iter()
+        .map(|(ip, node)| {
+            let node = node.map_or(String::new(), |n| format!(", nodeName: {n}"));
+            format!("- {{addresses: [{ip}]{node}, conditions: {{ready: true}}}}\n")
+        })
+        .collect()
+}
+
 /// A second ClusterIP Service `name` on `cluster_ip` with the web ports (TCP 80 -> 8080,
 /// UDP 53 -> 5353) over `eps`: with [`web_manifest`], one pod behind two Services, as a
 /// pod behind its app's Service and its metrics Service.
@@ -1049,13 +1060,7 @@ pub fn cluster_ip_manifest(
     cluster_ip: Ipv4Addr,
     eps: &[(Ipv4Addr, Option<&str>)],
 ) -> String {
-    let eps: String = eps
-        .iter()
-        .map(|(ip, node)| {
-            let node = node.map_or(String::new(), |n| format!(", nodeName: {n}"));
-            format!("- {{addresses: [{ip}]{node}, conditions: {{ready: true}}}}\n")
-        })
-        .collect();
+    let eps = ready_endpoints_yaml(eps);
     format!(
         "---
 apiVersion: v1
@@ -1089,13 +1094,7 @@ endpoints:{}
 /// [`WEB_NODE_PORT_UDP`], target [`WEB_BACKEND_UDP`]), externalTrafficPolicy `policy`,
 /// `extra` added to its spec, over the endpoints `eps` (address, nodeName).
 pub fn web_manifest(eps: &[(Ipv4Addr, Option<&str>)], policy: &str, extra: &str) -> String {
-    let eps: String = eps
-        .iter()
-        .map(|(ip, node)| {
-            let node = node.map_or(String::new(), |n| format!(", nodeName: {n}"));
-            format!("- {{addresses: [{ip}]{node}, conditions: {{ready: true}}}}\n")
-        })
-        .collect();
+    let eps = ready_endpoints_yaml(eps);
     format!(
         "apiVersion: v1
 kind: Service
