@@ -4,7 +4,7 @@
 //! imports them and they import nothing of the stages, so the datapath's module graph has
 //! no circle (`packet` and `csum` are the other leaves).
 
-use lbproxy_common::{Addr, DropReason, FlowValueOf};
+use lbproxy_common::{Addr, DropReason, FlowValueOf, ServiceValue};
 
 use crate::packet::Packet;
 
@@ -150,4 +150,6 @@ pub struct StagedPacket<A> {
     pub pkt: Packet<A>,
     pub to: NatTarget<A>,
     pub reason: DropReason,
+    /// The frontend the packet is addressed to (`lb_from_pod`'s frontend stage).
+    pub svc: ServiceValue,
 }

@@ -4,7 +4,7 @@
 //! and redirected out towards it; a reply of a source-NATed flow is translated back and
 //! sent to its client; an ICMP error about either is translated; anything else passes.
 
-use core::ffi::c_void;
+use core::{ffi::c_void, mem::MaybeUninit};
 
 use aya_ebpf::programs::TcContext;
 use lbproxy_common::{DropReason, HOOK_FROM_NODE, SVC_KIND_CLUSTER_IP};
@@ -32,7 +32,9 @@ pub fn run<A: Datapath>(raw: *mut c_void) -> i32 {
     let Some(staged) = A::staged() else {
         return TC_ACT_UNSPEC;
     };
-    match parse_into(ctx, &mut staged.pkt, HOOK_FROM_NODE) {
+    // SAFETY: `MaybeUninit<T>` has `T`'s layout, and `parse_into` only writes it.
+    let slot = unsafe { &mut *(&raw mut staged.pkt).cast::<MaybeUninit<Packet<A>>>() };
+    match parse_into(ctx, slot, HOOK_FROM_NODE) {
         Parsed::Packet => {}
         Parsed::Pass => return TC_ACT_UNSPEC,
         Parsed::Dropped => return TC_ACT_SHOT,

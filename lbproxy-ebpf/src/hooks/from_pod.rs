@@ -10,6 +10,8 @@
 //! direction of a flow between two local pods passes the node's stack or `lb_to_pod`; when
 //! a packet cannot be redirected, both directions fall back to the split above.
 
+use core::mem::MaybeUninit;
+
 use aya_ebpf::programs::TcContext;
 use lbproxy_common::{DatapathConfig, Delivery, DropReason, HOOK_FROM_POD};
 
@@ -35,11 +37,20 @@ pub fn run<A: Datapath>(ctx: TcContext) -> i32 {
     let Some(staged) = A::staged() else {
         return TC_ACT_UNSPEC;
     };
-    match parse_into(ctx, &mut staged.pkt, HOOK_FROM_POD) {
+    // SAFETY: `MaybeUninit<T>` has `T`'s layout, and `parse_into` only writes it.
+    let slot = unsafe { &mut *(&raw mut staged.pkt).cast::<MaybeUninit<Packet<A>>>() };
+    match parse_into(ctx, slot, HOOK_FROM_POD) {
         Parsed::Packet => {}
         Parsed::Pass => return TC_ACT_UNSPEC,
         Parsed::Dropped => return TC_ACT_SHOT,
     }
+    // The frontend's lookup here, not in `forward`: most packets are to no frontend, and
+    // need no more call than `no_frontend`'s. The frontend crosses the call in the scratch:
+    // on this frame's stack, it would take the IPv6 call chain past the verifier's 512 bytes.
+    let Some(svc) = lb::service::lookup_from_pod(&staged.pkt) else {
+        return no_frontend(ctx, &staged.pkt);
+    };
+    staged.svc = svc;
     match forward(ctx, staged) {
         Forwarded::Translate => translate(ctx, &staged.pkt, &staged.to),
         Forwarded::Reject => reject(ctx, &staged.pkt, staged.reason, HOOK_FROM_POD),
@@ -48,18 +59,21 @@ pub fn run<A: Datapath>(ctx: TcContext) -> i32 {
     }
 }
 
-/// The frontend, source and flow stages for `staged.pkt`: the frontend's lookup, its
-/// source ranges, then `flow::forward` with the source check and hairpin. As a BPF function
-/// of its own: its stack frame is not added to the other stages', and its code is laid out
-/// on its own (inlined, LLVM merged a drop counter's index with a flow pointer in one
-/// register, which the verifier refuses). The answer goes to `staged.to` or
-/// `staged.reason` ([`Forwarded::record`]).
+/// The source and flow stages for `staged.pkt`, to frontend `staged.svc`: its source ranges, then
+/// `flow::forward` with the source check and hairpin. As a BPF function of its own: its
+/// stack frame is not added to the other stages', and its code is laid out on its own
+/// (inlined, LLVM merged a drop counter's index with a flow pointer in one register, which
+/// the verifier refuses). The answer goes to `staged.to` or `staged.reason`
+/// ([`Forwarded::record`]).
 #[inline(never)]
-fn forward<A: Datapath>(ctx: &TcContext, staged: &mut StagedPacket<A>) -> Forwarded {
+fn forward<A: Datapath>(
+    ctx: &TcContext,
+    staged: &mut StagedPacket<A>,
+) -> Forwarded {
+    // A copy in this frame, as when the lookup was here (by reference into the scratch,
+    // LLVM laid out the flow stage's registers in a way the verifier refuses).
+    let svc = staged.svc;
     let pkt = &staged.pkt;
-    let Some(svc) = lb::service::lookup_from_pod(pkt) else {
-        return Forwarded::NoFrontend;
-    };
     let r = if pkt.l4 == L4::Bad {
         // Addressed to a frontend, but there is no header to translate.
         Err(Verdict::Drop(DropReason::Malformed))

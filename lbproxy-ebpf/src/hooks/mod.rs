@@ -16,6 +16,8 @@ pub mod from_pod;
 pub mod to_node;
 pub mod to_pod;
 
+use core::mem::MaybeUninit;
+
 use aya_ebpf::programs::TcContext;
 use aya_log_ebpf::debug;
 use lbproxy_common::DropReason;
@@ -39,10 +41,10 @@ impl<A: Family + icmp::Errors + reject::Answer> Datapath for A {}
 /// Stage 0 of a load-balancing hook (`hook`, a `HOOK_*`): parses the packet into `pkt`. Not
 /// TCP or UDP, or not understood: passed; malformed: dropped and counted.
 #[inline(never)]
-fn parse_into<A: Datapath>(ctx: &TcContext, pkt: &mut Packet<A>, hook: u8) -> Parsed {
+fn parse_into<A: Datapath>(ctx: &TcContext, pkt: &mut MaybeUninit<Packet<A>>, hook: u8) -> Parsed {
     match A::parse(ctx) {
         Ok(Some(p)) => {
-            *pkt = p;
+            pkt.write(p);
             Parsed::Packet
         }
         Ok(None) => Parsed::Pass,
