@@ -226,12 +226,17 @@ pub fn config() -> DatapathConfig {
     LB_CONFIG_V1.get(0).copied().unwrap_or_default()
 }
 
-/// This CPU's [`crate::stage::StagedPacket`] of an IPv4 packet: a hook's stages hand it on
-/// (`family::Family::staged`). The datapath's own scratch: not pinned, not in
-/// `lbproxy_common::MAPS`, created afresh with each load.
-#[aya_ebpf::macros::btf_map]
-pub static LB_PACKET4: PerCpuArray<crate::stage::StagedPacket<[u8; 4]>, 1, 0> = PerCpuArray::new();
+/// An IPv6 packet `lb_from_pod` is translating: parsed, and the translation its flow
+/// chose (or the reason it has none). The stages of `from_pod6` are BPF functions of their
+/// own, run one after the other (the verifier allows 512 bytes of stack along a call chain,
+/// and the IPv6 stages together need more); what they hand on crosses the calls here, in
+/// this CPU's entry, not on the stack. The datapath's own scratch, of its own type: not
+/// pinned, not in `lbproxy_common::MAPS`, created afresh with each load.
+pub struct FromPod6 {
+    pub pkt: crate::parse::Packet<[u8; 16]>,
+    pub to: crate::flow::NatTarget<[u8; 16]>,
+    pub reason: lbproxy_common::DropReason,
+}
 
-/// [`LB_PACKET4`] for IPv6.
 #[aya_ebpf::macros::btf_map]
-pub static LB_PACKET6: PerCpuArray<crate::stage::StagedPacket<[u8; 16]>, 1, 0> = PerCpuArray::new();
+pub static LB_PACKET6: PerCpuArray<FromPod6, 1, 0> = PerCpuArray::new();
