@@ -1041,37 +1041,19 @@ pub const WEB_CLUSTER_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0
 pub const WEB_EXTERNAL_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x50);
 pub const WEB_LB_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, 0x60);
 
-/// `eps` as the YAML items of an EndpointSlice's `endpoints` list, each ready, with its
-/// node name when given.
-fn ready_endpoints_yaml(eps: &[(Ipv4Addr, Option<&str>)]) -> String {
-    eps.iter()
+/// The IPv4 EndpointSlice `<name>-1` of Service `name`, with the web ports (8080/TCP
+/// "http", 5353/UDP "dns") and `eps` (address, nodeName) each ready: the YAML document, with
+/// its leading `---`.
+fn slice_yaml(name: &str, eps: &[(Ipv4Addr, Option<&str>)]) -> String {
+    let items: String = eps
+        .iter()
         .map(|(ip, node)| {
             let node = node.map_or(String::new(), |n| format!(", nodeName: {n}"));
             format!("- {{addresses: [{ip}]{node}, conditions: {{ready: true}}}}\n")
         })
-        .collect()
-}
-
-/// A second ClusterIP Service `name` on `cluster_ip` with the web ports (TCP 80 -> 8080,
-/// UDP 53 -> 5353) over `eps`: with [`web_manifest`], one pod behind two Services, as a
-/// pod behind its app's Service and its metrics Service.
-pub fn cluster_ip_manifest(
-    name: &str,
-    cluster_ip: Ipv4Addr,
-    eps: &[(Ipv4Addr, Option<&str>)],
-) -> String {
-    let eps = ready_endpoints_yaml(eps);
+        .collect();
     format!(
         "---
-apiVersion: v1
-kind: Service
-metadata: {{name: {name}, namespace: default}}
-spec:
-  clusterIP: {cluster_ip}
-  ports:
-  - {{name: http, port: 80, protocol: TCP, targetPort: {WEB_BACKEND_TCP}}}
-  - {{name: dns, port: 53, protocol: UDP, targetPort: {WEB_BACKEND_UDP}}}
----
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata:
@@ -1083,8 +1065,31 @@ ports:
 - {{name: http, port: {WEB_BACKEND_TCP}, protocol: TCP}}
 - {{name: dns, port: {WEB_BACKEND_UDP}, protocol: UDP}}
 endpoints:{}
-{eps}",
+{items}",
         if eps.is_empty() { " []" } else { "" }
+    )
+}
+
+/// A second ClusterIP Service `name` on `cluster_ip` with the web ports (TCP 80 -> 8080,
+/// UDP 53 -> 5353) over `eps`: with [`web_manifest`], one pod behind two Services, as a
+/// pod behind its app's Service and its metrics Service.
+pub fn cluster_ip_manifest(
+    name: &str,
+    cluster_ip: Ipv4Addr,
+    eps: &[(Ipv4Addr, Option<&str>)],
+) -> String {
+    format!(
+        "---
+apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: default}}
+spec:
+  clusterIP: {cluster_ip}
+  ports:
+  - {{name: http, port: 80, protocol: TCP, targetPort: {WEB_BACKEND_TCP}}}
+  - {{name: dns, port: 53, protocol: UDP, targetPort: {WEB_BACKEND_UDP}}}
+{}",
+        slice_yaml(name, eps)
     )
 }
 
@@ -1094,7 +1099,6 @@ endpoints:{}
 /// [`WEB_NODE_PORT_UDP`], target [`WEB_BACKEND_UDP`]), externalTrafficPolicy `policy`,
 /// `extra` added to its spec, over the endpoints `eps` (address, nodeName).
 pub fn web_manifest(eps: &[(Ipv4Addr, Option<&str>)], policy: &str, extra: &str) -> String {
-    let eps = ready_endpoints_yaml(eps);
     format!(
         "apiVersion: v1
 kind: Service
@@ -1111,20 +1115,8 @@ spec:
 status:
   loadBalancer:
     ingress: [{{ip: {WEB_LB_IP}}}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: web-1
-  namespace: default
-  labels: {{kubernetes.io/service-name: web}}
-addressType: IPv4
-ports:
-- {{name: http, port: {WEB_BACKEND_TCP}, protocol: TCP}}
-- {{name: dns, port: {WEB_BACKEND_UDP}, protocol: UDP}}
-endpoints:{}
-{eps}",
-        if eps.is_empty() { " []" } else { "" }
+{}",
+        slice_yaml("web", eps)
     )
 }
 
