@@ -4,10 +4,14 @@
 use crate::spec::{MapKind, MapSpec};
 
 counter_enum! {
-    /// Why the datapath dropped (or, for the ones marked "not a drop", handled) a packet.
-    /// The values index `LB_DROPS_V2` and are the `reason` label of
-    /// `lbproxy_datapath_drops_total`. They never collide with TC action codes because they
-    /// only ever index the counter map.
+    /// Why the datapath dropped (or answered instead of forwarding) a packet. The values
+    /// index `LB_DROPS_V2` and are the `reason` label of `lbproxy_datapath_drops_total`.
+    /// They never collide with TC action codes because they only ever index the counter map.
+    ///
+    /// Deprecated: the six reasons that are not drops (10, 11, 12, 14, 15, 16) are
+    /// [`crate::DatapathEvent`]s now, counted in `LB_DPEVENTS_V1` too
+    /// ([`DropReason::event`]). They stay for one release, so
+    /// `lbproxy_datapath_drops_total{reason}` keeps its series; their values are never reused.
     pub enum DropReason, slots 32 {
         /// The packet was too short for the headers its protocol fields promise.
         Malformed = 0 => "malformed",
@@ -29,28 +33,19 @@ counter_enum! {
         BackendGoneReset = 8 => "backend_gone_tcp_reset",
         /// A reject could not be written (IP options, helper failure): dropped instead.
         RejectFailed = 9 => "reject_failed",
-        /// Not a drop: a TCP segment other than a SYN reached a service with no flow entry,
-        /// which is what a live flow evicted from a full flow table looks like. It is sent to
-        /// a newly selected backend.
+        /// Deprecated, not a drop: [`crate::DatapathEvent::MidstreamWithoutFlow`].
         MidstreamWithoutFlow = 10 => "tcp_midstream_without_flow",
-        /// Not a drop: one half of a flow was missing (evicted alone by the LRU) and was
-        /// recreated from the other, or a flow whose reply tuple was taken started over.
+        /// Deprecated, not a drop: [`crate::DatapathEvent::FlowHalfRecreated`].
         FlowHalfRecreated = 11 => "flow_half_recreated",
-        /// Not a drop: a new flow's tuple towards its backend was held by a live flow through
-        /// another VIP (same client port), so it got another source port.
+        /// Deprecated, not a drop: [`crate::DatapathEvent::TupleClashPortRewritten`].
         TupleClashPortRewritten = 12 => "tuple_clash_port_rewritten",
         /// A clashing tuple found no free source port in its attempts: dropped.
         TupleClashNoPort = 13 => "tuple_clash_no_port",
-        /// Not a drop: the reply half of a finished VIP flow was removed, because a direct
-        /// connection (or a new flow) now uses its tuple.
+        /// Deprecated, not a drop: [`crate::DatapathEvent::StaleReplyRemoved`].
         StaleReplyRemoved = 14 => "stale_reply_removed",
-        /// Not a drop: an IPv4 fragment after the first (no L4 header) whose first fragment
-        /// was not seen (lost, reordered, or sent before lbproxy ran), so its ports are
-        /// unknown. It passes untouched.
+        /// Deprecated, not a drop: [`crate::DatapathEvent::FragmentWithoutFirst`].
         FragmentWithoutFirst = 15 => "fragment_without_first",
-        /// Not a drop: a TCP or UDP header cut short (or a TCP data offset below 5) in a
-        /// packet not addressed to a frontend. It passes untouched; the receiving stack drops
-        /// it. The same packet addressed to a frontend is dropped as `Malformed`.
+        /// Deprecated, not a drop: [`crate::DatapathEvent::L4HeaderBadPassed`].
         L4HeaderBadPassed = 16 => "l4_header_bad_passed",
         /// A packet to a service with no usable endpoint (or of a flow whose backend left)
         /// that must not be answered: a TCP RST (RFC 793 never answers one) or a fragment

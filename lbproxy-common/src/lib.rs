@@ -1,7 +1,7 @@
 //! Types shared by the eBPF datapath and the userspace controller.
 //!
 //! One module per pinned map ([`services`], [`slots`], [`backends`], [`members`], [`flows`],
-//! [`drops`], [`labels`], [`affinity`], [`config`], [`pod_ifs`], [`delivery`], [`frags`],
+//! [`drops`], [`dp_events`], [`labels`], [`affinity`], [`config`], [`pod_ifs`], [`delivery`], [`frags`],
 //! [`src_check`], [`pod_addrs`], and the north-south maps), each with its key and value types and one `SPEC` ([`MapSpec`]: name,
 //! kind, sizes, capacity). [`MAPS`] lists every spec: the datapath declares its maps from
 //! them and userspace pins and checks them from the same table. The types are re-exported
@@ -193,6 +193,7 @@ pub mod affinity;
 pub mod backends;
 pub mod config;
 pub mod delivery;
+pub mod dp_events;
 pub mod drops;
 pub mod family;
 pub mod flows;
@@ -218,6 +219,7 @@ pub use affinity::{AffinityKey, AffinityKey6, AffinityKeyOf, AffinityValue, MAX_
 pub use backends::{Backend, Backend6, BackendOf, MAX_BACKENDS};
 pub use config::{CONFIG_F_STACK_BYPASS, DatapathConfig};
 pub use delivery::Delivery;
+pub use dp_events::DatapathEvent;
 pub use drops::DropReason;
 pub use family::Addr;
 pub use flows::{
@@ -342,6 +344,7 @@ pub const MAPS: &[MapSpec] = &[
     node_addrs::SPEC6,
     sock::REV6_SPEC,
     src_ranges::SPEC6,
+    dp_events::SPEC,
 ];
 
 /// Earlier layouts a controller reads once at start, copies into their successor, then
@@ -380,6 +383,8 @@ pub mod map_names {
     /// The flow layout before source NAT; migrated into V3 at start.
     pub const FLOWS_V2: &str = crate::flows::SPEC_V2.name;
     pub const DROPS: &str = crate::drops::SPEC.name;
+    /// Per-CPU counters of the datapath's events that are not drops (`DatapathEvent`).
+    pub const DP_EVENTS: &str = crate::dp_events::SPEC.name;
     /// Earlier layouts a controller removes at start ([`crate::RETIRED`]).
     pub const RETIRED: [&str; crate::RETIRED.len()] = {
         let mut out = [""; crate::RETIRED.len()];

@@ -57,7 +57,7 @@ fn sizes<K, V>() -> (u32, u32) {
 
 #[test]
 fn spec_sizes_are_their_types() {
-    let cases: [(MapSpec, (u32, u32)); 39] = [
+    let cases: [(MapSpec, (u32, u32)); 40] = [
         (services::SPEC, sizes::<ServiceKey, ServiceValue>()),
         (services::SPEC_V1, sizes::<ServiceKey, ServiceValueV1>()),
         (slots::SPEC, sizes::<SlotKey, u32>()),
@@ -97,6 +97,7 @@ fn spec_sizes_are_their_types() {
         (node_addrs::SPEC6, sizes::<[u8; 16], NodeAddr>()),
         (sock::REV6_SPEC, sizes::<SockRevKey6, SockRevValue6>()),
         (src_ranges::SPEC6, sizes::<SrcRangeKey6, SrcRangeValue>()),
+        (dp_events::SPEC, sizes::<u32, u64>()),
     ];
     for (spec, (k, v)) in cases {
         assert_eq!((spec.key_size, spec.value_size), (k, v), "{}", spec.name);
@@ -116,7 +117,7 @@ fn spec_sizes_are_their_types() {
 #[test]
 fn layouts_are_unchanged() {
     use MapKind::*;
-    let expected: [(&str, &str, MapKind, u32, u32, u32); 36] = [
+    let expected: [(&str, &str, MapKind, u32, u32, u32); 37] = [
         ("LB_BACKENDS_V1", "backends", Hash, 4, 8, 262_144),
         ("LB_SLOTS_V1", "slots", Hash, 8, 4, 262_144),
         ("LB_SERVICES_V2", "services", Hash, 8, 16, 65_536),
@@ -153,6 +154,7 @@ fn layouts_are_unchanged() {
         ("LB_NODEADDR6_V1", "node_addrs6", Hash, 16, 4, 1_024),
         ("LB_SOCKREV6_V1", "sock_rev6", LruHash, 32, 28, 262_144),
         ("LB_SRCRANGE6_V1", "src_ranges6", LpmTrie, 24, 4, 65_536),
+        ("LB_DPEVENTS_V1", "datapath_events", PerCpuArray, 4, 8, 16),
     ];
     let got: Vec<_> = MAPS
         .iter()
@@ -204,6 +206,44 @@ fn map_names_come_from_the_table() {
 fn counter_maps_have_room_for_every_value() {
     assert_eq!(drops::SPEC.max_entries, DropReason::SLOTS);
     assert_eq!(delivery::SPEC.max_entries, Delivery::SLOTS);
+    assert_eq!(dp_events::SPEC.max_entries, DatapathEvent::SLOTS);
+    assert_eq!(map_names::DP_EVENTS, "LB_DPEVENTS_V1");
+}
+
+/// The six reasons that were never drops map one to one onto the datapath events, under the
+/// same label; every other reason is a drop. Their values in `LB_DROPS_V2` stay as they were
+/// (the old series is kept for one release, and a value is never reused).
+#[test]
+fn deprecated_reasons_are_the_events() {
+    let deprecated: Vec<(u32, DatapathEvent)> = DropReason::ALL
+        .iter()
+        .filter_map(|r| Some((*r as u32, r.event()?)))
+        .collect();
+    assert_eq!(
+        deprecated,
+        [
+            (10, DatapathEvent::MidstreamWithoutFlow),
+            (11, DatapathEvent::FlowHalfRecreated),
+            (12, DatapathEvent::TupleClashPortRewritten),
+            (14, DatapathEvent::StaleReplyRemoved),
+            (15, DatapathEvent::FragmentWithoutFirst),
+            (16, DatapathEvent::L4HeaderBadPassed),
+        ]
+    );
+    for e in DatapathEvent::ALL {
+        let from: Vec<DropReason> = DropReason::ALL
+            .into_iter()
+            .filter(|r| r.event() == Some(e))
+            .collect();
+        assert_eq!(from.len(), 1, "{e:?} is the event of {from:?}");
+        assert_eq!(from[0].label(), e.label(), "{e:?} changed its label");
+        assert!(!from[0].is_drop());
+    }
+    let drops = DropReason::ALL.iter().filter(|r| r.is_drop()).count();
+    assert_eq!(drops + DatapathEvent::ALL.len(), DropReason::ALL.len());
+    // The event indices are their own, from 0.
+    let values: Vec<u32> = DatapathEvent::ALL.iter().map(|e| *e as u32).collect();
+    assert_eq!(values, [0, 1, 2, 3, 4, 5]);
 }
 
 /// An entry written before scopes, kinds and flags were named (zeroed padding) means what it

@@ -21,8 +21,8 @@ use lbproxy_common::{CONFIG_F_STACK_BYPASS, DatapathConfig, Delivery, POD_IF_BRI
 use crate::{
     family::Family,
     maps::{LB_DELIVERY_V1, LB_PODIFS_V1},
-    parse::{Packet, ptr_at},
-    reason::Verdict,
+    packet::{Packet, ptr_at},
+    stage::Verdict,
 };
 
 pub use aya_ebpf::bindings::bpf_fib_lookup as FibParams;

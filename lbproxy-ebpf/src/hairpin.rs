@@ -16,11 +16,10 @@ use lbproxy_common::{Delivery, DropReason};
 use crate::{
     deliver::{self, Peer},
     family::Family,
-    flow::{self, NatTarget, Source},
-    nat,
-    parse::Packet,
-    reason::{TC_ACT_UNSPEC, Verdict},
+    flow, nat,
+    packet::Packet,
     source,
+    stage::{NatTarget, Source, TC_ACT_UNSPEC, Verdict},
 };
 
 /// How a new flow from a pod to the backend at `backend` leaves: source-NATed to

@@ -41,12 +41,14 @@ use lbproxy_common::{IPPROTO_TCP, IPPROTO_UDP};
 use network_types::{eth::EtherType, ip::Ipv4Hdr};
 
 use crate::{
-    flow::{self, NatTarget},
-    nat::csum,
-    parse::{ETH_LEN, IP_CSUM_OFF, IP_DST_OFF, IP_SRC_OFF, TCP_CSUM_OFF, UDP_CSUM_OFF, ptr_at},
+    csum, flow,
+    packet::{
+        ETH_LEN, IP_CSUM_OFF, IP_DST_OFF, IP_MAX_LEN, IP_SRC_OFF, IP6_DST_OFF, IPPROTO_ICMP,
+        IPPROTO_ICMPV6, L2_L3_LEN6, TCP_CSUM_OFF, UDP_CSUM_OFF, ptr_at,
+    },
+    stage::NatTarget,
 };
 
-pub const IPPROTO_ICMP: u8 = 1;
 const ICMP_DEST_UNREACH: u8 = 3;
 const ICMP_TIME_EXCEEDED: u8 = 11;
 const ICMP_LEN: usize = 8;
@@ -101,7 +103,7 @@ fn translate(ctx: &TcContext, side: Side) -> Option<([u8; 4], [u8; 4])> {
         return None;
     }
     let icmp_off = ETH_LEN + usize::from(outer[0] & 0x0f) * 4;
-    if !(ETH_LEN + Ipv4Hdr::LEN..=ETH_LEN + 60).contains(&icmp_off) {
+    if !(ETH_LEN + Ipv4Hdr::LEN..=ETH_LEN + IP_MAX_LEN).contains(&icmp_off) {
         return None;
     }
     let icmp: [u8; ICMP_LEN] = ctx.load(icmp_off).ok()?;
@@ -206,9 +208,24 @@ fn translate(ctx: &TcContext, side: Side) -> Option<([u8; 4], [u8; 4])> {
     let mut icmp = icmp;
     icmp[ICMP_CSUM..ICMP_CSUM + 2].copy_from_slice(&icmp_csum.to_ne_bytes());
     ctx.store(icmp_off, &icmp, 0).ok()?;
-    // The outer header: the VIP as the source of a backend's own error, the backend as the
-    // destination of a client's error to the VIP; and, for a source-NATed flow, the client
-    // as the destination of an error addressed to the node's SNAT address.
+    readdress(ctx, &outer, side, (old_addr, old_peer), &to)
+}
+
+/// The outer header of an error [`translate`] rewrote the quote of (`outer`, as it came):
+/// the VIP as the source of a backend's own error, the backend as the destination of a
+/// client's error to the VIP; and, for a source-NATed flow, the client as the destination of
+/// an error addressed to the node's SNAT address. `old` is the quote's translated end and
+/// the client's end before translation. Returns the outer (source, destination) as it now
+/// is.
+#[inline(always)]
+fn readdress(
+    ctx: &TcContext,
+    outer: &[u8; Ipv4Hdr::LEN],
+    side: Side,
+    old: ([u8; 4], [u8; 4]),
+    to: &NatTarget,
+) -> Option<([u8; 4], [u8; 4])> {
+    let (old_addr, old_peer) = old;
     let mut out_src = [outer[12], outer[13], outer[14], outer[15]];
     let mut out_dst = [outer[16], outer[17], outer[18], outer[19]];
     let (translated, peer) = match side {
@@ -229,12 +246,12 @@ fn translate(ctx: &TcContext, side: Side) -> Option<([u8; 4], [u8; 4])> {
     }
     if changed {
         let c = csum::update(
-            word(&outer, 10),
+            word(outer, 10),
             &[
-                word(&outer, 12),
-                word(&outer, 14),
-                word(&outer, 16),
-                word(&outer, 18),
+                word(outer, 12),
+                word(outer, 14),
+                word(outer, 16),
+                word(outer, 18),
             ],
             &[
                 word(&out_src, 0),
@@ -250,7 +267,6 @@ fn translate(ctx: &TcContext, side: Side) -> Option<([u8; 4], [u8; 4])> {
     Some((out_src, out_dst))
 }
 
-pub const IPPROTO_ICMPV6: u8 = 58;
 /// ICMPv6 errors (RFC 4443): destination unreachable, packet too big, time exceeded,
 /// parameter problem.
 const ICMPV6_ERROR_MAX: u8 = 4;
@@ -330,7 +346,7 @@ fn quote6(ctx: &TcContext, at: usize) -> Option<&[u8; QUOTE6_LEN]> {
 /// node's SNAT address, and becomes the client too.
 #[inline(always)]
 fn translate6(ctx: &TcContext, side: Side, snat: bool) -> Option<()> {
-    let icmp_off = ETH_LEN + 40;
+    let icmp_off = L2_L3_LEN6;
     let inner_off = icmp_off + ICMP_LEN;
     let end = inner_off + QUOTE6_LEN;
     if ctx.data() + end > ctx.data_end() {
@@ -392,12 +408,65 @@ fn translate6(ctx: &TcContext, side: Side, snat: bool) -> Option<()> {
         ctx.store(ETH_LEN + outer_at, &e.nat_addr, 0).ok()?;
     }
     if snat {
-        let dst = ptr_at::<[u8; 16]>(ctx, ETH_LEN + 24)?;
+        let dst = ptr_at::<[u8; 16]>(ctx, IP6_DST_OFF)?;
         // SAFETY: bounds checked by `ptr_at`; read before the store below.
         let old = sum16(unsafe { &*dst });
         icmp_csum = replace_sum(icmp_csum, old, sum16(&e.peer_addr));
-        ctx.store(ETH_LEN + 24, &e.peer_addr, 0).ok()?;
+        ctx.store(IP6_DST_OFF, &e.peer_addr, 0).ok()?;
     }
     ctx.store(icmp_off + ICMP_CSUM, &icmp_csum, 0).ok()?;
     Some(())
+}
+
+/// ICMP versus ICMPv6: the error formats this module translates, per family, for the hooks'
+/// pipelines (`hooks`), which are written once for both.
+pub trait Errors: Sized {
+    /// The upper-layer protocol number of the family's ICMP.
+    const PROTO: u8;
+    /// An error travelling to a client, about its translated packet: translated in place
+    /// ([`to_client`], [`to_client6`]).
+    fn to_client(ctx: &TcContext);
+    /// An error from a client, about a reply it got: translated in place ([`from_client`],
+    /// [`from_client6`]).
+    fn from_client(ctx: &TcContext);
+    /// An error addressed to one of this node's SNAT addresses, about a source-NATed
+    /// packet: translated and readdressed to the client ([`to_snat_client`],
+    /// [`to_snat_client6`]); whether it was. The caller reads the new outer addresses from
+    /// the packet (`Headers::addrs`).
+    fn to_snat_client(ctx: &TcContext) -> bool;
+}
+
+/// BPF functions of their own, as their IPv6 twins: the quote they read takes room in
+/// their frame only, not in the hook's.
+impl Errors for [u8; 4] {
+    const PROTO: u8 = IPPROTO_ICMP;
+    #[inline(never)]
+    fn to_client(ctx: &TcContext) {
+        to_client(ctx);
+    }
+    #[inline(never)]
+    fn from_client(ctx: &TcContext) {
+        from_client(ctx);
+    }
+    #[inline(never)]
+    fn to_snat_client(ctx: &TcContext) -> bool {
+        to_snat_client(ctx).is_some()
+    }
+}
+
+/// The IPv6 functions take the context by value (see [`to_client6`]).
+impl Errors for [u8; 16] {
+    const PROTO: u8 = IPPROTO_ICMPV6;
+    #[inline(always)]
+    fn to_client(ctx: &TcContext) {
+        to_client6(TcContext::new(ctx.skb.skb));
+    }
+    #[inline(always)]
+    fn from_client(ctx: &TcContext) {
+        from_client6(TcContext::new(ctx.skb.skb));
+    }
+    #[inline(always)]
+    fn to_snat_client(ctx: &TcContext) -> bool {
+        to_snat_client6(TcContext::new(ctx.skb.skb))
+    }
 }

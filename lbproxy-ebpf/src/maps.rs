@@ -215,6 +215,9 @@ map! {
     LB_NODEADDR6_V1: HashMap<[u8; 16], NodeAddr> = node_addrs::SPEC6;
     /// `LB_SOCKREV_V1` for IPv6 sockets talking IPv6. Owned by `sock`.
     LB_SOCKREV6_V1: LruHashMap<SockRevKey6, SockRevValue6> = sock::REV6_SPEC;
+    /// Per-CPU counters of events that are not drops, by `DatapathEvent`. Written by
+    /// `reason`.
+    LB_DPEVENTS_V1: PerCpuArray<u64> = lbproxy_common::dp_events::SPEC;
 }
 
 /// The controller's settings (`LB_CONFIG_V1`, entry 0): the stack bypass flag (for
@@ -226,17 +229,9 @@ pub fn config() -> DatapathConfig {
     LB_CONFIG_V1.get(0).copied().unwrap_or_default()
 }
 
-/// An IPv6 packet `lb_from_pod` is translating: parsed, and the translation its flow
-/// chose (or the reason it has none). The stages of `from_pod6` are BPF functions of their
-/// own, run one after the other (the verifier allows 512 bytes of stack along a call chain,
-/// and the IPv6 stages together need more); what they hand on crosses the calls here, in
-/// this CPU's entry, not on the stack. The datapath's own scratch, of its own type: not
-/// pinned, not in `lbproxy_common::MAPS`, created afresh with each load.
-pub struct FromPod6 {
-    pub pkt: crate::parse::Packet<[u8; 16]>,
-    pub to: crate::flow::NatTarget<[u8; 16]>,
-    pub reason: lbproxy_common::DropReason,
-}
-
+/// This CPU's [`crate::stage::StagedPacket`] of an IPv6 packet: a hook's stages, BPF
+/// functions of their own, hand it on (`family::Family::staged`; IPv4's stages are inlined
+/// and keep it on the stack). The datapath's own scratch: not pinned, not in
+/// `lbproxy_common::MAPS`, created afresh with each load.
 #[aya_ebpf::macros::btf_map]
-pub static LB_PACKET6: PerCpuArray<FromPod6, 1, 0> = PerCpuArray::new();
+pub static LB_PACKET6: PerCpuArray<crate::stage::StagedPacket<[u8; 16]>, 1, 0> = PerCpuArray::new();

@@ -21,7 +21,9 @@ use lbproxy_common::{
 
 use crate::{
     maps::{LB_EVENTS_V1, LB_MONCTL_V1, LB_MONRATE_V1},
-    parse::ETH_LEN,
+    packet::{
+        ETH_LEN, IP_DST_OFF, IP_PROTO_OFF, IP_SRC_OFF, IP6_DST_OFF, IP6_NEXT_OFF, IP6_SRC_OFF,
+    },
 };
 
 const ETH_P_IP: u16 = 0x0800;
@@ -123,9 +125,9 @@ unsafe fn read_headers(skb: *mut c_void, ev: *mut MonitorEvent) {
             ETH_P_IP => {
                 let mut first = [0u8; 8];
                 if !load(skb, ETH_LEN, first.as_mut_ptr(), 8)
-                    || !load(skb, ETH_LEN + 9, &raw mut (*ev).proto, 1)
-                    || !load(skb, ETH_LEN + 12, (*ev).src_addr.as_mut_ptr(), 4)
-                    || !load(skb, ETH_LEN + 16, (*ev).dst_addr.as_mut_ptr(), 4)
+                    || !load(skb, IP_PROTO_OFF, &raw mut (*ev).proto, 1)
+                    || !load(skb, IP_SRC_OFF, (*ev).src_addr.as_mut_ptr(), 4)
+                    || !load(skb, IP_DST_OFF, (*ev).dst_addr.as_mut_ptr(), 4)
                 {
                     return;
                 }
@@ -137,9 +139,9 @@ unsafe fn read_headers(skb: *mut c_void, ev: *mut MonitorEvent) {
                 ETH_LEN + usize::from(first[0] & 0x0f) * 4
             }
             ETH_P_IPV6 => {
-                if !load(skb, ETH_LEN + 6, &raw mut (*ev).proto, 1)
-                    || !load(skb, ETH_LEN + 8, (*ev).src_addr.as_mut_ptr(), 16)
-                    || !load(skb, ETH_LEN + 24, (*ev).dst_addr.as_mut_ptr(), 16)
+                if !load(skb, IP6_NEXT_OFF, &raw mut (*ev).proto, 1)
+                    || !load(skb, IP6_SRC_OFF, (*ev).src_addr.as_mut_ptr(), 16)
+                    || !load(skb, IP6_DST_OFF, (*ev).dst_addr.as_mut_ptr(), 16)
                 {
                     return;
                 }

@@ -22,9 +22,9 @@ use lbproxy_common::DropReason;
 use crate::{
     deliver,
     family::Family,
-    flow::{NatTarget, Source},
     maps::LB_PODIFS_V1,
-    parse::{IP_CSUM_OFF, Packet, ptr_at},
+    packet::{IP_CSUM_OFF, Packet, ptr_at},
+    stage::{NatTarget, Source},
 };
 
 const NO_ROUTE: DropReason = DropReason::NorthSouthNoRoute;

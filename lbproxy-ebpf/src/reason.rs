@@ -1,37 +1,37 @@
-//! Verdicts and the per-reason drop counters.
+//! The per-reason drop counters, and the counters of the datapath's events that are not
+//! drops.
 
-use aya_ebpf::programs::TcContext;
+use aya_ebpf::{btf_maps::PerCpuArray, programs::TcContext};
 use lbproxy_common::{DropReason, VERDICT_DROP};
 
-use crate::{maps::LB_DROPS_V2, monitor};
+use crate::{
+    maps::{LB_DPEVENTS_V1, LB_DROPS_V2},
+    monitor,
+    stage::TC_ACT_SHOT,
+};
 
-/// tcx: hand the packet to the next program (or the stack, when this is the last one).
-pub const TC_ACT_UNSPEC: i32 = -1;
-/// Drop the packet.
-pub const TC_ACT_SHOT: i32 = 2;
-
-/// What a stage decided instead of letting the packet continue.
-#[derive(Clone, Copy)]
-pub enum Verdict {
-    /// Drop and count under this reason.
-    Drop(DropReason),
-    /// Answer the client at once (TCP RST or ICMP unreachable), counted under this reason.
-    Reject(DropReason),
-}
-
-impl Verdict {
-    #[inline(always)]
-    pub fn reason(self) -> DropReason {
-        match self {
-            Verdict::Drop(r) | Verdict::Reject(r) => r,
-        }
+/// Counts one packet under `reason`. A deprecated reason that is not a drop is counted as
+/// its `DatapathEvent` too, for the one release both series are kept ([`count_event`]).
+/// Every such call site passes a constant, so the choice folds away.
+#[inline(always)]
+pub fn count(reason: DropReason) {
+    match reason.event() {
+        None => bump(&LB_DROPS_V2, reason as u32),
+        Some(event) => count_event(reason as u32, event as u32),
     }
 }
 
-/// Counts one packet under `reason`.
+/// A deprecated drop reason and its event, counted in both maps: one call, out of line, so
+/// that its sites (rare paths, inlined into every program and family) carry no lookups.
+#[inline(never)]
+fn count_event(reason: u32, event: u32) {
+    bump(&LB_DROPS_V2, reason);
+    bump(&LB_DPEVENTS_V1, event);
+}
+
 #[inline(always)]
-pub fn count(reason: DropReason) {
-    if let Some(counter) = LB_DROPS_V2.get_ptr_mut(reason as u32) {
+fn bump<const M: usize, const F: usize>(map: &PerCpuArray<u64, M, F>, index: u32) {
+    if let Some(counter) = map.get_ptr_mut(index) {
         // Per-CPU slot: no other writer.
         unsafe { *counter += 1 };
     }

@@ -27,13 +27,14 @@ use lbproxy_common::{DropReason, IPPROTO_TCP, VERDICT_REJECT};
 use network_types::ip::Ipv4Hdr;
 
 use crate::{
+    csum::{fold, sum_words},
     monitor,
-    nat::csum::{fold, sum_words},
-    parse::{
+    packet::{
         ETH_LEN, IP_LEN, IP6_DST_OFF, IP6_LEN, IP6_SRC_OFF, Packet, TCP_FLAG_ACK, TCP_FLAG_FIN,
         TCP_FLAG_RST, TCP_FLAG_SYN, TCP_LEN, ptr_at,
     },
-    reason::{Verdict, count},
+    reason::count,
+    stage::Verdict,
 };
 
 const IPPROTO_ICMP: u8 = 1;
@@ -359,4 +360,40 @@ fn udp_unreachable6(ctx: &TcContext, pkt: &Packet<[u8; 16]>) -> Result<i32, Verd
     answer_ip6(ctx, pkt, len as u16, IPPROTO_ICMPV6)?;
     ctx.store(ETH_LEN + IP6_LEN, &icmp, 0).map_err(|_| fail())?;
     send_back(ctx, (ETH_LEN + IP6_LEN) as u32 + len)
+}
+
+/// A TCP RST versus an ICMP or ICMPv6 port unreachable: the answers of each family, for the
+/// hooks' pipelines (`hooks`), which are written once for both.
+pub trait Answer: Sized {
+    /// Answers `pkt`, rejected for `reason` ([`answer`], [`answer6`]).
+    fn answer(
+        ctx: &TcContext,
+        pkt: &Packet<Self>,
+        reason: DropReason,
+        hook: u8,
+    ) -> Result<i32, Verdict>;
+}
+
+impl Answer for [u8; 4] {
+    #[inline(always)]
+    fn answer(
+        ctx: &TcContext,
+        pkt: &Packet<Self>,
+        reason: DropReason,
+        hook: u8,
+    ) -> Result<i32, Verdict> {
+        answer(ctx, pkt, reason, hook)
+    }
+}
+
+impl Answer for [u8; 16] {
+    #[inline(always)]
+    fn answer(
+        ctx: &TcContext,
+        pkt: &Packet<Self>,
+        reason: DropReason,
+        hook: u8,
+    ) -> Result<i32, Verdict> {
+        answer6(ctx, pkt, reason, hook)
+    }
 }

@@ -49,7 +49,7 @@ use aya_ebpf::{
 };
 use lbproxy_common::DropReason;
 
-use crate::{family::Family, maps::LB_SRCCHECK_V1, parse::Packet};
+use crate::{family::Family, maps::LB_SRCCHECK_V1, packet::Packet};
 
 const _: () = assert!(size_of::<FibParams>() == 64);
 

@@ -8,6 +8,8 @@ mod bench_datapath;
 mod bench_northsouth;
 mod bench_programs;
 mod demo;
+#[cfg(test)]
+mod ebpf_modules;
 mod setup;
 mod test;
 mod util;

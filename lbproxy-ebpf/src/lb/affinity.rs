@@ -8,7 +8,7 @@
 use lbproxy_common::{AffinityKeyOf, AffinityValue, BackendOf, ServiceValue};
 
 use super::select;
-use crate::{family::Family, parse::Packet, reason::Verdict};
+use crate::{family::Family, packet::Packet, stage::Verdict};
 
 /// Selects a backend for a new flow of a service with affinity (`seed`: see
 /// [`select::select`]).

@@ -9,8 +9,8 @@ use lbproxy_common::{
 use crate::{
     family::Family,
     maps::{LB_MEMBERS_V1, LB_SLOTS_V1},
-    parse::Packet,
-    reason::Verdict,
+    packet::Packet,
+    stage::Verdict,
 };
 
 /// Picks one of the service's `count` slots by jump consistent hashing of the 5-tuple, keyed

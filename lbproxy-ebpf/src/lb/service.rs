@@ -1,16 +1,11 @@
 //! Stage 1: extract the service key from a packet and look the frontend up.
 
-use aya_ebpf::btf_maps::lpm_trie::Key;
 use lbproxy_common::{
     DropReason, SCOPE_DEFAULT, SCOPE_INTERNAL, SVC_F_SOURCE_RANGES, SVC_F_SPLIT_SCOPE,
-    ServiceKeyOf, ServiceValue, SrcRangeData, SrcRangeData6,
+    ServiceKeyOf, ServiceValue,
 };
 
-use crate::{
-    family::Family,
-    maps::{LB_SRCRANGE6_V1, LB_SRCRANGES_V1},
-    parse::Packet,
-};
+use crate::{family::Family, packet::Packet};
 
 /// `loadBalancerSourceRanges`: a frontend with `SVC_F_SOURCE_RANGES` takes only packets
 /// whose source is in one of its ranges (a longest-prefix lookup of its service id and the
@@ -22,39 +17,6 @@ pub fn source_allowed<A: Family>(svc: &ServiceValue, pkt: &Packet<A>) -> Result<
         return Ok(());
     }
     Err(DropReason::SourceRangeDenied)
-}
-
-/// 1 when `src` (network order, as read) is in one of frontend `svc_id`'s ranges. Its own
-/// BPF function, so the trie lookup's key and registers stay out of the callers' frames.
-#[inline(never)]
-pub fn in_ranges(svc_id: u32, src: u32) -> u32 {
-    let key = Key::new(
-        SrcRangeData::prefix_len(32),
-        SrcRangeData {
-            svc_id_be: svc_id.to_be_bytes(),
-            addr: src.to_ne_bytes(),
-        },
-    );
-    u32::from(LB_SRCRANGES_V1.get(&key).is_some())
-}
-
-/// [`in_ranges`] for an IPv6 source, given as its four words (network order, as read), in
-/// `LB_SRCRANGE6_V1`.
-#[inline(never)]
-pub fn in_ranges6(svc_id: u32, a: u32, b: u32, c: u32, d: u32) -> u32 {
-    let mut addr = [0u8; 16];
-    addr[0..4].copy_from_slice(&a.to_ne_bytes());
-    addr[4..8].copy_from_slice(&b.to_ne_bytes());
-    addr[8..12].copy_from_slice(&c.to_ne_bytes());
-    addr[12..16].copy_from_slice(&d.to_ne_bytes());
-    let key = Key::new(
-        SrcRangeData6::prefix_len(128),
-        SrcRangeData6 {
-            svc_id_be: svc_id.to_be_bytes(),
-            addr,
-        },
-    );
-    u32::from(LB_SRCRANGE6_V1.get(&key).is_some())
 }
 
 /// The frontend a packet is addressed to, if any. `None` means "not a service": the packet

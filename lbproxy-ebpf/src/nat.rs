@@ -1,17 +1,15 @@
 //! Stage 4: translate L3 then L4, with incremental checksum updates (the kernel's
-//! `bpf_l3_csum_replace`/`bpf_l4_csum_replace` here; [`csum`] where a stage rewrites a header
+//! `bpf_l3_csum_replace`/`bpf_l4_csum_replace` here; `csum` where a stage rewrites a header
 //! itself).
-
-pub mod csum;
 
 use aya_ebpf::programs::TcContext;
 use lbproxy_common::{DropReason, IPPROTO_UDP};
 
 use crate::{
-    family::{Family, words_diff},
-    flow::NatTarget,
-    parse::{IP_DST_OFF, IP_SRC_OFF, L4, L4_DPORT_OFF, L4_SPORT_OFF, Packet},
-    reason::Verdict,
+    csum::words_diff,
+    family::Family,
+    packet::{IP_DST_OFF, IP_SRC_OFF, L4, L4_DPORT_OFF, L4_SPORT_OFF, Packet},
+    stage::{NatTarget, Verdict},
 };
 
 /// The address is part of the L4 pseudo-header.

@@ -1,6 +1,6 @@
 //! One's-complement checksum arithmetic (RFC 1071), for the translations' incremental
 //! updates and the headers the reject path writes from scratch. Pure integer code: it reads
-//! and writes no packet.
+//! and writes no packet, and imports nothing of the datapath (a leaf of its module graph).
 
 /// One's complement checksum `csum` (as read from the packet) updated for 16-bit words
 /// changing from `old` to `new` (RFC 1624, eqn. 3). Byte order does not matter as long as
@@ -36,4 +36,26 @@ pub fn fold(mut acc: u32) -> u16 {
     acc = (acc & 0xffff) + (acc >> 16);
     acc = (acc & 0xffff) + (acc >> 16);
     !(acc as u16)
+}
+
+/// 32-bit one's-complement addition (end-around carry), the kernel's `csum_add`.
+#[inline(always)]
+pub fn csum_add(a: u32, b: u32) -> u32 {
+    let (sum, carry) = a.overflowing_add(b);
+    sum.wrapping_add(u32::from(carry))
+}
+
+/// The difference of 32-bit words changing from `old` to `new`: each old word's complement
+/// and each new word, for the words that change. 0 when nothing changes.
+#[inline(always)]
+pub fn words_diff<const N: usize>(old: [u32; N], new: [u32; N]) -> u32 {
+    let mut d = 0;
+    let mut i = 0;
+    while i < N {
+        if old[i] != new[i] {
+            d = csum_add(csum_add(d, !old[i]), new[i]);
+        }
+        i += 1;
+    }
+    d
 }

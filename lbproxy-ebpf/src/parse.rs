@@ -1,7 +1,6 @@
 //! Stage 0: parse. The fields of an IPv4 or IPv6 TCP or UDP packet the load balancer looks
-//! at, read once; [`offsets`] says where everything is and checks access to it.
-
-mod offsets;
+//! at, read once into a [`Packet`]; `packet` says where everything is and checks access to
+//! it.
 
 use aya_ebpf::programs::TcContext;
 use lbproxy_common::{DropReason, FragKey, FragKey6, FragPorts, IPPROTO_TCP, IPPROTO_UDP};
@@ -12,70 +11,12 @@ use network_types::{
     udp::UdpHdr,
 };
 
-pub use self::offsets::*;
 use crate::{
     maps::{LB_FRAGS_V1, LB_FRAGS6_V1},
-    reason::{Verdict, count},
+    packet::*,
+    reason::count,
+    stage::Verdict,
 };
-
-/// What a [`Packet`] holds of its TCP or UDP header.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum L4 {
-    /// The whole fixed header: translatable, answerable.
-    Header,
-    /// None: an IPv4 fragment after the first. The ports are the first fragment's (from
-    /// `LB_FRAGS_V1`) and `tcp_flags` is 0. Only the IP header may be rewritten, and such a
-    /// packet is never answered.
-    Absent,
-    /// The ports, but the rest of the header cut short, or a TCP data offset below 5. Not
-    /// translatable: dropped as `Malformed` when it is addressed to a frontend, else passed
-    /// (and counted, `L4HeaderBadPassed`).
-    Bad,
-}
-
-/// The parts of a TCP or UDP packet the load balancer looks at, of an IPv4 (`A = [u8; 4]`)
-/// or IPv6 (`A = [u8; 16]`) packet. Addresses and ports are raw network-order bytes, as in
-/// the maps.
-#[derive(Clone, Copy)]
-pub struct Packet<A = [u8; 4]> {
-    pub src_addr: A,
-    pub dst_addr: A,
-    pub src_port_be: u16,
-    pub dst_port_be: u16,
-    pub proto: u8,
-    /// TCP flags (byte 13 of the header); 0 for UDP and for a fragment after the first.
-    pub tcp_flags: u8,
-    /// Offset of the L4 header from the start of the frame (where it would be, for
-    /// [`L4::Absent`]).
-    pub l4_off: usize,
-    /// Whether the L4 header is here to be rewritten or answered.
-    pub l4: L4,
-}
-
-impl<A> Packet<A> {
-    /// A SYN without ACK: the first segment of a TCP connection (or its retransmission).
-    #[inline(always)]
-    pub fn is_syn(&self) -> bool {
-        self.proto == IPPROTO_TCP && self.tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK) == TCP_FLAG_SYN
-    }
-
-    /// Whether a reject may answer this packet: it carries its whole L4 header (so it is not
-    /// a later fragment) and is not a TCP RST (RFC 793: a RST is never answered).
-    #[inline(always)]
-    pub fn answerable(&self) -> bool {
-        self.l4 == L4::Header && self.tcp_flags & TCP_FLAG_RST == 0
-    }
-
-    /// Offset of the L4 checksum field for this packet's protocol.
-    #[inline(always)]
-    pub fn l4_csum_off(&self) -> usize {
-        if self.proto == IPPROTO_TCP {
-            self.l4_off + TCP_CSUM_OFF
-        } else {
-            self.l4_off + UDP_CSUM_OFF
-        }
-    }
-}
 
 /// Makes the first `len` bytes of the packet (or all of it, when shorter) readable in the
 /// linear part of the skb, with `bpf_skb_pull_data`, when they are not already. Headers a
@@ -271,46 +212,15 @@ pub fn parse6(ctx: &TcContext) -> Result<Option<Packet<[u8; 16]>>, Verdict> {
         pkt.src_addr = ip.cast::<u8>().add(8).cast::<[u8; 16]>().read_unaligned();
         pkt.dst_addr = ip.cast::<u8>().add(24).cast::<[u8; 16]>().read_unaligned();
     }
-    let mut next = next;
-    let mut off = L2_L3_LEN6;
-    let mut later_fragment = false;
-    // The fragment header's identification (as read) and M flag, when there is one.
-    let mut frag: Option<(u32, bool)> = None;
-    let mut walked = 0;
-    while walked < MAX_EXT_HEADERS {
-        if next != NH_HOP_BY_HOP
-            && next != NH_ROUTING
-            && next != NH_DEST_OPTS
-            && next != NH_AH
-            && next != NH_FRAGMENT
-        {
-            break;
-        }
-        let Ok(h) = ctx.load::<[u8; 4]>(off) else {
-            return Ok(None);
-        };
-        let len = if next == NH_FRAGMENT {
-            let Ok(id) = ctx.load::<u32>(off + 4) else {
-                return Ok(None);
-            };
-            // Offset (13 bits, in 8-byte units), 2 reserved bits, the M flag.
-            let word = u16::from_be_bytes([h[2], h[3]]);
-            later_fragment = word & 0xfff8 != 0;
-            frag = Some((id, word & 1 != 0));
-            8
-        } else if next == NH_AH {
-            (usize::from(h[1]) + 2) * 4
-        } else {
-            (usize::from(h[1]) + 1) * 8
-        };
-        next = h[0];
-        off += len;
-        walked += 1;
-        if later_fragment {
-            // What follows is the middle of a datagram, not headers.
-            break;
-        }
-    }
+    let Some(Walk {
+        next,
+        off,
+        later_fragment,
+        frag,
+    }) = walk_ext6(ctx, next)
+    else {
+        return Ok(None);
+    };
     if next != IPPROTO_TCP && next != IPPROTO_UDP {
         return Ok(None);
     }
@@ -366,6 +276,69 @@ pub fn parse6(ctx: &TcContext) -> Result<Option<Packet<[u8; 16]>>, Verdict> {
     Ok(Some(pkt))
 }
 
+/// Where [`walk_ext6`] stopped: the next header there and its offset, whether a fragment
+/// header said the rest is a later fragment's, and that header's identification (as read)
+/// and M flag, when there is one.
+struct Walk {
+    next: u8,
+    off: usize,
+    later_fragment: bool,
+    frag: Option<(u32, bool)>,
+}
+
+/// The IPv6 extension-header walk of [`parse6`], from the fixed header's next header
+/// `next`: steps over hop-by-hop options, routing, destination options, AH and fragment
+/// headers, at most [`MAX_EXT_HEADERS`]. `None` when an extension header is cut short.
+#[inline(always)]
+fn walk_ext6(ctx: &TcContext, next: u8) -> Option<Walk> {
+    let mut next = next;
+    let mut off = L2_L3_LEN6;
+    let mut later_fragment = false;
+    // The fragment header's identification (as read) and M flag, when there is one.
+    let mut frag: Option<(u32, bool)> = None;
+    let mut walked = 0;
+    while walked < MAX_EXT_HEADERS {
+        if next != NH_HOP_BY_HOP
+            && next != NH_ROUTING
+            && next != NH_DEST_OPTS
+            && next != NH_AH
+            && next != NH_FRAGMENT
+        {
+            break;
+        }
+        let Ok(h) = ctx.load::<[u8; 4]>(off) else {
+            return None;
+        };
+        let len = if next == NH_FRAGMENT {
+            let Ok(id) = ctx.load::<u32>(off + 4) else {
+                return None;
+            };
+            // Offset (13 bits, in 8-byte units), 2 reserved bits, the M flag.
+            let word = u16::from_be_bytes([h[2], h[3]]);
+            later_fragment = word & 0xfff8 != 0;
+            frag = Some((id, word & 1 != 0));
+            8
+        } else if next == NH_AH {
+            (usize::from(h[1]) + 2) * 4
+        } else {
+            (usize::from(h[1]) + 1) * 8
+        };
+        next = h[0];
+        off += len;
+        walked += 1;
+        if later_fragment {
+            // What follows is the middle of a datagram, not headers.
+            break;
+        }
+    }
+    Some(Walk {
+        next,
+        off,
+        later_fragment,
+        frag,
+    })
+}
+
 /// The `LB_FRAGS6_V1` key of the IPv6 datagram `(src, dst, id, proto)`.
 #[inline(always)]
 fn frag6_key(src: &[u8; 16], dst: &[u8; 16], id: u32, proto: u8) -> FragKey6 {
@@ -407,17 +380,63 @@ fn record_frag6(src: &[u8; 16], dst: &[u8; 16], id: u32, proto: u8, ports: u32) 
     let _ = LB_FRAGS6_V1.insert(key, ports, 0);
 }
 
+/// Whether an IPv4 frame (by its EtherType) carries ICMP: version 4, protocol ICMP, and the
+/// whole fixed header there (a shorter one is [`parse`]'s to drop as malformed).
+#[inline(always)]
+pub fn is_icmp4(ctx: &TcContext) -> bool {
+    // Every packet of a hook asks, before its parse: the three fields read in place when the
+    // headers are in the linear part (two helper loads here cost ~40 ns a packet), and
+    // nothing copied to this frame, which is the hook's entry point's and counts towards
+    // every stage's stack. Headers outside the linear part: `is_icmp4_loaded`.
+    let Some(h) = ptr_at::<[u8; L2_L3_LEN]>(ctx, 0) else {
+        return is_icmp4_loaded(ctx);
+    };
+    let h = h.cast::<u8>();
+    // SAFETY: `ptr_at` checked that all `L2_L3_LEN` bytes are in the packet.
+    let (ether_type, version, proto) = unsafe {
+        (
+            [*h.add(12), *h.add(13)],
+            *h.add(ETH_LEN) >> 4,
+            *h.add(IP_PROTO_OFF),
+        )
+    };
+    is_icmp4_fields(ether_type, version, proto)
+}
+
+/// [`is_icmp4`] for headers outside the linear part, read with the helper: a BPF function
+/// of its own, so that its buffer is not in the entry point's frame.
+#[inline(never)]
+fn is_icmp4_loaded(ctx: &TcContext) -> bool {
+    match ctx.load::<[u8; L2_L3_LEN]>(0) {
+        Ok(h) => is_icmp4_fields([h[12], h[13]], h[ETH_LEN] >> 4, h[IP_PROTO_OFF]),
+        Err(_) => false,
+    }
+}
+
+#[inline(always)]
+fn is_icmp4_fields(ether_type: [u8; 2], version: u8, proto: u8) -> bool {
+    u16::from_ne_bytes(ether_type) == EtherType::Ipv4 as u16
+        && version == 4
+        && proto == IPPROTO_ICMP
+}
+
 /// Whether an IPv6 frame carries ICMPv6 right after its fixed header.
 #[inline(always)]
 pub fn is_icmp6(ctx: &TcContext) -> bool {
     // Read in place when the byte is in the linear part (every IPv6 packet asks), with a
-    // helper call only when it is not.
-    let next = match ptr_at::<u8>(ctx, IP6_NEXT_OFF) {
+    // helper call only when it is not (`is_icmp6_loaded`, as `is_icmp4`'s).
+    match ptr_at::<u8>(ctx, IP6_NEXT_OFF) {
         // SAFETY: bounds checked by `ptr_at`.
-        Some(p) => unsafe { *p },
-        None => ctx.load::<u8>(IP6_NEXT_OFF).unwrap_or(0),
-    };
-    next == crate::icmp::IPPROTO_ICMPV6
+        Some(p) => unsafe { *p == IPPROTO_ICMPV6 },
+        None => is_icmp6_loaded(ctx),
+    }
+}
+
+/// [`is_icmp6`] with the helper: a BPF function of its own, its buffer not in the entry
+/// point's frame.
+#[inline(never)]
+fn is_icmp6_loaded(ctx: &TcContext) -> bool {
+    ctx.load::<u8>(IP6_NEXT_OFF) == Ok(IPPROTO_ICMPV6)
 }
 
 /// Whether the frame is IPv6 by its EtherType: which of [`parse`] and [`parse6`] reads it.
