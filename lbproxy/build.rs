@@ -24,8 +24,13 @@ fn commit() -> String {
     {
         return c;
     }
-    // Rebuilt when HEAD moves: a commit, a checkout.
-    if let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]) {
+    // Rebuilt when HEAD moves: a commit, a checkout. In a linked worktree, HEAD is in the
+    // worktree's git dir and the branches are in the common one: both are watched.
+    let dirs = [
+        git(&["rev-parse", "--absolute-git-dir"]),
+        git(&["rev-parse", "--path-format=absolute", "--git-common-dir"]),
+    ];
+    for dir in dirs.into_iter().flatten() {
         for p in ["HEAD", "refs/heads", "packed-refs"] {
             let path = std::path::Path::new(&dir).join(p);
             if path.exists() {

@@ -3,7 +3,7 @@
 //! The binary (`main.rs`) only parses the command line and hands it to [`cli::main`]:
 //! - `lbproxy run` ([`run`]): load the datapath, attach it to pod interfaces, and keep the
 //!   BPF maps equal to the desired state read from a source.
-//! - `lbproxy inspect services|backends|flows|drops|delivery|snat|sockets|affinity|status`:
+//! - `lbproxy inspect services|backends|flows|drops|events|delivery|snat|sockets|affinity|status`:
 //!   read the pinned maps (and, for `status`, the controller's /healthz).
 //! - `lbproxy flows flush`: remove flows from the flow table.
 //! - `lbproxy monitor`: stream drops and rejects live.

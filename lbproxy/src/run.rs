@@ -30,7 +30,7 @@ fn parse_globs(globs: &[String]) -> anyhow::Result<GlobSet> {
 /// `lbproxy run`: the settings, then the controller on a two-thread runtime until a signal.
 /// `json_errors` says, as soon as it is known, whether the final error is to be a JSON line.
 pub fn main(args: RunArgs, json_errors: &mut bool) -> anyhow::Result<()> {
-    *json_errors = args.logging_format.as_deref() == Some("json");
+    *json_errors = args.flags.logging_format.as_deref() == Some("json");
     let (settings, warnings) = prepare(&args)?;
     *json_errors = settings.log_format == config::LogFormat::Json;
     tokio::runtime::Builder::new_multi_thread()

@@ -18,7 +18,7 @@
 //! Under pressure (the table over 75% full) idle and half-open flows go first: SYN_SENT and
 //! closed flows after 1 s, UDP after 5 s, while established and half-closed TCP keep their
 //! timeouts. The kernel's LRU evicts only when the table is completely full;
-//! `tcp_midstream_without_flow` and `flow_half_recreated` in `lbproxy inspect drops` count
+//! `tcp_midstream_without_flow` and `flow_half_recreated` in `lbproxy inspect events` count
 //! live flows it evicted anyway.
 
 use std::path::Path;

@@ -30,6 +30,7 @@ use aya::programs::{CgroupSockAddr, SchedClassifier};
 use lbproxy_common::{
     CONFIG_F_STACK_BYPASS, DatapathConfig, ServiceKey, ServiceValue, map_names, program_names,
 };
+use prometheus_client::metrics::{counter::Counter, family::Family};
 
 /// The datapath object, built by build.rs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lbproxy"));
@@ -488,47 +489,75 @@ pub fn capacities(dir: &Path) -> Vec<(&'static str, i64)> {
         .collect()
 }
 
-/// Reads the datapath's drop, delivery, SNAT-tries and socket-level counters every 2 s into their Prometheus
-/// counters, off the controller's loop.
+/// Reads the datapath's drop, event, delivery, SNAT-tries and socket-level counters every
+/// 2 s into their Prometheus counters, off the controller's loop.
 pub fn spawn_counters(maps: PinnedMaps, metrics: std::sync::Arc<crate::telemetry::Metrics>) {
+    use crate::telemetry::{EventLabel, PathLabel, ReasonLabel};
     tokio::spawn(async move {
-        let mut drops_seen: HashMap<u32, u64> = HashMap::new();
-        let mut delivery_seen: HashMap<u32, u64> = HashMap::new();
-        let mut sock_seen: HashMap<u32, u64> = HashMap::new();
+        // What each counter read last time, by label, one map per family.
+        let mut seen: [HashMap<&'static str, u64>; 4] = Default::default();
+        let [drops, events, delivery, sock] = &mut seen;
+        let reason = |l: &str| ReasonLabel { reason: l.into() };
+        let event = |l: &str| EventLabel { event: l.into() };
+        let path = |l: &str| PathLabel { path: l.into() };
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let m = &metrics;
-            for (reason, n) in maps.drop_counts() {
-                let c = m
-                    .datapath_drops
-                    .get_or_create(&crate::telemetry::ReasonLabel {
-                        reason: reason.label().to_string(),
-                    });
-                advance(&c, drops_seen.entry(reason as u32).or_insert(0), n);
-            }
-            for (path, n) in maps.delivery_counts() {
-                let c = m
-                    .datapath_delivered
-                    .get_or_create(&crate::telemetry::PathLabel {
-                        path: path.label().to_string(),
-                    });
-                advance(&c, delivery_seen.entry(path as u32).or_insert(0), n);
-            }
-            m.snat_port_tries.set(maps.snat_tries());
-            for (event, n) in maps.sock_counts() {
-                let c = m.sock_events.get_or_create(&crate::telemetry::EventLabel {
-                    event: event.label().to_string(),
-                });
-                advance(&c, sock_seen.entry(event as u32).or_insert(0), n);
-            }
+            let d = &metrics.datapath;
+            let drops_now = maps.drop_counts().into_iter();
+            advance_family(
+                &d.drops,
+                drops,
+                drops_now.map(|(r, n)| (r.label(), n)),
+                reason,
+            );
+            // Absent only under maps an older lbproxy pinned; `run` has loaded its own.
+            let events_now = maps.event_counts().into_iter().flatten();
+            advance_family(
+                &d.events,
+                events,
+                events_now.map(|(e, n)| (e.label(), n)),
+                event,
+            );
+            let paths_now = maps.delivery_counts().into_iter();
+            advance_family(
+                &d.delivered,
+                delivery,
+                paths_now.map(|(p, n)| (p.label(), n)),
+                path,
+            );
+            d.snat_port_tries.set(maps.snat_tries());
+            let sock_now = maps.sock_counts().into_iter();
+            advance_family(
+                &d.sock_events,
+                sock,
+                sock_now.map(|(e, n)| (e.label(), n)),
+                event,
+            );
         }
     });
 }
 
+/// Moves each series of `family` (labelled by `label`) on by what its datapath counter
+/// gained since `seen`, the counts of the last read by label.
+fn advance_family<L: Clone + std::hash::Hash + Eq>(
+    family: &Family<L, Counter>,
+    seen: &mut HashMap<&'static str, u64>,
+    counts: impl Iterator<Item = (&'static str, u64)>,
+    label: fn(&'static str) -> L,
+) {
+    for (name, now) in counts {
+        advance(
+            &family.get_or_create(&label(name)),
+            seen.entry(name).or_insert(0),
+            now,
+        );
+    }
+}
+
 /// Moves a Prometheus counter on by what a datapath counter gained since it was last read.
-fn advance(counter: &prometheus_client::metrics::counter::Counter, seen: &mut u64, now: u64) {
+fn advance(counter: &Counter, seen: &mut u64, now: u64) {
     if now > *seen {
         counter.inc_by(now - *seen);
     }

@@ -5,9 +5,9 @@ use std::path::Path;
 
 use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray};
 use lbproxy_common::{
-    Addr, Backend, Backend6, CONFIG_F_STACK_BYPASS, DatapathConfig, Delivery, DropReason, FlowKey,
-    FlowKey6, FlowValue, FlowValue6, PodIf, ServiceKey, ServiceKey6, ServiceLabel, ServiceValue,
-    SlotKey, UnservedKey, UnservedValue, map_names,
+    Addr, Backend, Backend6, CONFIG_F_STACK_BYPASS, DatapathConfig, DatapathEvent, Delivery,
+    DropReason, FlowKey, FlowKey6, FlowValue, FlowValue6, PodIf, ServiceKey, ServiceKey6,
+    ServiceLabel, ServiceValue, SlotKey, UnservedKey, UnservedValue, map_names,
 };
 
 use super::{BpfError, check_pinned_layouts, open_pinned};
@@ -31,6 +31,8 @@ pub struct PinnedMaps {
     pub members: BpfHashMap<MapData, lbproxy_common::MemberKey, u32>,
     pub affinity: BpfHashMap<MapData, lbproxy_common::AffinityKey, lbproxy_common::AffinityValue>,
     pub drops: PerCpuArray<MapData, u64>,
+    /// `None` under maps an older lbproxy pinned, until this version's `run` creates it.
+    pub dp_events: Option<PerCpuArray<MapData, u64>>,
     pub delivery: PerCpuArray<MapData, u64>,
     pub config: Array<MapData, DatapathConfig>,
     pub pod_ifs: BpfHashMap<MapData, u32, PodIf>,
@@ -61,6 +63,11 @@ impl PinnedMaps {
             members: open_pinned(dir, map_names::MEMBERS, Map::HashMap)?,
             affinity: open_pinned(dir, map_names::AFFINITY, Map::LruHashMap)?,
             drops: open_pinned(dir, map_names::DROPS, Map::PerCpuArray)?,
+            dp_events: if dir.join(map_names::DP_EVENTS).exists() {
+                Some(open_pinned(dir, map_names::DP_EVENTS, Map::PerCpuArray)?)
+            } else {
+                None
+            },
             delivery: open_pinned(dir, map_names::DELIVERY, Map::PerCpuArray)?,
             config: open_pinned(dir, map_names::CONFIG, Map::Array)?,
             pod_ifs: open_pinned(dir, map_names::POD_IFS, Map::HashMap)?,
@@ -136,6 +143,18 @@ impl PinnedMaps {
             .iter()
             .map(|r| (*r, cpu_sum(&self.drops, *r as u32)))
             .collect()
+    }
+
+    /// The datapath's events that are not drops, summed over CPUs; `None` when the map is
+    /// not pinned yet (maps of an older lbproxy).
+    pub fn event_counts(&self) -> Option<Vec<(DatapathEvent, u64)>> {
+        let map = self.dp_events.as_ref()?;
+        Some(
+            DatapathEvent::ALL
+                .iter()
+                .map(|e| (*e, cpu_sum(map, *e as u32)))
+                .collect(),
+        )
     }
 
     /// How translated packets were delivered, summed over CPUs.

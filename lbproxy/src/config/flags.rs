@@ -5,10 +5,10 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 
-use super::{Flags, Settings, parse_file, resolve};
+use super::{Settings, parse_file, resolve};
 
-/// Flags override the `--config` file; a flag not given takes the file's value, then the
-/// default shown.
+/// `lbproxy run`'s command line: the config file, what to do with the settings, and the
+/// flags that override the file.
 #[derive(clap::Args)]
 pub struct RunArgs {
     /// A KubeProxyConfiguration-style YAML file (see README).
@@ -21,6 +21,14 @@ pub struct RunArgs {
     /// and exit, as kube-proxy's flag does.
     #[arg(long, value_name = "FILE")]
     pub write_config_to: Option<PathBuf>,
+    #[command(flatten)]
+    pub flags: Flags,
+}
+
+/// Values given on the command line, each `None` when not given. Flags override the
+/// `--config` file; a flag not given takes the file's value, then the default shown.
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct Flags {
     /// Log format: `text` or `json` (one JSON object per line) [default: text]
     #[arg(long, value_name = "FORMAT")]
     pub logging_format: Option<String>,
@@ -117,35 +125,10 @@ impl RunArgs {
             }
             None => None,
         };
-        let flags = Flags {
-            kubeconfig: self.kubeconfig.clone(),
-            hostname_override: self.hostname_override.clone(),
-            healthz_bind_address: self.healthz_bind_address.clone(),
-            metrics_bind_address: self.metrics_bind_address.clone(),
-            sync_period: self.sync_period.clone(),
-            min_sync_period: self.min_sync_period.clone(),
-            pod_interfaces: self.pod_interfaces.clone(),
-            bpffs_dir: self.bpffs_dir.clone(),
-            flow_map_size: self.flow_map_size,
-            stack_bypass: self.stack_bypass,
-            manifests: self.manifests.clone(),
-            tcp_established_timeout: self.conntrack_tcp_timeout_established.clone(),
-            tcp_close_wait_timeout: self.conntrack_tcp_timeout_close_wait.clone(),
-            udp_timeout: self.conntrack_udp_timeout.clone(),
-            tcp_syn_sent_timeout: self.flow_tcp_timeout_syn_sent.clone(),
-            node_port_addresses: self.nodeport_addresses.clone(),
-            snat_port_range: self.snat_port_range.clone(),
-            cgroup_root: self.cgroup_root.clone(),
-            socket_lb: self.socket_lb.clone(),
-            logging_format: self.logging_format.clone(),
-            verbosity: self.verbosity,
-            kube_api_qps: self.kube_api_qps,
-            kube_api_burst: self.kube_api_burst,
-        };
         let warnings = file
             .as_ref()
             .map(|(_, f)| f.warnings.clone())
             .unwrap_or_default();
-        Ok((resolve(file, flags)?, warnings))
+        Ok((resolve(file, self.flags.clone())?, warnings))
     }
 }

@@ -49,16 +49,22 @@ mod durations;
 mod errors;
 mod fields;
 mod flags;
+mod kube_proxy;
 mod resolve;
 #[cfg(test)]
+mod resolve_tests;
+#[cfg(test)]
 mod tests;
+mod values;
 
 pub use documents::*;
 pub use durations::*;
 pub use errors::*;
 pub use fields::*;
-pub use flags::RunArgs;
+pub use flags::{Flags, RunArgs};
+pub use kube_proxy::*;
 pub use resolve::*;
+pub(crate) use values::*;
 
 pub const DEFAULT_BPFFS_DIR: &str = "/sys/fs/bpf/lbproxy";
 pub const DEFAULT_POD_INTERFACES: &str = "lxc*,veth*,cali*";
@@ -89,34 +95,6 @@ pub struct FileConfig {
     pub own: LbproxyDoc,
     /// One line per ignored field or value, naming it and why.
     pub warnings: Vec<String>,
-}
-
-/// Values given on the command line; `None` means "not given".
-#[derive(Debug, Default)]
-pub struct Flags {
-    pub kubeconfig: Option<String>,
-    pub hostname_override: Option<String>,
-    pub healthz_bind_address: Option<String>,
-    pub metrics_bind_address: Option<String>,
-    pub sync_period: Option<String>,
-    pub min_sync_period: Option<String>,
-    pub pod_interfaces: Option<String>,
-    pub bpffs_dir: Option<PathBuf>,
-    pub flow_map_size: Option<u64>,
-    pub stack_bypass: Option<bool>,
-    pub manifests: Option<PathBuf>,
-    pub tcp_established_timeout: Option<String>,
-    pub tcp_close_wait_timeout: Option<String>,
-    pub udp_timeout: Option<String>,
-    pub tcp_syn_sent_timeout: Option<String>,
-    pub node_port_addresses: Option<Vec<String>>,
-    pub snat_port_range: Option<String>,
-    pub cgroup_root: Option<PathBuf>,
-    pub socket_lb: Option<String>,
-    pub logging_format: Option<String>,
-    pub verbosity: Option<u32>,
-    pub kube_api_qps: Option<f64>,
-    pub kube_api_burst: Option<u32>,
 }
 
 /// How log lines are written (`--logging-format`, `logging.format`).

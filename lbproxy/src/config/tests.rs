@@ -56,7 +56,7 @@ fn node_port_addresses_and_snat_port_range() {
         None,
         Flags {
             hostname_override: Some("n".into()),
-            node_port_addresses: Some(vec!["198.18.80.0/24,198.18.90.0/24".into()]),
+            nodeport_addresses: Some(vec!["198.18.80.0/24,198.18.90.0/24".into()]),
             ..Default::default()
         },
     )

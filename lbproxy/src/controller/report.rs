@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use lbproxy_common::{DropReason, map_names};
+use lbproxy_common::{DatapathEvent, DropReason, map_names};
 
 use crate::desired::Frontend;
 use std::sync::Arc;
@@ -350,6 +350,7 @@ impl Report {
             as_i64(p.frontends.values().map(|f| f.members.len()).sum()),
         );
         set(map_names::DROPS, i64::from(DropReason::COUNT));
+        set(map_names::DP_EVENTS, i64::from(DatapathEvent::COUNT));
         for (name, cap) in &self.capacities {
             m.map_capacity
                 .get_or_create(&telemetry::MapLabel::of(name))

@@ -126,6 +126,18 @@ pub fn url_template(path: &str) -> String {
     out.join("/")
 }
 
+/// Whether `uri` asks for a later page of a list (a non-empty `continue`). The rate limit
+/// counts a paginated list once, at its first page: kube-proxy's informers list each
+/// resource at start-up in one request (`resourceVersion=0`, from the API server's watch
+/// cache), so its limit never paces a start-up; lbproxy lists consistently, in pages of
+/// 500, and pacing each page (5 a second by default) took 40 s to list 50,000 Services.
+fn continues_a_list(uri: &http::Uri) -> bool {
+    uri.query().is_some_and(|q| {
+        q.split('&')
+            .any(|kv| kv.strip_prefix("continue=").is_some_and(|v| !v.is_empty()))
+    })
+}
+
 impl<S, B, RB> tower::Service<http::Request<B>> for Measured<S>
 where
     S: tower::Service<http::Request<B>, Response = http::Response<RB>> + Send + 'static,
@@ -143,12 +155,13 @@ where
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let method = req.method().as_str().to_string();
         let url = format!("https://{}{}", self.m.host, url_template(req.uri().path()));
+        let paced = !continues_a_list(req.uri());
         // The client's futures do nothing until polled: waiting before the first poll
         // delays the request itself.
         let request = self.inner.call(req);
         let m = self.m.clone();
         Box::pin(async move {
-            if let Some(l) = &m.limiter {
+            if let Some(l) = m.limiter.as_ref().filter(|_| paced) {
                 l.until_ready().await;
             }
             let started = Instant::now();
@@ -213,5 +226,15 @@ mod tests {
             "{w:?}"
         );
         assert!(limiter(-1.0, 1).is_none(), "a negative qps is no limit");
+        for (uri, later_page) in [
+            ("/api/v1/services?limit=500", false),
+            ("/api/v1/services?limit=500&continue=", false),
+            ("/api/v1/services?limit=500&continue=eyJydiI6MX0", true),
+            ("/api/v1/services?continue=abc&limit=500", true),
+            ("/api/v1/services?watch=true&resourceVersion=7", false),
+        ] {
+            let uri: http::Uri = uri.parse().unwrap();
+            assert_eq!(continues_a_list(&uri), later_page, "{uri}");
+        }
     }
 }

@@ -3,7 +3,6 @@
 //! reasons and families are fixed lists).
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -12,6 +11,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use super::datapath::Datapath;
 use super::process::ProcessCollector;
 use super::{GIT_COMMIT, unix_now};
 
@@ -85,84 +85,7 @@ pub struct KindLabel {
     pub kind: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    pub reason: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PathLabel {
-    pub path: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct EventLabel {
-    pub event: String,
-}
-
 type FloatGauge = Gauge<f64, AtomicU64>;
-
-/// `lbproxy_snat_port_tries`: a histogram of the tries each successful SNAT port allocation
-/// took, kept by the datapath (`LB_SNATTRIES_V1`, one count per try number) and copied
-/// here whole on every read ([`SnatTries::set`]). Allocations that found no port are not in
-/// it: they are `lbproxy_datapath_drops{reason="snat_no_port"}`.
-#[derive(Clone, Debug, Default)]
-pub struct SnatTries(Arc<Mutex<Vec<u64>>>);
-
-/// The histogram's upper bounds, in tries (1 is the client's own port or the first random
-/// one; 17 is the last try there is).
-const SNAT_TRIES_BOUNDS: [u32; 6] = [1, 2, 4, 8, 16, lbproxy_common::snat_tries::MAX_SNAT_TRIES];
-
-impl SnatTries {
-    /// Replaces the counts with the datapath's: `by_tries[n]` allocations took `n` tries
-    /// (index 0, the failures, is left out).
-    pub fn set(&self, by_tries: Vec<u64>) {
-        *self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = by_tries;
-    }
-
-    /// (sum of tries, count, per-bucket counts with +Inf last), as the encoder wants them.
-    fn buckets(&self) -> (f64, u64, Vec<(f64, u64)>) {
-        let by = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        let at = |n: u32| by.get(n as usize).copied().unwrap_or(0);
-        let (mut sum, mut count) = (0u64, 0u64);
-        let mut buckets = Vec::new();
-        let mut lower = 1;
-        for upper in SNAT_TRIES_BOUNDS {
-            let mut in_bucket = 0;
-            for n in lower..=upper {
-                in_bucket += at(n);
-                sum += u64::from(n) * at(n);
-            }
-            count += in_bucket;
-            buckets.push((f64::from(upper), in_bucket));
-            lower = upper + 1;
-        }
-        buckets.push((f64::INFINITY, 0));
-        (sum as f64, count, buckets)
-    }
-}
-
-impl prometheus_client::encoding::EncodeMetric for SnatTries {
-    fn encode(
-        &self,
-        mut encoder: prometheus_client::encoding::MetricEncoder,
-    ) -> Result<(), std::fmt::Error> {
-        let (sum, count, buckets) = self.buckets();
-        encoder
-            .encode_histogram::<prometheus_client::encoding::NoLabelSet>(sum, count, &buckets, None)
-    }
-
-    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
-        prometheus_client::metrics::MetricType::Histogram
-    }
-}
 
 /// Every metric lbproxy exports. Label sets are bounded: map names and drop reasons are
 /// fixed lists.
@@ -187,14 +110,12 @@ pub struct Metrics {
     pub sync_failures: Counter,
     pub map_entries: Family<MapLabel, Gauge>,
     pub map_capacity: Family<MapLabel, Gauge>,
-    pub datapath_drops: Family<ReasonLabel, Counter>,
-    pub datapath_delivered: Family<PathLabel, Counter>,
+    /// The counters copied from the datapath's per-CPU maps.
+    pub datapath: Datapath,
     pub attached_interfaces: Gauge,
     pub flow_gc_deleted: Counter,
     pub sock_destroyed: Counter,
-    pub sock_events: Family<EventLabel, Counter>,
     pub snat_ports_max_ratio: Gauge<f64, std::sync::atomic::AtomicU64>,
-    pub snat_port_tries: SnatTries,
     pub frontends_not_served: Family<KindLabel, Gauge>,
     pub frontend_conflicts: Gauge,
     pub services_over_limit: Gauge,
@@ -358,18 +279,7 @@ impl Metrics {
             "Capacity (max_entries) of each BPF map",
             map_capacity.clone(),
         );
-        let datapath_drops = Family::<ReasonLabel, Counter>::default();
-        r.register(
-            "lbproxy_datapath_drops",
-            "Packets the datapath dropped, by reason",
-            datapath_drops.clone(),
-        );
-        let datapath_delivered = Family::<PathLabel, Counter>::default();
-        r.register(
-            "lbproxy_datapath_delivered_packets",
-            "Translated packets by how they left the datapath: redirect_* went straight into the destination pod (stack bypass), stack_* through the node's stack, and why",
-            datapath_delivered.clone(),
-        );
+        let datapath = Datapath::register(&mut r);
         let attached_interfaces = Gauge::default();
         r.register(
             "lbproxy_attached_interfaces",
@@ -382,12 +292,6 @@ impl Metrics {
             "Node sockets that socket-level load balancing connected to a backend that then left, destroyed so their owners reconnect",
             sock_destroyed.clone(),
         );
-        let sock_events = Family::<EventLabel, Counter>::default();
-        r.register(
-            "lbproxy_socket_lb_events",
-            "What the socket-level programs did (connect/sendmsg translated or refused, recvmsg/getpeername restored, other network namespaces left alone)",
-            sock_events.clone(),
-        );
         let flow_gc_deleted = Counter::default();
         r.register(
             "lbproxy_flow_gc_deleted",
@@ -399,12 +303,6 @@ impl Metrics {
             "lbproxy_snat_ports_in_use_max_ratio",
             "The highest fraction of the SNAT port range in use towards one destination (SNAT address, backend, protocol), from the flow collector's last scan; alert at 0.8",
             snat_ports_max_ratio.clone(),
-        );
-        let snat_port_tries = SnatTries::default();
-        r.register(
-            "lbproxy_snat_port_tries",
-            "Tries each successful SNAT port allocation took (the client's own port, then random, then linear); a shift to the higher buckets means a destination's port space is filling up",
-            snat_port_tries.clone(),
         );
         let frontends_not_served = Family::<KindLabel, Gauge>::default();
         r.register(
@@ -435,9 +333,7 @@ impl Metrics {
             services_map_full,
             flow_gc_deleted,
             sock_destroyed,
-            sock_events,
             snat_ports_max_ratio,
-            snat_port_tries,
             frontends_not_served,
             frontend_conflicts,
             registry: r,
@@ -459,8 +355,7 @@ impl Metrics {
             sync_failures,
             map_entries,
             map_capacity,
-            datapath_drops,
-            datapath_delivered,
+            datapath,
             attached_interfaces,
         }
     }
@@ -534,41 +429,7 @@ impl Default for Metrics {
 
 #[cfg(test)]
 mod tests {
-    use prometheus_client::encoding::text::encode;
-
     use super::*;
-
-    /// The SNAT tries histogram, as Prometheus text: each try count in its bucket, buckets
-    /// cumulative, the sum in tries, failures (index 0) left out.
-    #[test]
-    fn snat_tries_histogram_encodes_the_datapath_counts() {
-        let t = SnatTries::default();
-        let mut by = vec![0u64; 18];
-        by[0] = 7; // failures: not observations
-        by[1] = 10;
-        by[3] = 2; // le 4
-        by[9] = 1; // le 16
-        by[17] = 1; // le 17
-        t.set(by);
-        let mut r = Registry::default();
-        r.register("snat_port_tries", "h", t);
-        let mut out = String::new();
-        encode(&mut out, &r).unwrap();
-        for line in [
-            "snat_port_tries_sum 42.0",
-            "snat_port_tries_count 14",
-            "snat_port_tries_bucket{le=\"1.0\"} 10",
-            "snat_port_tries_bucket{le=\"2.0\"} 10",
-            "snat_port_tries_bucket{le=\"4.0\"} 12",
-            "snat_port_tries_bucket{le=\"8.0\"} 12",
-            "snat_port_tries_bucket{le=\"16.0\"} 13",
-            "snat_port_tries_bucket{le=\"17.0\"} 14",
-            "snat_port_tries_bucket{le=\"+Inf\"} 14",
-        ] {
-            assert!(out.lines().any(|l| l == line), "want {line:?} in:\n{out}");
-        }
-        assert!(out.contains("# TYPE snat_port_tries histogram"), "{out}");
-    }
 
     #[test]
     fn metric_names_are_kube_proxys() {

@@ -1,12 +1,15 @@
 //! What lbproxy says about itself: its log ([`logging`]) and its metrics ([`Metrics`], the
-//! registry `/metrics` serves; [`crate::server`] serves it).
+//! registry `/metrics` serves; [`crate::server`] serves it), the datapath's counters among
+//! them ([`Datapath`]).
 
 use std::time::SystemTime;
 
+mod datapath;
 pub mod logging;
 mod metrics;
 mod process;
 
+pub use datapath::*;
 pub use metrics::*;
 
 /// The commit lbproxy was built from, or `unknown` (set by the build script).

@@ -4,13 +4,13 @@ use std::collections::BTreeMap;
 
 use crate::bpf::label_str;
 use lbproxy_common::Addr;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{Filter, Output, table};
 use crate::bpf::PinnedMaps;
 
 /// One client's session affinity to a backend, for one service.
-#[derive(Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct AffinityRow {
     pub service: String,
     pub client: String,
@@ -22,7 +22,7 @@ pub struct AffinityRow {
     pub timeout_seconds: u32,
     /// `active` (the next flow goes to this backend), `expired` (timed out: the next flow
     /// picks anew) or `backend_left` (the backend is no longer in the service).
-    pub state: &'static str,
+    pub state: String,
 }
 
 pub fn affinity_rows(maps: &PinnedMaps) -> Vec<AffinityRow> {
@@ -81,7 +81,8 @@ pub fn affinity_rows(maps: &PinnedMaps) -> Vec<AffinityRow> {
                     "expired"
                 } else {
                     "active"
-                },
+                }
+                .to_string(),
             }
         })
         .collect();
@@ -103,7 +104,7 @@ pub fn render(maps: &PinnedMaps, out: Output, filter: &Filter) -> anyhow::Result
                 r.service.clone(),
                 r.client.clone(),
                 r.backend.clone(),
-                r.state.to_string(),
+                r.state.clone(),
                 format!("{:.0}s", r.idle_seconds),
                 format!("{}s", r.timeout_seconds),
             ]

@@ -2,13 +2,13 @@
 
 use std::net::SocketAddr;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{Filter, Output, table};
 use crate::bpf::PinnedMaps;
 use crate::desired::BackendAddr;
 
-#[derive(Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct BackendRow {
     pub id: u32,
     pub addr: String,
@@ -18,7 +18,7 @@ pub struct BackendRow {
     /// connections because no endpoint is ready: KEP-1669's fallback) or `draining` (no new
     /// connections; `flows` of its flows are still served).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub state: Option<&'static str>,
+    pub state: Option<String>,
     /// A draining backend's flows of this service.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub flows: Option<usize>,

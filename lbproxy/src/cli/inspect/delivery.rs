@@ -2,7 +2,26 @@
 
 use super::{Output, table};
 use crate::bpf::PinnedMaps;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+
+/// What `inspect delivery` shows. The fields are in the order of the JSON keys, which is
+/// alphabetical: keep it so when adding one.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Delivery {
+    /// Packets by how they were delivered (`redirect_to_backend`, `redirect_hairpin`, ...).
+    pub packets: BTreeMap<String, u64>,
+    /// The pod interfaces the bypass redirects into (none while it is off).
+    pub redirect_interfaces: Vec<RedirectInterface>,
+    pub stack_bypass: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RedirectInterface {
+    pub ifindex: u32,
+    /// `veth`, `netkit` or `unknown`.
+    pub kind: String,
+}
 
 /// `inspect delivery`.
 pub fn render(maps: &PinnedMaps, out: Output) -> anyhow::Result<String> {
@@ -30,15 +49,17 @@ pub fn render(maps: &PinnedMaps, out: Output) -> anyhow::Result<String> {
         .map(|(d, n)| (d.label(), n))
         .collect();
     if out.machine() {
-        let v = serde_json::json!({
-            "stack_bypass": bypass,
-            "redirect_interfaces": ifs
+        return out.encode(&Delivery {
+            packets: counts.iter().map(|&(p, n)| (p.to_string(), n)).collect(),
+            redirect_interfaces: ifs
                 .iter()
-                .map(|(i, k)| serde_json::json!({"ifindex": i, "kind": k}))
-                .collect::<Vec<_>>(),
-            "packets": counts.iter().copied().collect::<BTreeMap<_, _>>(),
+                .map(|&(ifindex, kind)| RedirectInterface {
+                    ifindex,
+                    kind: kind.to_string(),
+                })
+                .collect(),
+            stack_bypass: bypass,
         });
-        return out.encode(&v);
     }
     let mut out = format!(
         "stack bypass: {}\nredirect into: {}\n\n",

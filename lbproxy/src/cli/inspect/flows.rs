@@ -6,12 +6,12 @@ use std::net::SocketAddr;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use lbproxy_common::{Addr, FLOW_DIR_FORWARD, FlowKeyOf, FlowValueOf};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{Filter, Output, table};
 use crate::bpf::{PinnedMaps, label_str};
 
-#[derive(Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct FlowRow {
     pub client: String,
     pub frontend: String,

@@ -1,6 +1,7 @@
 //! `lbproxy inspect`: reads the pinned maps, whether `run` is running or not, and prints an
 //! aligned table for people or JSON (or YAML) for scripts. One module per view; the row
-//! types each prints with `--json` are public here, their field names being the JSON keys.
+//! types each prints with `--json` are public here, their field names being the JSON keys,
+//! and gathered in [`rows`].
 
 pub mod affinity;
 pub mod backends;
@@ -15,6 +16,20 @@ pub mod status;
 use std::path::Path;
 
 use serde::Serialize;
+
+/// The types `inspect VIEW --json` (and `-o yaml`) prints, one per view, for programs that
+/// read it: each is `Deserialize` too, its field names being the JSON keys. `inspect drops`
+/// prints a map of packets by reason (`BTreeMap<String, u64>`).
+pub mod rows {
+    pub use super::affinity::AffinityRow;
+    pub use super::backends::BackendRow;
+    pub use super::delivery::{Delivery, RedirectInterface};
+    pub use super::flows::FlowRow;
+    pub use super::services::ServiceRow;
+    pub use super::snat::SnatRow;
+    pub use super::sockets::Sockets;
+    pub use super::status::{InterfaceRow, MapFill, Status};
+}
 
 pub use affinity::{AffinityRow, affinity_rows};
 pub use backends::{BackendRow, backends};
@@ -74,7 +89,11 @@ pub enum What {
     Services,
     Backends,
     Flows,
+    /// The datapath's drop (and reject) counters by reason, then its events.
     Drops,
+    /// What the datapath did that is not a drop (a TCP segment without a flow, a flow half
+    /// recreated, a later fragment without its first, ...), by event.
+    Events,
     /// The stack bypass: whether it is on, the interfaces it redirects into, and how
     /// translated packets were delivered.
     Delivery,
@@ -199,6 +218,7 @@ pub fn render(
         What::Backends => backends::render(&maps, out, filter),
         What::Flows => flows::render(&maps, out, filter),
         What::Drops => drops::render(&maps, out),
+        What::Events => drops::render_events(&maps, out),
         What::Delivery => delivery::render(&maps, out),
         What::Sockets => sockets::render(&maps, dir, out),
         What::Affinity => affinity::render(&maps, out, filter),
@@ -243,6 +263,59 @@ mod tests {
     fn a_row_longer_than_the_headers_does_not_panic() {
         let t = table(&["A"], &[vec!["x".into(), "y".into()]]);
         assert_eq!(t, "A\nx  y\n");
+    }
+
+    /// `delivery` and `sockets` printed `json!` objects before they had types: their keys
+    /// came out sorted, and still do.
+    #[test]
+    fn delivery_and_sockets_keep_their_json_key_order() {
+        let d = rows::Delivery {
+            packets: [("redirect_hairpin".to_string(), 2)].into(),
+            redirect_interfaces: vec![rows::RedirectInterface {
+                ifindex: 7,
+                kind: "veth".into(),
+            }],
+            stack_bypass: true,
+        };
+        assert_eq!(
+            serde_json::to_string(&d).unwrap(),
+            r#"{"packets":{"redirect_hairpin":2},"redirect_interfaces":[{"ifindex":7,"kind":"veth"}],"stack_bypass":true}"#
+        );
+        let s = rows::Sockets {
+            events: [("other_netns".to_string(), 4)].into(),
+            hooks: vec!["connect4".into()],
+            mode: "host".into(),
+            netns_cookie: 9,
+            translated_sockets: 1,
+        };
+        assert_eq!(
+            serde_json::to_string(&s).unwrap(),
+            r#"{"events":{"other_netns":4},"hooks":["connect4"],"mode":"host","netns_cookie":9,"translated_sockets":1}"#
+        );
+    }
+
+    /// A row read back from its JSON prints the same JSON, optional fields left out or not.
+    #[test]
+    fn rows_read_back_what_they_print() {
+        fn again<T: Serialize + serde::de::DeserializeOwned>(v: &T) {
+            let text = serde_json::to_string(v).unwrap();
+            let back: T = serde_json::from_str(&text).unwrap();
+            assert_eq!(serde_json::to_string(&back).unwrap(), text);
+        }
+        let b = rows::BackendRow {
+            id: 3,
+            addr: "198.18.0.2".into(),
+            port: 80,
+            protocol: "TCP".into(),
+            state: None,
+            flows: None,
+        };
+        again(&b);
+        again(&rows::BackendRow {
+            state: Some("draining".into()),
+            flows: Some(1),
+            ..b
+        });
     }
 
     #[test]

@@ -4,7 +4,7 @@ use lbproxy_common::SlotKey;
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::backends::BackendRow;
 use super::{Filter, Output, split_label, table};
@@ -13,7 +13,7 @@ use crate::bpf::{PinnedMaps, label_str};
 use crate::desired::{BackendAddr, Frontend, FrontendKind};
 use crate::model::Protocol;
 
-#[derive(Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ServiceRow {
     pub frontend: String,
     pub vip: String,
@@ -72,7 +72,7 @@ pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
             if let Some(b) = backends.get(&id) {
                 let fallback = v.flags & lbproxy_common::SVC_F_TERMINATING_FALLBACK != 0;
                 bes.push(BackendRow {
-                    state: Some(if fallback { "terminating" } else { "ready" }),
+                    state: Some(if fallback { "terminating" } else { "ready" }.into()),
                     ..BackendRow::of(id, b)
                 });
             }
@@ -85,7 +85,7 @@ pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
                 && let Some(b) = backends.get(&id)
             {
                 draining.push(BackendRow {
-                    state: Some("draining"),
+                    state: Some("draining".into()),
                     flows: Some(n),
                     ..BackendRow::of(id, b)
                 });
@@ -190,9 +190,9 @@ pub fn render(maps: &PinnedMaps, out: Output, filter: &Filter) -> anyhow::Result
                     .iter()
                     .chain(&r.draining)
                     .map(|b| {
-                        let state = match (b.state, b.flows) {
+                        let state = match (&b.state, b.flows) {
                             (Some(s), Some(n)) => format!("{s} ({n} flows)"),
-                            (Some(s), None) => s.to_string(),
+                            (Some(s), None) => s.clone(),
                             (None, _) => "-".into(),
                         };
                         [b.at(), state]

@@ -8,7 +8,7 @@ use super::{Output, table};
 use crate::bpf::PinnedMaps;
 
 /// One destination of source-NATed flows: its ports in use out of the SNAT range.
-#[derive(Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct SnatRow {
     pub snat_address: String,
     /// The backend `ip:port`.

@@ -3,8 +3,26 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use serde::{Deserialize, Serialize};
+
 use super::{Output, table};
 use crate::bpf::PinnedMaps;
+
+/// What `inspect sockets` shows. The fields are in the order of the JSON keys, which is
+/// alphabetical: keep it so when adding one.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Sockets {
+    /// What the socket hooks did, by event (`connect_translated`, `other_netns`, ...).
+    pub events: BTreeMap<String, u64>,
+    /// The pinned links of the hooks attached.
+    pub hooks: Vec<String>,
+    /// `off`, `host` (the node's own sockets) or `pods` (every network namespace's).
+    pub mode: String,
+    /// The node's network namespace cookie: in `host` mode, only its sockets are translated.
+    pub netns_cookie: u64,
+    /// Sockets remembered for recvmsg/getpeername.
+    pub translated_sockets: usize,
+}
 
 /// `inspect sockets`.
 pub fn render(maps: &PinnedMaps, dir: &Path, out: Output) -> anyhow::Result<String> {
@@ -26,14 +44,13 @@ pub fn render(maps: &PinnedMaps, dir: &Path, out: Output) -> anyhow::Result<Stri
         .map(|(e, n)| (e.label(), n))
         .collect();
     if out.machine() {
-        let v = serde_json::json!({
-            "mode": scope,
-            "netns_cookie": cfg.netns_cookie,
-            "hooks": hooks,
-            "translated_sockets": sockets,
-            "events": counts.iter().copied().collect::<BTreeMap<_, _>>(),
+        return out.encode(&Sockets {
+            events: counts.iter().map(|&(e, n)| (e.to_string(), n)).collect(),
+            hooks,
+            mode: scope.to_string(),
+            netns_cookie: cfg.netns_cookie,
+            translated_sockets: sockets,
         });
-        return out.encode(&v);
     }
     let mut out = format!(
         "socket-level load balancing: {scope} (network namespace cookie {})

@@ -5,13 +5,13 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use lbproxy_common::map_names;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{Output, table};
 use crate::bpf::PinnedMaps;
 
 /// What `inspect status` shows.
-#[derive(Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Status {
     /// The controller's /healthz body, or why it could not be read.
     pub controller: serde_json::Value,
@@ -24,16 +24,16 @@ pub struct Status {
     pub maps: Vec<MapFill>,
 }
 
-#[derive(Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct InterfaceRow {
     pub name: String,
     pub ifindex: u32,
     pub links: Vec<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MapFill {
-    pub map: &'static str,
+    pub map: String,
     pub entries: u64,
     pub capacity: u32,
     pub fill: f64,
@@ -85,7 +85,9 @@ pub fn render(maps: &PinnedMaps, dir: &Path, out: Output, healthz: &str) -> anyh
         .map(|(name, n)| {
             let capacity = capacities.get(name).copied().unwrap_or(0) as u32;
             MapFill {
-                map: lbproxy_common::spec_by_name(name).map_or(name, |s| s.label),
+                map: lbproxy_common::spec_by_name(name)
+                    .map_or(name, |s| s.label)
+                    .to_string(),
                 entries: n as u64,
                 capacity,
                 fill: n as f64 / f64::from(capacity.max(1)),
@@ -129,7 +131,7 @@ pub fn render(maps: &PinnedMaps, dir: &Path, out: Output, healthz: &str) -> anyh
         .iter()
         .map(|m| {
             vec![
-                m.map.to_string(),
+                m.map.clone(),
                 m.entries.to_string(),
                 m.capacity.to_string(),
                 format!("{:.1}%", m.fill * 100.0),
