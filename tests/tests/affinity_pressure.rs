@@ -1,4 +1,5 @@
-//! Session affinity across several client pods, and a deliberately tiny flow table.
+//! Session affinity across several client pods (over both IP families), and a deliberately
+//! tiny flow table.
 
 mod common;
 
@@ -8,9 +9,11 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use lbproxy_tests::lab::Inspect as _;
-use lbproxy_tests::lab::{Lab, Pod, Shape, ns};
+use lbproxy_tests::lab::inspect::rows::AffinityRow;
+use lbproxy_tests::lab::{Family, Lab, Pod, Proto, Shape, ns};
 
-both_shapes!(affinity_across_clients, tiny_flow_table);
+both_shapes!(tiny_flow_table);
+both_shapes_and_families!(affinity_across_clients);
 
 /// The web service YAML with `sessionAffinity: ClientIP` and `timeoutSeconds`.
 fn with_affinity(lab_yaml: &str, timeout_s: u32) -> String {
@@ -24,97 +27,152 @@ fn with_affinity(lab_yaml: &str, timeout_s: u32) -> String {
 
 /// Backends that answered `n` new TCP connections (new source port each) from `client`.
 fn tcp_backends(client: &Pod, n: usize) -> BTreeMap<String, usize> {
+    backends(client, Proto::Tcp, Family::V4, n)
+}
+
+/// Backends that answered `n` new flows of `proto` (TCP connections, or UDP datagrams from
+/// a new source port each) from `client` to `web` over `family`. Each answer must come from
+/// the VIP:port, and its backend must have seen the client's own address.
+fn backends(client: &Pod, proto: Proto, family: Family, n: usize) -> BTreeMap<String, usize> {
+    let (vip, me) = (web_vip(family), pod_addr(client, family));
+    let port = match proto {
+        Proto::Tcp => WEB_TCP,
+        Proto::Udp => WEB_UDP,
+    };
     let mut out = BTreeMap::new();
     for i in 0..n {
-        match client.tcp_request(WEB_VIP, WEB_TCP, T) {
-            Ok((r, _)) => *out.entry(r.backend).or_insert(0) += 1,
-            Err(e) => panic!("{}: connection {i} to the VIP failed: {e}", client.name),
-        }
+        let r = match proto {
+            Proto::Tcp => client.tcp_request(vip, port, T),
+            Proto::Udp => client.udp_request(vip, port, T, None),
+        };
+        let (r, from) = r.unwrap_or_else(|e| {
+            panic!(
+                "[{family}] {}: {proto} flow {i} to the VIP failed: {e}",
+                client.name
+            )
+        });
+        assert_eq!(
+            from,
+            SocketAddr::new(vip, port),
+            "[{family}] {}: {proto} flow {i}: the answer must come from the VIP:port: {r}",
+            client.name
+        );
+        let seen: SocketAddr = r.client_seen.parse().unwrap();
+        assert_eq!(
+            seen.ip(),
+            me,
+            "[{family}] {}: {proto} flow {i}: the backend must see the client's own address: \
+             {r}",
+            client.name
+        );
+        *out.entry(r.backend).or_insert(0) += 1;
     }
     out
 }
 
-fn affinity_across_clients(shape: Shape) {
+/// `sessionAffinity: ClientIP` with a 60 s timeout, as lines of a Service's spec.
+const AFFINITY_60: &str =
+    "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}\n";
+
+/// Three clients, ClientIP affinity over three backends, over IPv4 and over IPv6 (the
+/// dual-stack `web`'s IPv6 clusterIP): each client's new TCP connections and UDP flows stick
+/// to one backend, one affinity entry per client and frontend; when a client's backend
+/// leaves, it moves at once and sticks to a new one, and the other clients keep theirs.
+fn affinity_across_clients(shape: Shape, family: Family) {
     let s = Setup::new(shape, &["b1", "b2", "b3"]);
+    let all: Vec<&Pod> = s.backends.iter().collect();
+    serve_family(&s, family, &all);
+    let vip = web_vip(family);
     let clients: Vec<Pod> = (1..=3).map(|i| s.lab.add_pod(&format!("c{i}"))).collect();
     // Interfaces of pods added after start are attached within a couple of seconds.
     std::thread::sleep(Duration::from_secs(3));
 
     // Control: without affinity one client's new connections spread over backends, so the
     // assertions below can fail.
-    let spread = tcp_backends(&clients[0], 30);
+    let spread = backends(&clients[0], Proto::Tcp, family, 30);
     assert!(
         spread.len() > 1,
-        "[{shape}] without affinity 30 connections from c1 all went to {spread:?}"
+        "[{shape}, {family}] without affinity 30 connections from c1 all went to {spread:?}"
     );
 
-    let base = web_objects(
-        "web",
-        WEB_VIP,
-        ready(&s.backends.iter().collect::<Vec<_>>()),
-    );
-    s.lab
-        .write_manifest_text(&with_affinity(&base.to_yaml(), 60));
+    let manifest = |pods: &[&Pod]| match family {
+        Family::V4 => with_affinity(&web_objects("web", WEB_VIP, ready(pods)).to_yaml(), 60),
+        Family::V6 => dual_stack_manifest_with(pods, pods, AFFINITY_60),
+    };
+    s.lab.write_manifest_text(&manifest(&all));
     std::thread::sleep(APPLY_WITHIN);
-    let svc = s.lab.inspect_json("services");
+    let svc = s.lab.inspect_services();
     let tcp = svc
-        .as_array()
-        .unwrap()
         .iter()
-        .find(|r| r["frontend"] == format!("{WEB_VIP}:{WEB_TCP}/TCP"))
-        .unwrap_or_else(|| panic!("[{shape}] no TCP frontend in {svc}"));
-    assert_eq!(tcp["affinity_timeout_s"], 60, "[{shape}] {tcp}");
+        .find(|r| r.frontend == format!("{}/TCP", SocketAddr::new(vip, WEB_TCP)))
+        .unwrap_or_else(|| panic!("[{shape}, {family}] no TCP frontend in {svc:?}"));
+    assert_eq!(tcp.affinity_timeout_s, 60, "[{shape}, {family}] {tcp:?}");
 
     let mut chosen = BTreeMap::new();
     for c in &clients {
-        let got = tcp_backends(c, 20);
+        let got = backends(c, Proto::Tcp, family, 20);
         assert_eq!(
             got.len(),
             1,
-            "[{shape}] with ClientIP affinity {}'s 20 connections went to {got:?}",
+            "[{shape}, {family}] with ClientIP affinity {}'s 20 connections went to {got:?}",
+            c.name
+        );
+        let udp = backends(c, Proto::Udp, family, 20);
+        assert_eq!(
+            udp.len(),
+            1,
+            "[{shape}, {family}] with ClientIP affinity {}'s 20 UDP flows went to {udp:?}",
             c.name
         );
         chosen.insert(c.name.clone(), got.into_keys().next().unwrap());
+        let rows = s.lab.inspect_affinity();
+        let me = pod_addr(c, family).to_string();
+        let mine: Vec<&AffinityRow> = rows.iter().filter(|r| r.client == me).collect();
+        assert_eq!(
+            mine.len(),
+            2,
+            "[{shape}, {family}] one affinity entry per frontend for {} ({me}): {rows:#?}",
+            c.name
+        );
     }
 
     // The backend of c1 leaves: c1's affinity is dropped at once and it sticks to a new one.
     let gone = chosen["c1"].clone();
     let keep: Vec<&Pod> = s.backends.iter().filter(|p| p.name != gone).collect();
-    let m = web_objects("web", WEB_VIP, ready(&keep));
     let written = Instant::now();
-    s.lab.write_manifest_text(&with_affinity(&m.to_yaml(), 60));
+    s.lab.write_manifest_text(&manifest(&keep));
     let deadline = written + APPLY_WITHIN;
     let moved_after = loop {
         // A connection made to `gone` just before it left is reset on its request (a flow
         // whose backend left gets a RST): that is still "on the removed backend".
-        let moved = match clients[0].tcp_request(WEB_VIP, WEB_TCP, T) {
+        let moved = match clients[0].tcp_request(vip, WEB_TCP, T) {
             Ok((r, _)) => r.backend != gone,
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => false,
-            Err(e) => panic!("[{shape}] c1: connection to the VIP failed: {e}"),
+            Err(e) => panic!("[{shape}, {family}] c1: connection to the VIP failed: {e}"),
         };
         if moved {
             break written.elapsed();
         }
         assert!(
             Instant::now() < deadline,
-            "[{shape}] c1 still sent to removed {gone} {:?} after the manifest write",
+            "[{shape}, {family}] c1 still sent to removed {gone} {:?} after the manifest write",
             written.elapsed()
         );
         std::thread::sleep(Duration::from_millis(50));
     };
-    let after = tcp_backends(&clients[0], 20);
+    let after = backends(&clients[0], Proto::Tcp, family, 20);
     assert!(
         after.len() == 1 && !after.contains_key(&gone),
-        "[{shape}] after {gone} left (moved in {moved_after:?}), c1 went to {after:?}"
+        "[{shape}, {family}] after {gone} left (moved in {moved_after:?}), c1 went to {after:?}"
     );
     // The other clients, whose backends stayed, keep theirs.
     for c in &clients[1..] {
         if chosen[&c.name] != gone {
-            let got = tcp_backends(c, 10);
+            let got = backends(c, Proto::Tcp, family, 10);
             assert_eq!(
                 got.keys().collect::<Vec<_>>(),
                 vec![&chosen[&c.name]],
-                "[{shape}] {} lost its affinity to {} though it stayed",
+                "[{shape}, {family}] {} lost its affinity to {} though it stayed",
                 c.name,
                 chosen[&c.name]
             );
@@ -181,8 +239,7 @@ fn tiny_flow_table(shape: Shape) {
         udp_ok >= 1450,
         "[{shape}] only {udp_ok} of 1500 UDP requests answered with a full table"
     );
-    let flows = lab.inspect_json("flows");
-    let n = flows.as_array().map_or(0, Vec::len);
+    let n = lab.inspect_flows().len();
     assert!(
         n <= 512,
         "[{shape}] {n} forward flows in a 1024-entry table"
@@ -191,11 +248,7 @@ fn tiny_flow_table(shape: Shape) {
     // The kernel's LRU picks what it evicts; keep flooding (bounded) until the idle
     // connection's flow is gone, so the eviction below is certain.
     let idle_client = idle.local.to_string();
-    let listed = |lab: &Lab| {
-        lab.inspect_json("flows")
-            .as_array()
-            .is_some_and(|a| a.iter().any(|f| f["client"] == idle_client.as_str()))
-    };
+    let listed = |lab: &Lab| lab.inspect_flows().iter().any(|f| f.client == idle_client);
     let mut extra = 0u16;
     while listed(lab) {
         assert!(
@@ -286,14 +339,10 @@ fn idle_flows_expire(shape: Shape) {
         .udp_request(WEB_VIP, WEB_UDP, T, Some(31_000))
         .expect("udp request");
     let protos = |lab: &Lab| -> Vec<String> {
-        lab.inspect_json("flows")
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|f| f["protocol"].as_str().unwrap_or("").to_string())
-                    .collect()
-            })
-            .unwrap_or_default()
+        lab.inspect_flows()
+            .into_iter()
+            .map(|f| f.protocol)
+            .collect()
     };
     let before = protos(lab);
     assert!(

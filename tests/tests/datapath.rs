@@ -2,15 +2,18 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::*;
+use lbproxy_tests::lab::inspect::rows::FlowRow;
 use lbproxy_tests::lab::{
-    Conditions, Endpoint, EndpointSlice, Lab, Manifest, Pod, Proto, Protocol, Service, Shape,
-    run_in_ns, udp_request_here, vip,
+    Conditions, Endpoint, EndpointSlice, Family, Inspect as _, Lab, Manifest, Pod, Proto, Protocol,
+    Service, Shape, run_in_ns, udp_request_here, vip,
 };
 
-both_shapes!(spread, live_update, not_ready, named_port, invalid_drop);
+both_shapes!(spread, live_update, not_ready, named_port);
+both_shapes_and_families!(invalid_drop);
 
 /// 1. Three ready backends: new TCP connections and new UDP flows spread over all of them,
 ///    and replies come from the VIP:port, never from a pod IP.
@@ -34,15 +37,15 @@ fn spread(shape: Shape) {
         eprintln!("[{shape}] spread {t}");
     }
     // `inspect --json` agrees: both frontends with all three backends, and the flows.
-    let svcs = s.lab.inspect_json("services");
+    let svcs = s.lab.inspect_services();
     for (frontend, port) in [
         (format!("{WEB_VIP}:{WEB_TCP}/TCP"), BACKEND_TCP),
         (format!("{WEB_VIP}:{WEB_UDP}/UDP"), BACKEND_UDP),
     ] {
         let svc = svcs
-            .as_array()
-            .and_then(|a| a.iter().find(|x| x["frontend"] == frontend.as_str()))
-            .unwrap_or_else(|| panic!("[{shape}] inspect services: no {frontend}: {svcs:#}"));
+            .iter()
+            .find(|x| x.frontend == frontend)
+            .unwrap_or_else(|| panic!("[{shape}] inspect services: no {frontend}: {svcs:#?}"));
         let got = row_backends(svc);
         let mut want: Vec<String> = s
             .backends
@@ -50,19 +53,16 @@ fn spread(shape: Shape) {
             .map(|p| format!("{}:{port}", p.ip))
             .collect();
         want.sort();
-        assert_eq!(got, want, "[{shape}] inspect services {frontend}: {svc:#}");
-        assert_eq!(svc["service"], "default/web", "[{shape}] {svc:#}");
-        assert_eq!(
-            svc["vip"],
-            WEB_VIP.to_string().as_str(),
-            "[{shape}] {svc:#}"
-        );
+        assert_eq!(got, want, "[{shape}] inspect services {frontend}: {svc:#?}");
+        assert_eq!(svc.service, "default/web", "[{shape}] {svc:#?}");
+        assert_eq!(svc.vip, WEB_VIP.to_string(), "[{shape}] {svc:#?}");
     }
-    let flows = s.lab.inspect_json("flows");
-    let flows = flows
+    // The JSON's keys themselves (the contract scripts rely on), then its rows typed.
+    let json = s.lab.inspect_json("flows");
+    let raw = json
         .as_array()
-        .unwrap_or_else(|| panic!("[{shape}] inspect flows: not an array: {flows}"));
-    for f in flows {
+        .unwrap_or_else(|| panic!("[{shape}] inspect flows: not an array: {json}"));
+    for f in raw {
         for k in [
             "client",
             "frontend",
@@ -80,14 +80,11 @@ fn spread(shape: Shape) {
     }
     let udp_frontend = format!("{WEB_VIP}:{WEB_UDP}/UDP");
     let client_prefix = format!("{}:", s.client.ip);
+    let flows: Vec<FlowRow> = serde_json::from_value(json.clone())
+        .unwrap_or_else(|e| panic!("[{shape}] inspect flows: not flow rows ({e}): {json:#}"));
     let n = flows
         .iter()
-        .filter(|f| {
-            f["frontend"] == udp_frontend.as_str()
-                && f["client"]
-                    .as_str()
-                    .is_some_and(|c| c.starts_with(&client_prefix))
-        })
+        .filter(|f| f.frontend == udp_frontend && f.client.starts_with(&client_prefix))
         .count();
     assert!(
         n > 0,
@@ -305,49 +302,41 @@ fn named_port(shape: Shape) {
     }
 
     // `inspect services --json` shows each backend with its own slice's port.
-    let svcs = lab.inspect_json("services");
+    let svcs = lab.inspect_services();
     let want = [
         (
             format!("{v}:{WEB_TCP}/TCP"),
-            [(b1.ip, 8080u64), (b2.ip, 9090)],
+            [(b1.ip, 8080u16), (b2.ip, 9090)],
         ),
         (format!("{v}:{WEB_UDP}/UDP"), [(b1.ip, 5353), (b2.ip, 6363)]),
     ];
     for (frontend, backends) in want {
         let svc = svcs
-            .as_array()
-            .and_then(|a| a.iter().find(|s| s["frontend"] == frontend.as_str()))
-            .unwrap_or_else(|| {
-                panic!("[{shape}] inspect services: no frontend {frontend}: {svcs:#}")
-            });
-        let mut got: Vec<(String, u64)> = svc["backends"]
-            .as_array()
-            .unwrap_or_else(|| {
-                panic!("[{shape}] inspect: {frontend} has no backends array: {svc:#}")
-            })
             .iter()
-            .map(|b| {
-                (
-                    b["addr"].as_str().unwrap_or("?").to_owned(),
-                    b["port"].as_u64().unwrap_or(0),
-                )
-            })
+            .find(|s| s.frontend == frontend)
+            .unwrap_or_else(|| {
+                panic!("[{shape}] inspect services: no frontend {frontend}: {svcs:#?}")
+            });
+        let mut got: Vec<(String, u16)> = svc
+            .backends
+            .iter()
+            .map(|b| (b.addr.clone(), b.port))
             .collect();
         got.sort();
-        let mut want: Vec<(String, u64)> =
+        let mut want: Vec<(String, u16)> =
             backends.iter().map(|(a, p)| (a.to_string(), *p)).collect();
         want.sort();
         assert_eq!(
             got, want,
-            "[{shape}] inspect services: backends of {frontend}: {svc:#}"
+            "[{shape}] inspect services: backends of {frontend}: {svc:#?}"
         );
-        assert_eq!(svc["service"], "default/named", "[{shape}] {svc:#}");
+        assert_eq!(svc.service, "default/named", "[{shape}] {svc:#?}");
     }
 }
 
-/// Packet count of the first rule in the node namespace's FORWARD chain.
-fn forward_drop_count(lab: &Lab) -> String {
-    lab.node_run(&["iptables", "-L", "FORWARD", "-v", "-x", "-n"])
+/// Packet count of the first rule in the node namespace's FORWARD chain of `family`.
+fn forward_drop_count(lab: &Lab, family: Family) -> String {
+    lab.node_run(&[iptables(family), "-L", "FORWARD", "-v", "-x", "-n"])
         .map(|o| {
             o.lines()
                 .nth(2)
@@ -357,12 +346,16 @@ fn forward_drop_count(lab: &Lab) -> String {
         .unwrap_or_else(|e| e)
 }
 
-/// 5. With `iptables -A FORWARD -m conntrack --ctstate INVALID -j DROP` in the node namespace,
-///    TCP and UDP through VIPs still work, in both directions between two pods.
-fn invalid_drop(shape: Shape) {
+/// 5. With `iptables -A FORWARD -m conntrack --ctstate INVALID -j DROP` in the node namespace
+///    (over IPv6, the same rule in ip6tables, kube-proxy's rule in its IPv6 table), TCP and
+///    UDP through VIPs still work, in both directions between two pods: each request is
+///    answered within 800 ms (a dropped SYN-ACK or reply, recovered by a retransmission after
+///    1 s, fails), on new connections, on one long-lived connection and from one fixed UDP
+///    source port, always from the VIP and port it was sent to.
+fn invalid_drop(shape: Shape, family: Family) {
     let lab = Lab::new(shape);
     lab.node_run(&[
-        "iptables",
+        iptables(family),
         "-A",
         "FORWARD",
         "-m",
@@ -372,16 +365,16 @@ fn invalid_drop(shape: Shape) {
         "-j",
         "DROP",
     ])
-    .unwrap_or_else(|e| panic!("[{shape}] installing the INVALID drop rule: {e}"));
+    .unwrap_or_else(|e| panic!("[{shape}, {family}] installing the INVALID drop rule: {e}"));
     let a = lab.add_pod("a");
     let b = lab.add_pod("b");
     let c = lab.add_pod("c");
     let _sa = a.serve(&[BACKEND_TCP, BACKEND_UDP]);
     let _sb = b.serve(&[BACKEND_TCP, BACKEND_UDP]);
-    let (to_b, to_a) = (vip(10), vip(12));
+    let (to_b, to_a) = (vip_in(family, 10), vip_in(family, 12));
     lab.write_manifest(&merge([
-        web_objects("to-b", to_b, ready(&[&b])),
-        web_objects("to-a", to_a, ready(&[&a])),
+        web_objects("to-b", to_b, ready_in(family, &[&b])),
+        web_objects("to-a", to_a, ready_in(family, &[&a])),
     ]));
     let mut lb = lab.start_lbproxy();
     lb.expect_healthy(HEALTHY_WITHIN);
@@ -412,7 +405,7 @@ fn invalid_drop(shape: Shape) {
             for i in 0..20 {
                 let (r, src) = udp_request_here(target, WEB_UDP, tt, Some(41000))
                     .map_err(|e| format!("UDP request #{i} from fixed port 41000: {e}"))?;
-                if r.backend != backend || src.ip() != target {
+                if r.backend != backend || src != SocketAddr::new(target, WEB_UDP) {
                     return Err(format!(
                         "UDP request #{i}: answered by {} from {src}",
                         r.backend
@@ -425,13 +418,13 @@ fn invalid_drop(shape: Shape) {
             failures.push(format!("{} -> {target}: {e}", client.name));
         }
     }
-    let drops = forward_drop_count(&lab);
-    eprintln!("[{shape}] INVALID-drop rule packet count: {drops}");
+    let drops = forward_drop_count(&lab, family);
+    eprintln!("[{shape}, {family}] INVALID-drop rule packet count: {drops}");
     assert!(
         failures.is_empty(),
-        "[{shape}] with the INVALID drop rule (it dropped {drops} packets):\n  {}\nrules:\n{}",
+        "[{shape}, {family}] with the INVALID drop rule (it dropped {drops} packets):\n  {}\nrules:\n{}",
         failures.join("\n  "),
-        lab.node_run(&["iptables", "-L", "FORWARD", "-v", "-x", "-n"])
+        lab.node_run(&[iptables(family), "-L", "FORWARD", "-v", "-x", "-n"])
             .unwrap_or_else(|e| e)
     );
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use lbproxy_tests::lab::Inspect as _;
+use lbproxy_tests::lab::inspect::rows::{AffinityRow, ServiceRow, Status};
 use lbproxy_tests::lab::{
     Backend, Conditions, Endpoint, HEALTHZ_ADDR, Lab, Lbproxy, Pod, Shape, lbproxy_bin, ns_run,
     vip, wait_for,
@@ -493,19 +494,16 @@ fn inspect_shows_backend_states_affinity_and_status() {
     ]));
     let state_of = |svc: &str, backend: &Pod| -> Option<String> {
         let yaml = inspect(&lab, &["services", "-o", "yaml"]);
-        let rows: Vec<Value> = serde_saphyr::from_str(&yaml)
-            .unwrap_or_else(|e| panic!("inspect services -o yaml is not YAML ({e}):\n{yaml}"));
-        rows.iter()
-            .filter(|r| r["service"] == svc && r["protocol"] == "TCP")
-            .flat_map(|r| {
-                let mut all = r["backends"].as_array().cloned().unwrap_or_default();
-                all.extend(r["draining"].as_array().cloned().unwrap_or_default());
-                all
-            })
-            .find(|b| b["addr"] == backend.ip.to_string())
-            .map(|b| match b["flows"].as_u64() {
-                Some(n) => format!("{} {n}", b["state"].as_str().unwrap()),
-                None => b["state"].as_str().unwrap().to_string(),
+        let rows: Vec<ServiceRow> = serde_saphyr::from_str(&yaml).unwrap_or_else(|e| {
+            panic!("inspect services -o yaml is not YAML of service rows ({e}):\n{yaml}")
+        });
+        rows.into_iter()
+            .filter(|r| r.service == svc && r.protocol == "TCP")
+            .flat_map(|r| r.backends.into_iter().chain(r.draining))
+            .find(|b| b.addr == backend.ip.to_string())
+            .map(|b| match b.flows {
+                Some(n) => format!("{} {n}", b.state.unwrap()),
+                None => b.state.unwrap(),
             })
     };
     let drained = wait_for(Duration::from_secs(5), Duration::from_millis(100), || {
@@ -541,48 +539,39 @@ fn inspect_shows_backend_states_affinity_and_status() {
     client
         .tcp_request(sticky_vip, WEB_TCP, T)
         .expect("sticky request");
-    let aff: Value = serde_json::from_str(&inspect(&lab, &["affinity", "-o", "json"])).unwrap();
+    let aff: Vec<AffinityRow> =
+        serde_json::from_str(&inspect(&lab, &["affinity", "-o", "json"])).unwrap();
     let row = aff
-        .as_array()
-        .unwrap()
         .iter()
-        .find(|r| r["service"] == "default/sticky:http")
-        .unwrap_or_else(|| panic!("no affinity entry for default/sticky:http: {aff:#}"))
-        .clone();
-    assert_eq!(row["client"], client.ip.to_string(), "{row}");
-    assert_eq!(row["backend"], format!("{}:8080", pods[2].ip), "{row}");
-    assert_eq!(row["state"], "active", "{row}");
-    assert_eq!(row["timeout_seconds"], 600, "{row}");
-    assert!(row["idle_seconds"].as_f64().unwrap() < 10.0, "{row}");
+        .find(|r| r.service == "default/sticky:http")
+        .unwrap_or_else(|| panic!("no affinity entry for default/sticky:http: {aff:#?}"));
+    assert_eq!(row.client, client.ip.to_string(), "{row:?}");
+    assert_eq!(row.backend, format!("{}:8080", pods[2].ip), "{row:?}");
+    assert_eq!(row.state, "active", "{row:?}");
+    assert_eq!(row.timeout_seconds, 600, "{row:?}");
+    assert!(row.idle_seconds < 10.0, "{row:?}");
 
     // Status: the controller's last sync, the client's interface, the flow table's fill.
-    let st: Value = serde_json::from_str(&inspect(
+    let st: Status = serde_json::from_str(&inspect(
         &lab,
         &["status", "-o", "json", "--healthz-address", HEALTHZ_ADDR],
     ))
     .unwrap();
-    assert_eq!(st["healthy"], true, "{st:#}");
-    let age = st["sync_age_seconds"].as_f64().expect("sync age");
-    assert!((0.0..60.0).contains(&age), "{st:#}");
-    let ifaces: Vec<&str> = st["interfaces"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|i| i["name"].as_str())
-        .collect();
+    assert_eq!(st.healthy, Some(true), "{st:#?}");
+    let age = st.sync_age_seconds.expect("sync age");
+    assert!((0.0..60.0).contains(&age), "{st:#?}");
+    let ifaces: Vec<&str> = st.interfaces.iter().map(|i| i.name.as_str()).collect();
     assert!(
         ifaces.iter().any(|i| i.starts_with(lab.if_prefix())),
         "no pod interface among {ifaces:?}"
     );
-    let flows = st["maps"]
-        .as_array()
-        .unwrap()
+    let flows = st
+        .maps
         .iter()
-        .find(|m| m["map"] == "flows")
-        .expect("flows map fill")
-        .clone();
-    assert!(flows["entries"].as_u64().unwrap() >= 2, "{flows}");
-    assert!(flows["capacity"].as_u64().unwrap() > 0, "{flows}");
+        .find(|m| m.map == "flows")
+        .expect("flows map fill");
+    assert!(flows.entries >= 2, "{flows:?}");
+    assert!(flows.capacity > 0, "{flows:?}");
     // Without a controller to ask, it says so and still shows the maps.
     let st = inspect(&lab, &["status", "--healthz-address", "127.0.0.1:1"]);
     assert!(

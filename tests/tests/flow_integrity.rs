@@ -157,17 +157,15 @@ fn tuple_clash(shape: Shape) {
             "[{shape}] each socket talks to its own VIP"
         );
     }
-    let flows = lab.inspect_json("flows");
+    let flows = lab.inspect_flows();
     let rewritten: Vec<_> = flows
-        .as_array()
-        .unwrap()
         .iter()
-        .filter(|f| f["client_port_at_backend"].is_u64())
+        .filter(|f| f.client_port_at_backend.is_some())
         .collect();
     assert_eq!(
         rewritten.len(),
         1,
-        "[{shape}] inspect flows shows one flow with a rewritten port: {flows:#}"
+        "[{shape}] inspect flows shows one flow with a rewritten port: {flows:#?}"
     );
 
     // UDP: two connected sockets on one port, one per VIP; each gets its own answer.
@@ -188,6 +186,11 @@ fn tuple_clash(shape: Shape) {
         lab.drop_count("tuple_clash_port_rewritten") >= 2,
         "[{shape}] the clashes are counted: {:#}",
         lab.inspect_json("drops")
+    );
+    assert!(
+        lab.event_count("tuple_clash_port_rewritten") >= 2,
+        "[{shape}] the clashes are counted as events: {:#}",
+        lab.inspect_json("events")
     );
 }
 
@@ -269,7 +272,7 @@ fn half_close(shape: Shape) {
     let all: Vec<&Pod> = pods.iter().collect();
     lab.write_manifest(&objects(&all));
     std::thread::sleep(APPLY_WITHIN);
-    let states = lab.inspect_json("flows");
+    let states = lab.inspect_flows();
     go.send(()).unwrap();
     for (i, s) in streams.iter().enumerate() {
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -278,7 +281,7 @@ fn half_close(shape: Shape) {
         assert!(
             r.is_ok() && got.len() == ANSWER,
             "[{shape}] half-closed connection {i}: read {:?} after {} of {ANSWER} bytes \
-             (flows before the answer: {states:#})\n{}",
+             (flows before the answer: {states:#?})\n{}",
             r,
             got.len(),
             lb.log()
@@ -286,16 +289,11 @@ fn half_close(shape: Shape) {
     }
     let log = server.join().unwrap();
     assert_eq!(log.len(), 2 * N, "server: {log:?}");
-    let half: Vec<_> = states
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["state"] == "half_closed")
-        .collect();
+    let half: Vec<_> = states.iter().filter(|f| f.state == "half_closed").collect();
     assert_eq!(
         half.len(),
         N,
-        "[{shape}] inspect flows shows the half-closed flows: {states:#}"
+        "[{shape}] inspect flows shows the half-closed flows: {states:#?}"
     );
 }
 
@@ -362,6 +360,11 @@ fn stale_reply_direct(shape: Shape) {
         "[{shape}] counted: {:#}",
         s.lab.inspect_json("drops")
     );
+    assert!(
+        s.lab.event_count("stale_reply_removed") >= 2,
+        "[{shape}] counted as an event: {:#}",
+        s.lab.inspect_json("events")
+    );
 }
 
 /// The `LB_FLOWS_V3` key of the reply half of a flow from `client` to `backend`.
@@ -396,6 +399,7 @@ fn reply_half_recreated(shape: Shape) {
     bpf::map_delete(&map, &key)
         .unwrap_or_else(|e| panic!("[{shape}] deleting the reply half: {e}"));
     let before = s.lab.drop_count("flow_half_recreated");
+    let events_before = s.lab.event_count("flow_half_recreated");
     // The request recreates the reply half before the answer comes back.
     let r = ask(&conn);
     assert!(
@@ -415,6 +419,11 @@ fn reply_half_recreated(shape: Shape) {
         s.lab.drop_count("flow_half_recreated"),
         before + 1,
         "[{shape}] counted once"
+    );
+    assert_eq!(
+        s.lab.event_count("flow_half_recreated"),
+        events_before + 1,
+        "[{shape}] counted once as an event"
     );
 }
 
@@ -550,34 +559,24 @@ fn flows_are_migrated(shape: Shape, version: u8) {
         !v1.exists(),
         "[{shape}] {old_name} is unpinned after the migration"
     );
-    let flows = lab.inspect_json("flows");
+    let flows = lab.inspect_flows();
     let find = |port: u16| {
         flows
-            .as_array()
-            .unwrap()
             .iter()
-            .find(|f| f["client"] == format!("{}:{port}", client.ip).as_str())
-            .cloned()
+            .find(|f| f.client == format!("{}:{port}", client.ip))
             .unwrap_or_else(|| {
                 panic!(
-                    "[{shape}] flow from :{port} not migrated: {flows:#}\n{}",
+                    "[{shape}] flow from :{port} not migrated: {flows:#?}\n{}",
                     lb.log()
                 )
             })
     };
     for (port, state) in [(21041u16, "established"), (21042, "closed")] {
         let f = find(port);
-        assert_eq!(
-            f["backend"],
-            format!("{}:{BACKEND_TCP}", b1.ip).as_str(),
-            "{f:#}"
-        );
-        assert_eq!(f["state"], state, "[{shape}] {f:#}");
-        assert_eq!(
-            f["reply_half"], true,
-            "[{shape}] both halves migrated: {f:#}"
-        );
-        assert!(f["client_port_at_backend"].is_null(), "[{shape}] {f:#}");
+        assert_eq!(f.backend, format!("{}:{BACKEND_TCP}", b1.ip), "{f:#?}");
+        assert_eq!(f.state, state, "[{shape}] {f:#?}");
+        assert!(f.reply_half, "[{shape}] both halves migrated: {f:#?}");
+        assert!(f.client_port_at_backend.is_none(), "[{shape}] {f:#?}");
     }
     assert!(
         lb.log()

@@ -5,45 +5,49 @@
 //!
 //! Each test fails under conntrack-style behaviour (a flow pinned to its first backend until
 //! it times out; a black hole for a service without endpoints):
-//! 1. [`udp_flow_moves`]: the removed backend keeps serving, so a pinned flow keeps getting
-//!    its answers.
+//! 1. [`udp_flow_moves`] (over IPv4 and IPv6): the removed backend keeps serving, so a
+//!    pinned flow keeps getting its answers.
 //! 2. [`syn_retry_reaches_replacement`]: a SYN_SENT flow pinned to the frozen backend never
 //!    connects.
-//! 3. [`terminating_then_removed`]: a pinned connection keeps being answered by the removed
-//!    (still serving) backend instead of reset.
+//! 3. [`terminating_then_removed`] (over IPv4 and IPv6): a pinned connection keeps being
+//!    answered by the removed (still serving) backend instead of reset.
 //! 4. [`kep1669_fallback`]: without the fallback the service has no usable endpoint.
-//! 5. [`reject_timings`]: a black hole makes connect and recv time out instead of failing
-//!    at once.
+//! 5. [`reject_timings`] (over IPv4 and IPv6): a black hole makes connect and recv time out
+//!    instead of failing at once.
 //! 6. [`restart_keeps_flows`]: a flow table rebuilt on start shows a young entry (or none).
 //! 7. [`source_port_reuse`]: one connection after another from one source port each gets a
 //!    working flow, and the table keeps exactly one flow (two entries) for the tuple, also
 //!    when the backend changes between them.
-//! 8. [`shared_backend_leaves_one_service`]: a backend that leaves `web` but stays in
-//!    `metrics` keeps its `web` flows (its backend id lives on through `metrics`).
+//! 8. [`shared_backend_leaves_one_service`] (over IPv4 and IPv6): a backend that leaves
+//!    `web` but stays in `metrics` keeps its `web` flows (its backend id lives on through
+//!    `metrics`).
 
 mod common;
 
 use std::io::{self, BufRead as _, BufReader, Write as _};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use common::*;
 use lbproxy_tests::lab::Inspect as _;
 use lbproxy_tests::lab::connect::{PendingConnect, reset_on_close};
+use lbproxy_tests::lab::inspect::rows::FlowRow;
 use lbproxy_tests::lab::{
-    Conditions, Endpoint, Lab, Pod, Proto, Shape, TcpConn, ns_run, vip, wait_for,
+    Conditions, Endpoint, Family, Lab, Pod, Proto, Shape, TcpConn, ns_run, wait_for,
 };
 use serde_json::Value;
 
 both_shapes!(
-    udp_flow_moves,
     syn_retry_reaches_replacement,
-    terminating_then_removed,
     kep1669_fallback,
-    reject_timings,
     restart_keeps_flows,
     source_port_reuse,
-    shared_backend_leaves_one_service,
+);
+both_shapes_and_families!(
+    reject_timings,
+    udp_flow_moves,
+    terminating_then_removed,
+    shared_backend_leaves_one_service
 );
 
 /// Fixed client source ports (below the ephemeral range, so nothing else takes them).
@@ -53,9 +57,6 @@ const SRC_SYN_FRESH: u16 = 20012;
 const SRC_RESTART_UDP: u16 = 20021;
 const SRC_REUSE: u16 = 20031;
 const SRC_SHARED: u16 = 20041;
-
-/// The ClusterIP of `metrics`, a second Service over a backend of `web`.
-const METRICS_VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 13);
 
 /// The contract for a removed backend's UDP flow: answers from a live backend within 1 s.
 const MOVE_WITHIN: Duration = Duration::from_secs(1);
@@ -89,27 +90,21 @@ fn stream_request(s: &TcpStream) -> io::Result<String> {
 }
 
 /// The forward flow entries (`inspect flows --json`) from `client` to `frontend`.
-fn flows_from(lab: &Lab, client: SocketAddrV4, frontend: &str) -> Vec<Value> {
-    let all = lab.inspect_json("flows");
-    let all = all
-        .as_array()
-        .unwrap_or_else(|| panic!("inspect flows --json: not an array: {all}"))
-        .clone();
+fn flows_from(lab: &Lab, client: impl Into<SocketAddr>, frontend: &str) -> Vec<FlowRow> {
+    let client = client.into();
     let c = client.to_string();
-    all.into_iter()
-        .filter(|f| f["client"] == c.as_str() && f["frontend"] == frontend)
+    lab.inspect_flows()
+        .into_iter()
+        .filter(|f| f.client == c && f.frontend == frontend)
         .collect()
 }
 
 /// The distinct backend addresses (`ip:port`) `inspect services --json` lists for `frontend`.
 fn service_backends(lab: &Lab, frontend: &str) -> Option<Vec<String>> {
-    let svcs = lab.inspect_json("services");
-    let svc = svcs
-        .as_array()?
-        .iter()
-        .find(|s| s["frontend"] == frontend)?
-        .clone();
-    svc["backends"].as_array()?;
+    let svc = lab
+        .inspect_services()
+        .into_iter()
+        .find(|s| s.frontend == frontend)?;
     let mut v = row_backends(&svc);
     v.dedup();
     Some(v)
@@ -137,11 +132,48 @@ fn wait_service_backends(lab: &Lab, frontend: &str, want: &[String], ctx: &str) 
 }
 
 fn tcp_frontend() -> String {
-    format!("{WEB_VIP}:{WEB_TCP}/TCP")
+    tcp_frontend_in(Family::V4)
 }
 
 fn udp_frontend() -> String {
-    format!("{WEB_VIP}:{WEB_UDP}/UDP")
+    udp_frontend_in(Family::V4)
+}
+
+/// `web`'s TCP frontend in `family`, as `inspect` writes it.
+fn tcp_frontend_in(family: Family) -> String {
+    format!("{}/TCP", SocketAddr::new(web_vip(family), WEB_TCP))
+}
+
+/// `web`'s UDP frontend in `family`, as `inspect` writes it.
+fn udp_frontend_in(family: Family) -> String {
+    format!("{}/UDP", SocketAddr::new(web_vip(family), WEB_UDP))
+}
+
+/// The unspecified address of `family`.
+fn any(family: Family) -> IpAddr {
+    match family {
+        Family::V4 => Ipv4Addr::UNSPECIFIED.into(),
+        Family::V6 => Ipv6Addr::UNSPECIFIED.into(),
+    }
+}
+
+/// `pod`'s `port` in `family`, as `inspect` writes a backend (`ip:port`, `[ip]:port`).
+fn backend_addr(pod: &Pod, family: Family, port: u16) -> String {
+    SocketAddr::new(pod_addr(pod, family), port).to_string()
+}
+
+/// For IPv6, makes `web` a single-stack IPv6 Service over `pods` and waits until `inspect
+/// services` shows it (for IPv4, [`Setup`] wrote `web`).
+fn web_in(s: &Setup, family: Family, pods: &[&Pod]) {
+    if family == Family::V6 {
+        s.lab
+            .write_manifest(&web_objects("web", VIP6, ready_in(family, pods)));
+        let want: Vec<String> = pods
+            .iter()
+            .map(|p| backend_addr(p, family, BACKEND_TCP))
+            .collect();
+        wait_service_backends(&s.lab, &tcp_frontend_in(family), &want, "[IPv6] web");
+    }
 }
 
 /// One UDP exchange slot on an unconnected socket: send a request to `dst`, then collect
@@ -164,12 +196,12 @@ fn udp_slot(
         sock.set_read_timeout(Some(left)).unwrap();
         match sock.recv_from(&mut buf) {
             Ok((n, from)) => out.push((t0.elapsed(), reply_backend(&buf[..n]), from)),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) => {}
-            Err(e) => panic!("UDP recv: {e}"),
+            Err(e) if lbproxy_tests::lab::net::recv_again(&e) => {}
+            Err(e) => panic!(
+                "UDP recv: {e} ({:?}, os error {:?})",
+                e.kind(),
+                e.raw_os_error()
+            ),
         }
     }
 }
@@ -199,13 +231,16 @@ fn fmt_events(ev: &[(Duration, String, SocketAddr)]) -> String {
 /// A client keeps one UDP flow (fixed source port) and sends every 50 ms. Its backend X is
 /// removed from the slice while X keeps serving. Answers must come from a live backend
 /// within 1 s of the manifest write, and never again from X; the moved flow then stays on
-/// its new backend.
-fn udp_flow_moves(shape: Shape) {
+/// its new backend. Over IPv4 and over IPv6.
+fn udp_flow_moves(shape: Shape, family: Family) {
     let s = Setup::new(shape, &["b1", "b2", "b3"]);
-    let dst = SocketAddr::from((WEB_VIP, WEB_UDP));
+    web_in(&s, family, &s.backends.iter().collect::<Vec<_>>());
+    let vip = web_vip(family);
+    let shape = format!("{shape}, {family}");
+    let dst = SocketAddr::new(vip, WEB_UDP);
     let sock = s
         .client
-        .run(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, SRC_UDP)))
+        .run(|| UdpSocket::bind((any(family), SRC_UDP)))
         .expect("bind the client's fixed UDP port");
     let slot = Duration::from_millis(50);
 
@@ -232,7 +267,7 @@ fn udp_flow_moves(shape: Shape) {
     let keep: Vec<&Pod> = s.backends.iter().filter(|p| p.name != x).collect();
     let t_write = Instant::now();
     s.lab
-        .write_manifest(&web_objects("web", WEB_VIP, ready(&keep)));
+        .write_manifest(&web_objects("web", vip, ready_in(family, &keep)));
     let mut after = Vec::new();
     let mut sent = 0;
     while t_write.elapsed() < Duration::from_secs(3) {
@@ -272,16 +307,12 @@ fn udp_flow_moves(shape: Shape) {
          (removed {x}, or another backend, or not from {dst}): {stray:?}\nall: {}",
         fmt_events(&after)
     );
-    let flows = flows_from(
-        &s.lab,
-        SocketAddrV4::new(s.client.ip, SRC_UDP),
-        &udp_frontend(),
-    );
-    let y_ip = s.backend(&y).ip;
+    let me = SocketAddr::new(pod_addr(&s.client, family), SRC_UDP);
+    let flows = flows_from(&s.lab, me, &udp_frontend_in(family));
+    let y_addr = backend_addr(s.backend(&y), family, BACKEND_UDP);
     assert!(
-        flows.len() == 1 && flows[0]["backend"] == format!("{y_ip}:{BACKEND_UDP}").as_str(),
-        "[{shape}] inspect flows for {}:{SRC_UDP}: want one flow to {y} ({y_ip}): {flows:#?}",
-        s.client.ip
+        flows.len() == 1 && flows[0].backend == y_addr,
+        "[{shape}] inspect flows for {me}: want one flow to {y} ({y_addr}): {flows:#?}"
     );
 }
 
@@ -331,7 +362,7 @@ fn syn_retry_reaches_replacement(shape: Shape) {
     for port in [p1.port, p2.port] {
         let f = flows_from(&lab, SocketAddrV4::new(client.ip, port), &tcp_frontend());
         assert!(
-            f.len() == 1 && f[0]["state"] == "syn_sent" && f[0]["backend"] == a_addr.as_str(),
+            f.len() == 1 && f[0].state == "syn_sent" && f[0].backend == a_addr,
             "[{shape}] inspect flows for {}:{port} while A is frozen: want one syn_sent flow to \
              {a_addr}: {f:#?}",
             client.ip
@@ -399,7 +430,7 @@ fn syn_retry_reaches_replacement(shape: Shape) {
     for port in [SRC_SYN_RETRANSMIT, SRC_SYN_FRESH] {
         let f = flows_from(&lab, SocketAddrV4::new(client.ip, port), &tcp_frontend());
         assert!(
-            f.len() == 1 && f[0]["state"] == "established" && f[0]["backend"] == b_addr.as_str(),
+            f.len() == 1 && f[0].state == "established" && f[0].backend == b_addr,
             "[{shape}] inspect flows for {}:{port} after connecting: want one established flow \
              to {b_addr}: {f:#?}",
             client.ip
@@ -414,13 +445,16 @@ fn syn_retry_reaches_replacement(shape: Shape) {
 /// A connection to b2 keeps working while b2 is terminating (still serving), while new
 /// connections go to b1 only. When b2 leaves the slice (its pod still serving), the next
 /// request on the connection fails within 1 s with ECONNRESET, generated by the datapath
-/// (`backend_gone_tcp_reset` counts it).
-fn terminating_then_removed(shape: Shape) {
+/// (`backend_gone_tcp_reset` counts it). Over IPv4 and over IPv6.
+fn terminating_then_removed(shape: Shape, family: Family) {
     let s = Setup::new(shape, &["b1", "b2"]);
     let (b1, b2) = (s.backend("b1").clone(), s.backend("b2").clone());
+    web_in(&s, family, &[&b1, &b2]);
+    let vip = web_vip(family);
+    let shape = format!("{shape}, {family}");
     let mut conn: TcpConn = (0..50)
         .find_map(|_| {
-            let mut c = s.client.connect(WEB_VIP, WEB_TCP, T).ok()?;
+            let mut c = s.client.connect(vip, WEB_TCP, T).ok()?;
             (c.request().ok()?.backend == "b2").then_some(c)
         })
         .unwrap_or_else(|| panic!("[{shape}] no connection landed on b2 in 50 tries"));
@@ -428,16 +462,16 @@ fn terminating_then_removed(shape: Shape) {
     // b2 turns terminating.
     s.lab.write_manifest(&web_objects(
         "web",
-        WEB_VIP,
+        vip,
         vec![
-            Endpoint::ready(b1.ip).pod("b1"),
-            Endpoint::new(b2.ip, Conditions::TERMINATING_SERVING).pod("b2"),
+            Endpoint::ready(pod_addr(&b1, family)).pod("b1"),
+            Endpoint::new(pod_addr(&b2, family), Conditions::TERMINATING_SERVING).pod("b2"),
         ],
     ));
     let applied = wait_service_backends(
         &s.lab,
-        &tcp_frontend(),
-        &[format!("{}:{BACKEND_TCP}", b1.ip)],
+        &tcp_frontend_in(family),
+        &[backend_addr(&b1, family, BACKEND_TCP)],
         &format!("[{shape}] b2 terminating"),
     );
     let on_conn: Vec<_> = (0..5)
@@ -446,7 +480,7 @@ fn terminating_then_removed(shape: Shape) {
             conn.request().map(|r| r.backend)
         })
         .collect();
-    let fresh = s.client.tally(Proto::Tcp, WEB_VIP, WEB_TCP, 20, T);
+    let fresh = s.client.tally(Proto::Tcp, vip, WEB_TCP, 20, T);
     eprintln!(
         "[{shape}] terminating: applied after {applied:?}; on the connection: {on_conn:?}; new: {fresh}"
     );
@@ -463,18 +497,25 @@ fn terminating_then_removed(shape: Shape) {
     let resets_before = s.lab.drop_count("backend_gone_tcp_reset");
     let t_write = Instant::now();
     s.lab
-        .write_manifest(&web_objects("web", WEB_VIP, ready(&[&b1])));
+        .write_manifest(&web_objects("web", vip, ready_in(family, &[&b1])));
     let mut log = Vec::new();
     let (err, took) = loop {
         let t = Instant::now();
         let r = conn.request();
         let took = t.elapsed();
         match r {
-            Ok(reply) => log.push(format!(
-                "{:?}: {} ({took:?})",
-                t_write.elapsed(),
-                reply.backend
-            )),
+            Ok(reply) => {
+                // Until the change applies, the connection stays on b2.
+                assert_eq!(
+                    reply.backend, "b2",
+                    "[{shape}] the connection to b2 answered by another backend: {log:?}"
+                );
+                log.push(format!(
+                    "{:?}: {} ({took:?})",
+                    t_write.elapsed(),
+                    reply.backend
+                ))
+            }
             Err(e) => break (e, took),
         }
         if t_write.elapsed() > Duration::from_secs(3) {
@@ -512,7 +553,7 @@ fn terminating_then_removed(shape: Shape) {
         "[{shape}] the reset was not generated by the datapath: backend_gone_tcp_reset \
          {resets_before} -> {resets_after}"
     );
-    let fresh = s.client.tally(Proto::Tcp, WEB_VIP, WEB_TCP, 10, T);
+    let fresh = s.client.tally(Proto::Tcp, vip, WEB_TCP, 10, T);
     assert!(
         fresh.all_ok() && fresh.count("b1") == 10,
         "[{shape}] reconnecting after the reset: {fresh}"
@@ -581,26 +622,102 @@ fn kep1669_fallback(shape: Shape) {
 // 5. Reject timings
 // ---------------------------------------------------------------------------------------
 
+/// Puts a sticky destination-options header (one PadN option, 8 bytes in all) on every
+/// packet `sock` sends (`IPV6_DSTOPTS`, which needs CAP_NET_RAW: the tests run as root).
+fn with_dest_opts(sock: &impl std::os::fd::AsRawFd) {
+    // Next header (the kernel fills it in), length 0 (8 bytes), PadN of 4 zero bytes.
+    let opts: [u8; 8] = [0, 0, 1, 4, 0, 0, 0, 0];
+    // SAFETY: a valid socket and an 8-byte option buffer.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_IPV6,
+            libc::IPV6_DSTOPTS,
+            opts.as_ptr().cast(),
+            opts.len() as libc::socklen_t,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "setsockopt(IPV6_DSTOPTS): {}",
+        io::Error::last_os_error()
+    );
+}
+
+/// From `client`: a TCP connect and a connected UDP socket's datagram (from `udp_port`, 0
+/// for any) to `vip`, an IPv6 one's packets with a destination-options header when
+/// `dest_opts`. Each must fail with ECONNREFUSED within [`REJECT_WITHIN`].
+fn refused_at_once(client: &Pod, vip: IpAddr, udp_port: u16, dest_opts: bool, what: &str) {
+    let family = if vip.is_ipv6() {
+        Family::V6
+    } else {
+        Family::V4
+    };
+    let (tcp, udp) = client.run(|| {
+        let to = SocketAddr::new(vip, WEB_TCP);
+        let t = socket2::Socket::new(
+            socket2::Domain::for_address(to),
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )
+        .unwrap();
+        let u = UdpSocket::bind((any(family), udp_port)).unwrap();
+        if dest_opts {
+            with_dest_opts(&t);
+            with_dest_opts(&u);
+        }
+        let started = Instant::now();
+        let tcp = t
+            .connect_timeout(&to.into(), Duration::from_secs(3))
+            .map_err(|e| (e.kind(), started.elapsed()));
+        u.connect((vip, WEB_UDP)).unwrap();
+        u.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let started = Instant::now();
+        u.send(b"hello\n").unwrap();
+        let udp = u
+            .recv(&mut [0u8; 64])
+            .map(|_| ())
+            .map_err(|e| (e.kind(), started.elapsed()));
+        (tcp, udp)
+    });
+    for (proto, r) in [("TCP", tcp), ("UDP", udp)] {
+        assert!(
+            matches!(r, Err((io::ErrorKind::ConnectionRefused, took)) if took < REJECT_WITHIN),
+            "{what}: {proto} to {vip} without endpoints: want connection refused within \
+             {REJECT_WITHIN:?}, got {r:?}"
+        );
+    }
+}
+
 /// Two services without a usable endpoint: `empty` (a slice with no endpoints) and `unready`
 /// (one endpoint, not ready and not serving, whose pod does serve). TCP connects fail with
 /// ECONNREFUSED and connected UDP sockets get ECONNREFUSED, each in < 100 ms; the
-/// `no_backend_tcp_reset` and `no_backend_icmp_unreachable` counters count every one.
-fn reject_timings(shape: Shape) {
+/// `no_backend_tcp_reset` and `no_backend_icmp_unreachable` counters count every one, and
+/// `lbproxy monitor` shows the rejects with their addresses and service. Over IPv4 and over
+/// IPv6 (single-stack Services); over IPv6 also with a destination-options header on every
+/// packet, the answers still at once. `web`, beside them over the pod that serves, answers.
+fn reject_timings(shape: Shape, family: Family) {
     let lab = Lab::new(shape);
     let client = lab.add_pod("client");
     let idle = lab.add_pod("idle");
     let _srv = idle.serve(&[BACKEND_TCP, BACKEND_UDP]);
-    let (empty_vip, unready_vip) = (vip(20), vip(21));
+    let (empty_vip, unready_vip) = (vip_in(family, 20), vip_in(family, 21));
+    let web = web_vip(family);
+    // `empty`'s slice has no address, so it is written IPv4 whatever the Service's family: a
+    // slice of the other family, which gives the Service no endpoint either.
     lab.write_manifest(&merge([
         web_objects("empty", empty_vip, vec![]),
         web_objects(
             "unready",
             unready_vip,
-            vec![Endpoint::not_ready(idle.ip).pod("idle")],
+            vec![Endpoint::not_ready(pod_addr(&idle, family)).pod("idle")],
         ),
+        web_objects("web", web, ready_in(family, &[&idle])),
     ]));
     let mut lb = lab.start_lbproxy();
     lb.expect_healthy(HEALTHY_WITHIN);
+    let shape = format!("{shape}, {family}");
     let tcp0 = lab.drop_count("no_backend_tcp_reset");
     let udp0 = lab.drop_count("no_backend_icmp_unreachable");
 
@@ -611,7 +728,7 @@ fn reject_timings(shape: Shape) {
             for i in 0..N {
                 let t = Instant::now();
                 let r = TcpStream::connect_timeout(
-                    &SocketAddr::from((v, WEB_TCP)),
+                    &SocketAddr::new(v, WEB_TCP),
                     Duration::from_secs(3),
                 );
                 out.push((
@@ -624,7 +741,7 @@ fn reject_timings(shape: Shape) {
 
                 let t = Instant::now();
                 let r = (|| -> io::Result<()> {
-                    let u = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+                    let u = UdpSocket::bind((any(family), 0))?;
                     u.connect((v, WEB_UDP))?;
                     u.set_read_timeout(Some(Duration::from_secs(3)))?;
                     u.send(b"hello\n")?;
@@ -672,6 +789,106 @@ fn reject_timings(shape: Shape) {
         tcp1 - tcp0,
         udp1 - udp0
     );
+
+    // `lbproxy monitor` shows the rejects with their addresses and service.
+    let mon = Monitor::start(&lab, &["--duration", "30"]);
+    refused_at_once(
+        &client,
+        empty_vip,
+        40_006,
+        false,
+        &format!("[{shape}] monitored"),
+    );
+    let events = mon.events(2, Duration::from_secs(3));
+    let me = pod_addr(&client, family);
+    let by_reason = |r: &str| {
+        events.iter().find(|e| e["reason"] == r).unwrap_or_else(|| {
+            panic!("[{shape}] no {r} event from lbproxy monitor among {events:#?}")
+        })
+    };
+    let tcp_ev = by_reason("no_backend_tcp_reset");
+    assert_eq!(tcp_ev["verdict"], "reject", "[{shape}] {tcp_ev}");
+    assert_eq!(tcp_ev["protocol"], "TCP", "[{shape}] {tcp_ev}");
+    assert_eq!(
+        tcp_ev["dst"],
+        SocketAddr::new(empty_vip, WEB_TCP).to_string(),
+        "[{shape}] {tcp_ev}"
+    );
+    let src_prefix = match me {
+        IpAddr::V4(a) => format!("{a}:"),
+        IpAddr::V6(a) => format!("[{a}]:"),
+    };
+    assert!(
+        tcp_ev["src"]
+            .as_str()
+            .is_some_and(|a| a.starts_with(&src_prefix)),
+        "[{shape}] want a source {src_prefix}PORT: {tcp_ev}"
+    );
+    assert_eq!(
+        tcp_ev["service"], "default/empty:http",
+        "[{shape}] {tcp_ev}"
+    );
+    assert_eq!(tcp_ev["hook"], "from_pod", "[{shape}] {tcp_ev}");
+    let udp_ev = by_reason("no_backend_icmp_unreachable");
+    assert_eq!(
+        udp_ev["src"],
+        SocketAddr::new(me, 40_006).to_string(),
+        "[{shape}] {udp_ev}"
+    );
+    assert_eq!(
+        udp_ev["dst"],
+        SocketAddr::new(empty_vip, WEB_UDP).to_string(),
+        "[{shape}] {udp_ev}"
+    );
+    assert_eq!(udp_ev["service"], "default/empty:dns", "[{shape}] {udp_ev}");
+    drop(mon);
+
+    if family == Family::V6 {
+        // The same with a destination-options header on every packet (a sticky
+        // `IPV6_DSTOPTS` on the sockets): the answers still come at once, the extension
+        // header removed from what is sent back.
+        let counts = || {
+            [
+                "reject_failed",
+                "no_backend_tcp_reset",
+                "no_backend_icmp_unreachable",
+            ]
+            .map(|k| lab.drop_count(k))
+        };
+        let before = counts();
+        refused_at_once(
+            &client,
+            empty_vip,
+            0,
+            true,
+            &format!("[{shape}] with a destination-options header"),
+        );
+        let after = counts();
+        assert_eq!(
+            after[0],
+            before[0],
+            "[{shape}] no reject failed: {}",
+            lab.diagnostics()
+        );
+        assert!(
+            after[1] > before[1] && after[2] > before[2],
+            "[{shape}] no_backend_tcp_reset and no_backend_icmp_unreachable counted with \
+             extension headers: {before:?} -> {after:?}"
+        );
+    }
+    // The frontend with an endpoint still serves, beside the ones without.
+    for proto in [Proto::Tcp, Proto::Udp] {
+        let port = if proto == Proto::Tcp {
+            WEB_TCP
+        } else {
+            WEB_UDP
+        };
+        let t = client.tally(proto, web, port, 4, T);
+        assert!(
+            t.all_ok() && t.count("idle") == 4,
+            "[{shape}] web beside the frontends without endpoints: {t}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -709,9 +926,7 @@ fn restart_keeps_flows(shape: Shape) {
     let y_addr = format!("{}:{BACKEND_UDP}", s.backend(&y).ip);
     let before = flows_from(&s.lab, tcp_client, &tcp_frontend());
     assert!(
-        before.len() == 1
-            && before[0]["backend"] == x_addr.as_str()
-            && before[0]["state"] == "established",
+        before.len() == 1 && before[0].backend == x_addr && before[0].state == "established",
         "[{shape}] inspect flows for {tcp_client} before the restart: {before:#?}"
     );
     // Let the entries age so that a re-created one would be visibly younger.
@@ -758,9 +973,9 @@ fn restart_keeps_flows(shape: Shape) {
         fmt_events(&after_udp)
     );
     for (what, f, addr) in [("TCP", &tcp_flow, &x_addr), ("UDP", &udp_flow, &y_addr)] {
-        let age = f.first().and_then(|e| e["age_seconds"].as_f64());
+        let age = f.first().map(|e| e.age_seconds);
         assert!(
-            f.len() == 1 && f[0]["backend"] == addr.as_str() && age.is_some_and(|a| a >= age_floor),
+            f.len() == 1 && f[0].backend == **addr && age.is_some_and(|a| a >= age_floor),
             "[{shape}] {what} flow after the restart: want the same entry (backend {addr}, age >= \
              {age_floor:.2} s): {f:#?}"
         );
@@ -787,9 +1002,9 @@ fn restart_keeps_flows(shape: Shape) {
         fmt_events(&udp_reply)
     );
     for (what, f, addr) in [("TCP", &tcp_flow, &x_addr), ("UDP", &udp_flow, &y_addr)] {
-        let age = f.first().and_then(|e| e["age_seconds"].as_f64());
+        let age = f.first().map(|e| e.age_seconds);
         assert!(
-            f.len() == 1 && f[0]["backend"] == addr.as_str() && age.is_some_and(|a| a >= age_floor),
+            f.len() == 1 && f[0].backend == **addr && age.is_some_and(|a| a >= age_floor),
             "[{shape}] {what} flow after the first flow GC following the restart: want the same \
              entry (backend {addr}, age >= {age_floor:.2} s): {f:#?}\n{}",
             s.lb.log()
@@ -832,7 +1047,7 @@ fn reply_entries_to(lab: &Lab, client: SocketAddrV4) -> Vec<String> {
 fn assert_one_flow(lab: &Lab, client: SocketAddrV4, backend: &str, ctx: &str) {
     let f = flows_from(lab, client, &tcp_frontend());
     assert!(
-        f.len() == 1 && f[0]["backend"] == backend,
+        f.len() == 1 && f[0].backend == backend,
         "{ctx}: want one flow from {client} to {backend}: {f:#?}"
     );
     let r = reply_entries_to(lab, client);
@@ -952,28 +1167,35 @@ fn source_port_reuse(shape: Shape) {
 /// open TCP connection go through `web` to b1. b1 is replaced by b2 in `web` and stays in
 /// `metrics`, and keeps serving. The UDP flow must move to b2 within 1 s of the write and
 /// never come back to b1; the TCP connection must be reset at once by the datapath; and
-/// `metrics` must still reach b1.
-fn shared_backend_leaves_one_service(shape: Shape) {
+/// `metrics` must still reach b1. Over IPv4 and over IPv6 (both Services single-stack IPv6).
+fn shared_backend_leaves_one_service(shape: Shape, family: Family) {
     let s = Setup::with_members(shape, &["b1", "b2"], &["b1"]);
     let (b1, b2) = (s.backend("b1").clone(), s.backend("b2").clone());
+    let (vip, metrics_vip) = (web_vip(family), vip_in(family, 13));
     let both = |web: &Pod| {
         merge([
-            web_objects("web", WEB_VIP, ready(&[web])),
-            web_objects("metrics", METRICS_VIP, ready(&[&b1])),
+            web_objects("web", vip, ready_in(family, &[web])),
+            web_objects("metrics", metrics_vip, ready_in(family, &[&b1])),
         ])
     };
     s.lab.write_manifest(&both(&b1));
-    let b1_tcp = format!("{}:{BACKEND_TCP}", b1.ip);
+    let b1_tcp = SocketAddr::new(pod_addr(&b1, family), BACKEND_TCP).to_string();
     wait_service_backends(
         &s.lab,
-        &format!("{METRICS_VIP}:{WEB_TCP}/TCP"),
+        &format!("{}/TCP", SocketAddr::new(metrics_vip, WEB_TCP)),
         &[b1_tcp],
-        &format!("[{shape}] metrics over b1"),
+        &format!("[{shape}, {family}] metrics over b1"),
     );
-    let dst = SocketAddr::from((WEB_VIP, WEB_UDP));
+    wait_service_backends(
+        &s.lab,
+        &format!("{}/TCP", SocketAddr::new(vip, WEB_TCP)),
+        &[SocketAddr::new(pod_addr(&b1, family), BACKEND_TCP).to_string()],
+        &format!("[{shape}, {family}] web over b1"),
+    );
+    let dst = SocketAddr::new(vip, WEB_UDP);
     let sock = s
         .client
-        .run(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, SRC_SHARED)))
+        .run(|| UdpSocket::bind((any(family), SRC_SHARED)))
         .expect("bind the client's fixed UDP port");
     let slot = Duration::from_millis(50);
     let t0 = Instant::now();
@@ -982,16 +1204,19 @@ fn shared_backend_leaves_one_service(shape: Shape) {
         .collect();
     assert!(
         before.len() == 5 && before.iter().all(|e| e.1 == "b1" && e.2 == dst),
-        "[{shape}] before the change, 5 requests from port {SRC_SHARED} go to b1: {}\n{}",
+        "[{shape}, {family}] before the change, 5 requests from port {SRC_SHARED} go to b1: {}\n{}",
         fmt_events(&before),
         s.lab.diagnostics()
     );
     let mut conn = s
         .client
-        .connect(WEB_VIP, WEB_TCP, T)
-        .expect("connect to web");
-    let first = conn.request().expect("a request on the connection").backend;
-    assert_eq!(first, "b1", "[{shape}] web has b1 alone");
+        .connect(vip, WEB_TCP, T)
+        .unwrap_or_else(|e| panic!("[{shape}, {family}] connect to web: {e}"));
+    let first = conn
+        .request()
+        .unwrap_or_else(|e| panic!("[{shape}, {family}] a request on the connection: {e}"))
+        .backend;
+    assert_eq!(first, "b1", "[{shape}, {family}] web has b1 alone");
 
     // b1 leaves web, stays in metrics, keeps serving.
     let resets_before = s.lab.drop_count("backend_gone_tcp_reset");
@@ -1003,21 +1228,22 @@ fn shared_backend_leaves_one_service(shape: Shape) {
     }
     let moved_at = after.iter().find(|e| e.1 == "b2").map(|e| e.0);
     eprintln!(
-        "[{shape}] shared backend: web b1 -> b2, b1 stays in metrics; UDP moved at \
+        "[{shape}, {family}] shared backend: web b1 -> b2, b1 stays in metrics; UDP moved at \
          {moved_at:?}: {}",
         fmt_events(&after)
     );
     let Some(moved_at) = moved_at else {
         panic!(
-            "[{shape}] b1 left web (still in metrics): the UDP flow from port {SRC_SHARED} \
-             stayed on b1 for 2 s: {}\n{}",
+            "[{shape}, {family}] b1 left web (still in metrics): the UDP flow from port \
+             {SRC_SHARED} stayed on b1 for 2 s: {}\n{}",
             fmt_events(&after),
             s.lab.diagnostics()
         );
     };
     assert!(
         moved_at <= MOVE_WITHIN,
-        "[{shape}] the UDP flow moved {moved_at:?} after the write (want <= {MOVE_WITHIN:?}): {}",
+        "[{shape}, {family}] the UDP flow moved {moved_at:?} after the write (want <= \
+         {MOVE_WITHIN:?}): {}",
         fmt_events(&after)
     );
     let stray: Vec<_> = after
@@ -1026,7 +1252,7 @@ fn shared_backend_leaves_one_service(shape: Shape) {
         .collect();
     assert!(
         stray.is_empty(),
-        "[{shape}] after the flow moved to b2, answers came from elsewhere: {stray:?}"
+        "[{shape}, {family}] after the flow moved to b2, answers came from elsewhere: {stray:?}"
     );
     // The change is applied (the UDP flow moved): the connection's next segment is reset.
     let t = Instant::now();
@@ -1035,19 +1261,26 @@ fn shared_backend_leaves_one_service(shape: Shape) {
     let resets_after = s.lab.drop_count("backend_gone_tcp_reset");
     assert!(
         matches!(&r, Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe)),
-        "[{shape}] b1 left web (still in metrics): the connection through web to b1 must be \
-         reset, got {:?} after {took:?}",
+        "[{shape}, {family}] b1 left web (still in metrics): the connection through web to b1 \
+         must be reset, got {:?} after {took:?}",
         r.map(|x| x.backend)
     );
     assert!(
         took < Duration::from_secs(1) && resets_after > resets_before,
-        "[{shape}] the reset took {took:?}; backend_gone_tcp_reset {resets_before} -> \
+        "[{shape}, {family}] the reset took {took:?}; backend_gone_tcp_reset {resets_before} -> \
          {resets_after} (want it from the datapath, at once)"
     );
-    let fresh = s.client.tally(Proto::Tcp, WEB_VIP, WEB_TCP, 10, T);
-    let metrics = s.client.tally(Proto::Tcp, METRICS_VIP, WEB_TCP, 10, T);
+    let fresh = s.client.tally(Proto::Tcp, vip, WEB_TCP, 10, T);
+    let metrics = s.client.tally(Proto::Tcp, metrics_vip, WEB_TCP, 10, T);
+    let metrics_udp = s.client.tally(Proto::Udp, metrics_vip, WEB_UDP, 5, T);
     assert!(
-        fresh.all_ok() && fresh.count("b2") == 10 && metrics.all_ok() && metrics.count("b1") == 10,
-        "[{shape}] after the change: web {fresh} (want b2 only), metrics {metrics} (want b1 only)"
+        fresh.all_ok()
+            && fresh.count("b2") == 10
+            && metrics.all_ok()
+            && metrics.count("b1") == 10
+            && metrics_udp.all_ok()
+            && metrics_udp.count("b1") == 5,
+        "[{shape}, {family}] after the change: web {fresh} (want b2 only), metrics {metrics} \
+         and {metrics_udp} (want b1 only)"
     );
 }

@@ -6,25 +6,31 @@
 //! address as the source. With it, the pod sees the flow come from `HAIRPIN`
 //! (169.254.42.1, `lbproxy_common::HAIRPIN_ADDR`), never from its own address, and its
 //! answers come back from the frontend it called. Each test fails on the datapath from
-//! before hairpin: the requests that land on the client itself time out.
+//! before hairpin: the requests that land on the client itself time out. The every-frontend
+//! test runs over IPv6 too, where the pod sees `HAIRPIN6` (`fd00:a9fe:2a01::1`).
 
 mod common;
 
 use std::io::ErrorKind;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::time::Instant;
 
 use common::*;
-use lbproxy_tests::lab::{Lab, Pod, Proto, Reply, Shape, UPLINK_NODE_ADDR, socket2_udp};
+use lbproxy_tests::lab::{
+    Family, Inspect as _, Lab, Pod, Proto, Reply, Shape, UPLINK_NODE_ADDR, socket2_udp,
+};
 
 both_shapes!(
-    a_pod_reaches_itself_through_every_frontend,
     hairpin_flows_follow_their_backend_leaving,
     hairpin_keeps_session_affinity,
 );
+both_shapes_and_families!(a_pod_reaches_itself_through_every_frontend);
 
 /// The source address a pod sees on its own hairpin flows.
 const HAIRPIN: Ipv4Addr = Ipv4Addr::new(169, 254, 42, 1);
+/// The source address a pod sees on its own IPv6 hairpin flows
+/// (`lbproxy_common::HAIRPIN_ADDR6`).
+const HAIRPIN6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xa9fe, 0x2a01, 0, 0, 0, 0, 1);
 /// An externalIP of the web service, in the lab's service range.
 const EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 7, 7);
 /// The web service's NodePorts, served on the node's uplink address.
@@ -54,10 +60,12 @@ fn requests(
     lab: &Lab,
     pod: &Pod,
     proto: Proto,
-    addr: Ipv4Addr,
+    addr: impl Into<IpAddr>,
     port: u16,
     n: usize,
 ) -> Vec<(String, SocketAddr)> {
+    let addr = addr.into();
+    let to = SocketAddr::new(addr, port);
     (0..n)
         .map(|i| {
             let r = match proto {
@@ -66,15 +74,14 @@ fn requests(
             };
             let (reply, from): (Reply, SocketAddr) = r.unwrap_or_else(|e| {
                 panic!(
-                    "{proto} request {i} from {} to {addr}:{port}: {e}\n{}",
+                    "{proto} request {i} from {} to {to}: {e}\n{}",
                     pod.name,
                     lab.diagnostics()
                 )
             });
             assert_eq!(
-                from,
-                SocketAddr::from((addr, port)),
-                "{proto} request {i} from {} to {addr}:{port}: answered by {reply} from {from}",
+                from, to,
+                "{proto} request {i} from {} to {to}: answered by {reply} from {from}",
                 pod.name
             );
             let seen: SocketAddr = reply.client_seen.parse().unwrap_or_else(|e| {
@@ -88,14 +95,14 @@ fn requests(
         .collect()
 }
 
-/// Asserts that every answer `pod` got from itself saw the client as `HAIRPIN`, and every
-/// answer from another backend saw the pod's own address.
-fn assert_sources(ctx: &str, pod: &Pod, answers: &[(String, SocketAddr)]) {
+/// Asserts that every answer `pod` got from itself over `family` saw the client as
+/// `HAIRPIN` (`HAIRPIN6`), and every answer from another backend saw the pod's own address.
+fn assert_sources(ctx: &str, pod: &Pod, family: Family, answers: &[(String, SocketAddr)]) {
     for (backend, seen) in answers {
-        let want = if *backend == pod.name {
-            HAIRPIN
-        } else {
-            pod.ip
+        let want: IpAddr = match (*backend == pod.name, family) {
+            (true, Family::V4) => HAIRPIN.into(),
+            (true, Family::V6) => HAIRPIN6.into(),
+            (false, _) => pod_addr(pod, family),
         };
         assert_eq!(
             seen.ip(),
@@ -113,44 +120,61 @@ fn from(answers: &[(String, SocketAddr)], backend: &str) -> usize {
 
 /// `lbproxy inspect delivery --json`'s hairpin counter.
 fn hairpin_packets(lab: &Lab) -> u64 {
-    let v = lab.inspect_json("delivery");
-    v["packets"]["redirect_hairpin"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("inspect delivery: no packets.redirect_hairpin: {v:#}"))
+    let v = lab.inspect_delivery();
+    v.packets
+        .get("redirect_hairpin")
+        .copied()
+        .unwrap_or_else(|| panic!("inspect delivery: no packets.redirect_hairpin: {v:#?}"))
 }
 
-fn a_pod_reaches_itself_through_every_frontend(shape: Shape) {
+/// A pod reaches itself through every frontend kind of its own service: over IPv4 its
+/// ClusterIP, an externalIP and the NodePorts on the node's address; over IPv6 (the
+/// dual-stack `web`) its IPv6 ClusterIP, the one IPv6 frontend a pod of the single-node lab
+/// can call (its node has no IPv6 address of its own for NodePorts).
+fn a_pod_reaches_itself_through_every_frontend(shape: Shape, family: Family) {
     let s = Setup::new(shape, &["b1", "b2"]);
     let b1 = s.backend("b1");
     let members: Vec<&Pod> = s.backends.iter().collect();
-    // The web service as type NodePort, with an externalIP: every frontend kind a pod can
-    // call (its ClusterIP, the externalIP, and the NodePorts on the node's address).
-    let yaml = web_yaml(
-        &members,
-        &format!("  externalIPs: [{EXTERNAL_IP}]\n{NO_AFFINITY}"),
-    )
-    .replace("  type: ClusterIP\n", "  type: NodePort\n")
-    .replace(
-        &format!("    port: {WEB_TCP}\n"),
-        &format!("    port: {WEB_TCP}\n    nodePort: {NODE_PORT_TCP}\n"),
-    )
-    .replace(
-        &format!("    port: {WEB_UDP}\n"),
-        &format!("    port: {WEB_UDP}\n    nodePort: {NODE_PORT_UDP}\n"),
-    );
-    s.lab.write_manifest_text(&yaml);
-    std::thread::sleep(APPLY_WITHIN);
+    let frontends: Vec<(IpAddr, u16, u16)> = match family {
+        Family::V4 => {
+            // The web service as type NodePort, with an externalIP: every frontend kind a pod
+            // can call (its ClusterIP, the externalIP, and the NodePorts on the node's
+            // address).
+            let yaml = web_yaml(
+                &members,
+                &format!("  externalIPs: [{EXTERNAL_IP}]\n{NO_AFFINITY}"),
+            )
+            .replace("  type: ClusterIP\n", "  type: NodePort\n")
+            .replace(
+                &format!("    port: {WEB_TCP}\n"),
+                &format!("    port: {WEB_TCP}\n    nodePort: {NODE_PORT_TCP}\n"),
+            )
+            .replace(
+                &format!("    port: {WEB_UDP}\n"),
+                &format!("    port: {WEB_UDP}\n    nodePort: {NODE_PORT_UDP}\n"),
+            );
+            s.lab.write_manifest_text(&yaml);
+            std::thread::sleep(APPLY_WITHIN);
+            vec![
+                (WEB_VIP.into(), WEB_TCP, WEB_UDP),
+                (EXTERNAL_IP.into(), WEB_TCP, WEB_UDP),
+                (UPLINK_NODE_ADDR.into(), NODE_PORT_TCP, NODE_PORT_UDP),
+            ]
+        }
+        Family::V6 => {
+            serve_family(&s, family, &members);
+            vec![(VIP6.into(), WEB_TCP, WEB_UDP)]
+        }
+    };
     let before = hairpin_packets(&s.lab);
-    let frontends = [
-        (WEB_VIP, WEB_TCP, WEB_UDP),
-        (EXTERNAL_IP, WEB_TCP, WEB_UDP),
-        (UPLINK_NODE_ADDR, NODE_PORT_TCP, NODE_PORT_UDP),
-    ];
     for (addr, tcp, udp) in frontends {
         for (proto, port) in [(Proto::Tcp, tcp), (Proto::Udp, udp)] {
-            let ctx = format!("[{shape}] {proto} from b1 to {addr}:{port}");
+            let ctx = format!(
+                "[{shape}, {family}] {proto} from b1 to {}",
+                SocketAddr::new(addr, port)
+            );
             let answers = requests(&s.lab, b1, proto, addr, port, 16);
-            assert_sources(&ctx, b1, &answers);
+            assert_sources(&ctx, b1, family, &answers);
             // Both backends answer, so b1 reached itself and the other pod alike.
             assert!(
                 from(&answers, "b1") > 0 && from(&answers, "b2") > 0,
@@ -160,12 +184,17 @@ fn a_pod_reaches_itself_through_every_frontend(shape: Shape) {
     }
     // Another pod's requests to b1 keep their own address: hairpin is only the client's
     // flows to itself.
-    let answers = requests(&s.lab, &s.client, Proto::Tcp, WEB_VIP, WEB_TCP, 8);
-    assert_sources(&format!("[{shape}] TCP from client"), &s.client, &answers);
+    let answers = requests(&s.lab, &s.client, Proto::Tcp, web_vip(family), WEB_TCP, 8);
+    assert_sources(
+        &format!("[{shape}, {family}] TCP from client"),
+        &s.client,
+        family,
+        &answers,
+    );
     let after = hairpin_packets(&s.lab);
     assert!(
         after > before,
-        "[{shape}] inspect delivery counted no hairpin packets ({before} -> {after})"
+        "[{shape}, {family}] inspect delivery counted no hairpin packets ({before} -> {after})"
     );
 }
 
@@ -251,7 +280,12 @@ fn hairpin_flows_follow_their_backend_leaving(shape: Shape) {
         4,
         "[{shape}] b1's new connections: {answers:?}"
     );
-    assert_sources(&format!("[{shape}] after b1 left"), b1, &answers);
+    assert_sources(
+        &format!("[{shape}] after b1 left"),
+        b1,
+        Family::V4,
+        &answers,
+    );
 }
 
 /// `sessionAffinity: ClientIP` holds on hairpin flows: once the pod's affinity names
@@ -277,6 +311,7 @@ fn hairpin_keeps_session_affinity(shape: Shape) {
         assert_sources(
             &format!("[{shape}] {proto} affinity to b1 alone"),
             b1,
+            Family::V4,
             &answers,
         );
     }
@@ -288,6 +323,6 @@ fn hairpin_keeps_session_affinity(shape: Shape) {
         let ctx = format!("[{shape}] {proto} from b1 with affinity, b2 added");
         let answers = requests(&s.lab, b1, proto, WEB_VIP, port, 12);
         assert_eq!(from(&answers, "b1"), 12, "{ctx}: {answers:?}");
-        assert_sources(&ctx, b1, &answers);
+        assert_sources(&ctx, b1, Family::V4, &answers);
     }
 }

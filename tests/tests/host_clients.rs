@@ -11,18 +11,28 @@
 //! mounts and removes itself) and in the node's network namespace.
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use lbproxy_tests::lab::cgroup::{HostClient, Mode, Outcome, Requests};
 use lbproxy_tests::lab::multinode::{MultiNodeLab, NodeId};
-use lbproxy_tests::lab::{Backend, Lbproxy, Pod, run_lbproxy_cmd};
+use lbproxy_tests::lab::{Backend, Family, Inspect as _, Lbproxy, Pod, run_lbproxy_cmd};
 
 use lbproxy_tests::lab::multinode::{
     WEB_BACKEND_TCP as BACKEND_TCP, WEB_BACKEND_UDP as BACKEND_UDP, WEB_CLUSTER_IP as CLUSTER_IP,
     WEB_EXTERNAL_IP as EXTERNAL_IP, WEB_LB_IP as LB_IP, WEB_NODE_PORT_TCP as NODE_PORT_TCP,
     WEB_NODE_PORT_UDP as NODE_PORT_UDP, cluster_ip_manifest, web_manifest,
 };
+use lbproxy_tests::lab::multinode::{
+    WEB_CLUSTER_IP6 as CLUSTER_IP6, WEB_EXTERNAL_IP6 as EXTERNAL_IP6, WEB_LB_IP6 as LB_IP6,
+    dual_stack_web_manifest,
+};
+
+lbproxy_tests::both_families!(
+    node_processes_reach_every_frontend_kind,
+    an_open_tcp_connection_moves_when_its_backend_leaves,
+    socket_lb_pods_translates_pods_at_the_socket,
+);
 
 const EMPTY_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 11);
 /// The ClusterIP of `metrics`, a second Service over a backend of `web`.
@@ -68,6 +78,29 @@ impl Setup {
 
     /// [`Setup::new`], lbproxy started with `args` added to the contract command line.
     fn with_args(policy: &str, extra: &str, args: &[&str]) -> Setup {
+        Setup::with_manifest(|lab, pods| manifest(lab, pods, policy, extra), args)
+    }
+
+    /// The `Cluster`-policy `web` serving `family`: [`Setup::new`]'s for IPv4, the
+    /// dual-stack `web` ([`dual_stack_web_manifest`]) for IPv6.
+    fn serving(family: Family) -> Setup {
+        Setup::serving_with(family, &[])
+    }
+
+    /// [`Setup::serving`], lbproxy started with `args` added.
+    fn serving_with(family: Family, args: &[&str]) -> Setup {
+        match family {
+            Family::V4 => Setup::with_args("Cluster", "", args),
+            Family::V6 => Setup::with_manifest(
+                |lab, pods| dual_stack_web_manifest(lab, pods, "Cluster", ""),
+                args,
+            ),
+        }
+    }
+
+    /// a1 on nodeA and b1 on nodeB serving, `manifest(lab, [a1, b1])` written, lbproxy
+    /// started on both nodes with `args` added.
+    fn with_manifest(manifest: impl Fn(&MultiNodeLab, &[&Pod]) -> String, args: &[&str]) -> Setup {
         let lab = MultiNodeLab::new();
         let a1 = lab.add_pod(NodeId::A, "a1");
         let b1 = lab.add_pod(NodeId::B, "b1");
@@ -75,7 +108,7 @@ impl Setup {
             a1.serve(&[BACKEND_TCP, BACKEND_UDP]),
             b1.serve(&[BACKEND_TCP, BACKEND_UDP]),
         ];
-        lab.write_manifest_text(&manifest(&lab, &[&a1, &b1], policy, extra));
+        lab.write_manifest_text(&manifest(&lab, &[&a1, &b1]));
         let lbs = lab.start_lbproxy_on_both(args, HEALTHY_WITHIN);
         Setup {
             lab,
@@ -93,23 +126,8 @@ impl Setup {
     }
 
     /// Node A's `lbproxy inspect sockets --json` events.
-    fn socket_events(&self) -> serde_json::Value {
-        self.inspect_a("sockets")["events"].clone()
-    }
-
-    /// Node A's `lbproxy inspect WHAT --json`.
-    fn inspect_a(&self, what: &str) -> serde_json::Value {
-        let dir = self.lab.node(NodeId::A).bpffs_dir.display().to_string();
-        let out = run_lbproxy_cmd(
-            self.lab.node_ns(NodeId::A),
-            &["inspect", what, "--json", "--bpffs-dir", &dir],
-        );
-        assert!(
-            out.status.success(),
-            "inspect {what}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("json")
+    fn socket_events(&self) -> BTreeMap<String, u64> {
+        self.lab.node(NodeId::A).inspect_sockets().events
     }
 
     fn logs(&self) -> String {
@@ -142,32 +160,65 @@ fn tally(out: &[Outcome], peer: SocketAddr, ctx: &str) -> BTreeMap<String, usize
 }
 
 /// The address a backend saw, without the port.
-fn seen_ip(o: &Outcome) -> Ipv4Addr {
+fn seen_ip(o: &Outcome) -> IpAddr {
     o.client_seen
-        .rsplit_once(':')
-        .and_then(|(ip, _)| ip.parse().ok())
-        .unwrap_or_else(|| panic!("client_seen {:?}", o.client_seen))
+        .parse::<SocketAddr>()
+        .map(|a| a.ip())
+        .unwrap_or_else(|e| panic!("client_seen {:?}: {e}", o.client_seen))
 }
 
-/// TCP and UDP from node A's own namespace to the ClusterIP, the externalIP and the LB IP
-/// reach both backends (one on each node), and `getpeername` / `recvfrom` show the
-/// frontend. The backends see node A's address: the socket connects from the node itself.
-#[test]
-fn node_processes_reach_every_frontend_kind() {
-    let s = Setup::new("Cluster", "");
-    let node_a = s.lab.node(NodeId::A).ip;
-    for ip in [CLUSTER_IP, EXTERNAL_IP, LB_IP] {
-        for (mode, port) in [(Mode::Tcp, 80), (Mode::Udp, 53)] {
-            let to = sa(ip, port);
+/// TCP, unconnected and connected UDP from node A's own namespace to the ClusterIP, the
+/// externalIP and the LB IP reach both backends (one on each node; a connected UDP socket
+/// at least one), and `getpeername` / `recvfrom` show the frontend. The backends see node
+/// A's address: the socket connects from the node itself. Over IPv4 and over IPv6 (the
+/// dual-stack `web`), where the NodePorts on either node's IPv6 address are asked too (the
+/// IPv4 ones are [`node_processes_reach_node_ports_on_both_nodes`]'s).
+fn node_processes_reach_every_frontend_kind(family: Family) {
+    let s = Setup::serving(family);
+    let node_a: IpAddr = match family {
+        Family::V4 => s.lab.node(NodeId::A).ip.into(),
+        Family::V6 => s.lab.node(NodeId::A).ip6.into(),
+    };
+    let mut frontends: Vec<(IpAddr, u16, u16)> = match family {
+        Family::V4 => [CLUSTER_IP, EXTERNAL_IP, LB_IP]
+            .map(|ip| (ip.into(), 80, 53))
+            .to_vec(),
+        Family::V6 => [CLUSTER_IP6, EXTERNAL_IP6, LB_IP6]
+            .map(|ip| (ip.into(), 80, 53))
+            .to_vec(),
+    };
+    if family == Family::V6 {
+        for node in NodeId::ALL {
+            frontends.push((s.lab.node(node).ip6.into(), NODE_PORT_TCP, NODE_PORT_UDP));
+        }
+    }
+    let node_ports = |ip: IpAddr| {
+        NodeId::ALL
+            .iter()
+            .any(|&n| IpAddr::from(s.lab.node(n).ip6) == ip)
+    };
+    for (ip, tcp, udp) in frontends {
+        for (mode, port) in [
+            (Mode::Tcp, tcp),
+            (Mode::Udp, udp),
+            (Mode::UdpConnected, udp),
+        ] {
+            let to = SocketAddr::new(ip, port);
             let out = s.requests(NodeId::A, mode, to, 16);
-            let ctx = format!("{mode:?} to {to}\n{}", s.logs());
+            let ctx = format!("[{family}] {mode:?} from nodeA to {to}\n{}", s.logs());
             let m = tally(&out, to, &ctx);
-            assert!(
-                m.contains_key(&s.a1.name) && m.contains_key(&s.b1.name),
-                "{ctx}: 16 sockets should reach both backends: {m:?}"
-            );
-            for o in &out {
-                assert_eq!(seen_ip(o), node_a, "{ctx}: {o:?}");
+            if matches!(mode, Mode::UdpConnected) {
+                assert!(!m.is_empty(), "{ctx}: want a backend, got {m:?}");
+            } else {
+                assert!(
+                    m.contains_key(&s.a1.name) && m.contains_key(&s.b1.name),
+                    "{ctx}: 16 sockets should reach both backends: {m:?}"
+                );
+            }
+            if !node_ports(ip) {
+                for o in &out {
+                    assert_eq!(seen_ip(o), node_a, "{ctx}: {o:?}");
+                }
             }
         }
     }
@@ -290,9 +341,9 @@ fn pods_keep_the_per_packet_path() {
     );
     assert!(
         n(&after, "other_netns") >= n(&before, "other_netns") + 4,
-        "the pod's 4 connect() calls were not seen as another namespace's: {after}"
+        "the pod's 4 connect() calls were not seen as another namespace's: {after:?}"
     );
-    let flows = s.inspect_a("flows").to_string();
+    let flows = s.lab.node(NodeId::A).inspect_json("flows").to_string();
     assert!(
         flows.contains(&client.ip.to_string()),
         "no per-packet flow of the pod {}: {flows}",
@@ -308,35 +359,25 @@ fn socket_lb_off_leaves_pods_to_the_per_packet_path() {
     let s = Setup::with_args("Cluster", "", &["--socket-lb", "off"]);
     let client = s.lab.add_pod(NodeId::A, "client");
     s.lab.wait_programs_on(&client, Duration::from_secs(10));
-    let sockets = s.inspect_a("sockets");
+    let sockets = s.lab.node(NodeId::A).inspect_sockets();
     assert!(
-        sockets["mode"] == "off" && sockets["hooks"].as_array().is_some_and(Vec::is_empty),
-        "inspect sockets with --socket-lb off: {sockets:#}"
+        sockets.mode == "off" && sockets.hooks.is_empty(),
+        "inspect sockets with --socket-lb off: {sockets:#?}"
     );
     pod_requests_reach_the_cluster_ip(&s, &client);
     let events = s.socket_events();
     assert!(
-        events
-            .as_object()
-            .is_some_and(|m| m.values().all(|v| v.as_u64() == Some(0))),
-        "a socket-level program ran with --socket-lb off: {events}"
+        events.values().all(|&v| v == 0),
+        "a socket-level program ran with --socket-lb off: {events:?}"
     );
-    let flows = s.inspect_a("flows");
+    let flows = s.lab.node(NodeId::A).inspect_flows();
     let ours = flows
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter(|f| {
-                    f["client"]
-                        .as_str()
-                        .is_some_and(|c| c.starts_with(&format!("{}:", client.ip)))
-                })
-                .count()
-        })
-        .unwrap_or(0);
+        .iter()
+        .filter(|f| f.client.starts_with(&format!("{}:", client.ip)))
+        .count();
     assert!(
         ours >= 8,
-        "want the pod's 8 flows in the per-packet table, found {ours}: {flows:#}"
+        "want the pod's 8 flows in the per-packet table, found {ours}: {flows:#?}"
     );
 }
 
@@ -344,46 +385,65 @@ fn socket_lb_off_leaves_pods_to_the_per_packet_path() {
 /// lab's group to the ClusterIP, each answered from the ClusterIP by a backend that sees the
 /// pod's own address.
 fn pod_requests_reach_the_cluster_ip(s: &Setup, client: &Pod) {
+    pod_requests_reach_the_cluster_ip_in(s, client, Family::V4, 4);
+}
+
+/// `n` TCP and `n` UDP requests from `client`'s process in the lab's group to the ClusterIP
+/// of `family`: each answered, the ClusterIP as the peer, the backend seeing the pod's own
+/// address.
+fn pod_requests_reach_the_cluster_ip_in(s: &Setup, client: &Pod, family: Family, n: usize) {
+    let (ip, me): (IpAddr, IpAddr) = match family {
+        Family::V4 => (CLUSTER_IP.into(), client.ip.into()),
+        Family::V6 => (CLUSTER_IP6.into(), client.ip6.unwrap().into()),
+    };
     for (mode, port) in [(Mode::Tcp, 80), (Mode::Udp, 53)] {
-        let to = sa(CLUSTER_IP, port);
+        let to = SocketAddr::new(ip, port);
         let out = HostClient::spawn(
             &client.netns,
             Some(s.lab.cgroup()),
-            &Requests::new(mode, to, 4).timeout(TIMEOUT),
+            &Requests::new(mode, to, n).timeout(TIMEOUT),
         )
         .all();
         tally(
             &out,
             to,
-            &format!("pod {mode:?} to ClusterIP\n{}", s.logs()),
+            &format!("[{family}] pod {mode:?} to {to}\n{}", s.logs()),
         );
         for o in &out {
-            assert_eq!(seen_ip(o), client.ip, "the backend must see the pod: {o:?}");
+            assert_eq!(
+                seen_ip(o),
+                me,
+                "[{family}] the backend must see the pod: {o:?}"
+            );
         }
     }
 }
 
 /// An event counter of `lbproxy inspect sockets --json`.
-fn n(events: &serde_json::Value, k: &str) -> u64 {
-    events[k].as_u64().unwrap_or(0)
+fn n(events: &BTreeMap<String, u64>, k: &str) -> u64 {
+    events.get(k).copied().unwrap_or(0)
 }
 
 /// `--socket-lb pods`: a pod's process (in the group) is translated at the socket like the
 /// node's own: `connect()` and an unconnected `sendto()` go straight to a backend, which
 /// sees the pod's address, `getpeername`/`recvfrom` show the frontend, the events count the
 /// translations (none as another namespace's), and the per-packet path keeps no flow of it.
-#[test]
-fn socket_lb_pods_translates_pods_at_the_socket() {
-    let s = Setup::with_args("Cluster", "", &["--socket-lb", "pods"]);
+/// Over IPv4 and over IPv6 (`connect6`, `sendmsg6`; the dual-stack `web`'s IPv6 ClusterIP).
+fn socket_lb_pods_translates_pods_at_the_socket(family: Family) {
+    let s = Setup::serving_with(family, &["--socket-lb", "pods"]);
     let client = s.lab.add_pod(NodeId::A, "client");
     s.lab.wait_programs_on(&client, Duration::from_secs(10));
+    let me = match family {
+        Family::V4 => client.ip.to_string(),
+        Family::V6 => client.ip6.unwrap().to_string(),
+    };
     let before = s.socket_events();
-    pod_requests_reach_the_cluster_ip(&s, &client);
+    pod_requests_reach_the_cluster_ip_in(&s, &client, family, 8);
     let after = s.socket_events();
-    for (event, least) in [("connect_translated", 4), ("sendmsg_translated", 4)] {
+    for (event, least) in [("connect_translated", 8), ("sendmsg_translated", 8)] {
         assert!(
             n(&after, event) >= n(&before, event) + least,
-            "{event}: {} -> {}, want at least {least} more\n{after}",
+            "[{family}] {event}: {} -> {}, want at least {least} more\n{after:?}",
             n(&before, event),
             n(&after, event)
         );
@@ -391,13 +451,12 @@ fn socket_lb_pods_translates_pods_at_the_socket() {
     assert_eq!(
         n(&after, "other_netns"),
         n(&before, "other_netns"),
-        "a pod's socket was left to the per-packet path: {after}"
+        "[{family}] a pod's socket was left to the per-packet path: {after:?}"
     );
-    let flows = s.inspect_a("flows").to_string();
+    let flows = s.lab.node(NodeId::A).inspect_json("flows").to_string();
     assert!(
-        !flows.contains(&client.ip.to_string()),
-        "a per-packet flow of the pod {}: {flows}",
-        client.ip
+        !flows.contains(&me),
+        "[{family}] a per-packet flow of the pod {me}: {flows}"
     );
 }
 
@@ -407,7 +466,7 @@ fn socket_lb_pods_translates_pods_at_the_socket() {
 /// change that takes.
 #[test]
 fn a_connected_udp_socket_moves_when_its_backend_leaves() {
-    connected_socket_moves_when_its_backend_leaves(Mode::UdpConnected, 53, false);
+    connected_socket_moves_when_its_backend_leaves(Mode::UdpConnected, 53, false, Family::V4);
 }
 
 /// [`a_connected_udp_socket_moves_when_its_backend_leaves`], with the backend that leaves
@@ -416,32 +475,45 @@ fn a_connected_udp_socket_moves_when_its_backend_leaves() {
 /// since the backend's id still resolved: every query after the change reached it.)
 #[test]
 fn a_connected_udp_socket_moves_when_its_backend_leaves_one_of_two_services() {
-    connected_socket_moves_when_its_backend_leaves(Mode::UdpConnected, 53, true);
+    connected_socket_moves_when_its_backend_leaves(Mode::UdpConnected, 53, true, Family::V4);
 }
 
 /// The TCP case of the test above: an open connection given a backend for `web` is
 /// destroyed when that backend leaves `web`, though it stays in `metrics`.
 #[test]
 fn an_open_tcp_connection_moves_when_its_backend_leaves_one_of_two_services() {
-    connected_socket_moves_when_its_backend_leaves(Mode::TcpConnected, 80, true);
+    connected_socket_moves_when_its_backend_leaves(Mode::TcpConnected, 80, true, Family::V4);
 }
 
 /// Churn, TCP: a node process's open connection to a ClusterIP whose backend leaves is
 /// destroyed by lbproxy (the old backend still serves, so without that the connection
 /// would go on talking to it); the next request fails, and the process's new connection is
-/// answered by the live backend.
-#[test]
-fn an_open_tcp_connection_moves_when_its_backend_leaves() {
-    connected_socket_moves_when_its_backend_leaves(Mode::TcpConnected, 80, false);
+/// answered by the live backend. Over IPv4 and over IPv6 (the dual-stack `web`'s IPv6
+/// ClusterIP: `LB_SOCKREV6_V1`, the reaper's IPv6 `sock_diag` dump).
+fn an_open_tcp_connection_moves_when_its_backend_leaves(family: Family) {
+    connected_socket_moves_when_its_backend_leaves(Mode::TcpConnected, 80, false, family);
 }
 
 /// A node process sends a request every 50 ms on one socket of `mode` to the ClusterIP's
 /// `port`; its backend leaves the service; the socket must fail at least once (destroyed)
 /// and the process be answered by the other backend within 2 s. `shared`: the backend that
-/// leaves stays an endpoint of another Service, `metrics`, which keeps reaching it.
-fn connected_socket_moves_when_its_backend_leaves(mode: Mode, port: u16, shared: bool) {
-    let s = Setup::new("Cluster", "");
-    let to = sa(CLUSTER_IP, port);
+/// leaves stays an endpoint of another Service, `metrics` (IPv4), which keeps reaching it.
+/// Over `family`: IPv6 with the dual-stack `web`, the backend leaving both its slices.
+fn connected_socket_moves_when_its_backend_leaves(
+    mode: Mode,
+    port: u16,
+    shared: bool,
+    family: Family,
+) {
+    assert!(
+        !shared || family == Family::V4,
+        "the shared case is written for IPv4"
+    );
+    let s = Setup::serving(family);
+    let to = match family {
+        Family::V4 => sa(CLUSTER_IP, port),
+        Family::V6 => SocketAddr::from((CLUSTER_IP6, port)),
+    };
     let mut c = s.lab.host_client(
         NodeId::A,
         &Requests::new(mode, to, 100)
@@ -452,10 +524,13 @@ fn connected_socket_moves_when_its_backend_leaves(mode: Mode, port: u16, shared:
     let mut first = None;
     for _ in 0..5 {
         let o = c.next_outcome().expect("client running");
-        assert!(o.ok, "before the change: {o:?}\n{}", s.logs());
-        assert_eq!(o.peer, to.to_string());
+        assert!(o.ok, "[{family}] before the change: {o:?}\n{}", s.logs());
+        assert_eq!(o.peer, to.to_string(), "[{family}] {o:?}");
         if let Some(f) = &first {
-            assert_eq!(&o.backend, f, "a connected socket must keep its backend");
+            assert_eq!(
+                &o.backend, f,
+                "[{family}] a connected socket must keep its backend"
+            );
         }
         first = Some(o.backend.clone());
     }
@@ -465,7 +540,10 @@ fn connected_socket_moves_when_its_backend_leaves(mode: Mode, port: u16, shared:
     } else {
         (&s.a1, &s.b1)
     };
-    let mut after = manifest(&s.lab, &[stays], "Cluster", "");
+    let mut after = match family {
+        Family::V4 => manifest(&s.lab, &[stays], "Cluster", ""),
+        Family::V6 => dual_stack_web_manifest(&s.lab, &[stays], "Cluster", ""),
+    };
     if shared {
         let ep = (left.ip, Some(s.lab.node_of(&left.name).name()));
         after.push_str(&cluster_ip_manifest("metrics", METRICS_IP, &[ep]));
@@ -476,7 +554,7 @@ fn connected_socket_moves_when_its_backend_leaves(mode: Mode, port: u16, shared:
     let moved = loop {
         let Some(o) = c.next_outcome() else {
             panic!(
-                "client ended before its socket moved; errors {errors:?}\n{}",
+                "[{family}] client ended before its socket moved; errors {errors:?}\n{}",
                 s.logs()
             );
         };
@@ -489,26 +567,31 @@ fn connected_socket_moves_when_its_backend_leaves(mode: Mode, port: u16, shared:
         }
         assert!(
             changed.elapsed() < Duration::from_secs(3),
-            "still answered by {gone} 3 s after it left\n{}",
+            "[{family}] still answered by {gone} 3 s after it left\n{}",
             s.logs()
         );
     };
-    println!("{mode:?}: socket moved {moved:?} after the change; errors seen: {errors:?}");
+    println!(
+        "[{family}] {mode:?}: socket moved {moved:?} after the change; errors seen: {errors:?}"
+    );
     assert!(
         !errors.is_empty(),
-        "the socket moved without being destroyed?\n{}",
+        "[{family}] the socket moved without being destroyed?\n{}",
         s.logs()
     );
     assert!(
         moved < Duration::from_secs(2),
-        "the socket moved only {moved:?} after the change\n{}",
+        "[{family}] the socket moved only {moved:?} after the change\n{}",
         s.logs()
     );
     // From then on, only the live backend.
     for _ in 0..5 {
         let o = c.next_outcome().expect("client running");
-        assert!(o.ok && o.backend == stays.name, "after the move: {o:?}");
-        assert_eq!(o.peer, to.to_string());
+        assert!(
+            o.ok && o.backend == stays.name,
+            "[{family}] after the move: {o:?}"
+        );
+        assert_eq!(o.peer, to.to_string(), "[{family}] {o:?}");
     }
     if shared {
         let m = s.requests(NodeId::A, mode, sa(METRICS_IP, port), 5);

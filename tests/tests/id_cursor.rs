@@ -17,7 +17,7 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use common::*;
-use lbproxy_tests::lab::{Lab, Pod, Shape, bpf};
+use lbproxy_tests::lab::{Inspect as _, Lab, Pod, Shape, bpf};
 
 /// `next_id`, the fourth `u32` of `LB_CONFIG_V1`'s value (`flags`, `hash_seed_lo`,
 /// `hash_seed_hi`, `next_id`).
@@ -35,29 +35,15 @@ fn pinned_cursor(lab: &Lab) -> u32 {
 /// `lbproxy inspect` reads them from the pinned maps.
 fn ids(lab: &Lab) -> (Vec<(String, u32)>, BTreeSet<u32>) {
     let backends = lab
-        .inspect_json("backends")
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| {
-            (
-                format!(
-                    "{}:{}/{}",
-                    b["addr"].as_str().unwrap(),
-                    b["port"],
-                    b["protocol"].as_str().unwrap()
-                ),
-                u32::try_from(b["id"].as_u64().unwrap()).unwrap(),
-            )
-        })
+        .inspect_backends()
+        .into_iter()
+        .map(|b| (format!("{}:{}/{}", b.addr, b.port, b.protocol), b.id))
         .collect();
     let svcs = lab
-        .inspect_json("services")
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["served"].as_bool() == Some(true))
-        .map(|s| u32::try_from(s["svc_id"].as_u64().unwrap()).unwrap())
+        .inspect_services()
+        .into_iter()
+        .filter(|s| s.served)
+        .map(|s| s.svc_id)
         .collect();
     (backends, svcs)
 }
@@ -104,12 +90,10 @@ fn ids_of(lab: &Lab, vip: Ipv4Addr, pod: &Pod) -> BTreeSet<u32> {
         .filter(|(a, _)| a.starts_with(&format!("{}:", pod.ip)))
         .map(|(_, id)| id);
     let svcs = lab
-        .inspect_json("services")
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["vip"].as_str() == Some(vip.to_string().as_str()))
-        .map(|s| u32::try_from(s["svc_id"].as_u64().unwrap()).unwrap())
+        .inspect_services()
+        .into_iter()
+        .filter(|s| s.vip == vip.to_string())
+        .map(|s| s.svc_id)
         .collect::<Vec<_>>();
     backends.chain(svcs).collect()
 }

@@ -12,7 +12,9 @@ use std::net::{Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::Duration;
 
 use common::*;
-use lbproxy_tests::lab::{BRIDGE_GATEWAY6, Pod, ROUTED_GATEWAY6, Shape, ns_run, run_in_ns};
+use lbproxy_tests::lab::{
+    BRIDGE_GATEWAY6, Inspect as _, Pod, ROUTED_GATEWAY6, Shape, ns_run, run_in_ns,
+};
 
 both_shapes!(ipv6_between_pods_passes_untouched);
 
@@ -101,10 +103,7 @@ fn ipv6_between_pods_passes_untouched(shape: Shape) {
         WEB_VIP,
         4,
     );
-    let drops = s.lab.inspect_json("drops");
-    let total: u64 = drops
-        .as_object()
-        .map(|m| m.values().filter_map(serde_json::Value::as_u64).sum())
-        .unwrap_or(0);
-    assert_eq!(total, 0, "datapath drops during IPv6 traffic: {drops:#}");
+    let drops = s.lab.drop_counts();
+    let total: u64 = drops.values().sum();
+    assert_eq!(total, 0, "datapath drops during IPv6 traffic: {drops:#?}");
 }

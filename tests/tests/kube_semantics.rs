@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::*;
-use lbproxy_tests::lab::{Conditions, Endpoint, Lab, Shape, ns, wait_for};
+use lbproxy_tests::lab::{Conditions, Endpoint, Inspect as _, Lab, Shape, ns, wait_for};
 
 both_shapes!(terminating_keeps_established);
 
@@ -146,18 +146,10 @@ endpoints: [{{addresses: ['{b1}']}}]
     lb.expect_healthy(HEALTHY_WITHIN);
     web_traffic_ok("the ClusterIP of a NodePort service", &client, WEB_VIP, 5);
 
-    let rows = lab.inspect_json("services");
-    let rows = rows.as_array().expect("an array of rows");
-    let mut got: Vec<(String, String, bool, String)> = rows
-        .iter()
-        .map(|r| {
-            (
-                r["kind"].as_str().unwrap_or("?").to_owned(),
-                r["frontend"].as_str().unwrap_or("?").to_owned(),
-                r["served"].as_bool().unwrap_or(true),
-                r["not_served"].as_str().unwrap_or("?").to_owned(),
-            )
-        })
+    let mut got: Vec<(String, String, bool, String)> = lab
+        .inspect_services()
+        .into_iter()
+        .map(|r| (r.kind, r.frontend, r.served, r.not_served))
         .collect();
     got.sort();
     let vip = WEB_VIP;

@@ -1,5 +1,6 @@
 //! lbproxy lifecycle scenarios: SIGTERM and restart, cleanup, interfaces that appear later,
-//! bad manifests, two instances side by side. Both pod-network shapes.
+//! bad manifests, two instances side by side. Both pod-network shapes; SIGTERM and restart
+//! over both IP families too.
 
 mod common;
 
@@ -9,11 +10,12 @@ use std::time::{Duration, Instant};
 use common::*;
 use lbproxy_tests::lab::connect::PendingConnect;
 use lbproxy_tests::lab::{
-    Endpoint, Lab, Pod, Proto, Shape, bpf, run_in_ns, tcp_request_here, udp_request_here, vip,
-    wait_for,
+    Endpoint, Family, Inspect as _, Lab, Pod, Proto, Shape, bpf, run_in_ns, tcp_request_here,
+    udp_request_here, vip, wait_for,
 };
 
-both_shapes!(sigterm, cleanup, iface_later, bad_input, two_instances);
+both_shapes!(cleanup, iface_later, bad_input, two_instances);
+both_shapes_and_families!(sigterm);
 
 /// How soon `run` must notice that `lbproxy cleanup` removed its pins.
 const NOTICE_CLEANUP_WITHIN: Duration = Duration::from_secs(5);
@@ -60,66 +62,82 @@ fn assert_attached(ctx: &str, lab: &Lab, pods: &[&Pod]) {
 
 /// 6. SIGTERM: exit 0; programs stay attached and maps pinned, so the VIP keeps working with
 ///    no lbproxy running (including an established connection); a new `run` on the same
-///    bpffs dir becomes healthy and serves.
-fn sigterm(shape: Shape) {
+///    bpffs dir becomes healthy, adopts the pinned frontends and serves. Over IPv4 and over
+///    IPv6 (the dual-stack `web`'s IPv6 clusterIP).
+fn sigterm(shape: Shape, family: Family) {
     let mut s = Setup::new(shape, &["b1", "b2", "b3"]);
-    web_traffic_ok(&format!("[{shape}] before SIGTERM"), &s.client, WEB_VIP, 20);
+    let backends = s.backends.clone();
+    serve_family(&s, family, &backends.iter().collect::<Vec<_>>());
+    let vip = web_vip(family);
+    let ctx = |what: &str| format!("[{shape}, {family}] {what}");
+    traffic_ok(&s, family, &ctx("before SIGTERM"), 20);
     let mut conn = s
         .client
-        .connect(WEB_VIP, WEB_TCP, T)
-        .expect("long-lived connection");
+        .connect(vip, WEB_TCP, T)
+        .unwrap_or_else(|e| panic!("[{shape}, {family}] long-lived connection: {e}"));
     let first = conn
         .request()
-        .expect("first request on the long-lived connection")
+        .unwrap_or_else(|e| {
+            panic!("[{shape}, {family}] first request on the long-lived connection: {e}")
+        })
         .backend;
 
     let (st, took) = s.lb.terminate(EXIT_WITHIN);
-    eprintln!("[{shape}] lbproxy exited with {st} {took:?} after SIGTERM");
+    eprintln!("[{shape}, {family}] lbproxy exited with {st} {took:?} after SIGTERM");
     assert_eq!(
         st.code(),
         Some(0),
-        "[{shape}] exit status after SIGTERM: {st}\n{}",
+        "[{shape}, {family}] exit status after SIGTERM: {st}\n{}",
         s.lb.log()
     );
     assert!(
         s.lab.bpffs_dir().exists(),
-        "[{shape}] bpffs dir {} gone after SIGTERM",
+        "[{shape}, {family}] bpffs dir {} gone after SIGTERM",
         s.lab.bpffs_dir().display()
     );
     let pods: Vec<&Pod> = std::iter::once(&s.client).chain(&s.backends).collect();
-    assert_attached(&format!("[{shape}] after SIGTERM"), &s.lab, &pods);
+    assert_attached(&ctx("after SIGTERM"), &s.lab, &pods);
 
-    let (t, u) = web_traffic_ok(
-        &format!("[{shape}] with lbproxy stopped"),
-        &s.client,
-        WEB_VIP,
-        30,
-    );
-    eprintln!("[{shape}] lbproxy stopped: TCP {t:?} UDP {u:?}");
+    let (t, u) = traffic_ok(&s, family, &ctx("with lbproxy stopped"), 30);
+    eprintln!("[{shape}, {family}] lbproxy stopped: TCP {t:?} UDP {u:?}");
     for (p, m) in [("TCP", &t), ("UDP", &u)] {
         assert_eq!(
             m.len(),
             3,
-            "[{shape}] {p} with lbproxy stopped: not all 3 backends answer: {m:?}"
+            "[{shape}, {family}] {p} with lbproxy stopped: not all 3 backends answer: {m:?}"
         );
     }
     let r = conn.request();
     assert!(
         matches!(&r, Ok(r) if r.backend == first),
-        "[{shape}] established connection (to {first}) after lbproxy exited: {r:?}"
+        "[{shape}, {family}] established connection (to {first}) after lbproxy exited: {r:?}"
     );
 
     let mut lb2 = s.lab.start_lbproxy();
     let took = lb2.expect_healthy(HEALTHY_WITHIN);
-    eprintln!("[{shape}] second lbproxy healthy after {took:?}");
-    web_traffic_ok(&format!("[{shape}] after restart"), &s.client, WEB_VIP, 30);
+    eprintln!("[{shape}, {family}] second lbproxy healthy after {took:?}");
+    let (t, u) = traffic_ok(&s, family, &ctx("after restart"), 30);
+    for (p, m) in [("TCP", &t), ("UDP", &u)] {
+        assert_eq!(
+            m.len(),
+            3,
+            "[{shape}, {family}] {p} after restart: not all 3 backends answer: {m:?}"
+        );
+    }
     let r = conn.request();
     assert!(
         matches!(&r, Ok(r) if r.backend == first),
-        "[{shape}] established connection (to {first}) after lbproxy restarted: {r:?}\n{}",
+        "[{shape}, {family}] established connection (to {first}) after lbproxy restarted: \
+         {r:?}\n{}",
         lb2.log()
     );
-    assert_attached(&format!("[{shape}] after restart"), &s.lab, &pods);
+    assert_attached(&ctx("after restart"), &s.lab, &pods);
+    let rows = s.lab.inspect_services();
+    assert_eq!(
+        rows.iter().filter(|r| r.vip == vip.to_string()).count(),
+        2,
+        "[{shape}, {family}] the TCP and UDP frontends on {vip} adopted: {rows:#?}"
+    );
 }
 
 /// Fixed source port of the connection whose flow entries outlive lbproxy in `cleanup`.
@@ -141,12 +159,12 @@ fn cleanup(shape: Shape) {
         .unwrap_or_else(|e| panic!("[{shape}] connect from :{SRC_STALE} to the VIP: {e}"));
     vip_flow.abort();
     let me = format!("{}:{SRC_STALE}", s.client.ip);
-    let flows = s.lab.inspect_json("flows");
+    let flows = s.lab.inspect_flows();
     let stale_backend: SocketAddrV4 = flows
-        .as_array()
-        .and_then(|a| a.iter().find(|f| f["client"] == me.as_str()))
-        .and_then(|f| f["backend"].as_str()?.parse().ok())
-        .unwrap_or_else(|| panic!("[{shape}] no flow from {me} in inspect flows: {flows:#}"));
+        .iter()
+        .find(|f| f.client == me)
+        .and_then(|f| f.backend.parse().ok())
+        .unwrap_or_else(|| panic!("[{shape}] no flow from {me} in inspect flows: {flows:#?}"));
     let pods: Vec<&Pod> = std::iter::once(&s.client).chain(&s.backends).collect();
     assert_attached(&format!("[{shape}] before cleanup"), &s.lab, &pods);
     let (before, _) = lb_programs(&s.lab);

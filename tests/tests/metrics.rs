@@ -12,7 +12,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use common::*;
 use kube_common::*;
 use lbproxy_tests::apiserver::rfc3339;
-use lbproxy_tests::lab::{Endpoint, METRICS_ADDR, Shape, run_in_ns, vip, wait_for};
+use lbproxy_tests::lab::{
+    DATAPATH_EVENTS, Endpoint, Inspect as _, METRICS_ADDR, Shape, run_in_ns, vip, wait_for,
+};
 use serde_json::json;
 
 fn ip(n: u8) -> Ipv4Addr {
@@ -43,6 +45,15 @@ fn scrape(k: &Kube) -> Scrape {
         "/metrics Content-Type {ct:?} is not OpenMetrics"
     );
     sc
+}
+
+/// The values of label `label` among the samples named `name`.
+fn label_values<'a>(sc: &'a Scrape, name: &str, label: &str) -> BTreeSet<&'a str> {
+    sc.samples
+        .iter()
+        .filter(|s| s.name == name)
+        .filter_map(|s| s.labels.get(label).map(String::as_str))
+        .collect()
 }
 
 /// Buckets of histogram `name` as (le, cumulative count), sorted by le.
@@ -149,6 +160,7 @@ fn metrics_follow_changes() {
         ("lbproxy_map_capacity", "gauge"),
         ("lbproxy_sync_failures", "counter"),
         ("lbproxy_datapath_drops", "counter"),
+        ("lbproxy_datapath_events", "counter"),
     ] {
         assert_eq!(
             s1.types.get(name).map(String::as_str),
@@ -198,15 +210,19 @@ fn metrics_follow_changes() {
         s1.value("lbproxy_map_capacity", &[("map", "flows")]),
         262144.0
     );
-    let drop_reasons: BTreeSet<&str> = s1
-        .samples
-        .iter()
-        .filter(|s| s.name == "lbproxy_datapath_drops_total")
-        .filter_map(|s| s.labels.get("reason").map(String::as_str))
-        .collect();
+    let drop_reasons = label_values(&s1, "lbproxy_datapath_drops_total", "reason");
     assert!(
         drop_reasons.contains("no_backend"),
         "drop reasons exported: {drop_reasons:?}"
+    );
+    // The datapath's events that are not drops have their own metric, under the names they
+    // had as drop reasons; for one release those reasons keep their drop series too.
+    let events = label_values(&s1, "lbproxy_datapath_events_total", "event");
+    let want_events = BTreeSet::from(DATAPATH_EVENTS);
+    assert_eq!(events, want_events, "events exported");
+    assert!(
+        drop_reasons.is_superset(&want_events),
+        "the deprecated drop reasons left lbproxy_datapath_drops_total: {drop_reasons:?}"
     );
 
     // Endpoint change.
@@ -287,13 +303,10 @@ const MAP_GAUGE_LAG: Duration = Duration::from_millis(2500);
 /// shows, within [`MAP_GAUGE_LAG`]. Returns how long it took to agree.
 fn check_maps(k: &Kube, ctx: &str) -> Duration {
     let f = k.frontends();
-    let inspect_backends = k.lab.inspect_json("backends");
+    let inspect_backends = k.lab.inspect_backends();
     let want = [
         ("services", f.len() as f64),
-        (
-            "backends",
-            inspect_backends.as_array().map_or(0, Vec::len) as f64,
-        ),
+        ("backends", inspect_backends.len() as f64),
         (
             "slots",
             f.values().map(|fe| fe.backends.len()).sum::<usize>() as f64,
@@ -314,7 +327,7 @@ fn check_maps(k: &Kube, ctx: &str) -> Duration {
         assert!(
             start.elapsed() < MAP_GAUGE_LAG,
             "{ctx}: lbproxy_map_entries {got:?} != {want:?} (from inspect) after {MAP_GAUGE_LAG:?}\n\
-             frontends {f:#?}\nbackends {inspect_backends}"
+             frontends {f:#?}\nbackends {inspect_backends:#?}"
         );
         std::thread::sleep(Duration::from_millis(100));
     }

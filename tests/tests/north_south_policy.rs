@@ -4,7 +4,7 @@
 
 mod north_south_common;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use lbproxy_tests::lab::Inspect as _;
@@ -12,13 +12,16 @@ use lbproxy_tests::lab::multinode::NodeId;
 use lbproxy_tests::lab::{Family, tcp_request, udp_request, wait_for};
 
 use lbproxy_tests::lab::multinode::{
-    WEB_EXTERNAL_IP as EXTERNAL_IP, WEB_LB_IP as LB_IP, WEB_NODE_PORT_TCP as NODE_PORT_TCP,
-    WEB_NODE_PORT_UDP as NODE_PORT_UDP,
+    WEB_EXTERNAL_IP as EXTERNAL_IP, WEB_EXTERNAL_IP6 as EXTERNAL_IP6, WEB_LB_IP as LB_IP,
+    WEB_LB_IP6 as LB_IP6, WEB_NODE_PORT_TCP as NODE_PORT_TCP, WEB_NODE_PORT_UDP as NODE_PORT_UDP,
 };
 
 use north_south_common::*;
 
-lbproxy_tests::both_families!(external_traffic_policy_local_and_health_check_node_port);
+lbproxy_tests::both_families!(
+    external_traffic_policy_local_and_health_check_node_port,
+    load_balancer_source_ranges_filter_the_lb_ip_only,
+);
 
 /// externalTrafficPolicy: Local with its only endpoint (a1) on nodeA, in each family (over
 /// IPv6 the Service is dual-stack and every address below is the IPv6 one):
@@ -149,47 +152,96 @@ fn external_traffic_policy_local_and_health_check_node_port(family: Family) {
 }
 
 /// `loadBalancerSourceRanges` apply to the load-balancer IP only: a client inside the range
-/// reaches it, one outside is dropped and counted (`source_range_denied`), and both reach
-/// the NodePort and the externalIP.
-#[test]
-fn load_balancer_source_ranges_filter_the_lb_ip_only() {
-    let inside = Ipv4Addr::new(198, 18, 80, 100);
-    let s = Setup::with(
+/// reaches it (TCP and UDP), one outside is dropped and counted (`source_range_denied`),
+/// and both reach the NodePort and the externalIP. Over IPv4, and over IPv6 (the dual-stack
+/// `web`) with ranges of both families, as kube-proxy takes them: an IPv4 range and the
+/// first client's IPv6 `/128`; each family's LB IP is filtered by that family's ranges, so
+/// there the IPv4 LB IP refuses the first client, whose IPv4 address is outside the IPv4 one.
+fn load_balancer_source_ranges_filter_the_lb_ip_only(family: Family) {
+    let inside4 = Ipv4Addr::new(198, 18, 80, 100);
+    let inside6 = Ipv6Addr::new(0xfd00, 0xc612, 0x80, 0, 0, 0, 0, 100);
+    let ranges = match family {
+        Family::V4 => format!("['{inside4}/32']"),
+        Family::V6 => format!("['203.0.113.0/24', '{inside6}/128']"),
+    };
+    let s = Setup::for_family_with(
+        family,
         "Cluster",
         true,
-        &format!("loadBalancerSourceRanges: ['{inside}/32']"),
+        &format!("loadBalancerSourceRanges: {ranges}"),
     );
     let ok = s.lab.add_client("ok");
     let other = s.lab.add_client("other");
-    assert_eq!(ok.ip, inside, "the first client is the one in the range");
-    let a = s.lab.node(NodeId::A).ip;
+    let node_a = s.lab.node(NodeId::A);
+    let (inside, ok_ip, lb, external, a): (IpAddr, IpAddr, IpAddr, IpAddr, IpAddr) = match family {
+        Family::V4 => (
+            inside4.into(),
+            ok.ip.into(),
+            LB_IP.into(),
+            EXTERNAL_IP.into(),
+            node_a.ip.into(),
+        ),
+        Family::V6 => (
+            inside6.into(),
+            ok.ip6.into(),
+            LB_IP6.into(),
+            EXTERNAL_IP6.into(),
+            node_a.ip6.into(),
+        ),
+    };
+    assert_eq!(
+        ok_ip, inside,
+        "[{family}] the first client is the one in the range"
+    );
     for c in [&ok, &other] {
-        c.route_via("198.19.0.0/16", s.lab.node(NodeId::A));
+        c.route_via("198.19.0.0/16", node_a);
+        if family == Family::V6 {
+            c.route_via6("fd00:c612:ffff::/64", node_a);
+        }
     }
-    let seen = requests(&ok.netns, false, LB_IP, 80, 8);
+    wait_served(&ok, lb, 80);
+    for (udp, port) in [(false, 80), (true, 53)] {
+        let seen = requests(&ok.netns, udp, lb, port, 8);
+        assert!(
+            seen.errors.is_empty() && seen.wrong_source.is_empty() && seen.replies() == 8,
+            "[{family}] {} to {lb}:{port} from inside the range: {seen:?}\n{}",
+            if udp { "UDP" } else { "TCP" },
+            s.logs()
+        );
+    }
+    let before = node_a.drop_count("source_range_denied");
+    for (udp, port) in [(false, 80), (true, 53)] {
+        let seen = requests(&other.netns, udp, lb, port, 2);
+        assert_eq!(
+            seen.replies(),
+            0,
+            "[{family}] {} to {lb}:{port}: outside the range the LB IP must not answer: \
+             {seen:?}",
+            if udp { "UDP" } else { "TCP" }
+        );
+    }
+    let after = node_a.drop_count("source_range_denied");
     assert!(
-        seen.errors.is_empty() && seen.replies() == 8,
-        "inside the range: {seen:?}\n{}",
+        after >= before + 4,
+        "[{family}] source_range_denied counted on nodeA ({before} -> {after})\n{}",
         s.logs()
     );
-    let before = s.lab.node(NodeId::A).drop_count("source_range_denied");
-    let r = tcp_request(&other.netns, LB_IP, 80, Duration::from_millis(700));
-    assert!(
-        r.is_err(),
-        "outside the range the LB IP must not answer: {r:?}"
-    );
-    let u = udp_request(&other.netns, LB_IP, 53, Duration::from_millis(300), None);
-    assert!(u.is_err(), "outside the range, UDP: {u:?}");
-    assert!(
-        s.lab.node(NodeId::A).drop_count("source_range_denied") >= before + 2,
-        "source_range_denied counted\n{}",
-        s.logs()
-    );
-    for (addr, port) in [(a, NODE_PORT_TCP), (EXTERNAL_IP, 80)] {
+    for (addr, port) in [(a, NODE_PORT_TCP), (external, 80)] {
         let seen = requests(&other.netns, false, addr, port, 4);
         assert!(
-            seen.errors.is_empty() && seen.replies() == 4,
-            "the ranges do not apply to {addr}:{port}: {seen:?}"
+            seen.errors.is_empty() && seen.wrong_source.is_empty() && seen.replies() == 4,
+            "[{family}] the ranges do not apply to {addr}:{port}: {seen:?}"
+        );
+    }
+    if family == Family::V6 {
+        // The first client's IPv4 address is outside 203.0.113.0/24.
+        let seen = requests(&ok.netns, false, LB_IP, 80, 2);
+        assert_eq!(
+            seen.replies(),
+            0,
+            "[{family}] {LB_IP}: the IPv4 LB IP is filtered by the IPv4 range, which does not \
+             hold {}: {seen:?}",
+            ok.ip
         );
     }
 }

@@ -246,37 +246,28 @@ fn inspect_shows_snat_ports_per_destination() {
         c.request().unwrap();
         conns.push(c);
     }
-    let snat = s.lab.node(NodeId::A).inspect_json("snat");
+    let snat = s.lab.node(NodeId::A).inspect_snat();
     let row = snat
-        .as_array()
-        .unwrap()
         .iter()
-        .find(|r| r["destination"] == format!("{}:{BACKEND_TCP}", s.b1.ip).as_str())
-        .unwrap_or_else(|| panic!("b1 in inspect snat: {snat:#}"))
-        .clone();
-    assert_eq!(row["snat_address"], a.to_string().as_str(), "{row:#}");
-    assert_eq!(row["protocol"], "TCP", "{row:#}");
-    assert!(row["ports_in_use"].as_u64().unwrap() >= 5, "{row:#}");
-    assert_eq!(row["range_size"], 29_999 - 1024 + 1, "{row:#}");
-    let flows = s.lab.node(NodeId::A).inspect_json("flows");
+        .find(|r| r.destination == format!("{}:{BACKEND_TCP}", s.b1.ip))
+        .unwrap_or_else(|| panic!("b1 in inspect snat: {snat:#?}"));
+    assert_eq!(row.snat_address, a.to_string(), "{row:#?}");
+    assert_eq!(row.protocol, "TCP", "{row:#?}");
+    assert!(row.ports_in_use >= 5, "{row:#?}");
+    assert_eq!(row.range_size, 29_999 - 1024 + 1, "{row:#?}");
+    let flows = s.lab.node(NodeId::A).inspect_flows();
     let client_prefix = format!("{}:", client.ip);
     let snat_prefix = format!("{a}:");
     let snated = flows
-        .as_array()
-        .unwrap()
         .iter()
         .filter(|f| {
-            f["client"]
-                .as_str()
-                .is_some_and(|c| c.starts_with(&client_prefix))
-                && f["snat"]
-                    .as_str()
-                    .is_some_and(|x| x.starts_with(&snat_prefix))
+            f.client.starts_with(&client_prefix)
+                && f.snat.as_ref().is_some_and(|x| x.starts_with(&snat_prefix))
         })
         .count();
     assert!(
         snated >= 5,
-        "inspect flows shows the SNAT source: {flows:#}"
+        "inspect flows shows the SNAT source: {flows:#?}"
     );
     drop(conns);
 }

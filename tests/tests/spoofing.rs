@@ -20,16 +20,17 @@
 mod common;
 
 use std::io;
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::time::{Duration, Instant};
 
 use common::*;
 use lbproxy_tests::lab::Inspect as _;
-use lbproxy_tests::lab::{Lab, Pod, Shape, bpf, ns_run, wait_for};
-use serde_json::Value;
+use lbproxy_tests::lab::inspect::rows::FlowRow;
+use lbproxy_tests::lab::{Family, Lab, Pod, Shape, bpf, ns_run, wait_for};
 
-both_shapes!(spoofed_source_is_dropped, pod_addresses_follow_the_routes);
+both_shapes!(pod_addresses_follow_the_routes);
+both_shapes_and_families!(spoofed_source_is_dropped);
 
 #[test]
 fn spoofed_frame_verdicts() {
@@ -39,6 +40,9 @@ fn spoofed_frame_verdicts() {
 /// The client's second address: outside the pods' 198.18.0.0/24 and the uplink's /30, so
 /// the node routes it out of the uplink.
 const SPOOFED: Ipv4Addr = Ipv4Addr::new(198, 18, 9, 200);
+/// The client's second IPv6 address: outside the pods' `fd00:c612::/64`, which the node
+/// does not route to any pod.
+const SPOOFED6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x9, 0, 0, 0, 0, 0, 0xc8);
 /// Fixed source ports of the spoofed sockets.
 const SRC_UDP: u16 = 21001;
 const SRC_TCP: u16 = 21002;
@@ -48,80 +52,54 @@ const UDP_SENDS: u64 = 3;
 const SILENCE: Duration = Duration::from_secs(1);
 
 /// The flow entries (`inspect flows --json`) whose client is `addr`, any port.
-fn flows_from(lab: &Lab, addr: Ipv4Addr) -> Vec<Value> {
-    let all = lab.inspect_json("flows");
-    let prefix = format!("{addr}:");
-    all.as_array()
-        .unwrap_or_else(|| panic!("inspect flows --json: not an array: {all}"))
-        .iter()
-        .filter(|f| f["client"].as_str().is_some_and(|c| c.starts_with(&prefix)))
-        .cloned()
+fn flows_from(lab: &Lab, addr: impl Into<IpAddr>) -> Vec<FlowRow> {
+    let prefix = match addr.into() {
+        IpAddr::V4(a) => format!("{a}:"),
+        IpAddr::V6(a) => format!("[{a}]:"),
+    };
+    lab.inspect_flows()
+        .into_iter()
+        .filter(|f| f.client.starts_with(&prefix))
         .collect()
 }
 
-/// Packets the counting rule for `src` in `pod`'s INPUT chain has seen.
-fn input_packets_from(pod: &Pod, src: Ipv4Addr) -> u64 {
-    let out = ns_run(&pod.netns, &["iptables", "-L", "INPUT", "-v", "-n", "-x"])
-        .unwrap_or_else(|e| panic!("iptables -L in {}: {e}", pod.name));
+/// Packets the counting rule for `src` in `pod`'s INPUT chain (iptables or ip6tables, by
+/// `src`'s family) has seen.
+fn input_packets_from(pod: &Pod, src: IpAddr) -> u64 {
+    let tool = iptables(family_of(src));
+    let out = ns_run(&pod.netns, &[tool, "-L", "INPUT", "-v", "-n", "-x"])
+        .unwrap_or_else(|e| panic!("{tool} -L in {}: {e}", pod.name));
+    let (host, host128) = (src.to_string(), format!("{src}/128"));
     out.lines()
-        .find(|l| l.split_whitespace().any(|w| w == src.to_string()))
+        .find(|l| l.split_whitespace().any(|w| w == host || w == host128))
         .and_then(|l| l.split_whitespace().next()?.parse().ok())
         .unwrap_or_else(|| panic!("no counting rule for {src} in {}:\n{out}", pod.name))
 }
 
-/// A non-blocking TCP connect from `src` to `dst`, in the calling thread's namespace.
-fn connect_from(src: SocketAddrV4, dst: SocketAddrV4) -> io::Result<OwnedFd> {
-    let sin = |a: SocketAddrV4| libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: a.port().to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(*a.ip()).to_be(),
-        },
-        sin_zero: [0; 8],
-    };
-    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    // SAFETY: plain socket calls on an fd owned at once, with valid sockaddrs.
-    unsafe {
-        let fd = libc::socket(
-            libc::AF_INET,
-            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        );
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let fd = OwnedFd::from_raw_fd(fd);
-        let one: libc::c_int = 1;
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_REUSEADDR,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-        let local = sin(src);
-        if libc::bind(
-            fd.as_raw_fd(),
-            (&local as *const libc::sockaddr_in).cast(),
-            len,
-        ) != 0
-        {
-            return Err(io::Error::last_os_error());
-        }
-        let remote = sin(dst);
-        if libc::connect(
-            fd.as_raw_fd(),
-            (&remote as *const libc::sockaddr_in).cast(),
-            len,
-        ) != 0
-        {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EINPROGRESS) {
-                return Err(e);
-            }
-        }
-        Ok(fd)
+/// The family of `addr`.
+fn family_of(addr: IpAddr) -> Family {
+    if addr.is_ipv6() {
+        Family::V6
+    } else {
+        Family::V4
     }
+}
+
+/// A non-blocking TCP connect from `src` to `dst` (one family), in the calling thread's
+/// namespace.
+fn connect_from(src: SocketAddr, dst: SocketAddr) -> io::Result<OwnedFd> {
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(src),
+        socket2::Type::STREAM.nonblocking().cloexec(),
+        None,
+    )?;
+    sock.set_reuse_address(true)?;
+    sock.bind(&src.into())?;
+    match sock.connect(&dst.into()) {
+        Err(e) if e.raw_os_error() != Some(libc::EINPROGRESS) => return Err(e),
+        _ => {}
+    }
+    Ok(sock.into())
 }
 
 /// Whether the connect on `fd` completed within `wait`.
@@ -152,36 +130,28 @@ fn connected_within(fd: &OwnedFd, wait: Duration) -> bool {
 }
 
 /// The flows from `addr` as (client, frontend, backend), sorted.
-fn flow_tuples(lab: &Lab, addr: Ipv4Addr) -> Vec<(String, String, String)> {
+fn flow_tuples(lab: &Lab, addr: IpAddr) -> Vec<(String, String, String)> {
     let mut v: Vec<_> = flows_from(lab, addr)
-        .iter()
-        .map(|f| {
-            (
-                f["client"].to_string(),
-                f["frontend"].to_string(),
-                f["backend"].to_string(),
-            )
-        })
+        .into_iter()
+        .map(|f| (f.client, f.frontend, f.backend))
         .collect();
     v.sort();
     v
 }
 
-/// From inside `client`'s namespace: [`UDP_SENDS`] UDP requests to the web service and one
-/// TCP connect to it, all from `src`. Returns the UDP answers and whether the connect
-/// completed, within [`SILENCE`].
-fn send_from(client: &Pod, src: Ipv4Addr) -> (Vec<String>, bool) {
+/// From inside `client`'s namespace: [`UDP_SENDS`] UDP requests to the web service on
+/// `src`'s family and one TCP connect to it, all from `src`. Returns the UDP answers and
+/// whether the connect completed, within [`SILENCE`].
+fn send_from(client: &Pod, src: IpAddr) -> (Vec<String>, bool) {
+    let vip = web_vip(family_of(src));
     client.run(|| {
         let udp = UdpSocket::bind((src, SRC_UDP)).expect("bind UDP to the spoofed address");
         for _ in 0..UDP_SENDS {
-            udp.send_to(b"hello\n", (WEB_VIP, WEB_UDP))
+            udp.send_to(b"hello\n", (vip, WEB_UDP))
                 .expect("UDP send from the spoofed address");
         }
-        let syn = connect_from(
-            SocketAddrV4::new(src, SRC_TCP),
-            SocketAddrV4::new(WEB_VIP, WEB_TCP),
-        )
-        .expect("TCP connect from the spoofed address");
+        let syn = connect_from(SocketAddr::new(src, SRC_TCP), SocketAddr::new(vip, WEB_TCP))
+            .expect("TCP connect from the spoofed address");
         let end = Instant::now() + SILENCE;
         let mut answers = Vec::new();
         let mut buf = [0u8; 512];
@@ -196,45 +166,73 @@ fn send_from(client: &Pod, src: Ipv4Addr) -> (Vec<String>, bool) {
                     "{} from {from}",
                     String::from_utf8_lossy(&buf[..n]).trim()
                 )),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) => {}
-                Err(e) => panic!("UDP recv: {e}"),
+                Err(e) if lbproxy_tests::lab::net::recv_again(&e) => {}
+                Err(e) => panic!(
+                    "UDP recv: {e} ({:?}, os error {:?})",
+                    e.kind(),
+                    e.raw_os_error()
+                ),
             }
         }
         (answers, connected_within(&syn, Duration::ZERO))
     })
 }
 
-/// A client sends UDP and a TCP SYN to the web VIP from an address that is not its own.
-/// Nothing is translated: no answer, no connection, no backend sees a packet from that
-/// address, no flow entry names it, and `spoofed_source` counts every packet. Traffic from
-/// the client's own address works before and after, and is never counted as spoofed. In
-/// the routed shape, the same holds for a neighbour pod's address.
-fn spoofed_source_is_dropped(shape: Shape) {
+/// `ip addr add` (`add`) or `ip addr del` of `addr` as a host address on `pod`'s eth0; an
+/// IPv6 one without duplicate address detection, so it can be bound at once.
+fn pod_extra_addr(pod: &Pod, op: &str, addr: IpAddr) {
+    let (fam, plen) = match addr {
+        IpAddr::V4(_) => ("-4", 32),
+        IpAddr::V6(_) => ("-6", 128),
+    };
+    let prefix = format!("{addr}/{plen}");
+    let mut argv = vec!["ip", fam, "addr", op, &prefix, "dev", "eth0"];
+    if op == "add" && addr.is_ipv6() {
+        argv.push("nodad");
+    }
+    ns_run(&pod.netns, &argv)
+        .unwrap_or_else(|e| panic!("ip addr {op} {addr} in {}: {e}", pod.name));
+}
+
+/// A client sends UDP and a TCP SYN to the web VIP from an address that is not its own,
+/// over IPv4 and over IPv6 (the dual-stack `web`'s IPv6 clusterIP, the address
+/// [`SPOOFED6`]). Nothing is translated: no answer, no connection, no backend sees a packet
+/// from that address, no flow entry names it, and `spoofed_source` counts every packet.
+/// Traffic from the client's own address works before and after, and is never counted as
+/// spoofed. In the routed shape, the same holds for a neighbour pod's address.
+fn spoofed_source_is_dropped(shape: Shape, family: Family) {
     let s = Setup::new(shape, &["b1", "b2"]);
     let lab = &s.lab;
-    web_traffic_ok_in(Some(lab), "own address, before", &s.client, WEB_VIP, 4);
+    serve_family(&s, family, &s.backends.iter().collect::<Vec<_>>());
+    let vip = web_vip(family);
+    traffic_ok(
+        &s,
+        family,
+        &format!("[{shape}, {family}] own address, before"),
+        4,
+    );
     assert_eq!(
         lab.drop_count("spoofed_source"),
         0,
-        "the client's own address was counted as spoofed\n{}",
+        "[{shape}, {family}] the client's own address was counted as spoofed\n{}",
         lab.diagnostics()
     );
 
-    let mut spoofed = vec![SPOOFED];
+    let mut spoofed = vec![match family {
+        Family::V4 => IpAddr::from(SPOOFED),
+        Family::V6 => IpAddr::from(SPOOFED6),
+    }];
+    let neighbour = pod_addr(s.backend("b2"), family);
     if shape == Shape::Routed {
         // A neighbour's address: routed out of the neighbour's interface, not the client's.
-        spoofed.push(s.backend("b2").ip);
+        spoofed.push(neighbour);
     }
     for &addr in &spoofed {
         for b in &s.backends {
             ns_run(
                 &b.netns,
                 &[
-                    "iptables",
+                    iptables(family),
                     "-I",
                     "INPUT",
                     "-s",
@@ -245,24 +243,26 @@ fn spoofed_source_is_dropped(shape: Shape) {
             )
             .unwrap_or_else(|e| panic!("counting rule in {}: {e}", b.name));
         }
-        ns_run(
-            &s.client.netns,
-            &["ip", "addr", "add", &format!("{addr}/32"), "dev", "eth0"],
-        )
-        .unwrap_or_else(|e| panic!("adding {addr} to the client: {e}"));
+        pod_extra_addr(&s.client, "add", addr);
 
         // The neighbour's own flow on the very tuple the client will forge: its entry
         // exists, so the forged packets hit it and must still be checked (they arrive on
         // another interface than the flow's).
-        if addr == s.backend("b2").ip {
+        if addr == neighbour {
             s.backend("b2").run(|| {
                 let u = UdpSocket::bind((addr, SRC_UDP)).expect("bind UDP in b2");
-                u.send_to(b"hello\n", (WEB_VIP, WEB_UDP))
+                u.send_to(b"hello\n", (vip, WEB_UDP))
                     .expect("UDP send from b2");
             });
             std::thread::sleep(Duration::from_millis(100));
         }
         let flows_before = flow_tuples(lab, addr);
+        if addr != neighbour {
+            assert!(
+                flows_before.is_empty(),
+                "[{shape}, {family}] flows from {addr} before it sent anything: {flows_before:?}"
+            );
+        }
         // The neighbour's own packet may have reached a backend: count from here on.
         let received_before: Vec<u64> = s
             .backends
@@ -272,7 +272,10 @@ fn spoofed_source_is_dropped(shape: Shape) {
         let before = lab.drop_count("spoofed_source");
         let (answers, connected) = send_from(&s.client, addr);
         let dropped = lab.drop_count("spoofed_source") - before;
-        let ctx = format!("{shape}, client {} sending from {addr}", s.client.ip);
+        let ctx = format!(
+            "[{shape}, {family}] client {} sending from {addr}",
+            pod_addr(&s.client, family)
+        );
         assert!(
             answers.is_empty(),
             "{ctx}: UDP answered: {answers:?}\n{}",
@@ -299,25 +302,29 @@ fn spoofed_source_is_dropped(shape: Shape) {
                 b.name
             );
         }
-        ns_run(
-            &s.client.netns,
-            &["ip", "addr", "del", &format!("{addr}/32"), "dev", "eth0"],
-        )
-        .unwrap_or_else(|e| panic!("removing {addr} from the client: {e}"));
+        // Gone again, so that source address selection cannot pick it for the client's
+        // own requests.
+        pod_extra_addr(&s.client, "del", addr);
     }
 
     let before = lab.drop_count("spoofed_source");
-    web_traffic_ok_in(Some(lab), "own address, after", &s.client, WEB_VIP, 4);
+    traffic_ok(
+        &s,
+        family,
+        &format!("[{shape}, {family}] own address, after"),
+        4,
+    );
     assert_eq!(
         lab.drop_count("spoofed_source"),
         before,
-        "the client's own address was counted as spoofed"
+        "[{shape}, {family}] the client's own address was counted as spoofed"
     );
-    let own = flows_from(lab, s.client.ip);
+    let own = flows_from(lab, pod_addr(&s.client, family));
     assert!(
         !own.is_empty(),
-        "no flow entry for the client's own address ({}): inspect flows shows nothing?",
-        s.client.ip
+        "[{shape}, {family}] no flow entry for the client's own address ({}): inspect flows \
+         shows nothing?",
+        pod_addr(&s.client, family)
     );
 }
 

@@ -47,7 +47,7 @@ macro_rules! netns_client {
         pub fn tally(
             &self,
             proto: $crate::lab::net::Proto,
-            addr: std::net::Ipv4Addr,
+            addr: impl Into<std::net::IpAddr>,
             port: u16,
             n: usize,
             timeout: std::time::Duration,

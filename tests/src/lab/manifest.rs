@@ -75,7 +75,8 @@ pub struct ServicePort {
     pub target_port: TargetPort,
 }
 
-/// A `v1` Service of type ClusterIP.
+/// A `v1` Service of type ClusterIP, single-stack: `ipFamilies` is `[IPv6]` when its
+/// clusterIP is an IPv6 address, else `[IPv4]`.
 #[derive(Clone, Debug)]
 pub struct Service {
     pub name: String,
@@ -126,6 +127,11 @@ impl Service {
         self
     }
 
+    /// `IPv6` when the clusterIP is an IPv6 address, else `IPv4`.
+    pub fn ip_family(&self) -> &'static str {
+        ip_family(&self.cluster_ip)
+    }
+
     pub fn to_yaml(&self) -> String {
         let mut y = String::new();
         y.push_str("apiVersion: v1\nkind: Service\nmetadata:\n");
@@ -142,7 +148,11 @@ impl Service {
         y.push_str("spec:\n");
         let _ = writeln!(y, "  clusterIP: {}", scalar(&self.cluster_ip));
         let _ = writeln!(y, "  clusterIPs:\n  - {}", scalar(&self.cluster_ip));
-        y.push_str("  internalTrafficPolicy: Cluster\n  ipFamilies:\n  - IPv4\n");
+        let _ = writeln!(
+            y,
+            "  internalTrafficPolicy: Cluster\n  ipFamilies:\n  - {}",
+            self.ip_family()
+        );
         y.push_str("  ipFamilyPolicy: SingleStack\n");
         if !self.ports.is_empty() {
             y.push_str("  ports:\n");
@@ -202,7 +212,7 @@ impl Service {
             "clusterIP": self.cluster_ip,
             "clusterIPs": [self.cluster_ip],
             "internalTrafficPolicy": "Cluster",
-            "ipFamilies": ["IPv4"],
+            "ipFamilies": [self.ip_family()],
             "ipFamilyPolicy": "SingleStack",
             "sessionAffinity": "None",
             "type": "ClusterIP",
@@ -253,6 +263,15 @@ impl Conditions {
         serving: None,
         terminating: None,
     };
+}
+
+/// `IPv6` when `addr` is an IPv6 address, else `IPv4` (also for an invalid one).
+fn ip_family(addr: &str) -> &'static str {
+    if addr.parse::<std::net::Ipv6Addr>().is_ok() {
+        "IPv6"
+    } else {
+        "IPv4"
+    }
 }
 
 /// One entry of an EndpointSlice's `endpoints`.
@@ -309,7 +328,8 @@ pub struct EndpointPort {
     pub protocol: Protocol,
 }
 
-/// A `discovery.k8s.io/v1` EndpointSlice, addressType IPv4.
+/// A `discovery.k8s.io/v1` EndpointSlice: addressType IPv6 when its first endpoint's first
+/// address is an IPv6 address, else IPv4.
 #[derive(Clone, Debug)]
 pub struct EndpointSlice {
     pub name: String,
@@ -352,9 +372,16 @@ impl EndpointSlice {
         self
     }
 
+    /// `IPv6` when the first endpoint's first address is an IPv6 address, else `IPv4`.
+    pub fn address_type(&self) -> &'static str {
+        let first = self.endpoints.first().and_then(|e| e.addresses.first());
+        first.map_or("IPv4", |a| ip_family(a))
+    }
+
     pub fn to_yaml(&self) -> String {
         let mut y = String::new();
-        y.push_str("addressType: IPv4\napiVersion: discovery.k8s.io/v1\n");
+        let _ = writeln!(y, "addressType: {}", self.address_type());
+        y.push_str("apiVersion: discovery.k8s.io/v1\n");
         if self.endpoints.is_empty() {
             y.push_str("endpoints: null\n");
         } else {
@@ -455,7 +482,7 @@ impl EndpointSlice {
             })
             .collect();
         json!({
-            "addressType": "IPv4",
+            "addressType": self.address_type(),
             "apiVersion": "discovery.k8s.io/v1",
             "kind": "EndpointSlice",
             "metadata": {

@@ -72,7 +72,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-pub use self::inspect::Inspect;
+pub use self::inspect::{DATAPATH_EVENTS, Inspect};
 pub use self::lbproxy::{
     HEALTHZ_ADDR, Lbproxy, METRICS_ADDR, lbproxy_bin, lbproxy_bin_if_present, run_lbproxy_cmd,
 };

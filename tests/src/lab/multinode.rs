@@ -62,7 +62,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -838,24 +838,18 @@ endpoints:
 
     /// Whether `node`'s maps serve every frontend of `service` (`namespace/name`) in
     /// `backend`'s family with `backend` alone (and serve at least one).
-    pub fn serves_only(&self, node: NodeId, service: &str, backend: IpAddr) -> bool {
+    #[cfg(feature = "inspect-rows")]
+    pub fn serves_only(&self, node: NodeId, service: &str, backend: std::net::IpAddr) -> bool {
         let want = backend.to_string();
-        let rows = self.node(node).inspect_json("services");
-        let mine: Vec<&serde_json::Value> = rows
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|e| {
-                e["service"] == service
-                    && e["vip"].as_str().is_some_and(|v| v.contains(':')) == backend.is_ipv6()
-            })
+        let rows = self.node(node).inspect_services();
+        let mine: Vec<_> = rows
+            .iter()
+            .filter(|e| e.service == service && e.vip.contains(':') == backend.is_ipv6())
             .collect();
         !mine.is_empty()
-            && mine.iter().all(|e| {
-                e["backends"]
-                    .as_array()
-                    .is_some_and(|b| b.len() == 1 && b[0]["addr"] == want.as_str())
-            })
+            && mine
+                .iter()
+                .all(|e| e.backends.len() == 1 && e.backends[0].addr == want)
     }
 
     /// A text dump for failure messages: `ip addr` and `ip route` of every namespace, the

@@ -8,9 +8,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{self, BufRead as _, BufReader, Write as _};
-use std::net::{
-    IpAddr, Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket,
-};
+use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -90,6 +88,13 @@ pub fn set_rcvtimeo(fd: i32, d: Duration) -> io::Result<()> {
     } else {
         Err(io::Error::last_os_error())
     }
+}
+
+/// Whether a blocking receive with a timeout should simply go round again: it timed out, or
+/// a signal interrupted it (`SO_RCVTIMEO` makes the kernel return `EINTR` rather than
+/// restart the call).
+pub fn recv_again(e: &io::Error) -> bool {
+    is_timeout(e) || e.kind() == io::ErrorKind::Interrupted
 }
 
 fn is_timeout(e: &io::Error) -> bool {
@@ -537,7 +542,7 @@ impl TcpConn {
 #[derive(Clone, Debug)]
 pub struct Tally {
     pub proto: Proto,
-    pub target: SocketAddrV4,
+    pub target: SocketAddr,
     pub attempts: usize,
     /// Replies per backend identity.
     pub by_backend: BTreeMap<String, usize>,
@@ -586,19 +591,20 @@ impl fmt::Display for Tally {
 /// How many failed requests [`tally`] tolerates before giving up on the rest.
 pub const TALLY_MAX_ERRORS: usize = 8;
 
-/// From inside `ns`, makes `n` requests to `addr:port`: new TCP connections, or UDP
+/// From inside `ns`, makes `n` requests to `addr:port` (either family): new TCP connections, or UDP
 /// datagrams each from a new socket (so a new source port). Stops early after
 /// [`TALLY_MAX_ERRORS`] failures. `timeout` is per request.
 pub fn tally(
     ns: &str,
     proto: Proto,
-    addr: Ipv4Addr,
+    addr: impl Into<IpAddr>,
     port: u16,
     n: usize,
     timeout: Duration,
 ) -> Tally {
+    let addr = addr.into();
     run_in_ns(ns, || {
-        let target = SocketAddrV4::new(addr, port);
+        let target = SocketAddr::new(addr, port);
         let mut t = Tally {
             proto,
             target,
@@ -621,7 +627,7 @@ pub fn tally(
             };
             match r {
                 Ok((reply, src)) => {
-                    if src != SocketAddr::V4(target) {
+                    if src != target {
                         t.wrong_source.push((reply.backend.clone(), src));
                     }
                     *t.by_backend.entry(reply.backend).or_default() += 1;

@@ -2,12 +2,15 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
+use lbproxy_tests::lab::inspect::rows::ServiceRow;
+
 use lbproxy_tests::lab::{
-    Backend, Endpoint, EndpointSlice, Lab, Lbproxy, Manifest, Pod, Proto, Protocol, Service, Shape,
-    run_in_ns, tcp_request_here, udp_request_here, vip,
+    Backend, Endpoint, EndpointSlice, Family, Lab, Lbproxy, Manifest, Pod, Proto, Protocol,
+    Service, Shape, run_in_ns, tcp_request_here, udp_request_here, vip,
 };
 
 /// Generates `mod $name { fn routed(); fn bridge(); }` tests calling `$name(Shape)`.
@@ -74,8 +77,10 @@ pub const BACKEND_TCP: u16 = 8080;
 pub const BACKEND_UDP: u16 = 5353;
 
 /// Service `name` on `vip` with TCP `WEB_TCP`->8080 ("http") and UDP `WEB_UDP`->5353
-/// ("dns"), plus one slice `<name>-1` holding `endpoints`.
-pub fn web_objects(name: &str, vip: Ipv4Addr, endpoints: Vec<Endpoint>) -> Manifest {
+/// ("dns"), plus one slice `<name>-1` holding `endpoints`: single-stack, of `vip`'s family
+/// (the endpoints must be of the same).
+pub fn web_objects(name: &str, vip: impl Into<IpAddr>, endpoints: Vec<Endpoint>) -> Manifest {
+    let vip = vip.into();
     let mut slice = EndpointSlice::new(&format!("{name}-1"), name)
         .port("http", BACKEND_TCP, Protocol::Tcp)
         .port("dns", BACKEND_UDP, Protocol::Udp);
@@ -91,8 +96,13 @@ pub fn web_objects(name: &str, vip: Ipv4Addr, endpoints: Vec<Endpoint>) -> Manif
 
 /// Ready endpoints for `pods`, with targetRefs.
 pub fn ready(pods: &[&Pod]) -> Vec<Endpoint> {
+    ready_in(Family::V4, pods)
+}
+
+/// Ready endpoints for `pods`' addresses in `family`, with targetRefs.
+pub fn ready_in(family: Family, pods: &[&Pod]) -> Vec<Endpoint> {
     pods.iter()
-        .map(|p| Endpoint::ready(p.ip).pod(&p.name))
+        .map(|p| Endpoint::ready(pod_addr(p, family)).pod(&p.name))
         .collect()
 }
 
@@ -268,16 +278,17 @@ pub fn lb_attachments(lab: &Lab) -> Vec<lbproxy_tests::lab::bpf::TcxAttachment> 
         .collect()
 }
 
-/// The backends of one `lbproxy inspect services --json` row as sorted `ip:port` strings.
-pub fn row_backends(row: &serde_json::Value) -> Vec<String> {
-    let mut b: Vec<String> = row["backends"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|b| format!("{}:{}", b["addr"].as_str().unwrap_or("?"), b["port"]))
-                .collect()
+/// The backends of one `lbproxy inspect services --json` row as sorted `ip:port` strings
+/// (`[ip]:port` for IPv6).
+pub fn row_backends(row: &ServiceRow) -> Vec<String> {
+    let mut b: Vec<String> = row
+        .backends
+        .iter()
+        .map(|b| match b.addr.parse::<IpAddr>() {
+            Ok(ip) => SocketAddr::new(ip, b.port).to_string(),
+            Err(_) => format!("{}:{}", b.addr, b.port),
         })
-        .unwrap_or_default();
+        .collect();
     b.sort();
     b
 }
@@ -418,5 +429,165 @@ pub fn wait_ipv6_served(s: &Setup) {
     let deadline = Instant::now() + APPLY_WITHIN;
     while s.client.tcp_request(VIP6, WEB_TCP, T).is_err() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One answered request: the backend that answered, the client address it saw, and the
+/// address the answer came from.
+#[derive(Debug)]
+pub struct Answer {
+    pub backend: String,
+    pub client_seen: String,
+    pub from: SocketAddr,
+}
+
+pub fn parse(line: &str, from: SocketAddr) -> Result<Answer, String> {
+    let (backend, seen) = line
+        .trim_end()
+        .split_once(' ')
+        .ok_or_else(|| format!("malformed reply {line:?}"))?;
+    Ok(Answer {
+        backend: backend.to_string(),
+        client_seen: seen.to_string(),
+        from,
+    })
+}
+
+/// A new TCP connection to `[VIP6]:WEB_TCP` from the calling thread's namespace, one
+/// request on it.
+pub fn tcp6() -> Result<Answer, String> {
+    let to = SocketAddr::from((VIP6, WEB_TCP));
+    let mut c = TcpStream::connect_timeout(&to, T).map_err(|e| format!("connect {to}: {e}"))?;
+    c.set_read_timeout(Some(T)).map_err(|e| e.to_string())?;
+    c.write_all(b"hello\n").map_err(|e| format!("write: {e}"))?;
+    let mut line = String::new();
+    BufReader::new(&c)
+        .read_line(&mut line)
+        .map_err(|e| format!("read from {to}: {e}"))?;
+    let peer = c.peer_addr().map_err(|e| e.to_string())?;
+    parse(&line, peer)
+}
+
+/// One UDP request to `[VIP6]:WEB_UDP` from a new socket (a new source port, so a new flow).
+pub fn udp6() -> Result<Answer, String> {
+    let to = SocketAddr::from((VIP6, WEB_UDP));
+    let u = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).map_err(|e| e.to_string())?;
+    u.set_read_timeout(Some(T)).map_err(|e| e.to_string())?;
+    u.send_to(b"hello\n", to)
+        .map_err(|e| format!("send to {to}: {e}"))?;
+    let mut buf = [0u8; 512];
+    let (n, from) = u
+        .recv_from(&mut buf)
+        .map_err(|e| format!("no UDP answer from {to}: {e}"))?;
+    parse(&String::from_utf8_lossy(&buf[..n]), from)
+}
+
+/// `n` TCP connections and `n` UDP requests over IPv6 from `client`: each must be answered
+/// from the VIP:port it was sent to, by a backend that saw the client's own IPv6 address.
+/// Returns the answers per backend, (TCP, UDP).
+pub fn ipv6_traffic_ok(
+    ctx: &str,
+    s: &Setup,
+    n: usize,
+) -> (BTreeMap<String, usize>, BTreeMap<String, usize>) {
+    let c6 = s.client.ip6.unwrap();
+    let (tcp, udp) = s.client.run(|| {
+        let tcp: Vec<_> = (0..n).map(|_| tcp6()).collect();
+        let udp: Vec<_> = (0..n).map(|_| udp6()).collect();
+        (tcp, udp)
+    });
+    let mut out = (BTreeMap::new(), BTreeMap::new());
+    for (proto, answers, port, tally) in [
+        ("TCP", tcp, WEB_TCP, &mut out.0),
+        ("UDP", udp, WEB_UDP, &mut out.1),
+    ] {
+        for (i, a) in answers.into_iter().enumerate() {
+            let a = a.unwrap_or_else(|e| {
+                panic!(
+                    "{ctx}: {proto} #{i} over IPv6: {e}\n{}",
+                    s.lab.diagnostics()
+                )
+            });
+            assert_eq!(
+                a.from,
+                SocketAddr::from((VIP6, port)),
+                "{ctx}: {proto} #{i}: the answer must come from the IPv6 ClusterIP: {a:?}"
+            );
+            let seen: SocketAddr = a.client_seen.parse().unwrap();
+            assert_eq!(
+                seen.ip(),
+                IpAddr::V6(c6),
+                "{ctx}: {proto} #{i}: the backend must see the client's own address: {a:?}"
+            );
+            *tally.entry(a.backend).or_insert(0) += 1;
+        }
+    }
+    out
+}
+
+// ---- Either family: a test written once for both ----
+
+/// The `web` Service's clusterIP in `family`: [`WEB_VIP`] or [`VIP6`].
+pub fn web_vip(family: Family) -> IpAddr {
+    match family {
+        Family::V4 => WEB_VIP.into(),
+        Family::V6 => VIP6.into(),
+    }
+}
+
+/// Service VIP number `n` in `family`: [`vip`]`(n)`, or `fd00:c612:ffff::` with `n`'s
+/// decimal digits as its last group (`vip_in(Family::V6, 10)` is [`VIP6`]).
+pub fn vip_in(family: Family, n: u8) -> IpAddr {
+    match family {
+        Family::V4 => vip(n).into(),
+        Family::V6 => {
+            let last = u16::from_str_radix(&n.to_string(), 16).unwrap();
+            Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 0, last).into()
+        }
+    }
+}
+
+/// `pod`'s address in `family`.
+pub fn pod_addr(pod: &Pod, family: Family) -> IpAddr {
+    match family {
+        Family::V4 => pod.ip.into(),
+        Family::V6 => pod
+            .ip6
+            .unwrap_or_else(|| panic!("{} has no IPv6 address", pod.name))
+            .into(),
+    }
+}
+
+/// Makes `s`'s `web` Service serve `family` over `pods`: nothing to do for IPv4 ([`Setup`]
+/// wrote the IPv4 Service); for IPv6, the Service turned dual-stack over `pods` in both
+/// families, waited on until its IPv6 frontend answers.
+pub fn serve_family(s: &Setup, family: Family, pods: &[&Pod]) {
+    if family == Family::V6 {
+        s.lab.write_manifest_text(&dual_stack_manifest(pods, pods));
+        wait_ipv6_served(s);
+    }
+}
+
+/// `n` TCP connections and `n` UDP requests from `s`'s client to `web` over `family`, with
+/// each family's checks: [`web_traffic_ok_in`] for IPv4 (every request answered, from the
+/// VIP:port), [`ipv6_traffic_ok`] for IPv6 (the same, and the backend saw the client's own
+/// address). Returns the answers per backend, (TCP, UDP).
+pub fn traffic_ok(
+    s: &Setup,
+    family: Family,
+    ctx: &str,
+    n: usize,
+) -> (BTreeMap<String, usize>, BTreeMap<String, usize>) {
+    match family {
+        Family::V4 => web_traffic_ok_in(Some(&s.lab), ctx, &s.client, WEB_VIP, n),
+        Family::V6 => ipv6_traffic_ok(ctx, s, n),
+    }
+}
+
+/// `iptables` for IPv4, `ip6tables` for IPv6.
+pub fn iptables(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "iptables",
+        Family::V6 => "ip6tables",
     }
 }

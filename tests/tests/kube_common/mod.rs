@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use lbproxy_tests::apiserver::{ApiServer, Request};
 use lbproxy_tests::lab::{
-    Backend, Endpoint, EndpointSlice, Lab, Lbproxy, Manifest, Pod, Shape, run_in_ns,
+    Backend, Endpoint, EndpointSlice, Inspect as _, Lab, Lbproxy, Manifest, Pod, Shape, run_in_ns,
 };
 use serde_json::Value;
 
@@ -76,17 +76,13 @@ pub fn union(maps: impl IntoIterator<Item = Fes>) -> Fes {
 
 /// `lbproxy inspect services --json` as [`Fes`].
 pub fn frontends(lab: &Lab) -> Fes {
-    let v = lab.inspect_json("services");
     let mut out = Fes::new();
-    for row in v
-        .as_array()
-        .unwrap_or_else(|| panic!("inspect services: not an array: {v}"))
-    {
-        let b = super::common::row_backends(row);
+    for row in lab.inspect_services() {
+        let b = super::common::row_backends(&row);
         out.insert(
-            row["frontend"].as_str().unwrap_or("?").to_owned(),
+            row.frontend,
             Fe {
-                service: row["service"].as_str().unwrap_or("?").to_owned(),
+                service: row.service,
                 backends: b,
             },
         );

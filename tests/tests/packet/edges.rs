@@ -85,6 +85,19 @@ fn edge_truncated_headers() {
                 .expect_untouched(TC_ACT_UNSPEC, &[("l4_header_bad_passed", 1)]);
         }
     }
+    // Passed, not dropped: 3 + 12 events, exported as such (and, for one release, as the
+    // deprecated drop reason too).
+    assert_eq!(rig.lab.event_count("l4_header_bad_passed"), 15);
+    rig.expect_metrics(&[
+        (
+            "lbproxy_datapath_events_total{event=\"l4_header_bad_passed\"}",
+            15,
+        ),
+        (
+            "lbproxy_datapath_drops_total{reason=\"l4_header_bad_passed\"}",
+            15,
+        ),
+    ]);
 
     // Shorter than an IPv4 header: BPF_PROG_TEST_RUN refuses these (see `rig_sanity`), so
     // they go through the real veth, and the verdict shows only as the counter (`malformed`
@@ -222,7 +235,7 @@ fn edge_fragments() {
     }
     let flows = rig.flows_from(port);
     assert!(
-        flows.len() == 1 && flows[0]["backend"] == format!("{BACKEND}:{BACKEND_UDP}").as_str(),
+        flows.len() == 1 && flows[0].backend == format!("{BACKEND}:{BACKEND_UDP}"),
         "after the fragments: want one flow to {BACKEND}:{BACKEND_UDP}, got {flows:#?}"
     );
 
@@ -269,16 +282,35 @@ fn edge_fragments() {
         &[],
     );
 
-    // A later fragment whose first fragment was never seen: its ports are unknown.
+    // A later fragment whose first fragment was never seen: its ports are unknown. Not a
+    // drop: an event (`inspect events`, `lbproxy_datapath_events_total`), and for one
+    // release still the deprecated drop reason too.
     let orphan = fragment((c, WEB_VIP), IPPROTO_UDP, 0x3c01, false, 24, &sent[24..]);
     for prog in [Prog::FromPod, Prog::ToPod] {
-        rig.run(
+        let o = rig.run(
             "UDP later fragment without a first, to the VIP",
             prog,
             &orphan,
-        )
-        .expect_untouched(TC_ACT_UNSPEC, &[("fragment_without_first", 1)]);
+        );
+        o.expect_untouched(TC_ACT_UNSPEC, &[("fragment_without_first", 1)]);
+        assert_eq!(
+            o.events,
+            Drops::from([("fragment_without_first".to_owned(), 1)]),
+            "{}: event counters",
+            o.what
+        );
     }
+    assert_eq!(rig.lab.event_count("fragment_without_first"), 2);
+    rig.expect_metrics(&[
+        (
+            "lbproxy_datapath_events_total{event=\"fragment_without_first\"}",
+            2,
+        ),
+        (
+            "lbproxy_datapath_drops_total{reason=\"fragment_without_first\"}",
+            2,
+        ),
+    ]);
 
     // Not a service: every fragment untouched, uncounted (the first one's ports are
     // recorded, so the later one is known).
@@ -397,7 +429,7 @@ fn edge_not_ipv4() {
     });
     let backend = format!("{BACKEND}:{BACKEND_TCP}");
     assert!(
-        matches!(&flows, Ok((f, _)) if f.len() == 1 && f[0]["backend"] == backend.as_str()),
+        matches!(&flows, Ok((f, _)) if f.len() == 1 && f[0].backend == backend),
         "802.1Q-tagged SYN from the pod through the veth: want one flow to {backend}, got \
          {flows:?}"
     );

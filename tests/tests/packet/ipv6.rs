@@ -186,13 +186,10 @@ fn ipv6_dnat_and_reply_through_extension_headers() {
     );
     let rig = Rig::with_extra(&extra);
     let served = wait_for(Duration::from_secs(5), Duration::from_millis(50), || {
-        let rows = rig.lab.inspect_json("services");
-        rows.as_array()?
+        rig.lab
+            .inspect_services()
             .iter()
-            .any(|r| {
-                r["vip"] == hex6(VIP6).as_str()
-                    && r["backends"].as_array().is_some_and(|b| !b.is_empty())
-            })
+            .any(|r| r.vip == hex6(VIP6) && !r.backends.is_empty())
             .then_some(())
     });
     assert!(served.is_ok(), "the IPv6 frontend was never programmed");

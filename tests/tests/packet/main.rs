@@ -2,7 +2,8 @@
 //! pod's host-side veth, run with `BPF_PROG_TEST_RUN` on hand-built Ethernet frames.
 //!
 //! Each test asserts the exact bytes that come out, the TC action the program returns and
-//! exactly how the datapath's drop/reject counters (`lbproxy inspect drops --json`) moved.
+//! exactly how the datapath's drop/reject counters (`lbproxy inspect drops --json`) moved,
+//! and its event counters (`lbproxy inspect events --json`) with them.
 //! Expected frames are built from scratch by [`lbproxy_tests::frames`], with every checksum
 //! computed in full (RFC 1071) over the expected bytes, never by replaying the datapath's
 //! incremental updates. `docs/datapath-verdicts.md` is the table these tests pin down: a
@@ -32,8 +33,10 @@ use common::{
 };
 // The frame builder is this file's vocabulary: its constants, headers and decoders.
 use lbproxy_tests::frames::*;
+use lbproxy_tests::lab::inspect::rows::FlowRow;
 use lbproxy_tests::lab::{
-    Endpoint, Inspect as _, Lab, Lbproxy, Pod, Shape, bpf, pod_ip, run_in_ns, vip, wait_for,
+    DATAPATH_EVENTS, Endpoint, Inspect as _, Lab, Lbproxy, METRICS_ADDR, Pod, Shape, bpf,
+    http_get_full, pod_ip, run_in_ns, vip, wait_for,
 };
 
 // ---------------------------------------------------------------------------------------

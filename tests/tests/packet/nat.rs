@@ -123,9 +123,9 @@ fn rev_nat_tcp() {
     let flows = rig.flows_from(port);
     assert!(
         flows.len() == 1
-            && flows[0]["backend"] == format!("{BACKEND}:{BACKEND_TCP}").as_str()
-            && flows[0]["frontend"] == format!("{WEB_VIP}:{WEB_TCP}/TCP").as_str()
-            && flows[0]["state"] == "syn_sent",
+            && flows[0].backend == format!("{BACKEND}:{BACKEND_TCP}")
+            && flows[0].frontend == format!("{WEB_VIP}:{WEB_TCP}/TCP")
+            && flows[0].state == "syn_sent",
         "after the SYN: want one syn_sent flow to {BACKEND}:{BACKEND_TCP}, got {flows:#?}"
     );
 
@@ -145,7 +145,7 @@ fn rev_nat_tcp() {
         );
     let flows = rig.flows_from(port);
     assert!(
-        flows.len() == 1 && flows[0]["state"] == "established",
+        flows.len() == 1 && flows[0].state == "established",
         "after the SYN-ACK: want the flow established, got {flows:#?}"
     );
 
@@ -187,8 +187,8 @@ fn hairpin_sent_back_into_the_pod() {
     let flows = rig.flows_from(port);
     assert!(
         flows.len() == 1
-            && flows[0]["backend"] == format!("{c}:{BACKEND_TCP}").as_str()
-            && flows[0]["snat"] == format!("{HAIRPIN}:{port}").as_str(),
+            && flows[0].backend == format!("{c}:{BACKEND_TCP}")
+            && flows[0].snat == Some(format!("{HAIRPIN}:{port}")),
         "after the hairpin SYN: want one flow to {c}:{BACKEND_TCP} seen from {HAIRPIN}:{port}, \
          got {flows:#?}"
     );
@@ -237,12 +237,12 @@ fn port_reused_after_close_starts_over() {
         let flows = rig.flows_from(port);
         assert!(
             flows.len() == 1
-                && flows[0]["state"] == want
-                && flows[0]["reply_half"] == true
-                && flows[0]["backend"] == format!("{BACKEND}:{BACKEND_TCP}").as_str(),
+                && flows[0].state == want
+                && flows[0].reply_half
+                && flows[0].backend == format!("{BACKEND}:{BACKEND_TCP}"),
             "want one {want} flow to {BACKEND}:{BACKEND_TCP} with its reply half, got {flows:#?}"
         );
-        flows[0]["age_seconds"].as_f64().unwrap_or(f64::NAN)
+        flows[0].age_seconds
     };
 
     for (what, prog, frame, want) in [

@@ -29,6 +29,18 @@ impl Prog {
 /// Counter deltas, only the reasons that moved.
 pub(crate) type Drops = BTreeMap<String, u64>;
 
+/// Where the rig keeps the event counters among the drop counters it reads.
+const EVENT_KEY: &str = "event:";
+
+/// The event deltas `drops` implies: its deprecated reasons, which are events now.
+fn events_of(drops: &Drops) -> Drops {
+    drops
+        .iter()
+        .filter(|(k, _)| DATAPATH_EVENTS.contains(&k.as_str()))
+        .map(|(k, n)| (k.clone(), *n))
+        .collect()
+}
+
 /// What one program run gave.
 pub(crate) struct Outcome {
     pub(crate) what: String,
@@ -36,14 +48,23 @@ pub(crate) struct Outcome {
     pub(crate) rc: i32,
     pub(crate) out: Vec<u8>,
     pub(crate) drops: Drops,
+    /// How the event counters moved.
+    pub(crate) events: Drops,
 }
 
 impl Outcome {
     /// Panics, showing everything observed, unless the run returned `rc`, left exactly
-    /// `want` and moved exactly the counters in `drops` (by the amounts given).
+    /// `want` and moved exactly the counters in `drops` (by the amounts given), the event
+    /// counters included: those of the reasons in `drops` that are [`DATAPATH_EVENTS`], no
+    /// other.
     pub(crate) fn expect(&self, rc: i32, want: &[u8], drops: &[(&str, u64)]) {
         let want_drops: Drops = drops.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect();
-        if self.rc == rc && self.out == want && self.drops == want_drops {
+        let want_events = events_of(&want_drops);
+        if self.rc == rc
+            && self.out == want
+            && self.drops == want_drops
+            && self.events == want_events
+        {
             return;
         }
         let mut msg = format!("{}:\n", self.what);
@@ -60,6 +81,13 @@ impl Outcome {
                 msg,
                 "  drop counters moved: got {:?}, want {:?}",
                 self.drops, want_drops
+            );
+        }
+        if self.events != want_events {
+            let _ = writeln!(
+                msg,
+                "  event counters moved: got {:?}, want {:?}",
+                self.events, want_events
             );
         }
         if self.out != want {
@@ -157,6 +185,11 @@ impl Rig {
             "fresh datapath, yet counters are not all zero: {:?}",
             rig.counters.borrow()
         );
+        let events: Vec<String> = rig.lab.event_counts().into_keys().collect();
+        assert_eq!(
+            events, DATAPATH_EVENTS,
+            "inspect events --json lists other events"
+        );
         rig
     }
 
@@ -164,8 +197,12 @@ impl Rig {
         self.client.ip
     }
 
+    /// The drop counters by reason and, keyed `event:NAME`, the event counters.
     pub(crate) fn read_counters(&self) -> BTreeMap<String, u64> {
-        self.lab.drop_counts()
+        let mut all = self.lab.drop_counts();
+        let events = self.lab.event_counts().into_iter();
+        all.extend(events.map(|(k, n)| (format!("{EVENT_KEY}{k}"), n)));
+        all
     }
 
     /// Runs `prog` once on `frame` and reads how the counters moved.
@@ -183,13 +220,14 @@ impl Rig {
                     hex(frame)
                 )
             });
-        let drops = self.take_deltas();
+        let (drops, events) = self.take_all_deltas();
         Outcome {
             what: format!("{what} [{}]", prog.name()),
             input: frame.to_vec(),
             rc: r.retval,
             out: r.data,
             drops,
+            events,
         }
     }
 
@@ -215,30 +253,73 @@ impl Rig {
         (sent, self.take_deltas())
     }
 
-    /// How the counters moved since they were last read.
+    /// How the drop counters moved since they were last read. Panics unless the event
+    /// counters moved exactly as the reasons that are events now.
     pub(crate) fn take_deltas(&self) -> Drops {
+        let (drops, events) = self.take_all_deltas();
+        assert_eq!(
+            events,
+            events_of(&drops),
+            "the event counters did not move as their deprecated drop reasons (drops {drops:?})"
+        );
+        drops
+    }
+
+    /// How the drop counters and the event counters moved since they were last read.
+    fn take_all_deltas(&self) -> (Drops, Drops) {
         let now = self.read_counters();
         let before = self.counters.replace(now.clone());
-        now.iter()
-            .filter_map(|(k, &n)| {
-                let was = before.get(k).copied().unwrap_or(0);
-                let d = n
-                    .checked_sub(was)
-                    .unwrap_or_else(|| panic!("drop counter {k} went down: {was} -> {n}"));
-                (d != 0).then(|| (k.clone(), d))
-            })
-            .collect()
+        let (mut drops, mut events) = (Drops::new(), Drops::new());
+        for (k, &n) in &now {
+            let was = before.get(k).copied().unwrap_or(0);
+            let d = n
+                .checked_sub(was)
+                .unwrap_or_else(|| panic!("counter {k} went down: {was} -> {n}"));
+            if d == 0 {
+                continue;
+            }
+            match k.strip_prefix(EVENT_KEY) {
+                Some(event) => events.insert(event.to_owned(), d),
+                None => drops.insert(k.clone(), d),
+            };
+        }
+        (drops, events)
+    }
+
+    /// Waits (up to 5 s: lbproxy copies the datapath's counters every 2 s) until
+    /// `/metrics` has each `series` (name and labels, as exported) at its value.
+    pub(crate) fn expect_metrics(&self, series: &[(&str, u64)]) {
+        let addr = METRICS_ADDR.parse().unwrap();
+        let read = || {
+            let r = http_get_full(self.lab.node_ns(), addr, "/metrics", Duration::from_secs(2));
+            let body = r.map(|r| r.body).unwrap_or_default();
+            let value = |s: &str| {
+                body.lines()
+                    .find_map(|l| l.strip_prefix(s)?.strip_prefix(' ')?.trim().parse().ok())
+            };
+            series
+                .iter()
+                .map(|(s, _)| ((*s).to_owned(), value(s)))
+                .collect::<Vec<(String, Option<u64>)>>()
+        };
+        let want: Vec<(String, Option<u64>)> = series
+            .iter()
+            .map(|(s, n)| ((*s).to_owned(), Some(*n)))
+            .collect();
+        let got = wait_for(Duration::from_secs(5), Duration::from_millis(200), || {
+            let got = read();
+            (got == want).then_some(())
+        });
+        assert!(got.is_ok(), "/metrics: got {:?}, want {want:?}", read());
     }
 
     /// The flows `lbproxy inspect flows --json` shows from `client_port` of the client.
-    pub(crate) fn flows_from(&self, client_port: u16) -> Vec<serde_json::Value> {
+    pub(crate) fn flows_from(&self, client_port: u16) -> Vec<FlowRow> {
         let client = format!("{}:{client_port}", self.client_ip());
-        let v = self.lab.inspect_json("flows");
-        v.as_array()
-            .unwrap_or_else(|| panic!("inspect flows --json: not an array: {v}"))
-            .iter()
-            .filter(|f| f["client"] == client.as_str())
-            .cloned()
+        self.lab
+            .inspect_flows()
+            .into_iter()
+            .filter(|f| f.client == client)
             .collect()
     }
 }
