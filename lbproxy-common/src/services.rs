@@ -72,6 +72,24 @@ wire_flags! {
         /// Not read by the datapath: this frontend's slots hold endpoints that are serving but
         /// terminating, because none is ready (KEP-1669's fallback), for `lbproxy inspect`.
         const TERMINATING_FALLBACK = 1 << 4;
+        /// Not read by the datapath, for `lbproxy inspect`: the slots hold the endpoints
+        /// hinted for this node (`PreferSameNode`).
+        const TOPOLOGY_NODE = 1 << 5;
+        /// Not read by the datapath: the slots hold the endpoints hinted for this node's zone
+        /// (`PreferSameZone`).
+        const TOPOLOGY_ZONE = 1 << 6;
+        /// Not read by the datapath: the endpoints have hints, not used because a ready
+        /// endpoint has no zone hint.
+        const HINTS_INCOMPLETE = 1 << 7;
+        /// Not read by the datapath: hints not used, every endpoint has a node hint and none
+        /// names this node.
+        const HINTS_NOT_FOR_NODE = 1 << 8;
+        /// Not read by the datapath: hints not used, none names this node's zone.
+        const HINTS_NOT_FOR_ZONE = 1 << 9;
+        /// Not read by the datapath: zone hints not used, this node has no zone label.
+        const HINTS_NO_ZONE_LABEL = 1 << 10;
+        /// Not read by the datapath: hints not used, the traffic policy is `Local`.
+        const HINTS_LOCAL_POLICY = 1 << 11;
     }
 }
 

@@ -285,7 +285,7 @@ async fn start_source(
     tx: mpsc::Sender<source::SourceEvent>,
 ) -> anyhow::Result<()> {
     match &settings.manifests {
-        Some(p) => source::manifests::watch::spawn(p.clone(), tx)?,
+        Some(p) => source::manifests::watch::spawn(p.clone(), settings.hostname.clone(), tx)?,
         None => {
             let client = source::kube::client(
                 settings.kubeconfig.as_deref(),

@@ -68,11 +68,23 @@ impl Ingest {
                 }
             },
             SourceEvent::Listed(kind) => self.listed(kind, report),
-            SourceEvent::Node { uid, not_eligible } => {
+            SourceEvent::Node {
+                uid,
+                not_eligible,
+                zone,
+            } => {
                 if uid.is_some() {
                     report.node_uid = uid;
                 }
                 report.health.set_node_eligible(not_eligible);
+                if zone != self.model.node_zone {
+                    tracing::info!(
+                        zone = zone.as_deref().unwrap_or("<none>"),
+                        "this node's zone changed: zone hints are chosen again"
+                    );
+                }
+                let touched = self.model.set_node_zone(zone);
+                self.dirty.extend(touched);
             }
             SourceEvent::Failed { source, error } => report.source_failed(source, &error),
             SourceEvent::Rejected { source, error } => report.source_rejected(source, &error),

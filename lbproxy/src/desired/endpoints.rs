@@ -8,9 +8,13 @@
 //! 3. when none is ready, to the candidates that are `serving` and `terminating` (KEP-1669);
 //! 4. every endpoint still listed in a slice, whatever its conditions, keeps the flows it
 //!    already has ("draining"): only an endpoint gone from every slice loses its flows.
+//!
+//! Between 1 and 2, a `Cluster` policy follows the endpoints' topology hints, as kube-proxy
+//! 1.35's `CategorizeEndpoints` (`pkg/proxy/topology.go`): see [`topology`].
 
 use std::collections::HashSet;
 
+use super::topology::{HintsIgnored, Topology, available, topology};
 use crate::model::{Endpoint, EndpointAddr, Model, Service, ServicePort, ServiceType};
 
 /// Where a frontend's traffic comes from, which picks the traffic policy that applies
@@ -54,6 +58,8 @@ pub struct EndpointSet {
     pub draining: Vec<EndpointAddr>,
     /// `serving` holds terminating endpoints, because none is ready (KEP-1669).
     pub fallback: bool,
+    /// The topology hints' effect on `serving`.
+    pub topology: Topology,
 }
 
 /// The endpoints of `port` for a frontend whose traffic policy is `local_only` (only
@@ -99,7 +105,34 @@ fn endpoint_set_where(
     let of_family = |v: Vec<EndpointAddr>| -> Vec<EndpointAddr> {
         v.into_iter().filter(|ep| keep(ep)).collect()
     };
-    let mut serving = of_family(model.endpoints_where(svc, port, |e| e.ready && eligible(e)));
+    // An endpoint belongs to this family's set if one of its addresses does.
+    let in_family = |e: &Endpoint, n: u16| {
+        e.addresses
+            .iter()
+            .any(|ip| keep(&EndpointAddr { ip: *ip, port: n }))
+    };
+    let zone = model.node_zone.as_deref();
+    let topology = if local_only {
+        let hinted = model.any_endpoint(svc, port, |e, n| {
+            e.ready && eligible(e) && in_family(e, n) && !e.hints.is_empty()
+        });
+        match hinted {
+            true => Topology::Ignored(HintsIgnored::LocalPolicy),
+            false => Topology::None,
+        }
+    } else {
+        let mut ready = Vec::new();
+        model.for_each_endpoint(svc, port, |e, n| {
+            if e.ready && in_family(e, n) {
+                ready.push(e);
+            }
+        });
+        topology(ready, node, zone)
+    };
+    let mode = if local_only { Topology::None } else { topology };
+    let mut serving = of_family(model.endpoints_where(svc, port, |e| {
+        e.ready && eligible(e) && available(e, mode, node, zone)
+    }));
     let mut fallback = false;
     if serving.is_empty() {
         serving = of_family(
@@ -119,6 +152,7 @@ fn endpoint_set_where(
         serving,
         draining,
         fallback,
+        topology,
     }
 }
 
@@ -225,6 +259,7 @@ mod tests {
                     serving: ready,
                     terminating: false,
                     node_name: None,
+                    hints: Default::default(),
                 }
             })
             .collect();
@@ -250,5 +285,90 @@ mod tests {
         let serving: HashSet<&EndpointAddr> = set.serving.iter().collect();
         assert!(set.draining.iter().all(|e| !serving.contains(e)));
         assert!(set.draining.iter().all(|e| e.port == 8080));
+    }
+
+    /// A service `n/a` (port 80 `http`, clusterIP 198.19.0.1, `spec` added) with one slice
+    /// `eps` (a YAML list of endpoints), in a model whose node is in `zone`.
+    fn hinted(spec: &str, eps: &str, zone: Option<&str>) -> (Model, Service) {
+        let s = service(&format!("ports: [{{name: http, port: 80}}]{spec}"));
+        let mut model = Model::default();
+        model.services.insert(s.id.clone(), s.clone());
+        let k8s = crate::yaml::from_str(&format!(
+            "metadata: {{name: a-1, namespace: n, labels: {{kubernetes.io/service-name: a}}}}\n\
+             addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: {eps}"
+        ))
+        .unwrap();
+        let Normalized::Proxied(slice) = crate::model::slice_from_k8s(&k8s).unwrap() else {
+            panic!("slice skipped")
+        };
+        model.upsert_slice(slice);
+        model.set_node_zone(zone.map(str::to_string));
+        (model, s)
+    }
+
+    fn ips(v: &[EndpointAddr]) -> Vec<String> {
+        v.iter().map(|e| e.ip.to_string()).collect()
+    }
+
+    const ZONED: &str = "[{addresses: [10.0.0.1], nodeName: node-a, hints: {forZones: [{name: zone-a}]}}, \
+        {addresses: [10.0.0.2], nodeName: node-b, hints: {forZones: [{name: zone-b}]}}, \
+        {addresses: [10.0.0.3], nodeName: node-c, hints: {forZones: [{name: zone-a}]}}]";
+
+    #[test]
+    fn zone_hints_keep_the_zones_endpoints_and_the_others_drain() {
+        let (model, s) = hinted("", ZONED, Some("zone-a"));
+        let set = endpoint_set(&model, &s, &s.ports[0], "node-a", false);
+        assert_eq!(set.topology, Topology::SameZone);
+        assert_eq!(ips(&set.serving), ["10.0.0.1", "10.0.0.3"]);
+        assert_eq!(ips(&set.draining), ["10.0.0.2"], "keeps its flows");
+        let (model, s) = hinted("", ZONED, Some("zone-z"));
+        let set = endpoint_set(&model, &s, &s.ports[0], "node-a", false);
+        assert_eq!(set.topology, Topology::Ignored(HintsIgnored::NotForZone));
+        assert_eq!(ips(&set.serving), ["10.0.0.1", "10.0.0.2", "10.0.0.3"]);
+    }
+
+    #[test]
+    fn a_zone_label_change_concerns_the_hinted_services_only() {
+        let (mut model, s) = hinted("", ZONED, None);
+        let plain = service("ports: [{name: http, port: 80}]");
+        let plain = Service {
+            id: crate::model::NamespacedName {
+                namespace: "n".into(),
+                name: "plain".into(),
+            },
+            ..plain
+        };
+        model.services.insert(plain.id.clone(), plain);
+        assert_eq!(
+            model.set_node_zone(Some("zone-b".into())),
+            vec![s.id.clone()]
+        );
+        assert_eq!(model.set_node_zone(Some("zone-b".into())), Vec::new());
+        let set = endpoint_set(&model, &s, &s.ports[0], "node-a", false);
+        assert_eq!(ips(&set.serving), ["10.0.0.2"]);
+        assert_eq!(model.set_node_zone(None), vec![s.id.clone()]);
+        let set = endpoint_set(&model, &s, &s.ports[0], "node-a", false);
+        assert_eq!(set.topology, Topology::Ignored(HintsIgnored::NoZoneLabel));
+    }
+
+    #[test]
+    fn without_ready_endpoints_terminating_ones_serve_whatever_their_hints() {
+        let eps = "[{addresses: [10.0.0.1], hints: {forZones: [{name: zone-b}]}, \
+            conditions: {ready: false, serving: true, terminating: true}}, \
+            {addresses: [10.0.0.2], hints: {forZones: [{name: zone-a}]}, \
+            conditions: {ready: false, serving: true, terminating: true}}]";
+        let (model, s) = hinted("", eps, Some("zone-a"));
+        let set = endpoint_set(&model, &s, &s.ports[0], "node-a", false);
+        assert!(set.fallback);
+        assert_eq!(set.topology, Topology::None);
+        assert_eq!(ips(&set.serving), ["10.0.0.1", "10.0.0.2"]);
+    }
+
+    #[test]
+    fn a_local_policy_ignores_hints() {
+        let (model, s) = hinted(", internalTrafficPolicy: Local", ZONED, Some("zone-b"));
+        let set = endpoint_set(&model, &s, &s.ports[0], "node-a", true);
+        assert_eq!(set.topology, Topology::Ignored(HintsIgnored::LocalPolicy));
+        assert_eq!(ips(&set.serving), ["10.0.0.1"], "this node's, not zone-b's");
     }
 }

@@ -21,6 +21,7 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 
+use super::Topology;
 use super::endpoints::{EndpointSet, Scope, endpoint_set_in, local_only};
 pub use crate::model::Family;
 use crate::model::{EndpointAddr, IpMode, Model, Protocol, Service, ServicePort};
@@ -167,6 +168,9 @@ pub struct Policy {
     pub source_ranges: bool,
     /// Its backends are serving but terminating endpoints, none being ready (KEP-1669).
     pub terminating_fallback: bool,
+    /// What the endpoints' topology hints did to its backends (for `inspect`; the
+    /// controller chose the backends, the datapath does nothing per packet).
+    pub topology: Topology,
 }
 
 /// What one frontend should do.
@@ -305,19 +309,14 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
                             let local = local_only(svc, kind.scope());
                             let set = endpoint_set_in(model, svc, port, node, local, family);
                             // No endpoint here but some elsewhere: dropped, not rejected.
-                            let policy = Policy {
-                                local_only_elsewhere: local
-                                    && set.serving.is_empty()
-                                    && !endpoint_set_in(model, svc, port, node, false, family)
-                                        .serving
-                                        .is_empty(),
-                                terminating_fallback: set.fallback,
-                                ..Policy::default()
-                            };
-                            FrontendSpec {
-                                policy,
-                                ..spec_of(svc, port, &label, set)
-                            }
+                            let elsewhere = local
+                                && set.serving.is_empty()
+                                && !endpoint_set_in(model, svc, port, node, false, family)
+                                    .serving
+                                    .is_empty();
+                            let mut spec = spec_of(svc, port, &label, set);
+                            spec.policy.local_only_elsewhere = elsewhere;
+                            spec
                         })
                         .clone();
                     let filter = match family {
@@ -439,6 +438,7 @@ fn asked_by(
 
 /// The spec of a frontend of `port` that uses `set` (the endpoints of the frontend's family).
 fn spec_of(svc: &Service, port: &ServicePort, label: &str, set: EndpointSet) -> FrontendSpec {
+    let (fallback, topology) = (set.fallback, set.topology);
     let addrs = |eps: Vec<EndpointAddr>| -> Vec<BackendAddr> {
         eps.into_iter()
             .map(|ep| BackendAddr {
@@ -454,7 +454,11 @@ fn spec_of(svc: &Service, port: &ServicePort, label: &str, set: EndpointSet) -> 
         draining: addrs(set.draining),
         affinity_timeout_s: svc.affinity_timeout_s,
         kind: FrontendKind::ClusterIp,
-        policy: Policy::default(),
+        policy: Policy {
+            terminating_fallback: fallback,
+            topology,
+            ..Policy::default()
+        },
         src_ranges: Vec::new(),
     }
 }

@@ -4,8 +4,10 @@
 
 pub mod endpoints;
 mod frontends;
+mod topology;
 
 pub use frontends::{
     BackendAddr, Desired, Family, Frontend, FrontendKind, FrontendSpec, Policy, ServiceFrontends,
     Unserved, frontends_for,
 };
+pub use topology::{HintsIgnored, Topology};

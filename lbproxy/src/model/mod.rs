@@ -4,6 +4,7 @@
 //! normalized here, once, into these types ([`service`], [`slice`]). What comes after (the
 //! desired state, the programmer) only ever sees this model.
 
+mod node;
 mod service;
 mod slice;
 
@@ -11,10 +12,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
 
+pub use node::{NodeInfo, TO_BE_DELETED_TAINT, node_from_k8s, not_eligible, zone_of};
 pub use service::{IpMode, Service, ServicePort, ServiceType, TargetPort, service_from_k8s};
 #[cfg(test)]
 pub use slice::SlicePort;
-pub use slice::{Endpoint, EndpointAddr, EndpointSlice, resolve_slice_port, slice_from_k8s};
+pub use slice::{Endpoint, EndpointAddr, EndpointSlice, Hints, resolve_slice_port, slice_from_k8s};
 /// `sessionAffinityConfig.clientIP.timeoutSeconds` when absent (3 hours, as Kubernetes).
 pub const DEFAULT_AFFINITY_TIMEOUT_S: i32 = 10_800;
 
@@ -48,6 +50,10 @@ impl NamespacedName {
 
 impl fmt::Display for NamespacedName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.namespace.is_empty() {
+            // A cluster-scoped object (a Node).
+            return f.write_str(&self.name);
+        }
         write!(f, "{}/{}", self.namespace, self.name)
     }
 }
@@ -151,7 +157,13 @@ pub struct Model {
     /// interface watcher), sorted. `loadBalancerSourceRanges` that contain one of them also
     /// admit the load-balancer IPs of that family as sources (`desired::frontends`).
     pub node_ips: Vec<std::net::IpAddr>,
+    /// This node's zone: the `topology.kubernetes.io/zone` label of its Node object, `None`
+    /// without the label or the object. Zone hints apply only with one.
+    pub node_zone: Option<String>,
 }
+
+/// The Node label naming its zone.
+pub const LABEL_TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
 
 /// Why an object was rejected, naming the field.
 #[derive(Debug, thiserror::Error)]
@@ -215,6 +227,26 @@ impl Model {
             .iter()
             .filter(|(_, s)| !s.load_balancer_source_ranges.is_empty())
             .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// Sets [`Model::node_zone`]; returns the services the change concerns (those with an
+    /// endpoint that has hints), none when the zone is the same.
+    pub fn set_node_zone(&mut self, zone: Option<String>) -> Vec<NamespacedName> {
+        let zone = zone.filter(|z| !z.is_empty());
+        if zone == self.node_zone {
+            return Vec::new();
+        }
+        self.node_zone = zone;
+        self.by_service
+            .iter()
+            .filter(|(_, slices)| {
+                slices
+                    .iter()
+                    .filter_map(|n| self.slices.get(n))
+                    .any(|s| s.endpoints.iter().any(|e| !e.hints.is_empty()))
+            })
+            .map(|(svc, _)| svc.clone())
             .collect()
     }
 
@@ -337,6 +369,37 @@ impl Model {
     /// already use one of these keep it; only endpoints gone from every slice lose their flows.
     pub fn present_endpoints(&self, svc: &Service, port: &ServicePort) -> Vec<EndpointAddr> {
         self.endpoints_where(svc, port, |_| true)
+    }
+
+    /// Calls `f` with each endpoint listed for a service port and the port number its slice
+    /// resolves the service port to, slice by slice (an endpoint in two slices comes twice).
+    pub fn for_each_endpoint<'a>(
+        &'a self,
+        svc: &Service,
+        port: &ServicePort,
+        mut f: impl FnMut(&'a Endpoint, u16),
+    ) {
+        let names = self.by_service.get(&svc.id).into_iter().flatten();
+        for slice in names.filter_map(|n| self.slices.get(n)) {
+            let Some(number) = resolve_slice_port(slice, port) else {
+                continue;
+            };
+            for ep in &slice.endpoints {
+                f(ep, number);
+            }
+        }
+    }
+
+    /// Whether some endpoint of a service port (see [`Model::for_each_endpoint`]) passes `f`.
+    pub fn any_endpoint(
+        &self,
+        svc: &Service,
+        port: &ServicePort,
+        f: impl Fn(&Endpoint, u16) -> bool,
+    ) -> bool {
+        let mut found = false;
+        self.for_each_endpoint(svc, port, |e, n| found |= f(e, n));
+        found
     }
 
     /// The endpoints of a service port that pass `keep`, merged and de-duplicated.

@@ -26,6 +26,33 @@ pub struct Endpoint {
     /// `terminating` (absent means false).
     pub terminating: bool,
     pub node_name: Option<String>,
+    /// `hints`: where the EndpointSlice controller asks proxies to use this endpoint
+    /// (`trafficDistribution`), see `desired::endpoints::topology`.
+    pub hints: Hints,
+}
+
+/// An endpoint's `hints.forZones` and `hints.forNodes`, as names, sorted and de-duplicated.
+/// Empty means no hint of that kind.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Hints {
+    pub for_zones: Vec<String>,
+    pub for_nodes: Vec<String>,
+}
+
+impl Hints {
+    pub fn is_empty(&self) -> bool {
+        self.for_zones.is_empty() && self.for_nodes.is_empty()
+    }
+
+    /// Whether `hints.forZones` names `zone`.
+    pub fn for_zone(&self, zone: &str) -> bool {
+        self.for_zones.iter().any(|z| z == zone)
+    }
+
+    /// Whether `hints.forNodes` names `node` (compared as [`Endpoint::on_node`] does).
+    pub fn for_node(&self, node: &str) -> bool {
+        self.for_nodes.iter().any(|n| n.eq_ignore_ascii_case(node))
+    }
 }
 
 impl Endpoint {
@@ -119,6 +146,7 @@ pub fn slice_from_k8s(
             serving: cond.and_then(|c| c.serving).unwrap_or(ready),
             terminating: cond.and_then(|c| c.terminating).unwrap_or(false),
             node_name: ep.node_name.clone(),
+            hints: hints_of(ep.hints.as_ref()),
         });
     }
     Ok(Normalized::Proxied(EndpointSlice {
@@ -133,6 +161,35 @@ pub fn slice_from_k8s(
         ports,
         endpoints,
     }))
+}
+
+/// An endpoint's hints, as names; an empty name is no hint.
+fn hints_of(h: Option<&k8s_openapi::api::discovery::v1::EndpointHints>) -> Hints {
+    let names = |v: Vec<String>| {
+        let mut v: Vec<String> = v.into_iter().filter(|n| !n.is_empty()).collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let Some(h) = h else {
+        return Hints::default();
+    };
+    Hints {
+        for_zones: names(
+            h.for_zones
+                .iter()
+                .flatten()
+                .map(|z| z.name.clone())
+                .collect(),
+        ),
+        for_nodes: names(
+            h.for_nodes
+                .iter()
+                .flatten()
+                .map(|n| n.name.clone())
+                .collect(),
+        ),
+    }
 }
 
 /// The number a slice gives a service port, if any. See [`Model::ready_endpoints`].

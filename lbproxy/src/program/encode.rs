@@ -14,6 +14,7 @@ use lbproxy_common::{
 };
 
 use crate::desired::{BackendAddr, Family, Frontend, FrontendKind, FrontendSpec, Policy, Unserved};
+use crate::desired::{HintsIgnored, Topology};
 use crate::model::Protocol;
 
 /// A frontend's key in its family's frontend map: `LB_SERVICES_V2` or `LB_SERVICES6_V1`.
@@ -90,7 +91,44 @@ pub fn flags(p: &Policy) -> SvcFlags {
             f |= bit;
         }
     }
-    f
+    f | topology_flags(p.topology)
+}
+
+/// The flag that records a frontend's [`Topology`] (none for no hints).
+fn topology_flags(t: Topology) -> SvcFlags {
+    match t {
+        Topology::None => SvcFlags::EMPTY,
+        Topology::SameNode => SvcFlags::TOPOLOGY_NODE,
+        Topology::SameZone => SvcFlags::TOPOLOGY_ZONE,
+        Topology::Ignored(why) => match why {
+            HintsIgnored::Incomplete => SvcFlags::HINTS_INCOMPLETE,
+            HintsIgnored::NotForNode => SvcFlags::HINTS_NOT_FOR_NODE,
+            HintsIgnored::NotForZone => SvcFlags::HINTS_NOT_FOR_ZONE,
+            HintsIgnored::NoZoneLabel => SvcFlags::HINTS_NO_ZONE_LABEL,
+            HintsIgnored::LocalPolicy => SvcFlags::HINTS_LOCAL_POLICY,
+        },
+    }
+}
+
+/// The [`Topology`] an entry's flags record.
+pub fn topology_of(flags: u16) -> Topology {
+    let f = SvcFlags::from_bits_retain(flags);
+    let ignored = [
+        (SvcFlags::HINTS_INCOMPLETE, HintsIgnored::Incomplete),
+        (SvcFlags::HINTS_NOT_FOR_NODE, HintsIgnored::NotForNode),
+        (SvcFlags::HINTS_NOT_FOR_ZONE, HintsIgnored::NotForZone),
+        (SvcFlags::HINTS_NO_ZONE_LABEL, HintsIgnored::NoZoneLabel),
+        (SvcFlags::HINTS_LOCAL_POLICY, HintsIgnored::LocalPolicy),
+    ];
+    if f.contains(SvcFlags::TOPOLOGY_NODE) {
+        Topology::SameNode
+    } else if f.contains(SvcFlags::TOPOLOGY_ZONE) {
+        Topology::SameZone
+    } else if let Some((_, why)) = ignored.into_iter().find(|(bit, _)| f.contains(*bit)) {
+        Topology::Ignored(why)
+    } else {
+        Topology::None
+    }
 }
 
 impl Frontend {
@@ -258,8 +296,24 @@ mod tests {
             local_only_elsewhere: true,
             source_ranges: true,
             terminating_fallback: true,
+            topology: Topology::None,
         };
         assert_eq!(flags(&all).bits(), 0b1_1011, "SNAT is the datapath's own");
         assert_eq!(flags(&Policy::default()), SvcFlags::EMPTY);
+        use HintsIgnored::*;
+        for t in [
+            Topology::None,
+            Topology::SameNode,
+            Topology::SameZone,
+            Topology::Ignored(Incomplete),
+            Topology::Ignored(NotForNode),
+            Topology::Ignored(NotForZone),
+            Topology::Ignored(NoZoneLabel),
+            Topology::Ignored(LocalPolicy),
+        ] {
+            let f = flags(&Policy { topology: t, ..all });
+            assert_eq!(f.bits() & 0b1_1111, 0b1_1011, "{t:?} keeps the other flags");
+            assert_eq!(topology_of(f.bits()), t);
+        }
     }
 }

@@ -23,22 +23,7 @@ use crate::model::{self, LABEL_SERVICE_NAME, NamespacedName, Normalized};
 /// The EndpointSlice annotation kube-proxy measures programming latency from.
 const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
-/// The cluster autoscaler's taint on a node it is about to delete (kube-proxy's
-/// `ToBeDeletedTaint`).
-pub const TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
-
-/// Why this node takes no traffic, as kube-proxy's `SyncNode` decides; `None`: it does.
-pub fn not_eligible(node: &Node) -> Option<String> {
-    if node.metadata.deletion_timestamp.is_some() {
-        return Some("the Node is being deleted".into());
-    }
-    let tainted = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|t| t.iter().any(|t| t.key == TO_BE_DELETED_TAINT));
-    tainted.then(|| format!("the Node has the {TO_BE_DELETED_TAINT} taint"))
-}
+pub use crate::model::{TO_BE_DELETED_TAINT, not_eligible, zone_of};
 
 /// Builds a client from `--kubeconfig`, else `KUBECONFIG` / in-cluster (kube-rs's inference),
 /// measured and rate-limited by [`super::kube_client`].
@@ -211,11 +196,13 @@ pub fn spawn(client: &Client, node_name: &str, tx: mpsc::Sender<SourceEvent>) {
                     SourceEvent::Node {
                         uid: n.metadata.uid.clone(),
                         not_eligible: not_eligible(n),
+                        zone: zone_of(n),
                     }
                 } else {
                     SourceEvent::Node {
                         uid: None,
                         not_eligible: Some("the Node was deleted".into()),
+                        zone: None,
                     }
                 }
             })

@@ -47,9 +47,12 @@ pub enum SourceEvent {
     /// This node's object, for the Events the controller posts about it, and whether the
     /// node takes traffic (`not_eligible`: why not, as kube-proxy's `/healthz` decides:
     /// deleted, being deleted, or tainted `ToBeDeletedByClusterAutoscaler`).
+    /// `zone` is its `topology.kubernetes.io/zone` label: `None` without it, or when the
+    /// Node is gone (zone hints then stop applying, as in kube-proxy).
     Node {
         uid: Option<String>,
         not_eligible: Option<String>,
+        zone: Option<String>,
     },
     /// Events that belong together (one manifest reload): all of them reach the model
     /// before the next sync.

@@ -10,6 +10,7 @@ use super::backends::BackendRow;
 use super::{Filter, Output, split_label, table};
 use crate::bpf::pinned::label_bytes;
 use crate::bpf::{PinnedMaps, label_str};
+use crate::desired::Topology;
 use crate::desired::{BackendAddr, Frontend, FrontendKind};
 use crate::model::Protocol;
 
@@ -35,6 +36,13 @@ pub struct ServiceRow {
     /// `svc_id` 0, no backends, and the reason in `not_served`.
     pub served: bool,
     pub not_served: String,
+    /// The topology mode its backends follow: `PreferSameNode`, `PreferSameZone`, or empty
+    /// (no hint, hints ignored, or a `Local` traffic policy).
+    #[serde(default)]
+    pub topology: String,
+    /// Why the endpoints' hints are not used, when they have some; empty otherwise.
+    #[serde(default)]
+    pub topology_note: String,
 }
 
 pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
@@ -92,6 +100,7 @@ pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
             }
         }
         bes.sort_by(|a, b| (&a.addr, a.port).cmp(&(&b.addr, b.port)));
+        let topology = crate::program::encode::topology_of(v.flags);
         rows.push(ServiceRow {
             // A NodePort's entry is at 0.0.0.0: every node-port address of the node.
             // The pods' entry of a split frontend (`externalTrafficPolicy: Local`) says so.
@@ -113,6 +122,11 @@ pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
             kind: kind_name(v.kind).to_string(),
             served: true,
             not_served: String::new(),
+            topology: topology.mode().to_string(),
+            topology_note: match topology {
+                Topology::Ignored(why) => why.reason().to_string(),
+                _ => String::new(),
+            },
         });
     }
     for (k, v) in maps.unserved.iter().flatten() {
@@ -145,6 +159,8 @@ pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
             kind: kind_name(k.kind).to_string(),
             served: false,
             not_served: label_bytes(&v.reason),
+            topology: String::new(),
+            topology_note: String::new(),
         });
     }
     rows.sort_by(|a, b| {
@@ -180,6 +196,11 @@ pub fn render(maps: &PinnedMaps, out: Output, filter: &Filter) -> anyhow::Result
                 r.port_name.clone(),
                 r.kind.clone(),
                 r.frontend.clone(),
+                match (r.topology.as_str(), r.topology_note.as_str()) {
+                    ("", "") => "-".into(),
+                    ("", note) => note.to_string(),
+                    (mode, _) => mode.to_string(),
+                },
             ];
             let tails: Vec<[String; 2]> = if !r.served {
                 vec![["-".into(), format!("not served yet: {}", r.not_served)]]
@@ -204,7 +225,9 @@ pub fn render(maps: &PinnedMaps, out: Output, filter: &Filter) -> anyhow::Result
             }
         }
         table(
-            &["SERVICE", "PORT", "KIND", "FRONTEND", "BACKEND", "STATE"],
+            &[
+                "SERVICE", "PORT", "KIND", "FRONTEND", "TOPOLOGY", "BACKEND", "STATE",
+            ],
             &cells,
         )
     })

@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use k8s_openapi::api::core::v1::Service as K8sService;
+use k8s_openapi::api::core::v1::{Node as K8sNode, Service as K8sService};
 use k8s_openapi::api::discovery::v1::EndpointSlice as K8sEndpointSlice;
 use serde_json::Value;
 
@@ -75,6 +75,7 @@ pub(super) fn parse_piece(
         documents: 0,
         services: Vec::new(),
         slices: Vec::new(),
+        nodes: Vec::new(),
         placed_in: AtomicU64::new(0),
         applied: AtomicBool::new(false),
     };
@@ -158,6 +159,7 @@ pub(super) fn describe(doc: &Value) -> String {
         .and_then(Value::as_str)
         .unwrap_or("<no kind>");
     let meta = doc.get("metadata");
+    let cluster_scoped = kind == "Node";
     let ns = meta
         .and_then(|m| m.get("namespace"))
         .and_then(Value::as_str)
@@ -166,6 +168,9 @@ pub(super) fn describe(doc: &Value) -> String {
         .and_then(|m| m.get("name"))
         .and_then(Value::as_str)
         .unwrap_or("<no name>");
+    if cluster_scoped {
+        return format!("{kind} {name}");
+    }
     format!("{kind} {ns}/{name}")
 }
 
@@ -228,6 +233,16 @@ pub(super) fn add_document(
             });
             Ok(())
         }
+        ("v1", "Node") => {
+            let what = describe(&doc);
+            let node: K8sNode = serde_json::from_value(doc)
+                .map_err(|e| err(Some(what), format!("not a valid Node: {e}")))?;
+            piece.nodes.push(Entry {
+                document: index,
+                outcome: Outcome::of("Node", &node.metadata, model::node_from_k8s(&node)),
+            });
+            Ok(())
+        }
         ("", _) | (_, "") => Err(err(
             Some(describe(&doc)),
             "apiVersion and kind are required".into(),
@@ -235,7 +250,7 @@ pub(super) fn add_document(
         (api, kind) => Err(err(
             Some(describe(&doc)),
             format!(
-                "unknown kind {kind} (apiVersion {api}); expected v1 Service or discovery.k8s.io/v1 EndpointSlice"
+                "unknown kind {kind} (apiVersion {api}); expected v1 Service, discovery.k8s.io/v1 EndpointSlice or v1 Node"
             ),
         )),
     }

@@ -126,6 +126,8 @@ pub struct Change {
     pub services: Vec<(NamespacedName, Option<model::Service>)>,
     /// A slice now defined as given (`Some`), or no longer defined (`None`).
     pub slices: Vec<(NamespacedName, Option<model::EndpointSlice>)>,
+    /// A Node now defined as given (`Some`), or no longer defined (`None`), by name.
+    pub nodes: Vec<(NamespacedName, Option<model::NodeInfo>)>,
     /// The valid objects that are not proxied, among the documents new to this load.
     pub skipped: Vec<String>,
     /// The pieces (see [`split_documents`]) of the set, and how many had to be parsed.
@@ -157,6 +159,7 @@ pub struct Loader {
 struct Defined {
     services: HashMap<NamespacedName, Arc<Piece>>,
     slices: HashMap<NamespacedName, Arc<Piece>>,
+    nodes: HashMap<NamespacedName, Arc<Piece>>,
 }
 
 /// A piece in its place in the set being loaded.
@@ -185,6 +188,7 @@ struct Piece {
     documents: usize,
     services: Vec<Entry<model::Service>>,
     slices: Vec<Entry<model::EndpointSlice>>,
+    nodes: Vec<Entry<model::NodeInfo>>,
     /// The last load that placed the piece: the applied pieces a load did not place are
     /// gone from the set. (Atomics only so that the loader stays `Send`.)
     placed_in: AtomicU64,
@@ -194,7 +198,7 @@ struct Piece {
 
 impl Piece {
     fn has_objects(&self) -> bool {
-        !self.services.is_empty() || !self.slices.is_empty()
+        !self.services.is_empty() || !self.slices.is_empty() || !self.nodes.is_empty()
     }
 
     fn placed_in(&self, generation: u64) -> bool {
@@ -271,6 +275,19 @@ impl Kind for model::EndpointSlice {
     }
 }
 
+impl Kind for model::NodeInfo {
+    const KIND: &'static str = "Node";
+    fn id(&self) -> &NamespacedName {
+        &self.id
+    }
+    fn entries(piece: &Piece) -> &[Entry<Self>] {
+        &piece.nodes
+    }
+    fn defined(d: &mut Defined) -> &mut HashMap<NamespacedName, Arc<Piece>> {
+        &mut d.nodes
+    }
+}
+
 /// The proxied objects of kind `T` in `pieces`.
 fn proxied<T: Kind>(pieces: &[Arc<Piece>]) -> impl Iterator<Item = &T> {
     pieces
@@ -334,6 +351,7 @@ impl Loader {
         self.files.retain(|f, _| listed.contains(f));
         check::<model::Service>(files, &placed, &self.defined.services, self.generation)?;
         check::<model::EndpointSlice>(files, &placed, &self.defined.slices, self.generation)?;
+        check::<model::NodeInfo>(files, &placed, &self.defined.nodes, self.generation)?;
         let mut change = self.commit(&placed);
         change.parsed = parsed;
         Ok(change)
@@ -412,6 +430,7 @@ impl Loader {
         Change {
             services: self.apply::<model::Service>(&added, &removed),
             slices: self.apply::<model::EndpointSlice>(&added, &removed),
+            nodes: self.apply::<model::NodeInfo>(&added, &removed),
             skipped: skipped::<model::Service>(&added)
                 .chain(skipped::<model::EndpointSlice>(&added))
                 .collect(),

@@ -108,12 +108,12 @@ fn fingerprint(path: &Path) -> Fingerprint {
 
 /// Reads the manifests under `path` now and whenever they change, sending what changed to
 /// `tx`, until `tx` is closed. Fails only when the path cannot be watched.
-pub fn spawn(path: PathBuf, tx: mpsc::Sender<SourceEvent>) -> anyhow::Result<()> {
+pub fn spawn(path: PathBuf, node: String, tx: mpsc::Sender<SourceEvent>) -> anyhow::Result<()> {
     let (watcher, mut events) = watch_manifests(&path)?;
     tokio::spawn(async move {
         // The watcher stops when dropped: it lives as long as this task.
         let _watcher = watcher;
-        let mut reader = Reader::default();
+        let mut reader = Reader::for_node(node);
         let mut tick = tokio::time::interval(Duration::from_secs(2));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
@@ -156,9 +156,18 @@ pub(crate) struct Reader {
     print: Fingerprint,
     /// The files as they were when a load was last rejected.
     rejected: Option<Fingerprint>,
+    /// This node's name (`--hostname-override`): the Node object of that name is this node's.
+    node: String,
 }
 
 impl Reader {
+    pub(crate) fn for_node(node: String) -> Self {
+        Self {
+            node,
+            ..Self::default()
+        }
+    }
+
     /// Loads the set; returns the event to send, if any. A rejection is reported once per
     /// change of the files (a file event that changes nothing reads them again, quietly).
     pub(crate) fn load(&mut self, path: &Path, print: Fingerprint) -> Option<SourceEvent> {
@@ -208,8 +217,27 @@ impl Reader {
                     trigger: None,
                 }),
         );
+        // Only this node's Node counts (its zone, whether it takes traffic); other Nodes are
+        // accepted and ignored. Without one, the node has no zone and takes traffic.
+        let node = &self.node;
+        let ours = change
+            .nodes
+            .into_iter()
+            .filter(|(id, _)| id.name.eq_ignore_ascii_case(node))
+            .map(|(_, n)| match n {
+                Some(n) => SourceEvent::Node {
+                    uid: n.uid,
+                    not_eligible: n.not_eligible,
+                    zone: n.zone,
+                },
+                None => SourceEvent::Node {
+                    uid: None,
+                    not_eligible: None,
+                    zone: None,
+                },
+            });
+        batch.extend(ours);
         if !self.listed {
-            // Manifests have no Node object: its list is empty, and complete.
             batch.extend(Kind::ALL.map(SourceEvent::Listed));
             self.listed = true;
         }
@@ -224,7 +252,7 @@ mod tests {
         AccessKind, AccessMode, CreateKind, DataChange, EventKind, ModifyKind, RemoveKind,
         RenameMode,
     };
-    use std::time::Instant;
+    use tokio::time::Instant;
 
     #[test]
     fn file_events_are_told_apart() {
@@ -259,7 +287,10 @@ mod tests {
         );
     }
 
-    #[tokio::test]
+    /// On tokio's paused clock: with real time, a loaded machine could wake the test after
+    /// both the 5 ms sender and the 30 ms wait expired, and the late `Settled` then cut the
+    /// "never closed" wait short (seen once, under four parallel builds on 2 cores).
+    #[tokio::test(start_paused = true)]
     async fn settling_waits_only_for_files_still_being_written() {
         let (tx, mut rx) = mpsc::unbounded_channel();
         // A rename into place: no wait, and the burst is taken.
@@ -338,5 +369,45 @@ mod reader_tests {
             matches!(events.last(), Some(SourceEvent::Listed(Kind::Node))),
             "{events:?}"
         );
+    }
+
+    /// The Node named like this node gives its zone (and whether it takes traffic); any
+    /// other Node is accepted and ignored; removing ours leaves the node without a zone.
+    #[test]
+    fn this_nodes_node_gives_its_zone_and_other_nodes_are_ignored() {
+        let dir = std::env::temp_dir().join(format!("lbproxy-reader-node-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("m.yaml");
+        let node = |name: &str, zone: &str| {
+            format!(
+                "apiVersion: v1\nkind: Node\nmetadata: {{name: {name}, uid: u-{name}, \
+                 labels: {{topology.kubernetes.io/zone: {zone}}}}}\n---\n"
+            )
+        };
+        let nodes = |events: &[SourceEvent]| -> Vec<(Option<String>, Option<String>)> {
+            events
+                .iter()
+                .filter_map(|e| match e {
+                    SourceEvent::Node { uid, zone, .. } => Some((uid.clone(), zone.clone())),
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut r = Reader::for_node("node0".into());
+        std::fs::write(&file, node("node1", "zone-b") + &node("Node0", "zone-a")).unwrap();
+        let Some(SourceEvent::Batch(first)) = r.load(&file, fingerprint(&file)) else {
+            panic!("no batch")
+        };
+        assert_eq!(
+            nodes(&first),
+            [(Some("u-Node0".into()), Some("zone-a".into()))]
+        );
+        assert!(matches!(first.last(), Some(SourceEvent::Listed(_))));
+        std::fs::write(&file, node("node1", "zone-c") + &node("node2", "zone-a")).unwrap();
+        let Some(SourceEvent::Batch(later)) = r.load(&file, fingerprint(&file)) else {
+            panic!("no batch")
+        };
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(nodes(&later), [(None, None)], "ours is gone: no zone");
     }
 }

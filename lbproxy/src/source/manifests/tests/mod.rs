@@ -64,7 +64,7 @@ fn errors_name_file_document_object_and_reason() {
         .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "bad.yaml: document 2 (ConfigMap x/cm): unknown kind ConfigMap (apiVersion v1); expected v1 Service or discovery.k8s.io/v1 EndpointSlice"
+        "bad.yaml: document 2 (ConfigMap x/cm): unknown kind ConfigMap (apiVersion v1); expected v1 Service, discovery.k8s.io/v1 EndpointSlice or v1 Node"
     );
 
     let e = parse(
