@@ -283,6 +283,10 @@ pub struct Endpoint {
     pub node_name: Option<String>,
     /// `targetRef` to a Pod of this name (same namespace as the slice), if set.
     pub pod: Option<String>,
+    /// `hints.forZones` names (empty: none).
+    pub for_zones: Vec<String>,
+    /// `hints.forNodes` names (empty: none).
+    pub for_nodes: Vec<String>,
 }
 
 impl Endpoint {
@@ -292,6 +296,8 @@ impl Endpoint {
             conditions,
             node_name: Some("lab-node".to_owned()),
             pod: None,
+            for_zones: Vec::new(),
+            for_nodes: Vec::new(),
         }
     }
 
@@ -308,6 +314,14 @@ impl Endpoint {
     /// Adds a `targetRef` to pod `name`.
     pub fn pod(mut self, name: &str) -> Endpoint {
         self.pod = Some(name.to_owned());
+        self
+    }
+
+    /// Adds `hints: {forZones: [{name: Z}...], forNodes: [{name: N}...]}` (an empty list is
+    /// left out).
+    pub fn hints(mut self, zones: &[&str], nodes: &[&str]) -> Endpoint {
+        self.for_zones = zones.iter().map(|z| z.to_string()).collect();
+        self.for_nodes = nodes.iter().map(|n| n.to_string()).collect();
         self
     }
 
@@ -410,6 +424,17 @@ impl EndpointSlice {
             if let Some(n) = &e.node_name {
                 let _ = writeln!(y, "  nodeName: {}", scalar(n));
             }
+            if !e.for_zones.is_empty() || !e.for_nodes.is_empty() {
+                y.push_str("  hints:\n");
+                for (k, names) in [("forZones", &e.for_zones), ("forNodes", &e.for_nodes)] {
+                    if !names.is_empty() {
+                        let _ = writeln!(y, "    {k}:");
+                        for n in names {
+                            let _ = writeln!(y, "    - name: {}", scalar(n));
+                        }
+                    }
+                }
+            }
             if let Some(p) = &e.pod {
                 let _ = writeln!(
                     y,
@@ -464,6 +489,19 @@ impl EndpointSlice {
                 if let Some(n) = &e.node_name {
                     o["nodeName"] = json!(n);
                 }
+                let names = |v: &[String]| -> Vec<serde_json::Value> {
+                    v.iter().map(|n| json!({"name": n})).collect()
+                };
+                let mut hints = serde_json::Map::new();
+                if !e.for_zones.is_empty() {
+                    hints.insert("forZones".into(), json!(names(&e.for_zones)));
+                }
+                if !e.for_nodes.is_empty() {
+                    hints.insert("forNodes".into(), json!(names(&e.for_nodes)));
+                }
+                if !hints.is_empty() {
+                    o["hints"] = serde_json::Value::Object(hints);
+                }
                 if let Some(p) = &e.pod {
                     o["targetRef"] = json!({"kind": "Pod", "name": p, "namespace": self.namespace});
                 }
@@ -499,11 +537,55 @@ impl EndpointSlice {
     }
 }
 
+/// A v1 Node: its name and its `topology.kubernetes.io/zone` label.
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub name: String,
+    pub zone: Option<String>,
+}
+
+impl Node {
+    pub fn new(name: &str, zone: Option<&str>) -> Node {
+        Node {
+            name: name.to_owned(),
+            zone: zone.map(str::to_owned),
+        }
+    }
+
+    pub fn to_yaml(&self) -> String {
+        let mut y = format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {}\n",
+            scalar(&self.name)
+        );
+        if let Some(z) = &self.zone {
+            let _ = writeln!(
+                y,
+                "  labels:\n    topology.kubernetes.io/zone: {}",
+                scalar(z)
+            );
+        }
+        y
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut o = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": self.name},
+        });
+        if let Some(z) = &self.zone {
+            o["metadata"]["labels"] = serde_json::json!({"topology.kubernetes.io/zone": z});
+        }
+        o
+    }
+}
+
 /// Any object a manifest may hold.
 #[derive(Clone, Debug)]
 pub enum Object {
     Service(Service),
     EndpointSlice(EndpointSlice),
+    Node(Node),
 }
 
 impl Object {
@@ -511,6 +593,7 @@ impl Object {
         match self {
             Object::Service(s) => s.to_yaml(),
             Object::EndpointSlice(s) => s.to_yaml(),
+            Object::Node(n) => n.to_yaml(),
         }
     }
 
@@ -519,7 +602,14 @@ impl Object {
         match self {
             Object::Service(s) => s.to_json(),
             Object::EndpointSlice(s) => s.to_json(),
+            Object::Node(n) => n.to_json(),
         }
+    }
+}
+
+impl From<Node> for Object {
+    fn from(n: Node) -> Self {
+        Object::Node(n)
     }
 }
 

@@ -77,8 +77,8 @@ pub use self::lbproxy::{
     HEALTHZ_ADDR, Lbproxy, METRICS_ADDR, lbproxy_bin, lbproxy_bin_if_present, run_lbproxy_cmd,
 };
 pub use self::manifest::{
-    Conditions, Endpoint, EndpointSlice, Manifest, Object, Protocol, Service, TargetPort,
-    write_atomic,
+    Conditions, Endpoint, EndpointSlice, Manifest, Node as NodeObject, Object, Protocol, Service,
+    TargetPort, write_atomic,
 };
 pub use self::net::{
     Backend, Proto, Reply, Tally, TcpConn, answer_after_close, set_rcvtimeo, socket2_udp, tally,

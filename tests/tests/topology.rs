@@ -1,0 +1,308 @@
+//! Topology-aware routing (issue 28), as kube-proxy 1.35's `CategorizeEndpoints`: a Service's
+//! cluster endpoints follow the ready endpoints' `hints.forNodes` (this node named), then
+//! `hints.forZones` (this node's zone named), else every ready endpoint; with none ready, the
+//! serving terminating ones, without the filter; `internalTrafficPolicy: Local` ignores hints.
+//!
+//! The node is `node0` (`--hostname-override node0`, as the contract command line), its zone
+//! the `topology.kubernetes.io/zone` label of the manifests' `kind: Node` named `node0`; a
+//! Node of another name is accepted and ignored. Three backends b1, b2, b3 serve `web`
+//! (TCP 80 -> 8080, UDP 53 -> 5353); which of them answer new connections and datagrams (from
+//! new source ports) is what each test asserts, with `inspect services`' topology column.
+//! Both pod-network shapes.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use common::*;
+use lbproxy_tests::lab::{
+    Backend, Conditions, Endpoint, Inspect as _, Lab, Lbproxy, Manifest, NodeObject, Pod, Proto,
+    Shape,
+};
+
+both_shapes!(
+    zone_hints_keep_traffic_in_the_zone,
+    incomplete_hints_are_ignored,
+    no_endpoint_for_this_zone_uses_every_endpoint,
+    node_hints_keep_traffic_on_the_node,
+    a_zone_label_change_takes_effect_live,
+    terminating_endpoints_serve_without_the_filter,
+    internal_traffic_policy_local_ignores_hints,
+);
+
+const NODE: &str = "node0";
+/// Requests per protocol per check: a backend that should answer is missed by 30 requests
+/// over three backends with probability (2/3)^30, about 5e-6.
+const N: usize = 30;
+
+/// Endpoint hints of one backend: (zones, nodes).
+type Hint<'a> = (&'a [&'a str], &'a [&'a str]);
+
+struct Setup {
+    lab: Lab,
+    client: Pod,
+    pods: Vec<Pod>,
+    _servers: Vec<Backend>,
+    _lb: Lbproxy,
+}
+
+impl Setup {
+    /// b1..b3 serving, `web` written with `manifest(pods)`, lbproxy started as node0.
+    fn new(shape: Shape, manifest: impl Fn(&[Pod]) -> Manifest) -> Setup {
+        Setup::with_text(shape, |p| manifest(p).to_yaml())
+    }
+
+    /// [`Setup::new`] with the manifest's text.
+    fn with_text(shape: Shape, manifest: impl Fn(&[Pod]) -> String) -> Setup {
+        let lab = Lab::new(shape);
+        let client = lab.add_pod("client");
+        let (pods, servers) = serving_pods(&lab, &["b1", "b2", "b3"]);
+        lab.write_manifest_text(&manifest(&pods));
+        let mut lb = lab.start_lbproxy_with(&["--hostname-override", NODE]);
+        lb.expect_healthy(HEALTHY_WITHIN);
+        Setup {
+            lab,
+            client,
+            pods,
+            _servers: servers,
+            _lb: lb,
+        }
+    }
+
+    /// The backends that answered `N` TCP connections and `N` UDP requests, per protocol;
+    /// panics unless every request was answered.
+    fn answering(&self, ctx: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+        let (t, u) = web_traffic_ok_in(Some(&self.lab), ctx, &self.client, WEB_VIP, N);
+        (t.into_keys().collect(), u.into_keys().collect())
+    }
+
+    /// Asserts that exactly `want` answer, over TCP and over UDP.
+    fn expect(&self, ctx: &str, want: &[&str]) {
+        let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
+        let (t, u) = self.answering(ctx);
+        assert!(
+            t == want && u == want,
+            "{ctx}: want answers from {want:?}, got TCP {t:?} UDP {u:?}\n{}",
+            self.lab.diagnostics()
+        );
+    }
+
+    /// Waits (at most [`APPLY_WITHIN`]) until only `want` answer, then [`Setup::expect`]s it.
+    fn expect_within(&self, ctx: &str, want: &[&str]) {
+        let want_set: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
+        let deadline = Instant::now() + APPLY_WITHIN;
+        loop {
+            let t = self.client.tally(Proto::Tcp, WEB_VIP, WEB_TCP, 10, T);
+            let seen: BTreeSet<String> = t.by_backend.keys().cloned().collect();
+            if t.all_ok() && seen.is_subset(&want_set) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{ctx}: still {seen:?} (want only {want:?}) {APPLY_WITHIN:?} after the change"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.expect(ctx, want);
+    }
+
+    /// `web`'s ClusterIP TCP row of `inspect services`: (topology, topology_note).
+    fn topology(&self) -> (String, String) {
+        let rows = self.lab.inspect_services();
+        let row = rows
+            .iter()
+            .find(|r| r.service == "default/web" && r.kind == "ClusterIP" && r.port == WEB_TCP)
+            .unwrap_or_else(|| panic!("no web ClusterIP row in {rows:?}"));
+        (row.topology.clone(), row.topology_note.clone())
+    }
+}
+
+/// `web` over b1..b3 with `hints` (one per pod, in order), `conds` likewise, each endpoint on
+/// node `nodes[i]`, plus Node objects: `node0` in `zone` (no label for `None`) and `node1`
+/// in `zone-z` (ignored: not this node).
+fn web(
+    pods: &[Pod],
+    hints: [Hint<'_>; 3],
+    conds: [Conditions; 3],
+    nodes: [&str; 3],
+    zone: Option<&str>,
+) -> Manifest {
+    let eps = pods
+        .iter()
+        .zip(hints)
+        .zip(conds)
+        .zip(nodes)
+        .map(|(((p, (zones, hint_nodes)), c), node)| {
+            Endpoint::new(p.ip, c)
+                .pod(&p.name)
+                .node(Some(node))
+                .hints(zones, hint_nodes)
+        })
+        .collect();
+    web_objects("web", WEB_VIP, eps)
+        .with(NodeObject::new(NODE, zone))
+        .with(NodeObject::new("node1", Some("zone-z")))
+}
+
+const READY: [Conditions; 3] = [Conditions::READY; 3];
+const ELSEWHERE: [&str; 3] = ["node1", "node2", "node3"];
+
+/// Zone hints that name node0's zone: only b1 and b3 (zone-a) answer; b2 (zone-b) gets
+/// nothing. `inspect services` says `PreferSameZone`.
+fn zone_hints_keep_traffic_in_the_zone(shape: Shape) {
+    let s = Setup::new(shape, |p| {
+        let h = [
+            (&["zone-a"][..], &[][..]),
+            (&["zone-b"], &[]),
+            (&["zone-a"], &[]),
+        ];
+        web(p, h, READY, ELSEWHERE, Some("zone-a"))
+    });
+    s.expect(&format!("[{shape}] zone hints"), &["b1", "b3"]);
+    assert_eq!(s.topology(), ("PreferSameZone".into(), String::new()));
+}
+
+/// One ready endpoint without a zone hint: hints are ignored and all three answer; the
+/// reason is shown.
+fn incomplete_hints_are_ignored(shape: Shape) {
+    let s = Setup::new(shape, |p| {
+        let h = [(&["zone-a"][..], &[][..]), (&[], &[]), (&["zone-a"], &[])];
+        web(p, h, READY, ELSEWHERE, Some("zone-a"))
+    });
+    s.expect(&format!("[{shape}] incomplete hints"), &["b1", "b2", "b3"]);
+    assert_eq!(
+        s.topology(),
+        (
+            String::new(),
+            "hints ignored: a ready endpoint has no zone hint".into()
+        )
+    );
+}
+
+/// Every endpoint hinted, none for node0's zone: all three answer (no blackhole).
+fn no_endpoint_for_this_zone_uses_every_endpoint(shape: Shape) {
+    let s = Setup::new(shape, |p| {
+        let h = [
+            (&["zone-b"][..], &[][..]),
+            (&["zone-c"], &[]),
+            (&["zone-b"], &[]),
+        ];
+        web(p, h, READY, ELSEWHERE, Some("zone-a"))
+    });
+    s.expect(
+        &format!("[{shape}] no endpoint for zone-a"),
+        &["b1", "b2", "b3"],
+    );
+    assert_eq!(
+        s.topology(),
+        (
+            String::new(),
+            "hints ignored: no endpoint is hinted for this node's zone".into()
+        )
+    );
+}
+
+/// `PreferSameNode`: node hints that name node0 win over the zone hints (all zone-a).
+fn node_hints_keep_traffic_on_the_node(shape: Shape) {
+    let s = Setup::new(shape, |p| {
+        let h = [
+            (&["zone-a"][..], &[NODE][..]),
+            (&["zone-a"], &["node1"]),
+            (&["zone-a"], &["node2"]),
+        ];
+        web(p, h, READY, [NODE, "node1", "node2"], Some("zone-a"))
+    });
+    s.expect(&format!("[{shape}] node hints"), &["b1"]);
+    assert_eq!(s.topology(), ("PreferSameNode".into(), String::new()));
+}
+
+/// node0's zone label changes from zone-a to zone-b, then goes away: the zone's endpoints
+/// follow within the apply deadline, and without a label every endpoint serves.
+fn a_zone_label_change_takes_effect_live(shape: Shape) {
+    let hints = [
+        (&["zone-a"][..], &[][..]),
+        (&["zone-b"], &[]),
+        (&["zone-b"], &[]),
+    ];
+    let s = Setup::new(shape, |p| web(p, hints, READY, ELSEWHERE, Some("zone-a")));
+    s.expect(&format!("[{shape}] in zone-a"), &["b1"]);
+    s.lab
+        .write_manifest(&web(&s.pods, hints, READY, ELSEWHERE, Some("zone-b")));
+    s.expect_within(&format!("[{shape}] moved to zone-b"), &["b2", "b3"]);
+    assert_eq!(s.topology().0, "PreferSameZone");
+    s.lab
+        .write_manifest(&web(&s.pods, hints, READY, ELSEWHERE, None));
+    // From two backends to three: wait for b1 to come back, then check all three.
+    let deadline = Instant::now() + APPLY_WITHIN;
+    while !s.answering("label removed").0.contains("b1") {
+        assert!(
+            Instant::now() < deadline,
+            "[{shape}] b1 still gets nothing {APPLY_WITHIN:?} after node0 lost its zone label"
+        );
+    }
+    s.expect(&format!("[{shape}] no zone label"), &["b1", "b2", "b3"]);
+    assert_eq!(
+        s.topology(),
+        (
+            String::new(),
+            "hints ignored: this node has no topology.kubernetes.io/zone label".into()
+        )
+    );
+}
+
+/// No ready endpoint: the serving terminating ones answer, whatever their hints (b1 in
+/// node0's zone, b2 elsewhere); b3 is not serving. With b3 ready in another zone, b3 alone
+/// answers: hints of the ready endpoints name no endpoint of zone-a.
+fn terminating_endpoints_serve_without_the_filter(shape: Shape) {
+    let hints = [
+        (&["zone-a"][..], &[][..]),
+        (&["zone-b"], &[]),
+        (&["zone-b"], &[]),
+    ];
+    let t = Conditions::TERMINATING_SERVING;
+    let s = Setup::new(shape, |p| {
+        web(
+            p,
+            hints,
+            [t, t, Conditions::NOT_READY],
+            ELSEWHERE,
+            Some("zone-a"),
+        )
+    });
+    s.expect(&format!("[{shape}] terminating fallback"), &["b1", "b2"]);
+    s.lab.write_manifest(&web(
+        &s.pods,
+        hints,
+        [t, t, Conditions::READY],
+        ELSEWHERE,
+        Some("zone-a"),
+    ));
+    s.expect_within(&format!("[{shape}] b3 ready in zone-b"), &["b3"]);
+}
+
+/// `internalTrafficPolicy: Local`: only node0's endpoint (b1, hinted for zone-b) answers,
+/// not the ones hinted for node0's zone-a; the hints are shown as ignored.
+fn internal_traffic_policy_local_ignores_hints(shape: Shape) {
+    let s = Setup::with_text(shape, |p| {
+        let h = [
+            (&["zone-b"][..], &[][..]),
+            (&["zone-a"], &[]),
+            (&["zone-a"], &[]),
+        ];
+        let m = web(p, h, READY, [NODE, "node1", "node2"], Some("zone-a")).to_yaml();
+        assert!(m.contains("internalTrafficPolicy: Cluster"), "{m}");
+        m.replace(
+            "internalTrafficPolicy: Cluster",
+            "internalTrafficPolicy: Local",
+        )
+    });
+    s.expect(&format!("[{shape}] iTP Local"), &["b1"]);
+    assert_eq!(
+        s.topology(),
+        (
+            String::new(),
+            "hints ignored: the traffic policy is Local".into()
+        )
+    );
+}
