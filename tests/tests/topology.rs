@@ -9,6 +9,10 @@
 //! (TCP 80 -> 8080, UDP 53 -> 5353); which of them answer new connections and datagrams (from
 //! new source ports) is what each test asserts, with `inspect services`' topology column.
 //! Both pod-network shapes.
+//!
+//! On two nodes ([`zones_steer_every_path_on_two_nodes`]): nodeA in zone-a and nodeB in
+//! zone-b, each running lbproxy as other harnesses start it, keep pods', node processes'
+//! (the socket-level path) and outside clients' NodePort traffic (eTP=Cluster) in their zone.
 
 mod common;
 
@@ -30,6 +34,11 @@ both_shapes!(
     terminating_endpoints_serve_without_the_filter,
     internal_traffic_policy_local_ignores_hints,
 );
+
+#[test]
+fn zones_steer_every_path_on_two_nodes() {
+    zones_steer_every_path()
+}
 
 const NODE: &str = "node0";
 /// Requests per protocol per check: a backend that should answer is missed by 30 requests
@@ -305,4 +314,95 @@ fn internal_traffic_policy_local_ignores_hints(shape: Shape) {
             "hints ignored: the traffic policy is Local".into()
         )
     );
+}
+
+/// Two nodes, each with its own zone; `web` (ClusterIP, NodePort, eTP=Cluster) over a1 on
+/// nodeA hinted zone-a and b1 on nodeB hinted zone-b. On each node, a pod (per-packet path)
+/// and a node process (socket-level path) reach only their zone's backend over TCP and UDP,
+/// and so does an outside client through that node's NodePort.
+fn zones_steer_every_path() {
+    use lbproxy_tests::lab::cgroup::{Mode, Requests};
+    use lbproxy_tests::lab::multinode::{
+        MultiNodeLab, NodeId, WEB_BACKEND_TCP, WEB_BACKEND_UDP, WEB_CLUSTER_IP, WEB_NODE_PORT_TCP,
+        WEB_NODE_PORT_UDP, web_manifest,
+    };
+    let lab = MultiNodeLab::new();
+    let a1 = lab.add_pod(NodeId::A, "a1");
+    let b1 = lab.add_pod(NodeId::B, "b1");
+    let _servers = [
+        a1.serve(&[WEB_BACKEND_TCP, WEB_BACKEND_UDP]),
+        b1.serve(&[WEB_BACKEND_TCP, WEB_BACKEND_UDP]),
+    ];
+    let pa = lab.add_pod(NodeId::A, "ca");
+    let pb = lab.add_pod(NodeId::B, "cb");
+    let hinted = |p: &lbproxy_tests::lab::Pod, node: NodeId, zone: &str| {
+        format!(
+            "- {{addresses: [{}], nodeName: {}, conditions: {{ready: true}}, \
+             hints: {{forZones: [{{name: {zone}}}]}}}}\n",
+            p.ip,
+            node.name()
+        )
+    };
+    let manifest = format!(
+        "{}---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  \
+         name: web-hinted\n  namespace: default\n  labels: {{kubernetes.io/service-name: web}}\n\
+         addressType: IPv4\nports:\n- {{name: http, port: {WEB_BACKEND_TCP}, protocol: TCP}}\n\
+         - {{name: dns, port: {WEB_BACKEND_UDP}, protocol: UDP}}\nendpoints:\n{}{}---\n{}---\n{}",
+        web_manifest(&[], "Cluster", ""),
+        hinted(&a1, NodeId::A, "zone-a"),
+        hinted(&b1, NodeId::B, "zone-b"),
+        NodeObject::new(NodeId::A.name(), Some("zone-a")).to_yaml(),
+        NodeObject::new(NodeId::B.name(), Some("zone-b")).to_yaml(),
+    );
+    lab.write_manifest_text(&manifest);
+    let _lbs = lab.start_lbproxy_on_both(&[], Duration::from_secs(20));
+    let client = lab.add_client("ext");
+    let only = |ctx: &str, seen: BTreeSet<String>, want: &str| {
+        assert!(
+            seen.len() == 1 && seen.contains(want),
+            "{ctx}: want only {want}, got {seen:?}\n{}",
+            lab.diagnostics()
+        );
+    };
+    for (node, pod, want) in [(NodeId::A, &pa, "a1"), (NodeId::B, &pb, "b1")] {
+        for (proto, port, node_port) in [
+            (Proto::Tcp, WEB_TCP, WEB_NODE_PORT_TCP),
+            (Proto::Udp, WEB_UDP, WEB_NODE_PORT_UDP),
+        ] {
+            let t = pod.tally(proto, WEB_CLUSTER_IP, port, N, T);
+            assert!(t.all_ok(), "pod on {node:?} {proto:?}: {t}");
+            only(
+                &format!("pod on {node:?} {proto:?}"),
+                t.by_backend.into_keys().collect(),
+                want,
+            );
+            let ext = client.tally(proto, node.fabric_ip(), node_port, N, T);
+            assert!(
+                ext.all_ok(),
+                "outside client via {node:?}'s NodePort {proto:?}: {ext}"
+            );
+            only(
+                &format!("outside client via {node:?}'s NodePort {proto:?}"),
+                ext.by_backend.into_keys().collect(),
+                want,
+            );
+            let mode = match proto {
+                Proto::Tcp => Mode::Tcp,
+                Proto::Udp => Mode::Udp,
+            };
+            let to = std::net::SocketAddr::from((WEB_CLUSTER_IP, port));
+            let out = lab
+                .host_client(node, &Requests::new(mode, to, N).timeout(T))
+                .all();
+            assert!(
+                out.iter().all(|o| o.ok),
+                "node process on {node:?} {proto:?}: {out:?}"
+            );
+            only(
+                &format!("node process on {node:?} (socket-level) {proto:?}"),
+                out.into_iter().map(|o| o.backend).collect(),
+                want,
+            );
+        }
+    }
 }
