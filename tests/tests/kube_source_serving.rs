@@ -1,7 +1,7 @@
 //! lbproxy's Kubernetes API source against a real list+watch API server (see
 //! kube_source.rs for the protocol itself): what the source's state does. kube-proxy's
 //! skips, real traffic through services that exist only in the API server (both shapes),
-//! internalTrafficPolicy, /healthz before the first sync and while changes cannot be
+//! internalTrafficPolicy, zone hints following the Node's label, /healthz before the first sync and while changes cannot be
 //! programmed, the Node Events of programming and health-check failures, and a restart
 //! picking up changes.
 //!
@@ -311,6 +311,50 @@ fn internal_traffic_policy_local() {
     let (tcp, udp) = web_traffic_ok_in(Some(&k.lab), "Local, b2 local", &client, WEB_VIP, 30);
     assert_eq!(tcp.keys().collect::<Vec<_>>(), ["b2"], "TCP {tcp:?}");
     assert_eq!(udp.keys().collect::<Vec<_>>(), ["b2"], "UDP {udp:?}");
+}
+
+/// Topology from the API: the watched Node's `topology.kubernetes.io/zone` label picks the
+/// zone hints' endpoints, and a change of the label (zone-a, then zone-b, then none) is
+/// applied live, within the watch deadline.
+#[test]
+fn zone_hints_follow_the_node_label() {
+    let mut k = Kube::new(Shape::Routed, &["client", "b1", "b2"]);
+    let (b1, b2) = (k.pod("b1").clone(), k.pod("b2").clone());
+    let client = k.pod("client").clone();
+    let node = |zone: Option<&str>| {
+        let mut n = lbproxy_tests::apiserver::ApiServer::node(NODE);
+        if let Some(z) = zone {
+            n["metadata"]["labels"]["topology.kubernetes.io/zone"] = json!(z);
+        }
+        n
+    };
+    let ep = |p: &lbproxy_tests::lab::Pod, zone: &str| {
+        Endpoint::ready(p.ip).pod(&p.name).hints(&[zone], &[])
+    };
+    let (svc, slice) = web_json("web", WEB_VIP, vec![ep(&b1, "zone-a"), ep(&b2, "zone-b")]);
+    k.api.apply_all([node(Some("zone-a")), svc, slice]);
+    k.start_healthy();
+    let (tcp, udp) = web_traffic_ok_in(Some(&k.lab), "zone-a", &client, WEB_VIP, 30);
+    assert_eq!(tcp.keys().collect::<Vec<_>>(), ["b1"], "TCP {tcp:?}");
+    assert_eq!(udp.keys().collect::<Vec<_>>(), ["b1"], "UDP {udp:?}");
+    k.wait_watching(Duration::from_secs(5));
+
+    k.api.apply(node(Some("zone-b")));
+    let d = wait_traffic(&k, &client, WEB_VIP, |t, u| {
+        t.keys().eq(["b2"].iter()) && u.keys().eq(["b2"].iter())
+    });
+    eprintln!("zone-b applied in {d:?}");
+    let (tcp, udp) = web_traffic_ok_in(Some(&k.lab), "zone-b", &client, WEB_VIP, 30);
+    assert_eq!(tcp.keys().collect::<Vec<_>>(), ["b2"], "TCP {tcp:?}");
+    assert_eq!(udp.keys().collect::<Vec<_>>(), ["b2"], "UDP {udp:?}");
+
+    k.api.apply(node(None));
+    let d = wait_traffic(&k, &client, WEB_VIP, |t, u| {
+        ["b1", "b2"]
+            .iter()
+            .all(|b| t.contains_key(*b) && u.contains_key(*b))
+    });
+    eprintln!("no zone label applied in {d:?}");
 }
 
 /// /healthz and /livez are not 200 before the first sync (the API server is not there yet),
