@@ -140,11 +140,7 @@ mod tests {
                 let c = crc32c(&p);
                 p[8..12].copy_from_slice(&c.to_le_bytes());
 
-                let d = port_delta(
-                    u32::from_le_bytes(old),
-                    u32::from_le_bytes(new),
-                    len as u32,
-                );
+                let d = port_delta(u32::from_le_bytes(old), u32::from_le_bytes(new), len as u32);
                 let field = u32::from_le_bytes(p[8..12].try_into().unwrap()) ^ d;
                 p[..4].copy_from_slice(&new);
                 p[8..12].fill(0);

@@ -16,7 +16,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use lbproxy_common::{
-    DropReason, FAMILY_IPV4, FAMILY_IPV6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, MonitorEvent, MonitorRate,
+    DropReason, FAMILY_IPV4, FAMILY_IPV6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, MonitorEvent,
+    MonitorRate,
 };
 
 use crate::{

@@ -53,7 +53,11 @@ pub fn rewrite_ports(ctx: &TcContext, l4_off: usize, af: u8, old: u32, new: u32)
         .store(l4_off, &new.to_ne_bytes(), BPF_F_RECOMPUTE_CSUM)
         .is_err()
         || ctx
-            .store(l4_off + SCTP_CSUM_OFF, &csum.to_ne_bytes(), BPF_F_RECOMPUTE_CSUM)
+            .store(
+                l4_off + SCTP_CSUM_OFF,
+                &csum.to_ne_bytes(),
+                BPF_F_RECOMPUTE_CSUM,
+            )
             .is_err()
     {
         return -1;

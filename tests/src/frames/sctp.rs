@@ -131,4 +131,3 @@ pub fn describe_sctp(l4: &[u8]) -> String {
         l4.len()
     )
 }
-

@@ -36,8 +36,8 @@ use common::{
 use lbproxy_tests::frames::*;
 use lbproxy_tests::lab::inspect::rows::FlowRow;
 use lbproxy_tests::lab::{
-    DATAPATH_EVENTS, Endpoint, Inspect as _, Lab, Lbproxy, METRICS_ADDR, Pod, Shape,
-    UPLINK_IF, bpf, http_get_full, pod_ip, run_in_ns, vip, wait_for,
+    DATAPATH_EVENTS, Endpoint, Inspect as _, Lab, Lbproxy, METRICS_ADDR, Pod, Shape, UPLINK_IF,
+    bpf, http_get_full, pod_ip, run_in_ns, vip, wait_for,
 };
 
 // ---------------------------------------------------------------------------------------

@@ -246,15 +246,14 @@ impl Rig {
             Prog::FromNode => (self.uplink.1, self.uplink.0),
             Prog::ToNode => (self.uplink.2, self.uplink.0),
         };
-        let r =
-            bpf::prog_test_run(self.lab.node_ns(), id, ifindex, frame).unwrap_or_else(|e| {
-                panic!(
-                    "{what}: BPF_PROG_TEST_RUN of {} (prog id {id}) on {} bytes failed: {e}\n  {}",
-                    prog.name(),
-                    frame.len(),
-                    hex(frame)
-                )
-            });
+        let r = bpf::prog_test_run(self.lab.node_ns(), id, ifindex, frame).unwrap_or_else(|e| {
+            panic!(
+                "{what}: BPF_PROG_TEST_RUN of {} (prog id {id}) on {} bytes failed: {e}\n  {}",
+                prog.name(),
+                frame.len(),
+                hex(frame)
+            )
+        });
         let (drops, events) = self.take_all_deltas();
         Outcome {
             what: format!("{what} [{}]", prog.name()),

@@ -271,8 +271,12 @@ fn sctp_cluster_ip_ipv4_dnat_flow_and_reverse_nat() {
             L4::Sctp(Sctp::with_chunks(port, SIG_PORT, tag, chunks.clone())),
         );
         let want = p.with_dest(backend, SIG_TARGET).bytes();
-        rig.run(&format!("SCTP {what} to the ClusterIP"), Prog::FromPod, &p.bytes())
-            .expect(TC_ACT_UNSPEC, &want, &[]);
+        rig.run(
+            &format!("SCTP {what} to the ClusterIP"),
+            Prog::FromPod,
+            &p.bytes(),
+        )
+        .expect(TC_ACT_UNSPEC, &want, &[]);
         // The backend answers with the same chunks, from its own address and targetPort.
         let mut answer = Frame::from_pod(
             Ip::new(backend, c),
@@ -280,8 +284,12 @@ fn sctp_cluster_ip_ipv4_dnat_flow_and_reverse_nat() {
         );
         (answer.dst_mac, answer.src_mac) = (POD_MAC, GW_MAC);
         let want = answer.with_source(sig_vip(), SIG_PORT).bytes();
-        rig.run(&format!("the backend's SCTP {what}"), Prog::ToPod, &answer.bytes())
-            .expect(TC_ACT_UNSPEC, &want, &[]);
+        rig.run(
+            &format!("the backend's SCTP {what}"),
+            Prog::ToPod,
+            &answer.bytes(),
+        )
+        .expect(TC_ACT_UNSPEC, &want, &[]);
     }
     assert_eq!(rig.flows_from(port).len(), 1, "{:#?}", rig.flows_from(port));
     let other = Frame::from_pod(
@@ -486,7 +494,10 @@ fn sctp_without_endpoints_gets_port_unreachable_both_families() {
         &want,
         &[("no_backend_icmp_unreachable", 1)],
     );
-    assert!(rig.flows_from(40401).is_empty(), "a rejected packet left a flow");
+    assert!(
+        rig.flows_from(40401).is_empty(),
+        "a rejected packet left a flow"
+    );
 
     let c6 = rig.client.ip6.unwrap();
     let input = sctp6(c6, SIGEMPTY_VIP6, &Sctp::init(40402, SIG_PORT));
@@ -517,7 +528,14 @@ fn sctp_edges_pass_or_drop() {
     let c = rig.client_ip();
     let whole = Sctp::init(40501, SIG_PORT).bytes();
     let first = fragment((c, sig_vip()), IPPROTO_SCTP, 0x4242, true, 0, &whole[..16]);
-    let later = fragment((c, sig_vip()), IPPROTO_SCTP, 0x4242, false, 16, &whole[16..]);
+    let later = fragment(
+        (c, sig_vip()),
+        IPPROTO_SCTP,
+        0x4242,
+        false,
+        16,
+        &whole[16..],
+    );
     let to_web = Frame::from_pod(Ip::new(c, WEB_VIP), L4::Sctp(Sctp::init(40502, WEB_TCP)));
     let short = |dst: Ipv4Addr| {
         Frame::from_pod(
