@@ -518,10 +518,11 @@ fn sctp_without_endpoints_gets_port_unreachable_both_families() {
     );
 }
 
-/// What the SCTP path leaves alone: an IP fragment of an SCTP packet to a frontend (no
-/// fragment holds the whole packet its CRC32c covers; docs/sctp.md), SCTP to a ClusterIP's
-/// port that only TCP and UDP serve pass untouched, uncounted; an SCTP header cut short of
-/// its 12 bytes passes counted, as a TCP or UDP one, and is malformed to a frontend.
+/// What the SCTP path leaves alone: an IPv4 or IPv6 fragment of an SCTP packet to a
+/// frontend (no fragment holds the whole packet its CRC32c covers; docs/sctp.md) and SCTP
+/// to a ClusterIP's port that only TCP and UDP serve pass untouched, uncounted; an SCTP
+/// header cut short of its 12 bytes passes counted, as a TCP or UDP one, and is malformed
+/// to a frontend.
 #[test]
 fn sctp_edges_pass_or_drop() {
     let rig = sctp_rig();
@@ -537,6 +538,12 @@ fn sctp_edges_pass_or_drop() {
         &whole[16..],
     );
     let to_web = Frame::from_pod(Ip::new(c, WEB_VIP), L4::Sctp(Sctp::init(40502, WEB_TCP)));
+    // IPv6: a first fragment (offset 0, M set) of an INIT to the IPv6 ClusterIP.
+    let c6 = rig.client.ip6.unwrap();
+    let mut frag6 = vec![IPPROTO_SCTP, 0, 0, 1];
+    frag6.extend_from_slice(&0x0042_4242u32.to_be_bytes());
+    frag6.extend_from_slice(&whole[..16]);
+    let first6 = ipv6(c6.octets(), SIG_VIP6.octets(), 44, &frag6);
     let short = |dst: Ipv4Addr| {
         Frame::from_pod(
             Ip::new(c, dst),
@@ -550,6 +557,10 @@ fn sctp_edges_pass_or_drop() {
     for (what, frame) in [
         ("first fragment of an SCTP INIT to the ClusterIP", first),
         ("later fragment of that INIT", later),
+        (
+            "IPv6 first fragment of an SCTP INIT to the ClusterIP",
+            first6,
+        ),
         ("SCTP INIT to a port only TCP serves", to_web.bytes()),
     ] {
         rig.run(what, Prog::FromPod, &frame)
