@@ -206,6 +206,7 @@ pub mod node_addrs;
 pub mod node_ifs;
 pub mod pod_addrs;
 pub mod pod_ifs;
+pub mod sctp;
 pub mod select;
 pub mod services;
 pub mod slots;
@@ -497,6 +498,7 @@ pub mod program_names {
 
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
+pub const IPPROTO_SCTP: u8 = 132;
 
 #[cfg(test)]
 mod tests;

@@ -55,6 +55,7 @@ mod packet;
 mod parse;
 mod reason;
 mod reject;
+mod sctp;
 mod sock;
 mod source;
 mod stage;

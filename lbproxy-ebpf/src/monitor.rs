@@ -16,7 +16,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use lbproxy_common::{
-    DropReason, FAMILY_IPV4, FAMILY_IPV6, IPPROTO_TCP, IPPROTO_UDP, MonitorEvent, MonitorRate,
+    DropReason, FAMILY_IPV4, FAMILY_IPV6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, MonitorEvent,
+    MonitorRate,
 };
 
 use crate::{
@@ -152,7 +153,7 @@ unsafe fn read_headers(skb: *mut c_void, ev: *mut MonitorEvent) {
             _ => return,
         };
         let proto = (*ev).proto;
-        if (proto == IPPROTO_TCP || proto == IPPROTO_UDP)
+        if (proto == IPPROTO_TCP || proto == IPPROTO_UDP || proto == IPPROTO_SCTP)
             && load(skb, l4_off, (&raw mut (*ev).src_port_be).cast(), 2)
         {
             load(skb, l4_off + 2, (&raw mut (*ev).dst_port_be).cast(), 2);

@@ -3,12 +3,13 @@
 //! itself).
 
 use aya_ebpf::programs::TcContext;
-use lbproxy_common::{DropReason, IPPROTO_UDP};
+use lbproxy_common::{DropReason, IPPROTO_SCTP, IPPROTO_UDP};
 
 use crate::{
     csum::words_diff,
     family::Family,
     packet::{IP_DST_OFF, IP_SRC_OFF, L4, L4_DPORT_OFF, L4_SPORT_OFF, Packet},
+    sctp,
     stage::{NatTarget, Verdict},
 };
 
@@ -90,7 +91,8 @@ fn port_word(src_be: u16, dst_be: u16) -> u32 {
 /// pseudo-header): one checksum update for the addresses and one for the ports, each by
 /// difference, and one 4-byte store of both ports. A checksum left alone when nothing it
 /// covers changes. Nothing for a packet without its L4 header (a fragment after the
-/// first): only its IP header is translated.
+/// first): only its IP header is translated. SCTP's checksum (CRC32c) covers no
+/// pseudo-header: only a change of port changes it (`sctp::rewrite_ports`).
 #[inline(always)]
 fn rewrite_l4<A: Family>(
     ctx: &TcContext,
@@ -101,6 +103,14 @@ fn rewrite_l4<A: Family>(
     if pkt.l4 != L4::Header {
         // A fragment after the first: no L4 header here. The first fragment's checksum
         // covers the whole datagram and was updated for the new address and port.
+        return Ok(());
+    }
+    if pkt.proto == IPPROTO_SCTP {
+        let old = port_word(pkt.src_port_be, pkt.dst_port_be);
+        let new = port_word(ports[0], ports[1]);
+        if old != new && sctp::rewrite_ports(ctx, pkt.l4_off, A::AF, old, new) != 0 {
+            return Err(FAIL);
+        }
         return Ok(());
     }
     let l4_flags = if pkt.proto == IPPROTO_UDP {

@@ -1,9 +1,11 @@
-//! Stage 0: parse. The fields of an IPv4 or IPv6 TCP or UDP packet the load balancer looks
-//! at, read once into a [`Packet`]; `packet` says where everything is and checks access to
-//! it.
+//! Stage 0: parse. The fields of an IPv4 or IPv6 TCP, UDP or SCTP packet the load balancer
+//! looks at, read once into a [`Packet`]; `packet` says where everything is and checks
+//! access to it.
 
 use aya_ebpf::programs::TcContext;
-use lbproxy_common::{DropReason, FragKey, FragKey6, FragPorts, IPPROTO_TCP, IPPROTO_UDP};
+use lbproxy_common::{
+    DropReason, FragKey, FragKey6, FragPorts, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP,
+};
 use network_types::{
     eth::{EthHdr, EtherType},
     ip::Ipv4Hdr,
@@ -15,6 +17,7 @@ use crate::{
     maps::{LB_FRAGS_V1, LB_FRAGS6_V1},
     packet::*,
     reason::count,
+    sctp::SCTP_HDR_LEN,
     stage::Verdict,
 };
 
@@ -33,9 +36,10 @@ fn pull(ctx: &TcContext, len: usize) {
 
 /// Reads the packet. Returns:
 /// - `Ok(None)` for anything the load balancer leaves alone: not IPv4 (also an IPv4
-///   EtherType whose header says another version), neither TCP nor UDP, a later fragment
-///   whose first fragment was not seen (counted, `FragmentWithoutFirst`), a TCP or UDP
-///   header cut before its ports (counted, `L4HeaderBadPassed`);
+///   EtherType whose header says another version), not TCP, UDP or SCTP, a fragment of an
+///   SCTP packet, a later fragment whose first fragment was not seen (counted,
+///   `FragmentWithoutFirst`), a TCP, UDP or SCTP header cut before its ports (counted,
+///   `L4HeaderBadPassed`);
 /// - `Err(Malformed)` for an IPv4 header that is cut short or whose IHL is impossible (the
 ///   stack drops those too);
 /// - otherwise the packet, saying in [`Packet::l4`] whether its L4 header is all there.
@@ -77,7 +81,12 @@ pub fn parse(ctx: &TcContext) -> Result<Option<Packet>, Verdict> {
         // Not IPv4 after all; the stack drops it. Not ours to judge.
         return Ok(None);
     }
-    if proto != IPPROTO_TCP && proto != IPPROTO_UDP {
+    if proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_SCTP {
+        return Ok(None);
+    }
+    if proto == IPPROTO_SCTP && frags & (IP_FRAG_MF | IP_FRAG_OFFSET) != 0 {
+        // A fragment of an SCTP packet: its CRC32c covers the whole packet, which no
+        // fragment holds, so a port cannot be rewritten in it. Passed (docs/sctp.md).
         return Ok(None);
     }
     let ihl = usize::from(vihl & 0x0f) * 4;
@@ -109,13 +118,9 @@ pub fn parse(ctx: &TcContext) -> Result<Option<Packet>, Verdict> {
             l4: L4::Absent,
         }));
     }
-    // Ports are the first four bytes of both TCP and UDP; NAT also rewrites the checksum
+    // Ports are the first four bytes of TCP, UDP and SCTP; NAT also rewrites the checksum
     // field, so the whole fixed header must be there.
-    let need = if proto == IPPROTO_TCP {
-        TcpHdr::LEN
-    } else {
-        UdpHdr::LEN
-    };
+    let need = l4_header_len(proto);
     pull(ctx, l4_off + need);
     if ctx.data() + l4_off > ctx.data_end() {
         // IHL runs past the end of the packet.
@@ -159,6 +164,19 @@ pub fn parse(ctx: &TcContext) -> Result<Option<Packet>, Verdict> {
     }))
 }
 
+/// The fixed header of a TCP, UDP or SCTP packet (`proto`): what must be there to rewrite
+/// its ports and checksum.
+#[inline(always)]
+fn l4_header_len(proto: u8) -> usize {
+    if proto == IPPROTO_TCP {
+        TcpHdr::LEN
+    } else if proto == IPPROTO_UDP {
+        UdpHdr::LEN
+    } else {
+        SCTP_HDR_LEN
+    }
+}
+
 /// IPv6 next-header values the extension-header walk knows (RFC 8200, 4.1; RFC 4302).
 const NH_HOP_BY_HOP: u8 = 0;
 const NH_ROUTING: u8 = 43;
@@ -172,10 +190,11 @@ const NH_DEST_OPTS: u8 = 60;
 pub const MAX_EXT_HEADERS: u32 = 8;
 
 /// Reads an IPv6 packet (the EtherType said IPv6). Everything not understood passes
-/// (`Ok(None)`): a header cut short, another version, an upper layer other than TCP or UDP
-/// (ICMPv6 and so neighbour discovery among them), more than [`MAX_EXT_HEADERS`]
-/// extension headers, an extension header cut short, ESP. The walk steps over hop-by-hop
-/// options, routing, destination options, AH and fragment headers to find TCP or UDP.
+/// (`Ok(None)`): a header cut short, another version, an upper layer other than TCP, UDP
+/// or SCTP (ICMPv6 and so neighbour discovery among them), a fragment of an SCTP packet,
+/// more than [`MAX_EXT_HEADERS`] extension headers, an extension header cut short, ESP.
+/// The walk steps over hop-by-hop options, routing, destination options, AH and fragment
+/// headers to find TCP, UDP or SCTP.
 ///
 /// Fragments are handled as IPv4's: a first fragment (offset 0, M set) is parsed like a
 /// whole datagram and its ports recorded in `LB_FRAGS6_V1` under the datagram's identity
@@ -221,7 +240,11 @@ pub fn parse6(ctx: &TcContext) -> Result<Option<Packet<[u8; 16]>>, Verdict> {
     else {
         return Ok(None);
     };
-    if next != IPPROTO_TCP && next != IPPROTO_UDP {
+    if next != IPPROTO_TCP && next != IPPROTO_UDP && next != IPPROTO_SCTP {
+        return Ok(None);
+    }
+    if next == IPPROTO_SCTP && (later_fragment || matches!(frag, Some((_, true)))) {
+        // A fragment of an SCTP packet: passed, as IPv4's.
         return Ok(None);
     }
     if later_fragment {
@@ -243,11 +266,7 @@ pub fn parse6(ctx: &TcContext) -> Result<Option<Packet<[u8; 16]>>, Verdict> {
         count(DropReason::L4HeaderBadPassed);
         return Ok(None);
     };
-    let need = if next == IPPROTO_TCP {
-        TcpHdr::LEN
-    } else {
-        UdpHdr::LEN
-    };
+    let need = l4_header_len(next);
     let whole = off + need <= ctx.len() as usize;
     let (tcp_flags, l4) = if next == IPPROTO_TCP {
         match ctx.load::<[u8; 2]>(off + TCP_FLAGS_OFF - 1) {

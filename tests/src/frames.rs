@@ -1,14 +1,18 @@
 //! A hand-built frame for each case of the packet tests (`tests/tests/packet/`), in the
 //! way of Cilium's `pktgen` and Katran's fixtures: Ethernet, IPv4 (options, fragments),
-//! TCP (options, payload), UDP (checksum or none), raw IPv6 with extension headers.
+//! TCP (options, payload), UDP (checksum or none), SCTP (chunks, CRC32c), raw IPv6 with
+//! extension headers.
 //!
-//! Every checksum is computed in full (RFC 1071) over the bytes built, never by replaying a
-//! datapath's incremental update, so an expected frame is an independent statement of what
+//! Every checksum is computed in full (RFC 1071; SCTP's CRC32c bit by bit, [`crc32c`]) over
+//! the bytes built, never by replaying a datapath's incremental update, so an expected frame is an independent statement of what
 //! the bytes must be. [`describe`] and [`diff`] decode frames for failure messages, each
 //! checksum recomputed over the bytes shown.
 
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
+
+mod sctp;
+pub use sctp::*;
 
 /// MACs in the frames (locally administered); the programs never read them, a reject swaps
 /// them.
@@ -228,6 +232,7 @@ impl Udp {
 pub enum L4 {
     Tcp(Tcp),
     Udp(Udp),
+    Sctp(Sctp),
     /// Any other payload, as is.
     Raw {
         proto: u8,
@@ -267,6 +272,7 @@ impl Frame {
         let (proto, l4) = match &self.l4 {
             L4::Tcp(t) => (IPPROTO_TCP, t.bytes(self.ip.src, self.ip.dst)),
             L4::Udp(u) => (IPPROTO_UDP, u.bytes(self.ip.src, self.ip.dst)),
+            L4::Sctp(c) => (IPPROTO_SCTP, c.bytes()),
             L4::Raw { proto, bytes } => (*proto, bytes.clone()),
         };
         let mut f = eth(self.dst_mac, self.src_mac, ETH_P_IP);
@@ -282,7 +288,8 @@ impl Frame {
         match &mut f.l4 {
             L4::Tcp(t) => t.dport = port,
             L4::Udp(u) => u.dport = port,
-            L4::Raw { .. } => panic!("to_dest: not TCP or UDP"),
+            L4::Sctp(c) => c.dport = port,
+            L4::Raw { .. } => panic!("to_dest: not TCP, UDP or SCTP"),
         }
         f
     }
@@ -294,7 +301,8 @@ impl Frame {
         match &mut f.l4 {
             L4::Tcp(t) => t.sport = port,
             L4::Udp(u) => u.sport = port,
-            L4::Raw { .. } => panic!("from_source: not TCP or UDP"),
+            L4::Sctp(c) => c.sport = port,
+            L4::Raw { .. } => panic!("from_source: not TCP, UDP or SCTP"),
         }
         f
     }
@@ -416,6 +424,9 @@ pub fn describe(f: &[u8]) -> String {
                 u16::from_be_bytes([l4[2], l4[3]]),
                 u16::from_be_bytes([l4[4], l4[5]]),
             );
+        }
+        IPPROTO_SCTP if l4.len() >= 12 && first_fragment => {
+            let _ = write!(s, "  {}", describe_sctp(l4));
         }
         IPPROTO_ICMP if l4.len() >= 8 => {
             let _ = write!(

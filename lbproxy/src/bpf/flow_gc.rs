@@ -9,7 +9,8 @@
 //! - a RST either way, or a FIN both ways: closed (`tcp_closing`, 10 s);
 //! - one FIN: half-closed, the other side may still send for as long as it likes
 //!   (`tcp_half_closed`, kube-proxy's `conntrack.tcpCloseWaitTimeout`, 1 h; kubernetes#32551);
-//! - otherwise by state: SYN_SENT, established, or UDP.
+//! - otherwise by state: SYN_SENT, established, UDP, or SCTP (no state is kept of an SCTP
+//!   association: its heartbeats keep an idle one's flow alive, docs/sctp.md).
 //!
 //! The collector compares against CLOCK_MONOTONIC, at most a tick ahead, so a controller
 //! restart changes nothing: the first collection after a restart deletes only flows that
@@ -27,7 +28,7 @@ use std::time::{Duration, Instant};
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use lbproxy_common::{
     Addr, FLOW_DIR_FORWARD, FLOW_F_FIN, FLOW_STATE_SYN_SENT, FlowKeyOf, FlowValueOf, HAIRPIN_ADDR,
-    IPPROTO_TCP, map_names,
+    IPPROTO_SCTP, IPPROTO_TCP, map_names,
 };
 
 /// Idle timeouts by state.
@@ -40,6 +41,10 @@ pub struct Timeouts {
     /// A RST, or FINs both ways.
     pub tcp_closing: Duration,
     pub udp: Duration,
+    /// Any SCTP flow: the kernel conntrack's `sctp_timeout_established` default (210 s,
+    /// what its documentation derives from the heartbeat interval, the path retransmissions
+    /// and `rto_max`), which kube-proxy leaves to the kernel. Not shortened under pressure.
+    pub sctp: Duration,
 }
 
 impl Default for Timeouts {
@@ -52,6 +57,7 @@ impl Default for Timeouts {
             tcp_half_closed: Duration::from_secs(3600),
             tcp_closing: Duration::from_secs(10),
             udp: Duration::from_secs(30),
+            sctp: Duration::from_secs(210),
         }
     }
 }
@@ -75,6 +81,9 @@ impl Timeouts {
         half: &FlowValueOf<A>,
         partner: Option<&FlowValueOf<A>>,
     ) -> Duration {
+        if k.proto == IPPROTO_SCTP {
+            return self.sctp;
+        }
         if k.proto != IPPROTO_TCP {
             return self.udp;
         }
@@ -335,10 +344,15 @@ mod tests {
             ), // reset: expired
             flow(IPPROTO_UDP, FLOW_STATE_NONE, 6, 31, 31, (0, 0)),            // expired
             flow(IPPROTO_UDP, FLOW_STATE_NONE, 7, 29, 29, (0, 0)),            // kept
+            flow(IPPROTO_SCTP, FLOW_STATE_NONE, 8, 200, 200, (0, 0)),         // kept
+            flow(IPPROTO_SCTP, FLOW_STATE_NONE, 9, 211, 211, (0, 0)),         // expired
         ];
         let gone = expired(&e, NOW, &t);
-        assert_eq!(ports(&gone), vec![2, 4, 5, 6]);
-        assert_eq!(gone.len(), 8, "both halves of each expired flow go");
+        assert_eq!(ports(&gone), vec![2, 4, 5, 6, 9]);
+        assert_eq!(gone.len(), 10, "both halves of each expired flow go");
+        // An SCTP association's heartbeats (every 30 s) keep its flow under pressure too.
+        let p = Timeouts::default().under_pressure();
+        assert_eq!(ports(&expired(&e[7..], NOW, &p)), vec![9]);
     }
 
     #[test]

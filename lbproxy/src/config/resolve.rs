@@ -381,6 +381,7 @@ impl<'a> Sources<'a> {
                 defaults.tcp_half_closed,
             )?,
             tcp_closing: defaults.tcp_closing,
+            sctp: defaults.sctp,
             udp: timeout(
                 udp,
                 k.udp_timeout.as_ref(),

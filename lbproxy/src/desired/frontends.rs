@@ -213,20 +213,16 @@ pub fn desired_for(model: &Model, svc: &Service, node: &str) -> Vec<(Frontend, F
     frontends_for(model, svc, node).served
 }
 
-/// The address the datapath serves a frontend on, or why it does not serve it yet. When
-/// both reasons apply, the family's is given, then the protocol's. Served today: ClusterIPs,
-/// NodePorts (at 0.0.0.0 or ::, any node address of the family), externalIPs and
-/// load-balancer IPs of both families, TCP and UDP; an IPv6 load-balancer IP only without
-/// `loadBalancerSourceRanges` (`filtered`), which are enforced over IPv4 only so far.
+/// The address the datapath serves a frontend on, or why it does not serve it yet. Served
+/// today: ClusterIPs, NodePorts (at 0.0.0.0 or ::, any node address of the family),
+/// externalIPs and load-balancer IPs of both families, TCP, UDP and SCTP (docs/sctp.md);
+/// an IPv6 load-balancer IP only without `loadBalancerSourceRanges` (`filtered`), which
+/// are enforced over IPv4 only so far.
 fn servable(
     kind: FrontendKind,
     family: Family,
     addr: Option<IpAddr>,
-    proto: Protocol,
 ) -> Result<IpAddr, &'static str> {
-    if proto == Protocol::Sctp {
-        return Err("SCTP is not served yet");
-    }
     match (kind, addr) {
         (_, Some(addr)) => Ok(addr),
         // Every node address of the family: the datapath's NodePort entry (see
@@ -301,7 +297,7 @@ pub fn frontends_for(model: &Model, svc: &Service, node: &str) -> ServiceFronten
         // Each family's frontends are served from that family's endpoints only.
         let mut specs: BTreeMap<(Scope, Family), FrontendSpec> = BTreeMap::new();
         for (kind, family, addr, frontend_port) in asked {
-            match servable(kind, family, addr, port.protocol) {
+            match servable(kind, family, addr) {
                 Ok(addr) => {
                     let spec = specs
                         .entry((kind.scope(), family))

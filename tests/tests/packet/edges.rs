@@ -440,8 +440,9 @@ fn edge_not_ipv4() {
     );
 }
 
-/// IPv4 that is neither TCP nor UDP (ICMP, SCTP) passes untouched, uncounted; so does an IPv4
-/// EtherType frame whose header has another version number.
+/// IPv4 that is neither TCP nor UDP (ICMP), or SCTP to a port no SCTP frontend has, passes
+/// untouched, uncounted; so does an IPv4 EtherType frame whose header has another version
+/// number.
 #[test]
 fn edge_ipv4_other_protocols_and_version() {
     let rig = Rig::new();
@@ -457,7 +458,8 @@ fn edge_ipv4_other_protocols_and_version() {
             bytes: echo,
         },
     );
-    // SCTP common header to port 80 and an INIT chunk; the CRC32c is not checked by anyone.
+    // SCTP common header to port 80 (TCP only there) and an INIT chunk; the CRC32c is not
+    // checked by anyone.
     let mut sctp_bytes = vec![0x9c, 0x41, 0x00, 0x50, 0, 0, 0, 0, 0, 0, 0, 0];
     sctp_bytes.extend_from_slice(&[
         1, 0, 0, 20, 0, 0, 0, 1, 0, 0, 0xff, 0xff, 0, 1, 0, 1, 0, 0, 0, 1,

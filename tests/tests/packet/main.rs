@@ -9,8 +9,8 @@
 //! incremental updates. `docs/datapath-verdicts.md` is the table these tests pin down: a
 //! change of verdict fails a test here and must be written down there.
 //!
-//! The cases, by subject: [`nat`] (DNAT and reverse NAT), [`rejects`], [`edges`] (IPv4) and
-//! [`ipv6`]; [`rig`] runs them.
+//! The cases, by subject: [`nat`] (DNAT and reverse NAT), [`rejects`], [`edges`] (IPv4),
+//! [`ipv6`] and [`sctp`] (both families, both hooks, the CRC32c); [`rig`] runs them.
 //!
 //! The stack bypass stays off (its FIB lookups would depend on the lab's routes), so a
 //! translated packet always goes on to the stack: `TC_ACT_UNSPEC`.
@@ -22,6 +22,7 @@ mod ipv6;
 mod nat;
 mod rejects;
 mod rig;
+mod sctp;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -35,8 +36,8 @@ use common::{
 use lbproxy_tests::frames::*;
 use lbproxy_tests::lab::inspect::rows::FlowRow;
 use lbproxy_tests::lab::{
-    DATAPATH_EVENTS, Endpoint, Inspect as _, Lab, Lbproxy, METRICS_ADDR, Pod, Shape, bpf,
-    http_get_full, pod_ip, run_in_ns, vip, wait_for,
+    DATAPATH_EVENTS, Endpoint, Inspect as _, Lab, Lbproxy, METRICS_ADDR, Pod, Shape, UPLINK_IF,
+    bpf, http_get_full, pod_ip, run_in_ns, vip, wait_for,
 };
 
 // ---------------------------------------------------------------------------------------

@@ -15,6 +15,10 @@ pub(crate) enum Prog {
     FromPod,
     /// tcx egress on the pod's host-side veth: packets entering the pod.
     ToPod,
+    /// tcx ingress on the node's uplink: packets from outside the node.
+    FromNode,
+    /// tcx egress on the node's uplink: packets leaving the node.
+    ToNode,
 }
 
 impl Prog {
@@ -22,6 +26,8 @@ impl Prog {
         match self {
             Prog::FromPod => "lb_from_pod",
             Prog::ToPod => "lb_to_pod",
+            Prog::FromNode => "lb_from_node",
+            Prog::ToNode => "lb_to_node",
         }
     }
 }
@@ -125,8 +131,12 @@ pub(crate) struct Rig {
     pub(crate) ifindex: u32,
     pub(crate) from_pod: u32,
     pub(crate) to_pod: u32,
+    /// The uplink's ifindex and the ids of `lb_from_node` and `lb_to_node` on it.
+    pub(crate) uplink: (u32, u32, u32),
     /// The counters as last read.
     pub(crate) counters: RefCell<BTreeMap<String, u64>>,
+    /// The manifest of the rig's own services, which [`Rig::rewrite_extra`] keeps.
+    own: String,
 }
 
 impl Rig {
@@ -144,7 +154,8 @@ impl Rig {
             web_objects("empty", empty_vip(), vec![]),
             web_objects("self", self_vip(), vec![Endpoint::ready(client.ip)]),
         ]);
-        lab.write_manifest_text(&format!("{}{extra}", own.to_yaml()));
+        let own = own.to_yaml();
+        lab.write_manifest_text(&format!("{own}{extra}"));
         let mut lb = lab.start_lbproxy();
         lb.expect_healthy(HEALTHY_WITHIN);
         let found = wait_for(Duration::from_secs(5), Duration::from_millis(20), || {
@@ -156,15 +167,28 @@ impl Rig {
                     })
                     .map(|a| (a.ifindex, a.prog_id))
             };
-            match (find("ingress", "lb_from_pod"), find("egress", "lb_to_pod")) {
-                (Some((ifindex, from)), Some((_, to))) => Some((ifindex, from, to)),
+            let on_uplink = |dir: &str, name: &str| {
+                att.iter()
+                    .find(|a| a.ifname == UPLINK_IF && a.direction == dir && a.prog_name == name)
+                    .map(|a| (a.ifindex, a.prog_id))
+            };
+            match (
+                find("ingress", "lb_from_pod"),
+                find("egress", "lb_to_pod"),
+                on_uplink("ingress", "lb_from_node"),
+                on_uplink("egress", "lb_to_node"),
+            ) {
+                (Some((ifindex, from)), Some((_, to)), Some((up, fnode)), Some((_, tnode))) => {
+                    Some((ifindex, from, to, (up, fnode, tnode)))
+                }
                 _ => None,
             }
         });
-        let ((ifindex, from_pod, to_pod), _) = found.unwrap_or_else(|waited| {
+        let ((ifindex, from_pod, to_pod, uplink), _) = found.unwrap_or_else(|waited| {
             panic!(
                 "lbproxy did not attach lb_from_pod (tcx ingress) and lb_to_pod (tcx egress) to \
-                 {} within {waited:?}; attachments: {:?}\n{}",
+                 {}, and lb_from_node and lb_to_node to {UPLINK_IF}, within {waited:?}; \
+                 attachments: {:?}\n{}",
                 client.host_if,
                 lab.tcx_attachments(),
                 lb.log()
@@ -177,7 +201,9 @@ impl Rig {
             ifindex,
             from_pod,
             to_pod,
+            uplink,
             counters: RefCell::new(BTreeMap::new()),
+            own,
         };
         *rig.counters.borrow_mut() = rig.read_counters();
         assert!(
@@ -191,6 +217,13 @@ impl Rig {
             "inspect events --json lists other events"
         );
         rig
+    }
+
+    /// Rewrites the manifest with `extra` in place of what [`Rig::with_extra`] was given,
+    /// the rig's own services unchanged.
+    pub(crate) fn rewrite_extra(&self, extra: &str) {
+        self.lab
+            .write_manifest_text(&format!("{}{extra}", self.own));
     }
 
     pub(crate) fn client_ip(&self) -> Ipv4Addr {
@@ -207,19 +240,20 @@ impl Rig {
 
     /// Runs `prog` once on `frame` and reads how the counters moved.
     pub(crate) fn run(&self, what: &str, prog: Prog, frame: &[u8]) -> Outcome {
-        let id = match prog {
-            Prog::FromPod => self.from_pod,
-            Prog::ToPod => self.to_pod,
+        let (id, ifindex) = match prog {
+            Prog::FromPod => (self.from_pod, self.ifindex),
+            Prog::ToPod => (self.to_pod, self.ifindex),
+            Prog::FromNode => (self.uplink.1, self.uplink.0),
+            Prog::ToNode => (self.uplink.2, self.uplink.0),
         };
-        let r =
-            bpf::prog_test_run(self.lab.node_ns(), id, self.ifindex, frame).unwrap_or_else(|e| {
-                panic!(
-                    "{what}: BPF_PROG_TEST_RUN of {} (prog id {id}) on {} bytes failed: {e}\n  {}",
-                    prog.name(),
-                    frame.len(),
-                    hex(frame)
-                )
-            });
+        let r = bpf::prog_test_run(self.lab.node_ns(), id, ifindex, frame).unwrap_or_else(|e| {
+            panic!(
+                "{what}: BPF_PROG_TEST_RUN of {} (prog id {id}) on {} bytes failed: {e}\n  {}",
+                prog.name(),
+                frame.len(),
+                hex(frame)
+            )
+        });
         let (drops, events) = self.take_all_deltas();
         Outcome {
             what: format!("{what} [{}]", prog.name()),
@@ -240,6 +274,8 @@ impl Rig {
         let (ns, ifname) = match prog {
             Prog::FromPod => (self.client.netns.as_str(), "eth0"),
             Prog::ToPod => (self.lab.node_ns(), self.client.host_if.as_str()),
+            Prog::FromNode => (self.lab.uplink_ns(), "eth0"),
+            Prog::ToNode => (self.lab.node_ns(), UPLINK_IF),
         };
         let sent =
             run_in_ns(ns, || send_raw(ifname, frame)).map_err(|e| e.raw_os_error().unwrap_or(-1));

@@ -76,7 +76,7 @@ fn internal_traffic_policy_local_uses_this_nodes_endpoints_only() {
 }
 
 #[test]
-fn desired_serves_tcp_udp_in_each_family_from_its_own_slices() {
+fn desired_serves_tcp_udp_sctp_in_each_family_from_its_own_slices() {
     use crate::source::manifests;
     let text = r"
 apiVersion: v1
@@ -93,7 +93,7 @@ apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata: {name: web-a, namespace: shop, labels: {kubernetes.io/service-name: web}}
 addressType: IPv4
-ports: [{name: http, port: 8080}, {name: dns, port: 5353, protocol: UDP}]
+ports: [{name: http, port: 8080}, {name: dns, port: 5353, protocol: UDP}, {name: sig, port: 9999, protocol: SCTP}]
 endpoints: [{addresses: [198.18.0.2]}]
 ";
     let model = manifests::parse(std::path::Path::new("x.yaml"), text)
@@ -106,12 +106,20 @@ endpoints: [{addresses: [198.18.0.2]}]
         vec![
             "198.19.0.10:53/UDP",
             "198.19.0.10:80/TCP",
+            "198.19.0.10:99/SCTP",
             "[fd00::10]:53/UDP",
-            "[fd00::10]:80/TCP"
+            "[fd00::10]:80/TCP",
+            "[fd00::10]:99/SCTP"
         ]
     );
     assert_eq!(d.values().next().unwrap().backends[0].port, 5353);
     assert_eq!(d.values().next().unwrap().label, "shop/web:dns");
+    // SCTP is programmed like TCP and UDP: its targetPort from the slice's SCTP port.
+    let sctp = d.values().nth(2).unwrap();
+    assert_eq!(
+        (sctp.label.as_str(), sctp.backends[0].port),
+        ("shop/web:sig", 9999)
+    );
     // The only slice is IPv4: the IPv6 frontends have no backend (and reject).
     for (fe, spec) in &d {
         let want = usize::from(fe.addr.is_ipv4());
@@ -153,7 +161,7 @@ fn frontends_of(text: &str) -> ServiceFrontends {
 }
 
 #[test]
-fn cluster_ip_service_serves_ipv4_tcp_udp_and_lists_the_rest() {
+fn cluster_ip_service_serves_tcp_udp_and_sctp() {
     let f = frontends_of(
         r"
 apiVersion: v1
@@ -177,17 +185,13 @@ spec:
             "203.0.113.7:80/TCP",
             "198.19.0.10:53/UDP",
             "[fd00::10]:53/UDP",
-            "203.0.113.7:53/UDP"
+            "203.0.113.7:53/UDP",
+            "198.19.0.10:99/SCTP",
+            "[fd00::10]:99/SCTP",
+            "203.0.113.7:99/SCTP"
         ]
     );
-    assert_eq!(
-        rows(&f),
-        vec![
-            "ClusterIP ipv4 198.19.0.10:99/SCTP shop/web:sig: SCTP is not served yet",
-            "ClusterIP ipv6 [fd00::10]:99/SCTP shop/web:sig: SCTP is not served yet",
-            "ExternalIP ipv4 203.0.113.7:99/SCTP shop/web:sig: SCTP is not served yet",
-        ]
-    );
+    assert!(f.unserved.is_empty(), "{:?}", rows(&f));
 }
 
 #[test]
@@ -264,23 +268,24 @@ fn dual_stack_load_balancer_asks_for_every_kind_in_both_families() {
             "192.0.2.1:80/TCP",
             "192.0.2.1:80/TCP (pods)",
             "[2001:db8::1]:80/TCP",
-            "[2001:db8::1]:80/TCP (pods)"
+            "[2001:db8::1]:80/TCP (pods)",
+            "198.19.0.12:99/SCTP",
+            "[fd00::12]:99/SCTP",
+            "0.0.0.0:30099/SCTP",
+            "0.0.0.0:30099/SCTP (pods)",
+            "[::]:30099/SCTP",
+            "[::]:30099/SCTP (pods)",
+            "203.0.113.7:99/SCTP",
+            "203.0.113.7:99/SCTP (pods)",
+            "[2001:db8::7]:99/SCTP",
+            "[2001:db8::7]:99/SCTP (pods)",
+            "192.0.2.1:99/SCTP",
+            "192.0.2.1:99/SCTP (pods)",
+            "[2001:db8::1]:99/SCTP",
+            "[2001:db8::1]:99/SCTP (pods)"
         ]
     );
-    let sctp = "SCTP is not served yet";
-    assert_eq!(
-        rows(&f),
-        vec![
-            format!("ClusterIP ipv4 198.19.0.12:99/SCTP shop/lb:sig: {sctp}"),
-            format!("ClusterIP ipv6 [fd00::12]:99/SCTP shop/lb:sig: {sctp}"),
-            format!("NodePort ipv4 *:30099/SCTP shop/lb:sig: {sctp}"),
-            format!("NodePort ipv6 *:30099/SCTP shop/lb:sig: {sctp}"),
-            format!("ExternalIP ipv4 203.0.113.7:99/SCTP shop/lb:sig: {sctp}"),
-            format!("ExternalIP ipv6 [2001:db8::7]:99/SCTP shop/lb:sig: {sctp}"),
-            format!("LoadBalancerIP ipv4 192.0.2.1:99/SCTP shop/lb:sig: {sctp}"),
-            format!("LoadBalancerIP ipv6 [2001:db8::1]:99/SCTP shop/lb:sig: {sctp}"),
-        ]
-    );
+    assert!(f.unserved.is_empty(), "{:?}", rows(&f));
 }
 
 #[test]
@@ -300,18 +305,28 @@ fn single_stack_service_asks_for_nothing_in_the_other_family() {
         &LB.replace("[198.19.0.12, 'fd00::12']", "[198.19.0.12]")
             .replace("ipFamilies: [IPv4, IPv6]", "ipFamilies: [IPv4]"),
     );
-    assert!(
-        f.unserved.iter().all(|u| u.family == Family::V4),
-        "{:#?}",
-        rows(&f)
+    assert!(f.unserved.is_empty(), "{:#?}", rows(&f));
+    let sctp: Vec<String> = served(&f)
+        .into_iter()
+        .filter(|s| s.contains("/SCTP"))
+        .collect();
+    assert_eq!(
+        sctp,
+        vec![
+            "198.19.0.12:99/SCTP",
+            "0.0.0.0:30099/SCTP",
+            "0.0.0.0:30099/SCTP (pods)",
+            "203.0.113.7:99/SCTP",
+            "203.0.113.7:99/SCTP (pods)",
+            "192.0.2.1:99/SCTP",
+            "192.0.2.1:99/SCTP (pods)"
+        ]
     );
-    // SCTP on each of the four kinds.
-    assert_eq!(f.unserved.len(), 4, "{:#?}", rows(&f));
 }
 
 #[test]
 fn the_cluster_ip_ignores_every_other_kind_and_the_external_policy() {
-    let slice = "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: lb-a, namespace: shop, labels: {kubernetes.io/service-name: lb}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints: [{addresses: [198.18.0.2], nodeName: node-a}, {addresses: [198.18.0.3], nodeName: node-b}]\n";
+    let slice = "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: lb-a, namespace: shop, labels: {kubernetes.io/service-name: lb}}\naddressType: IPv4\nports: [{name: http, port: 8080}, {name: sig, port: 9999, protocol: SCTP}]\nendpoints: [{addresses: [198.18.0.2], nodeName: node-a}, {addresses: [198.18.0.3], nodeName: node-b}]\n";
     let plain = "apiVersion: v1\nkind: Service\nmetadata: {name: lb, namespace: shop}\nspec: {clusterIPs: [198.19.0.12, 'fd00::12'], ports: [{name: http, port: 80}, {name: sig, port: 99, protocol: SCTP}]}\n";
     let base = frontends_of(&format!("{plain}{slice}"));
     let full = frontends_of(&format!("{LB}{slice}"));
@@ -341,7 +356,8 @@ fn the_cluster_ip_ignores_every_other_kind_and_the_external_policy() {
             .iter()
             .filter(|(fe, _)| fe.pods_only && fe.addr.is_ipv4())
             .count(),
-        3
+        // NodePort, externalIP and load-balancer IP, for TCP and SCTP.
+        6
     );
     // externalTrafficPolicy: Local does not narrow the ClusterIP's backends.
     assert_eq!(
@@ -375,34 +391,24 @@ fn the_cluster_ip_ignores_every_other_kind_and_the_external_policy() {
     );
 }
 
+/// Every kind in both families is served, whatever the protocol: SCTP too (docs/sctp.md).
 #[test]
-fn sctp_is_the_one_reason_a_frontend_is_not_served() {
+fn every_kind_and_family_is_servable() {
     let v4 = Some(IpAddr::from([198, 19, 0, 1]));
     let v6_addr: IpAddr = "fd00::1".parse().unwrap();
     let v6 = Some(v6_addr);
     use FrontendKind::*;
-    use Protocol::*;
-    let sctp = "SCTP is not served yet";
     let ok = |a: [u8; 4]| Ok(IpAddr::from(a));
-    for (kind, family, addr, proto, want) in [
-        (NodePort, Family::V6, None, Sctp, Err(sctp)),
-        (NodePort, Family::V6, None, Tcp, Ok(IpAddr::from([0u8; 16]))),
-        (NodePort, Family::V4, None, Udp, ok([0, 0, 0, 0])),
-        (ExternalIp, Family::V6, v6, Sctp, Err(sctp)),
-        (ExternalIp, Family::V6, v6, Tcp, Ok(v6_addr)),
-        (LoadBalancerIp, Family::V6, v6, Tcp, Ok(v6_addr)),
-        (LoadBalancerIp, Family::V6, v6, Sctp, Err(sctp)),
-        (LoadBalancerIp, Family::V4, v4, Tcp, ok([198, 19, 0, 1])),
-        (ClusterIp, Family::V6, v6, Sctp, Err(sctp)),
-        (ClusterIp, Family::V6, v6, Tcp, Ok(v6_addr)),
-        (ClusterIp, Family::V4, v4, Sctp, Err(sctp)),
-        (ClusterIp, Family::V4, v4, Udp, ok([198, 19, 0, 1])),
+    for (kind, family, addr, want) in [
+        (NodePort, Family::V6, None, Ok(IpAddr::from([0u8; 16]))),
+        (NodePort, Family::V4, None, ok([0, 0, 0, 0])),
+        (ExternalIp, Family::V6, v6, Ok(v6_addr)),
+        (LoadBalancerIp, Family::V6, v6, Ok(v6_addr)),
+        (LoadBalancerIp, Family::V4, v4, ok([198, 19, 0, 1])),
+        (ClusterIp, Family::V6, v6, Ok(v6_addr)),
+        (ClusterIp, Family::V4, v4, ok([198, 19, 0, 1])),
     ] {
-        assert_eq!(
-            servable(kind, family, addr, proto),
-            want,
-            "{kind:?} {family:?} {proto:?}"
-        );
+        assert_eq!(servable(kind, family, addr), want, "{kind:?} {family:?}");
     }
 }
 
