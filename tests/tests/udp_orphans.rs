@@ -19,6 +19,8 @@
 //!   (the shared-backend case of issue 27), which must still reach it afterwards;
 //! - NodePort and externalIP from a client outside, through nodeA of the two-node lab
 //!   (`lab::multinode`, routed pods only), b1 on nodeB (a source-NATed flow), b2 on nodeA;
+//! - the same from the single-node lab's uplink namespace (a client outside the node, in
+//!   both pod-network shapes, IPv4: that lab's node has no IPv6 address of its own);
 //! - the socket-level path: a process of nodeA in the cgroup lbproxy's socket programs are
 //!   attached to (`--cgroup-root`, a cgroup2 group the lab mounts), sending to the
 //!   ClusterIP on an unconnected socket (`sendto`, translated per datagram) and on a
@@ -37,8 +39,14 @@ use lbproxy_tests::lab::multinode::{
     WEB_NODE_PORT_UDP, dual_stack_web_manifest, web_manifest,
 };
 use lbproxy_tests::lab::paced::{Arrivals, ONE_WAY_TAG, OneWay, show_arrivals};
-use lbproxy_tests::lab::{Family, Lab, Pod, Shape};
+use lbproxy_tests::lab::{Family, Lab, Pod, Shape, UPLINK_NODE_ADDR, ns_run};
 
+both_shapes!(
+    uplink_node_port_scaled_to_zero,
+    uplink_node_port_deleted_and_recreated,
+    uplink_external_ip_scaled_to_zero,
+    uplink_external_ip_deleted_and_recreated,
+);
 both_shapes_and_families!(
     cluster_ip_scaled_to_zero,
     cluster_ip_scaled_to_zero_shared_backend,
@@ -246,6 +254,93 @@ fn cluster_ip(shape: Shape, family: Family, change: Change, shared: bool) {
         let got = r1.wait_tagged("probe", 3, Duration::from_secs(1));
         assert_eq!(got, 3, "[{ctx}] metrics must still reach b1\n{}", diag());
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// NodePort and externalIP from the single-node lab's uplink: both shapes, IPv4
+// ---------------------------------------------------------------------------------------
+
+/// `web`'s externalIP in the single-node lab.
+const UPLINK_EXTERNAL_IP: Ipv4Addr = Ipv4Addr::new(198, 19, 7, 7);
+
+fn uplink_node_port_scaled_to_zero(shape: Shape) {
+    from_uplink(shape, Outside::NodePort, Change::ScaledToZero);
+}
+
+fn uplink_node_port_deleted_and_recreated(shape: Shape) {
+    from_uplink(shape, Outside::NodePort, Change::Deleted);
+}
+
+fn uplink_external_ip_scaled_to_zero(shape: Shape) {
+    from_uplink(shape, Outside::ExternalIp, Change::ScaledToZero);
+}
+
+fn uplink_external_ip_deleted_and_recreated(shape: Shape) {
+    from_uplink(shape, Outside::ExternalIp, Change::Deleted);
+}
+
+/// `web` of type NodePort (UDP 53, nodePort [`WEB_NODE_PORT_UDP`]) with externalIP
+/// [`UPLINK_EXTERNAL_IP`] over `pods` (none: its slice empty).
+fn node_port_web(pods: &[&Pod]) -> String {
+    web_objects("web", WEB_VIP, ready_in(Family::V4, pods))
+        .to_yaml()
+        .replace(
+            "  sessionAffinity: None\n",
+            &format!("  externalIPs: [{UPLINK_EXTERNAL_IP}]\n  sessionAffinity: None\n"),
+        )
+        .replace("  type: ClusterIP\n", "  type: NodePort\n")
+        .replace(
+            &format!("    port: {WEB_UDP}\n"),
+            &format!("    port: {WEB_UDP}\n    nodePort: {WEB_NODE_PORT_UDP}\n"),
+        )
+}
+
+/// A client in the uplink namespace (outside the node) sends to `web`'s NodePort on the
+/// node's uplink address, or to its externalIP (routed through the node).
+fn from_uplink(shape: Shape, kind: Outside, change: Change) {
+    let ctx = format!("{shape}, IPv4, uplink {kind:?}, {change:?}");
+    let lab = Lab::new(shape);
+    let (b1, b2) = (lab.add_pod("b1"), lab.add_pod("b2"));
+    let (r1, r2) = (record(&b1), record(&b2));
+    lab.write_manifest_text(&node_port_web(&[&b1]));
+    let mut lb = lab.start_lbproxy();
+    lb.expect_healthy(HEALTHY);
+    let dst: SocketAddr = match kind {
+        Outside::NodePort => (UPLINK_NODE_ADDR, WEB_NODE_PORT_UDP).into(),
+        Outside::ExternalIp => {
+            let route = format!("{UPLINK_EXTERNAL_IP}/32");
+            let via = UPLINK_NODE_ADDR.to_string();
+            ns_run(
+                lab.uplink_ns(),
+                &["ip", "route", "add", &route, "via", &via],
+            )
+            .unwrap_or_else(|e| panic!("[{ctx}] uplink: ip route add {route}: {e}"));
+            (UPLINK_EXTERNAL_IP, WEB_UDP).into()
+        }
+    };
+    let sock = lbproxy_tests::lab::run_in_ns(lab.uplink_ns(), || {
+        UdpSocket::bind((Ipv4Addr::UNSPECIFIED, SRC))
+    })
+    .expect("bind the sender's fixed port");
+    let sender = OneWay::start(sock, dst, EVERY);
+    let gone = match change {
+        Change::ScaledToZero => node_port_web(&[]),
+        Change::Deleted => String::new(),
+    };
+    let diag = || format!("{}\n--- lbproxy\n{}", lab.diagnostics(), lb.log());
+    timeline(
+        &ctx,
+        (&r1, &r2),
+        || lab.write_manifest_text(&gone),
+        || lab.write_manifest_text(&node_port_web(&[&b2])),
+        &diag,
+    );
+    let log = sender.stop();
+    eprintln!(
+        "[{ctx}] sent {}, send errors {}",
+        log.sent,
+        log.errors.len()
+    );
 }
 
 // ---------------------------------------------------------------------------------------
