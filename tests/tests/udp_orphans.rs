@@ -72,6 +72,8 @@ const WITHIN: Duration = Duration::from_millis(1500);
 const GAP: Duration = Duration::from_secs(2);
 /// Watched after b2's addition.
 const AFTER: Duration = Duration::from_secs(3);
+/// How long the recording threads get to read what arrived before the arrivals are read.
+const DRAIN: Duration = Duration::from_millis(500);
 /// The sender's fixed source port (below the ephemeral range).
 const SRC: u16 = 20061;
 const HEALTHY: Duration = Duration::from_secs(20);
@@ -128,6 +130,9 @@ fn timeline(
     let back = Instant::now();
     add();
     std::thread::sleep(AFTER);
+    // Datagrams that arrived by now are timed by the kernel; let the recording threads
+    // read them all (the sender goes on meanwhile: the checks below bound their windows).
+    std::thread::sleep(DRAIN);
     let (on_b1, on_b2) = (b1.tagged(ONE_WAY_TAG), b2.tagged(ONE_WAY_TAG));
     let report = format!(
         "b1: {}; b2: {} (times from the change; b2 added at +{:.2}s)",
@@ -165,7 +170,10 @@ fn timeline(
         diag()
     );
     // Then every datagram: 15 sent in the last 1.5 s, allow for the pace's jitter.
-    let steady = on_b2.iter().filter(|a| a.at > back + WITHIN).count();
+    let steady = on_b2
+        .iter()
+        .filter(|a| a.at > back + WITHIN && a.at <= back + AFTER)
+        .count();
     assert!(
         steady >= 12,
         "[{ctx}] b2 received {steady} datagrams in the last {:?} (want >= 12 of 15): {report}",

@@ -153,8 +153,8 @@ pub struct Arrival {
 }
 
 /// A backend's receiving socket that answers nothing and records every datagram's arrival
-/// (a thread blocked in `recv_from`, so the time is taken at the socket as the datagram is
-/// read). Stops on drop.
+/// at the socket: the kernel's receive timestamp (`SIOCGSTAMPNS` after each `recv_from`), so a recording thread scheduled late does not
+/// move an arrival later. Stops on drop.
 pub struct Arrivals {
     stop: Arc<AtomicBool>,
     log: Arc<Mutex<Vec<Arrival>>>,
@@ -169,12 +169,15 @@ impl Arrivals {
         let (flag, out) = (stop.clone(), log.clone());
         sock.set_read_timeout(Some(Duration::from_millis(50)))
             .expect("SO_RCVTIMEO");
+        timestamps_on(&sock).expect("SIOCGSTAMPNS");
         let thread = std::thread::spawn(move || {
             let mut buf = [0u8; 2048];
             while !flag.load(Ordering::Relaxed) {
                 match sock.recv_from(&mut buf) {
                     Ok((n, from)) => {
-                        let at = Instant::now();
+                        let at = kernel_stamp(&sock).unwrap_or_else(|e| {
+                            panic!("Arrivals: SIOCGSTAMPNS after a datagram: {e}")
+                        });
                         let text = String::from_utf8_lossy(&buf[..n]);
                         let tag = text.split_whitespace().next().unwrap_or("").to_owned();
                         out.lock().unwrap().push(Arrival { at, from, tag });
@@ -226,6 +229,43 @@ impl Drop for Arrivals {
             let _ = t.join();
         }
     }
+}
+
+/// Asks the kernel to timestamp every datagram `sock` receives: the first `SIOCGSTAMPNS`
+/// turns it on (`SOCK_TIMESTAMP`, so each `recv_from` records its datagram's stamp for the
+/// next one), and answers ENOENT as nothing was received yet. (`SO_TIMESTAMPNS` would put
+/// the stamps in control messages instead, and leave `SIOCGSTAMPNS` without one.)
+fn timestamps_on(sock: &UdpSocket) -> std::io::Result<()> {
+    match kernel_stamp(sock) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        Err(e) => Err(e),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// The kernel's receive time of the last datagram `sock` returned (`SIOCGSTAMPNS`,
+/// `CLOCK_REALTIME`), as an [`Instant`].
+fn kernel_stamp(sock: &UdpSocket) -> std::io::Result<Instant> {
+    use std::os::fd::AsRawFd as _;
+    /// `SIOCGSTAMPNS` (`asm-generic/sockios.h`).
+    const SIOCGSTAMPNS: libc::c_ulong = 0x8907;
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid socket; the kernel writes one timespec to `ts`.
+    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), SIOCGSTAMPNS, &raw mut ts) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let (now_i, now_s) = (Instant::now(), std::time::SystemTime::now());
+    let stamp = std::time::UNIX_EPOCH
+        + Duration::new(
+            u64::try_from(ts.tv_sec).unwrap_or(0),
+            u32::try_from(ts.tv_nsec).unwrap_or(0),
+        );
+    let ago = now_s.duration_since(stamp).unwrap_or(Duration::ZERO);
+    Ok(now_i.checked_sub(ago).unwrap_or(now_i))
 }
 
 /// `v`'s times relative to `t0`, in runs: `12x +0.10s..+1.20s`.
