@@ -15,6 +15,7 @@ pub mod node;
 pub mod pinned;
 pub mod sock;
 pub mod sock_diag;
+pub mod sock_vip;
 pub mod upgrade;
 
 pub use attach::Attacher;

@@ -375,33 +375,41 @@ pub fn reap(dir: &Path) -> Result<Reaped, SockError> {
     Ok(out)
 }
 
-/// Runs [`reap`] at start, whenever `synced` moves (a sync deleted something), and every
-/// 30 s, off the controller's loop; counts destroyed sockets in `metrics`.
+/// Runs [`reap`] at start, whenever `synced` moves (a sync deleted something or created a
+/// frontend), and every 30 s, off the controller's loop, and then destroys the node's UDP
+/// sockets connected to the address of a UDP frontend that appeared since the last run
+/// ([`super::sock_vip`]); counts destroyed sockets in `metrics`.
 pub fn spawn_reaper(
     dir: PathBuf,
     mut synced: tokio::sync::watch::Receiver<u64>,
     metrics: std::sync::Arc<crate::telemetry::Metrics>,
 ) {
     tokio::spawn(async move {
+        let mut frontends = super::sock_vip::NewFrontends::default();
         loop {
             let d = dir.clone();
             let started = std::time::Instant::now();
-            match tokio::task::spawn_blocking(move || reap(&d)).await {
-                Ok(Ok(r)) => {
-                    metrics.sock_destroyed.inc_by(r.destroyed as u64);
-                    if r.stale > 0 {
-                        tracing::info!(
-                            stale = r.stale,
-                            destroyed = r.destroyed,
-                            failed = r.failed,
-                            took_us =
-                                u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
-                            "node sockets of backends that left"
-                        );
+            let run = tokio::task::spawn_blocking(move || {
+                let reaped = reap(&d);
+                let fresh = frontends.look(&d);
+                (reaped, fresh, frontends)
+            })
+            .await;
+            match run {
+                Ok((reaped, fresh, f)) => {
+                    frontends = f;
+                    report_reap(reaped, started, &metrics);
+                    match fresh {
+                        Ok(r) => {
+                            metrics.sock_destroyed.inc_by(r.destroyed as u64);
+                        }
+                        Err(e) => tracing::warn!("socket reaper, new UDP frontends: {e}"),
                     }
                 }
-                Ok(Err(e)) => tracing::warn!("socket reaper: {e}"),
-                Err(e) => tracing::warn!("socket reaper task: {e}"),
+                Err(e) => {
+                    tracing::warn!("socket reaper task: {e}");
+                    frontends = super::sock_vip::NewFrontends::default();
+                }
             }
             tokio::select! {
                 r = synced.changed() => if r.is_err() { return },
@@ -409,4 +417,27 @@ pub fn spawn_reaper(
             }
         }
     });
+}
+
+/// Logs and counts what one [`reap`] did.
+fn report_reap(
+    r: Result<Reaped, SockError>,
+    started: std::time::Instant,
+    metrics: &crate::telemetry::Metrics,
+) {
+    match r {
+        Ok(r) => {
+            metrics.sock_destroyed.inc_by(r.destroyed as u64);
+            if r.stale > 0 {
+                tracing::info!(
+                    stale = r.stale,
+                    destroyed = r.destroyed,
+                    failed = r.failed,
+                    took_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+                    "node sockets of backends that left"
+                );
+            }
+        }
+        Err(e) => tracing::warn!("socket reaper: {e}"),
+    }
 }

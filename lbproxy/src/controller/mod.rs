@@ -75,7 +75,8 @@ pub struct Controller<M: Maps> {
     /// look, not a scan of every service.
     health_check_wanted: BTreeMap<NamespacedName, (u16, crate::healthcheck::ServiceHealth)>,
     /// Moved on after every sync that deleted something from the maps (a backend may have
-    /// left): the socket reaper's cue (`bpf::sock::spawn_reaper`).
+    /// left) or created a frontend (a node socket may be connected to its bare address):
+    /// the socket reaper's cue (`bpf::sock::spawn_reaper`).
     synced_deletes: Option<tokio::sync::watch::Sender<u64>>,
     /// `health_check_wanted` changed since the servers were last brought in line with it.
     health_check_changed: bool,
@@ -304,7 +305,7 @@ impl<M: Maps> Controller<M> {
         };
         let ok = match result {
             Ok(stats) => {
-                if stats.deletes > 0
+                if (stats.deletes > 0 || stats.frontends_created > 0)
                     && let Some(tx) = &self.synced_deletes
                 {
                     tx.send_modify(|n| *n += 1);

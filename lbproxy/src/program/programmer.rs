@@ -55,6 +55,8 @@ pub struct ApplyStats {
     pub writes: usize,
     pub deletes: usize,
     pub frontends_changed: usize,
+    /// Frontends that did not exist before this apply (a new service id each).
+    pub frontends_created: usize,
 }
 
 /// Holds what is programmed and turns a new desired state into the minimal writes.

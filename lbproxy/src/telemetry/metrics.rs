@@ -289,7 +289,7 @@ impl Metrics {
         let sock_destroyed = Counter::default();
         r.register(
             "lbproxy_socket_lb_destroyed_sockets",
-            "Node sockets that socket-level load balancing connected to a backend that then left, destroyed so their owners reconnect",
+            "Node sockets destroyed so their owners reconnect: connected by socket-level load balancing to a backend that then left, or (UDP) connected to a frontend's address before the frontend existed",
             sock_destroyed.clone(),
         );
         let flow_gc_deleted = Counter::default();

@@ -3,7 +3,7 @@
 //! change for itself alone).
 //!
 //! ```text
-//! lbt-client --netns PATH [--cgroup DIR] MODE ADDR:PORT [--count N] [--interval-ms MS] [--timeout-ms MS]
+//! lbt-client --netns PATH [--cgroup DIR] MODE ADDR:PORT [--count N] [--interval-ms MS] [--timeout-ms MS] [--bind-port P]
 //! ```
 //! It first joins the cgroup (writes its pid to `DIR/cgroup.procs`), then the network
 //! namespace, then runs MODE, printing one JSON object per request on stdout:
@@ -19,6 +19,11 @@
 //! - `tcp-connected`: one connection for all requests, a request line and its answer each;
 //!   `peer` is `getpeername()`. A request that fails drops the connection, and the next one
 //!   connects again, as a client library's pool does.
+//! - `udp-oneway`: a one-way sender (statsd-like) on one unconnected socket bound to
+//!   `--bind-port` (0: any): `sendto` only, never a receive; each line is one send's result.
+//! - `udp-oneway-connected`: the same on a connected socket: a send that fails (the socket
+//!   was destroyed, or the kernel reported an ICMP error) connects the same socket again
+//!   (same source port) and sends once more, as a statsd client that reconnects on error.
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -33,6 +38,7 @@ struct Args {
     count: usize,
     interval: Duration,
     timeout: Duration,
+    bind_port: u16,
 }
 
 fn parse() -> Result<Args, String> {
@@ -43,6 +49,7 @@ fn parse() -> Result<Args, String> {
     let mut count = 1;
     let mut interval = Duration::ZERO;
     let mut timeout = Duration::from_secs(2);
+    let mut bind_port = 0;
     while let Some(a) = it.next() {
         let mut val = |name: &str| it.next().ok_or(format!("{name} needs a value"));
         match a.as_str() {
@@ -67,6 +74,11 @@ fn parse() -> Result<Args, String> {
                         .map_err(|e| format!("--timeout-ms: {e}"))?,
                 )
             }
+            "--bind-port" => {
+                bind_port = val("--bind-port")?
+                    .parse()
+                    .map_err(|e| format!("--bind-port: {e}"))?
+            }
             _ => pos.push(a),
         }
     }
@@ -80,6 +92,7 @@ fn parse() -> Result<Args, String> {
         count,
         interval,
         timeout,
+        bind_port,
     })
 }
 
@@ -151,6 +164,27 @@ fn udp_for(target: SocketAddr) -> std::io::Result<UdpSocket> {
     })
 }
 
+/// One send of a one-way sender on `sock`, bound to a fixed port: to `target` when
+/// `connected` is `None` (unconnected), else on the connected socket, which is connected
+/// again (and the datagram sent again) when the send fails; `connected` says whether it
+/// is connected after this send.
+fn oneway_send(sock: &UdpSocket, target: SocketAddr, connected: Option<&mut bool>) -> Outcome {
+    let msg = b"oneway\n";
+    let none = || Ok((String::new(), String::new(), target));
+    let Some(connected) = connected else {
+        sock.send_to(msg, target)?;
+        return none();
+    };
+    if *connected && sock.send(msg).is_ok() {
+        return none();
+    }
+    *connected = false;
+    sock.connect(target)?;
+    *connected = true;
+    sock.send(msg)?;
+    none()
+}
+
 fn connected(target: SocketAddr) -> std::io::Result<UdpSocket> {
     let s = udp_for(target)?;
     s.connect(target)?;
@@ -178,6 +212,7 @@ fn main() {
     }
     let mut sock: Option<UdpSocket> = None;
     let mut conn: Option<TcpStream> = None;
+    let mut oneway: Option<(UdpSocket, bool)> = None;
     let out = std::io::stdout();
     for i in 0..args.count {
         if i > 0 {
@@ -220,6 +255,25 @@ fn main() {
                     }
                     Err(e) => Err(e),
                 }
+            }
+            "udp-oneway" | "udp-oneway-connected" => {
+                if oneway.is_none() {
+                    let any = if args.target.is_ipv6() {
+                        "[::]"
+                    } else {
+                        "0.0.0.0"
+                    };
+                    match UdpSocket::bind(format!("{any}:{}", args.bind_port)) {
+                        Ok(s) => oneway = Some((s, false)),
+                        Err(e) => {
+                            eprintln!("lbt-client: bind port {}: {e}", args.bind_port);
+                            std::process::exit(2);
+                        }
+                    }
+                }
+                let (s, connected) = oneway.as_mut().expect("bound above");
+                let connected = (args.mode == "udp-oneway-connected").then_some(connected);
+                oneway_send(s, args.target, connected)
             }
             m => {
                 eprintln!("lbt-client: unknown mode {m}");

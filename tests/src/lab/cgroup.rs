@@ -148,6 +148,10 @@ pub enum Mode {
     Udp,
     UdpConnected,
     TcpConnected,
+    /// A one-way sender on an unconnected socket (`sendto` only).
+    UdpOneWay,
+    /// A one-way sender on a connected socket that connects again when a send fails.
+    UdpOneWayConnected,
 }
 
 impl Mode {
@@ -157,6 +161,8 @@ impl Mode {
             Mode::Udp => "udp",
             Mode::UdpConnected => "udp-connected",
             Mode::TcpConnected => "tcp-connected",
+            Mode::UdpOneWay => "udp-oneway",
+            Mode::UdpOneWayConnected => "udp-oneway-connected",
         }
     }
 }
@@ -170,6 +176,8 @@ pub struct Requests {
     pub count: usize,
     pub interval: Duration,
     pub timeout: Duration,
+    /// The source port to bind (one-way modes; 0: any).
+    pub bind_port: u16,
 }
 
 impl Requests {
@@ -181,7 +189,12 @@ impl Requests {
             count,
             interval: Duration::ZERO,
             timeout: Duration::from_secs(2),
+            bind_port: 0,
         }
+    }
+
+    pub fn bind_port(self, bind_port: u16) -> Requests {
+        Requests { bind_port, ..self }
     }
 
     pub fn interval(self, interval: Duration) -> Requests {
@@ -205,6 +218,7 @@ impl HostClient {
             .args(["--count", &req.count.to_string()])
             .args(["--interval-ms", &req.interval.as_millis().to_string()])
             .args(["--timeout-ms", &req.timeout.as_millis().to_string()])
+            .args(["--bind-port", &req.bind_port.to_string()])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         let mut child = cmd
@@ -221,6 +235,17 @@ impl HostClient {
             Ok(0) | Err(_) => None,
             Ok(_) => Some(Outcome::parse(&line)),
         }
+    }
+
+    /// Ends the client now (SIGKILL) and returns the outcomes it printed.
+    pub fn stop(mut self) -> Vec<Outcome> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let mut out = Vec::new();
+        while let Some(o) = self.next_outcome() {
+            out.push(o);
+        }
+        out
     }
 
     /// Every outcome, once the client has made all its requests; panics if it failed.

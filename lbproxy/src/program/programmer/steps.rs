@@ -64,6 +64,7 @@ impl Programmer {
         maps.put_label(svc_id, &spec.label)?;
         self.svc_ids.insert(svc_id);
         stats.writes += 1;
+        stats.frontends_created += 1;
         self.state.frontends.insert(
             fe,
             ProgrammedFrontend {

@@ -151,7 +151,7 @@ fn programs_then_diffs_without_clearing() {
     let s = p.apply(&mut m, &d).unwrap();
     assert_eq!(served(&m, fe(10, 80)), vec![be(2), be(3), be(4)]);
     assert_eq!(m.backends.len(), 3, "backend 3 is shared");
-    assert_eq!(s.frontends_changed, 2);
+    assert_eq!((s.frontends_changed, s.frontends_created), (2, 2));
 
     // Same desired state: nothing written.
     let before = m.ops;
@@ -165,7 +165,7 @@ fn programs_then_diffs_without_clearing() {
     let s = p.apply(&mut m, &d).unwrap();
     assert_eq!(served(&m, fe(10, 80)), vec![be(2), be(4)]);
     assert_eq!(m.services[&fe(10, 80).key()].svc_id, svc_id_before);
-    assert_eq!(s.frontends_changed, 1);
+    assert_eq!((s.frontends_changed, s.frontends_created), (1, 0));
     // Membership out, one slot rewritten, the count, the last slot and the backend out.
     assert!(s.writes + s.deletes <= 5, "{s:?}");
     assert!(
@@ -187,6 +187,14 @@ fn programs_then_diffs_without_clearing() {
     assert_eq!(m.slots.len(), 1);
     assert_eq!(m.backends.len(), 1);
     assert_eq!(m.labels.len(), 1);
+
+    // Created again: a new frontend, with a service id of its own (flows and the node's
+    // sockets of the old one must not take it for theirs), counted as created (the
+    // socket reaper's cue for sockets connected to its bare address).
+    d.insert(fe(10, 80), spec(&[2]));
+    let s = p.apply(&mut m, &d).unwrap();
+    assert_eq!(s.frontends_created, 1);
+    assert_ne!(m.services[&fe(10, 80).key()].svc_id, svc_id_before);
 }
 
 #[test]
