@@ -129,6 +129,16 @@ pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
             },
         });
     }
+    rows.extend(unserved_rows(maps));
+    rows.sort_by(|a, b| {
+        (&a.service, !a.served, &a.frontend).cmp(&(&b.service, !b.served, &b.frontend))
+    });
+    rows
+}
+
+/// The frontends the Services ask for that the datapath does not serve yet.
+fn unserved_rows(maps: &PinnedMaps) -> Vec<ServiceRow> {
+    let mut rows = Vec::new();
     for (k, v) in maps.unserved.iter().flatten() {
         let (service, port_name) = split_label(&label_bytes(&v.label));
         let proto = Protocol::from_number(k.proto).map_or("?", Protocol::as_str);
@@ -163,9 +173,6 @@ pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
             topology_note: String::new(),
         });
     }
-    rows.sort_by(|a, b| {
-        (&a.service, !a.served, &a.frontend).cmp(&(&b.service, !b.served, &b.frontend))
-    });
     rows
 }
 
