@@ -117,7 +117,7 @@ fn spec_sizes_are_their_types() {
 #[test]
 fn layouts_are_unchanged() {
     use MapKind::*;
-    let expected: [(&str, &str, MapKind, u32, u32, u32); 37] = [
+    let expected: [(&str, &str, MapKind, u32, u32, u32); 39] = [
         ("LB_BACKENDS_V1", "backends", Hash, 4, 8, 262_144),
         ("LB_SLOTS_V1", "slots", Hash, 8, 4, 262_144),
         ("LB_SERVICES_V2", "services", Hash, 8, 16, 65_536),
@@ -155,6 +155,8 @@ fn layouts_are_unchanged() {
         ("LB_SOCKREV6_V1", "sock_rev6", LruHash, 32, 28, 262_144),
         ("LB_SRCRANGE6_V1", "src_ranges6", LpmTrie, 24, 4, 65_536),
         ("LB_DPEVENTS_V1", "datapath_events", PerCpuArray, 4, 8, 16),
+        ("LB_SVCCIDRS_V1", "service_cidrs", LpmTrie, 8, 4, 65_536),
+        ("LB_SVCCIDR6_V1", "service_cidrs6", LpmTrie, 20, 4, 65_536),
     ];
     let got: Vec<_> = MAPS
         .iter()
