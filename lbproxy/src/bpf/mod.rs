@@ -13,6 +13,7 @@ pub mod flow_gc;
 pub mod ifaces;
 pub mod node;
 pub mod pinned;
+pub mod service_cidrs;
 pub mod sock;
 pub mod sock_diag;
 pub mod upgrade;

@@ -4,6 +4,7 @@
 
 pub mod endpoints;
 mod frontends;
+pub mod service_cidrs;
 
 pub use frontends::{
     BackendAddr, Desired, Family, Frontend, FrontendKind, FrontendSpec, Policy, ServiceFrontends,

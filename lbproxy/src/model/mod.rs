@@ -5,6 +5,7 @@
 //! desired state, the programmer) only ever sees this model.
 
 mod service;
+mod service_cidr;
 mod slice;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -14,6 +15,7 @@ use std::net::IpAddr;
 pub use service::{IpMode, Service, ServicePort, ServiceType, TargetPort, service_from_k8s};
 #[cfg(test)]
 pub use slice::SlicePort;
+pub use service_cidr::{ServiceCidr, service_cidr_from_k8s};
 pub use slice::{Endpoint, EndpointAddr, EndpointSlice, resolve_slice_port, slice_from_k8s};
 /// `sessionAffinityConfig.clientIP.timeoutSeconds` when absent (3 hours, as Kubernetes).
 pub const DEFAULT_AFFINITY_TIMEOUT_S: i32 = 10_800;
@@ -47,7 +49,11 @@ impl NamespacedName {
 }
 
 impl fmt::Display for NamespacedName {
+    /// `namespace/name`; a cluster-scoped object's (empty namespace) is its name alone.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.namespace.is_empty() {
+            return f.write_str(&self.name);
+        }
         write!(f, "{}/{}", self.namespace, self.name)
     }
 }
@@ -151,6 +157,8 @@ pub struct Model {
     /// interface watcher), sorted. `loadBalancerSourceRanges` that contain one of them also
     /// admit the load-balancer IPs of that family as sources (`desired::frontends`).
     pub node_ips: Vec<std::net::IpAddr>,
+    /// The cluster's ServiceCIDRs, by name (`desired::service_cidrs`).
+    pub service_cidrs: BTreeMap<NamespacedName, ServiceCidr>,
 }
 
 /// Why an object was rejected, naming the field.
@@ -243,6 +251,18 @@ impl Model {
             }
             Some(_) => false,
             None => self.services.remove(id).is_some(),
+        }
+    }
+
+    /// Defines (`Some`) or removes (`None`) a ServiceCIDR. Returns whether that changed it.
+    pub fn set_service_cidr(&mut self, id: &NamespacedName, new: Option<ServiceCidr>) -> bool {
+        match new {
+            Some(c) if self.service_cidrs.get(id) != Some(&c) => {
+                self.service_cidrs.insert(id.clone(), c);
+                true
+            }
+            Some(_) => false,
+            None => self.service_cidrs.remove(id).is_some(),
         }
     }
 

@@ -5,6 +5,7 @@ use std::ops::Range;
 
 use k8s_openapi::api::core::v1::Service as K8sService;
 use k8s_openapi::api::discovery::v1::EndpointSlice as K8sEndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR as K8sServiceCidr;
 use serde_json::Value;
 
 use super::*;
@@ -75,6 +76,7 @@ pub(super) fn parse_piece(
         documents: 0,
         services: Vec::new(),
         slices: Vec::new(),
+        service_cidrs: Vec::new(),
         placed_in: AtomicU64::new(0),
         applied: AtomicBool::new(false),
     };
@@ -166,6 +168,10 @@ pub(super) fn describe(doc: &Value) -> String {
         .and_then(|m| m.get("name"))
         .and_then(Value::as_str)
         .unwrap_or("<no name>");
+    if kind == "ServiceCIDR" {
+        // Cluster-scoped.
+        return format!("{kind} {name}");
+    }
     format!("{kind} {ns}/{name}")
 }
 
@@ -228,6 +234,20 @@ pub(super) fn add_document(
             });
             Ok(())
         }
+        ("networking.k8s.io/v1", "ServiceCIDR") => {
+            let what = describe(&doc);
+            let cidr: K8sServiceCidr = serde_json::from_value(doc)
+                .map_err(|e| err(Some(what), format!("not a valid ServiceCIDR: {e}")))?;
+            piece.service_cidrs.push(Entry {
+                document: index,
+                outcome: Outcome::of(
+                    "ServiceCIDR",
+                    &cidr.metadata,
+                    model::service_cidr_from_k8s(&cidr),
+                ),
+            });
+            Ok(())
+        }
         ("", _) | (_, "") => Err(err(
             Some(describe(&doc)),
             "apiVersion and kind are required".into(),
@@ -235,7 +255,7 @@ pub(super) fn add_document(
         (api, kind) => Err(err(
             Some(describe(&doc)),
             format!(
-                "unknown kind {kind} (apiVersion {api}); expected v1 Service or discovery.k8s.io/v1 EndpointSlice"
+                "unknown kind {kind} (apiVersion {api}); expected v1 Service, discovery.k8s.io/v1 EndpointSlice or networking.k8s.io/v1 ServiceCIDR"
             ),
         )),
     }

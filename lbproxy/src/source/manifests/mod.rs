@@ -1,6 +1,7 @@
 //! The manifests source: `--manifests PATH`, a file or a directory of multi-document YAML or
-//! JSON holding `v1` Service and `discovery.k8s.io/v1` EndpointSlice objects exactly as
-//! Kubernetes serializes them (a `v1` `List` of them works too).
+//! JSON holding `v1` Service, `discovery.k8s.io/v1` EndpointSlice and
+//! `networking.k8s.io/v1` ServiceCIDR objects exactly as Kubernetes serializes them (a `v1`
+//! `List` of them works too).
 //!
 //! A load either yields what changed since the last good load or an error naming the file,
 //! the document, the object and the reason; the caller keeps the last good model on error.
@@ -126,6 +127,8 @@ pub struct Change {
     pub services: Vec<(NamespacedName, Option<model::Service>)>,
     /// A slice now defined as given (`Some`), or no longer defined (`None`).
     pub slices: Vec<(NamespacedName, Option<model::EndpointSlice>)>,
+    /// A ServiceCIDR now defined as given (`Some`), or no longer defined (`None`).
+    pub service_cidrs: Vec<(NamespacedName, Option<model::ServiceCidr>)>,
     /// The valid objects that are not proxied, among the documents new to this load.
     pub skipped: Vec<String>,
     /// The pieces (see [`split_documents`]) of the set, and how many had to be parsed.
@@ -157,6 +160,7 @@ pub struct Loader {
 struct Defined {
     services: HashMap<NamespacedName, Arc<Piece>>,
     slices: HashMap<NamespacedName, Arc<Piece>>,
+    service_cidrs: HashMap<NamespacedName, Arc<Piece>>,
 }
 
 /// A piece in its place in the set being loaded.
@@ -185,6 +189,7 @@ struct Piece {
     documents: usize,
     services: Vec<Entry<model::Service>>,
     slices: Vec<Entry<model::EndpointSlice>>,
+    service_cidrs: Vec<Entry<model::ServiceCidr>>,
     /// The last load that placed the piece: the applied pieces a load did not place are
     /// gone from the set. (Atomics only so that the loader stays `Send`.)
     placed_in: AtomicU64,
@@ -194,7 +199,7 @@ struct Piece {
 
 impl Piece {
     fn has_objects(&self) -> bool {
-        !self.services.is_empty() || !self.slices.is_empty()
+        !self.services.is_empty() || !self.slices.is_empty() || !self.service_cidrs.is_empty()
     }
 
     fn placed_in(&self, generation: u64) -> bool {
@@ -271,6 +276,19 @@ impl Kind for model::EndpointSlice {
     }
 }
 
+impl Kind for model::ServiceCidr {
+    const KIND: &'static str = "ServiceCIDR";
+    fn id(&self) -> &NamespacedName {
+        &self.id
+    }
+    fn entries(piece: &Piece) -> &[Entry<Self>] {
+        &piece.service_cidrs
+    }
+    fn defined(d: &mut Defined) -> &mut HashMap<NamespacedName, Arc<Piece>> {
+        &mut d.service_cidrs
+    }
+}
+
 /// The proxied objects of kind `T` in `pieces`.
 fn proxied<T: Kind>(pieces: &[Arc<Piece>]) -> impl Iterator<Item = &T> {
     pieces
@@ -334,6 +352,12 @@ impl Loader {
         self.files.retain(|f, _| listed.contains(f));
         check::<model::Service>(files, &placed, &self.defined.services, self.generation)?;
         check::<model::EndpointSlice>(files, &placed, &self.defined.slices, self.generation)?;
+        check::<model::ServiceCidr>(
+            files,
+            &placed,
+            &self.defined.service_cidrs,
+            self.generation,
+        )?;
         let mut change = self.commit(&placed);
         change.parsed = parsed;
         Ok(change)
@@ -412,6 +436,7 @@ impl Loader {
         Change {
             services: self.apply::<model::Service>(&added, &removed),
             slices: self.apply::<model::EndpointSlice>(&added, &removed),
+            service_cidrs: self.apply::<model::ServiceCidr>(&added, &removed),
             skipped: skipped::<model::Service>(&added)
                 .chain(skipped::<model::EndpointSlice>(&added))
                 .collect(),
@@ -545,6 +570,9 @@ impl Change {
         }
         for (id, s) in self.slices {
             dirty.extend(model.set_slice(&id, s));
+        }
+        for (id, c) in self.service_cidrs {
+            model.set_service_cidr(&id, c);
         }
         dirty
     }

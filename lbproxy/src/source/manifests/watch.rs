@@ -190,7 +190,9 @@ impl Reader {
         }
         let mut batch = Vec::new();
         if !self.listed {
-            batch.extend([Kind::Services, Kind::Slices].map(SourceEvent::Listing));
+            batch.extend(
+                [Kind::Services, Kind::Slices, Kind::ServiceCidrs].map(SourceEvent::Listing),
+            );
         }
         batch.extend(
             change
@@ -207,6 +209,12 @@ impl Reader {
                     slice,
                     trigger: None,
                 }),
+        );
+        batch.extend(
+            change
+                .service_cidrs
+                .into_iter()
+                .map(|(id, cidr)| SourceEvent::ServiceCidr { id, cidr }),
         );
         if !self.listed {
             // Manifests have no Node object: its list is empty, and complete.
