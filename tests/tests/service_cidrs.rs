@@ -117,7 +117,10 @@ fn beyond_uplink(lab: &Lab, addr: IpAddr) -> Beyond {
         IpAddr::V6(a) => {
             ip(node, &format!("-6 addr add fd00:c612:fffe::1/64 dev {UPLINK_IF} nodad"));
             ip(up, "-6 addr add fd00:c612:fffe::2/64 dev eth0 nodad");
-            ip(up, &format!("-6 addr add {a}/128 dev lo"));
+            // `nodad`: an address added without it is tentative until the kernel's DAD work
+            // runs, even on `lo`, and a bind to it meanwhile fails (EADDRNOTAVAIL; seen once
+            // with two labs sharing the cores).
+            ip(up, &format!("-6 addr add {a}/128 dev lo nodad"));
             ip(up, "-6 route add fd00:c612::/64 via fd00:c612:fffe::1");
             ip(node, "-6 route add fd00:c612:ffff::/64 via fd00:c612:fffe::2");
         }
