@@ -130,6 +130,7 @@ fn an_api_server_without_service_cidrs(shape: Shape) {
     let log = k.lb().stderr();
     let lines: Vec<&str> = log.lines().filter(|l| l.contains("servicecidrs")).collect();
     assert_eq!(lines.len(), 1, "{ctx}: want one line about servicecidrs:\n{log}");
+    eprintln!("{ctx}: logged {}", lines[0]);
     assert!(
         lines[0].contains("404") && lines[0].contains("taken as none"),
         "{ctx}: the line must say why and what follows: {}",
