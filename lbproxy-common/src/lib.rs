@@ -218,7 +218,7 @@ pub mod unserved;
 
 pub use affinity::{AffinityKey, AffinityKey6, AffinityKeyOf, AffinityValue, MAX_AFFINITY};
 pub use backends::{Backend, Backend6, BackendOf, MAX_BACKENDS};
-pub use config::{CONFIG_F_STACK_BYPASS, DatapathConfig};
+pub use config::{CONFIG_F_SERVICE_CIDRS, CONFIG_F_STACK_BYPASS, DatapathConfig};
 pub use delivery::Delivery;
 pub use dp_events::DatapathEvent;
 pub use drops::DropReason;

@@ -307,6 +307,9 @@ fn translation<A: Family>(
 /// Counted under the packet path's reasons. Anything else goes on untouched.
 #[inline(always)]
 fn no_frontend<A: Family>(ctx: &SockAddrContext, addr: &A, proto: u8) -> i32 {
+    if !cidr::enabled() {
+        return ALLOW;
+    }
     let Some(v) = cidr::verdict(addr, proto) else {
         return ALLOW;
     };

@@ -78,6 +78,7 @@ stage! {
             // Inside a ServiceCIDR: an allocated ClusterIP's undefined port is rejected, an
             // unallocated address dropped (`lb::cidr`). A header cut short passes as before.
             if pkt.l4 != L4::Bad
+                && lb::cidr::enabled()
                 && let Some(v) = lb::cidr::verdict(&pkt.dst_addr, pkt.proto)
             {
                 return Forwarded::record(staged, Err(v));

@@ -7,12 +7,21 @@
 //! - any other address inside a ServiceCIDR is dropped: `service_cidr_unallocated`.
 //!
 //! Only packets that missed the frontend lookup come here, so traffic to a frontend pays
-//! nothing; with no ServiceCIDR the tries are empty, and a lookup in an empty trie returns
-//! at its root.
+//! nothing; with no ServiceCIDR the controller clears `CONFIG_F_SERVICE_CIDRS` and the
+//! tries are not even looked up ([`enabled`]).
 
-use lbproxy_common::{CIDR_ALLOCATED, CIDR_SERVICE_RANGE, DropReason, IPPROTO_TCP};
+use lbproxy_common::{
+    CIDR_ALLOCATED, CIDR_SERVICE_RANGE, CONFIG_F_SERVICE_CIDRS, DropReason, IPPROTO_TCP,
+};
 
-use crate::{family::Family, stage::Verdict};
+use crate::{family::Family, maps, stage::Verdict};
+
+/// Whether the tries hold anything (`CONFIG_F_SERVICE_CIDRS`, kept by the controller): a
+/// bit test, so that without a ServiceCIDR a packet to no frontend pays no trie lookup.
+#[inline(always)]
+pub fn enabled() -> bool {
+    maps::config().flags & CONFIG_F_SERVICE_CIDRS != 0
+}
 
 /// What to do with TCP or UDP (`proto`) to `dst`, which is no frontend: `None` when `dst`
 /// is in no ServiceCIDR (the packet is not ours).

@@ -457,6 +457,22 @@ impl Maps for PinnedMaps {
     fn read_id_cursor(&self) -> u32 {
         self.config.get(&0, 0).map_or(0, |c| c.next_id)
     }
+    fn put_service_cidrs_flag(&mut self, on: bool) -> Result<(), MapWriteError> {
+        let entry = || format!("flag service_cidrs {on}");
+        // As `put_id_cursor`: only the controller writes the entry once running.
+        let current = self
+            .config
+            .get(&0, 0)
+            .map_err(|e| werr(map_names::CONFIG, "lookup", entry(), e))?;
+        let flags = if on {
+            current.flags | lbproxy_common::CONFIG_F_SERVICE_CIDRS
+        } else {
+            current.flags & !lbproxy_common::CONFIG_F_SERVICE_CIDRS
+        };
+        self.config
+            .set(0, DatapathConfig { flags, ..current }, 0)
+            .map_err(|e| werr(map_names::CONFIG, "update", entry(), e))
+    }
     fn put_id_cursor(&mut self, next: u32) -> Result<(), MapWriteError> {
         let entry = || format!("next_id {next}");
         // Only the controller writes the config entry once running (`write_config` runs

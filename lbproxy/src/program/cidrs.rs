@@ -46,6 +46,8 @@ pub struct CidrProgrammer {
     holders: HashMap<IpAddr, u32>,
     /// The next sync compares the whole table (at start, after a failed write).
     full: bool,
+    /// `CONFIG_F_SERVICE_CIDRS` as last written (`None`: not yet by this run).
+    flag: Option<bool>,
 }
 
 impl CidrProgrammer {
@@ -142,7 +144,7 @@ impl CidrProgrammer {
                 .unwrap_or_default();
             self.set_ips(name, ips, &mut touched);
         }
-        if self.ranges.is_empty() {
+        if self.ranges.is_empty() && self.flag == Some(false) {
             return Vec::new();
         }
         self.write(maps, touched.into_iter().map(host).collect())
@@ -178,6 +180,14 @@ impl CidrProgrammer {
                 Ok(()) => {
                     self.programmed.remove(&net);
                 }
+                Err(err) => errors.push(err),
+            }
+        }
+        // The flag follows the table: set once it holds entries, cleared once it is empty.
+        let on = !self.programmed.is_empty();
+        if self.flag != Some(on) {
+            match maps.put_service_cidrs_flag(on) {
+                Ok(()) => self.flag = Some(on),
                 Err(err) => errors.push(err),
             }
         }

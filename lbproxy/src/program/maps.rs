@@ -125,6 +125,9 @@ pub trait Maps {
     fn read_service_cidrs(&self) -> BTreeMap<ipnet::IpNet, u32>;
     fn put_service_cidr(&mut self, net: ipnet::IpNet, value: u32) -> Result<(), MapWriteError>;
     fn del_service_cidr(&mut self, net: ipnet::IpNet) -> Result<(), MapWriteError>;
+    /// Sets or clears `CONFIG_F_SERVICE_CIDRS` in `LB_CONFIG_V1`: whether the datapath looks
+    /// the tries up at all.
+    fn put_service_cidrs_flag(&mut self, on: bool) -> Result<(), MapWriteError>;
     /// The id cursor persisted by [`Maps::put_id_cursor`] (0: none yet).
     fn read_id_cursor(&self) -> u32;
     /// Persists the id cursor: no id at or past `next` has been handed out since the ids
@@ -211,6 +214,7 @@ pub mod mem {
         pub unserved: BTreeMap<UnservedKey, UnservedValue>,
         pub src_ranges: std::collections::BTreeSet<(u32, ipnet::IpNet)>,
         pub service_cidrs: BTreeMap<ipnet::IpNet, u32>,
+        pub service_cidrs_flag: bool,
         /// The persisted id cursor (`LB_CONFIG_V1`'s `next_id` in the real maps).
         pub id_cursor: u32,
         pub ops: usize,
@@ -414,6 +418,11 @@ pub mod mem {
         fn del_service_cidr(&mut self, net: ipnet::IpNet) -> Result<(), MapWriteError> {
             self.step("service_cidrs")?;
             self.service_cidrs.remove(&net);
+            Ok(())
+        }
+        fn put_service_cidrs_flag(&mut self, on: bool) -> Result<(), MapWriteError> {
+            self.step("config")?;
+            self.service_cidrs_flag = on;
             Ok(())
         }
         fn read_id_cursor(&self) -> u32 {

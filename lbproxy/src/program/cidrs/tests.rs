@@ -45,7 +45,16 @@ fn nothing_is_written_without_a_service_cidr() {
     let mut maps = MemMaps::default();
     let mut p = CidrProgrammer::adopt(BTreeMap::new());
     assert!(p.all(&mut maps, &m).is_empty());
-    assert_eq!(maps.ops, 0);
+    // The flag alone, cleared: the datapath does not even look the tries up.
+    assert_eq!((maps.ops, maps.service_cidrs_flag), (1, false));
+    assert!(maps.service_cidrs.is_empty());
+    // And nothing more after that, whatever the services do.
+    let dirty = BTreeSet::from([NamespacedName {
+        namespace: "ns".into(),
+        name: "web".into(),
+    }]);
+    assert!(p.services(&mut maps, &m, &dirty).is_empty());
+    assert_eq!(maps.ops, 1);
 }
 
 #[test]
@@ -57,6 +66,7 @@ fn a_dirty_sync_writes_only_the_dirty_services_cluster_ips() {
     let mut maps = MemMaps::default();
     let mut p = CidrProgrammer::adopt(BTreeMap::new());
     assert!(p.all(&mut maps, &m).is_empty());
+    assert!(maps.service_cidrs_flag);
     assert_eq!(
         table(&maps),
         [
@@ -86,6 +96,7 @@ fn a_dirty_sync_writes_only_the_dirty_services_cluster_ips() {
     set_cidr(&mut m, "kubernetes", &[]);
     assert!(p.services(&mut maps, &m, &BTreeSet::new()).is_empty());
     assert!(table(&maps).is_empty(), "{:?}", table(&maps));
+    assert!(!maps.service_cidrs_flag);
     assert_eq!(p.programmed().len(), 0);
 }
 
