@@ -1245,7 +1245,12 @@ fn route(inner: &Inner, req: &HttpReq, params: &BTreeMap<String, String>) -> Res
         }
         ("GET", p) if RESOURCES.iter().any(|r| r.prefix == p) => {
             let gv = p.trim_start_matches("/api/").trim_start_matches("/apis/");
-            let hidden = inner.st.lock().unwrap_or_else(|e| e.into_inner()).hidden.clone();
+            let hidden = inner
+                .st
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .hidden
+                .clone();
             let resources: Vec<Value> = RESOURCES
                 .iter()
                 .filter(|r| r.prefix == p && !hidden.contains(&r.plural))

@@ -23,7 +23,10 @@ use kube_common::*;
 use lbproxy_tests::lab::{Inspect as _, Pod, Proto, Shape, vip};
 use serde_json::json;
 
-both_shapes!(service_cidrs_are_watched, an_api_server_without_service_cidrs);
+both_shapes!(
+    service_cidrs_are_watched,
+    an_api_server_without_service_cidrs
+);
 
 const UNDEFINED_PORT: u16 = 81;
 const REFUSED_WITHIN: Duration = Duration::from_millis(500);
@@ -76,7 +79,11 @@ fn web_serves(k: &Kube, ctx: &str) {
     let client = k.pod("client");
     for (proto, port) in [(Proto::Tcp, WEB_TCP), (Proto::Udp, WEB_UDP)] {
         let t = client.tally(proto, WEB_VIP, port, 3, T);
-        assert!(t.all_ok() && t.count("b1") == 3, "{ctx}: web port {port}: {t}\n{}", k.diag());
+        assert!(
+            t.all_ok() && t.count("b1") == 3,
+            "{ctx}: web port {port}: {t}\n{}",
+            k.diag()
+        );
     }
 }
 
@@ -94,7 +101,10 @@ fn service_cidrs_are_watched(shape: Shape) {
     let d0 = k.lab.drop_count("service_cidr_unallocated");
     assert_eq!(refused(&client, unallocated, WEB_TCP), (false, false));
     let d1 = k.lab.drop_count("service_cidr_unallocated");
-    assert!(d1 >= d0 + 2, "[{shape}] {unallocated} not dropped: {d0} -> {d1}");
+    assert!(
+        d1 >= d0 + 2,
+        "[{shape}] {unallocated} not dropped: {d0} -> {d1}"
+    );
     web_serves(&k, &format!("[{shape}] with the ServiceCIDR"));
 
     // Deleted by a watch event: neither refused nor dropped any more.
@@ -106,14 +116,23 @@ fn service_cidrs_are_watched(shape: Shape) {
     .unwrap_or_else(|_| panic!("{ctx}: still refused\n{}", k.diag()));
     let d2 = k.lab.drop_count("service_cidr_unallocated");
     refused(&client, unallocated, WEB_TCP);
-    assert_eq!(k.lab.drop_count("service_cidr_unallocated"), d2, "{ctx}: still dropped");
+    assert_eq!(
+        k.lab.drop_count("service_cidr_unallocated"),
+        d2,
+        "{ctx}: still dropped"
+    );
 
     // Created again.
     k.api.apply(service_cidr());
     lbproxy_tests::lab::wait_for(APPLY, Duration::from_millis(100), || {
         (refused(&client, vip, UNDEFINED_PORT) == (true, true)).then_some(())
     })
-    .unwrap_or_else(|_| panic!("[{shape}] ServiceCIDR created again: not refused\n{}", k.diag()));
+    .unwrap_or_else(|_| {
+        panic!(
+            "[{shape}] ServiceCIDR created again: not refused\n{}",
+            k.diag()
+        )
+    });
     web_serves(&k, &format!("[{shape}] after"));
 }
 
@@ -125,11 +144,19 @@ fn an_api_server_without_service_cidrs(shape: Shape) {
     std::thread::sleep(Duration::from_secs(4));
     let asked = lists_since(&k.api.requests_since(from), "servicecidrs").len()
         + watches_since(&k.api.requests_since(from), "servicecidrs").len();
-    assert!(asked <= 1, "{ctx}: asked for servicecidrs {asked} times in 4 s\n{}", k.diag());
+    assert!(
+        asked <= 1,
+        "{ctx}: asked for servicecidrs {asked} times in 4 s\n{}",
+        k.diag()
+    );
     assert!(k.lb().is_running(), "{ctx}: lbproxy exited\n{}", k.diag());
     let log = k.lb().stderr();
     let lines: Vec<&str> = log.lines().filter(|l| l.contains("servicecidrs")).collect();
-    assert_eq!(lines.len(), 1, "{ctx}: want one line about servicecidrs:\n{log}");
+    assert_eq!(
+        lines.len(),
+        1,
+        "{ctx}: want one line about servicecidrs:\n{log}"
+    );
     eprintln!("{ctx}: logged {}", lines[0]);
     assert!(
         lines[0].contains("404") && lines[0].contains("taken as none"),

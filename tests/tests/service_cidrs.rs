@@ -115,14 +115,20 @@ fn beyond_uplink(lab: &Lab, addr: IpAddr) -> Beyond {
             ip(up, "route add 198.18.0.0/24 via 198.18.255.1");
         }
         IpAddr::V6(a) => {
-            ip(node, &format!("-6 addr add fd00:c612:fffe::1/64 dev {UPLINK_IF} nodad"));
+            ip(
+                node,
+                &format!("-6 addr add fd00:c612:fffe::1/64 dev {UPLINK_IF} nodad"),
+            );
             ip(up, "-6 addr add fd00:c612:fffe::2/64 dev eth0 nodad");
             // `nodad`: an address added without it is tentative until the kernel's DAD work
             // runs, even on `lo`, and a bind to it meanwhile fails (EADDRNOTAVAIL; seen once
             // with two labs sharing the cores).
             ip(up, &format!("-6 addr add {a}/128 dev lo nodad"));
             ip(up, "-6 route add fd00:c612::/64 via fd00:c612:fffe::1");
-            ip(node, "-6 route add fd00:c612:ffff::/64 via fd00:c612:fffe::2");
+            ip(
+                node,
+                "-6 route add fd00:c612:ffff::/64 via fd00:c612:fffe::2",
+            );
         }
     }
     let (tcp, udp) = run_in_ns(up, || {
@@ -267,7 +273,10 @@ fn web_serves(client: &Pod, family: Family, ctx: &str) {
             WEB_UDP
         };
         let t = client.tally(proto, web_vip(family), port, 3, T);
-        assert!(t.all_ok() && t.count("b1") == 3, "{ctx}: web's defined port {port}: {t}");
+        assert!(
+            t.all_ok() && t.count("b1") == 3,
+            "{ctx}: web's defined port {port}: {t}"
+        );
     }
 }
 
@@ -285,7 +294,10 @@ fn unallocated_address_dropped_at_the_node(shape: Shape, family: Family) {
     for _ in 0..N {
         probes.push(probe(client, u, (WEB_TCP, WEB_UDP), SILENT));
     }
-    eprintln!("{ctx} pod to the unallocated {u}: {probes:?}; beyond the uplink {:?}", beyond.counts());
+    eprintln!(
+        "{ctx} pod to the unallocated {u}: {probes:?}; beyond the uplink {:?}",
+        beyond.counts()
+    );
     for (tcp, udp) in &probes {
         assert!(
             tcp.0.is_err() && udp.0.is_err(),
@@ -328,7 +340,11 @@ fn unallocated_address_dropped_at_the_node(shape: Shape, family: Family) {
             );
         }
     }
-    assert_eq!(beyond.counts(), (0, 0), "{ctx} a node process's traffic left by the uplink");
+    assert_eq!(
+        beyond.counts(),
+        (0, 0),
+        "{ctx} a node process's traffic left by the uplink"
+    );
     assert!(
         lab.drop_count("service_cidr_unallocated") >= d2 + 4,
         "{ctx} the node processes' connects were not counted"
@@ -449,5 +465,9 @@ fn without_a_service_cidr_nothing_changes(shape: Shape, family: Family) {
     .unwrap_or_else(|_| panic!("{ctx} the ServiceCIDR removed still applies"));
     let counted = drops();
     nothing_changed(lab, client, beyond, family, &format!("{ctx} after"));
-    assert_eq!(drops(), counted, "{ctx} counted after the ServiceCIDR was removed");
+    assert_eq!(
+        drops(),
+        counted,
+        "{ctx} counted after the ServiceCIDR was removed"
+    );
 }

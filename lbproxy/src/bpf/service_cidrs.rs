@@ -65,14 +65,20 @@ impl CidrTries {
         match net {
             IpNet::V4(n) => {
                 let map = map_names::SERVICE_CIDRS;
-                let t = self.v4.as_mut().ok_or_else(|| missing(map, "update", net))?;
+                let t = self
+                    .v4
+                    .as_mut()
+                    .ok_or_else(|| missing(map, "update", net))?;
                 let key = Key::new(u32::from(n.prefix_len()), n.network().octets());
                 t.insert(&key, value, 0)
                     .map_err(|e| werr(map, "update", net, e))
             }
             IpNet::V6(n) => {
                 let map = map_names::SERVICE_CIDRS6;
-                let t = self.v6.as_mut().ok_or_else(|| missing(map, "update", net))?;
+                let t = self
+                    .v6
+                    .as_mut()
+                    .ok_or_else(|| missing(map, "update", net))?;
                 let key = Key::new(u32::from(n.prefix_len()), n.network().octets());
                 t.insert(&key, value, 0)
                     .map_err(|e| werr(map, "update", net, e))

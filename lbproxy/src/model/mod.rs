@@ -13,9 +13,9 @@ use std::fmt;
 use std::net::IpAddr;
 
 pub use service::{IpMode, Service, ServicePort, ServiceType, TargetPort, service_from_k8s};
+pub use service_cidr::{ServiceCidr, service_cidr_from_k8s};
 #[cfg(test)]
 pub use slice::SlicePort;
-pub use service_cidr::{ServiceCidr, service_cidr_from_k8s};
 pub use slice::{Endpoint, EndpointAddr, EndpointSlice, resolve_slice_port, slice_from_k8s};
 /// `sessionAffinityConfig.clientIP.timeoutSeconds` when absent (3 hours, as Kubernetes).
 pub const DEFAULT_AFFINITY_TIMEOUT_S: i32 = 10_800;

@@ -23,9 +23,7 @@ pub struct ServiceCidr {
 /// Validates and normalizes a ServiceCIDR, as the API server would have: `spec.cidrs` holds
 /// one or two CIDRs of different families, each in canonical form (`10.96.0.0/16`, not
 /// `10.96.0.1/16`). An error names the object and the field.
-pub fn service_cidr_from_k8s(
-    o: &K8sServiceCidr,
-) -> Result<Normalized<ServiceCidr>, InvalidObject> {
+pub fn service_cidr_from_k8s(o: &K8sServiceCidr) -> Result<Normalized<ServiceCidr>, InvalidObject> {
     let name = o.metadata.name.clone().unwrap_or_default();
     let invalid = |reason: String| InvalidObject {
         kind: "ServiceCIDR",

@@ -23,8 +23,12 @@ fn undefined_port_of_a_cluster_ip_is_rejected() {
     let syn = Frame::tcp(c, WEB_VIP, Tcp::linux_syn(40201, 81));
     let rule = rfc793_reset(syn.tcp_hdr()).unwrap();
     let want = reset_frame(&syn, rule).bytes();
-    rig.run("TCP SYN to web's ClusterIP, port 81", Prog::FromPod, &syn.bytes())
-        .expect(TC_ACT_REDIRECT, &want, &[("cluster_ip_port_tcp_reset", 1)]);
+    rig.run(
+        "TCP SYN to web's ClusterIP, port 81",
+        Prog::FromPod,
+        &syn.bytes(),
+    )
+    .expect(TC_ACT_REDIRECT, &want, &[("cluster_ip_port_tcp_reset", 1)]);
 
     let f = Frame::udp(c, WEB_VIP, Udp::new(40202, 54));
     let input = f.bytes();
@@ -44,15 +48,23 @@ fn unallocated_address_is_dropped() {
     let rig = Rig::with_extra(SERVICE_CIDR);
     let c = rig.client_ip();
     let syn = Frame::tcp(c, unallocated(), Tcp::linux_syn(40211, WEB_TCP));
-    rig.run("TCP SYN to an unallocated address", Prog::FromPod, &syn.bytes())
-        .expect_untouched(TC_ACT_SHOT, &[("service_cidr_unallocated", 1)]);
+    rig.run(
+        "TCP SYN to an unallocated address",
+        Prog::FromPod,
+        &syn.bytes(),
+    )
+    .expect_untouched(TC_ACT_SHOT, &[("service_cidr_unallocated", 1)]);
     let udp = Frame::udp(c, unallocated(), Udp::new(40212, WEB_UDP));
     rig.run("UDP to an unallocated address", Prog::FromPod, &udp.bytes())
         .expect_untouched(TC_ACT_SHOT, &[("service_cidr_unallocated", 1)]);
 
     let out = Frame::tcp(c, ELSEWHERE, Tcp::linux_syn(40213, WEB_TCP));
-    rig.run("TCP SYN outside the ServiceCIDR", Prog::FromPod, &out.bytes())
-        .expect_untouched(TC_ACT_UNSPEC, &[]);
+    rig.run(
+        "TCP SYN outside the ServiceCIDR",
+        Prog::FromPod,
+        &out.bytes(),
+    )
+    .expect_untouched(TC_ACT_UNSPEC, &[]);
 
     let syn = Frame::tcp(c, WEB_VIP, Tcp::linux_syn(40214, WEB_TCP));
     let want = syn.with_dest(BACKEND, BACKEND_TCP).bytes();

@@ -28,7 +28,11 @@ fn table(ctl: &Controller<MemMaps>) -> Vec<String> {
 async fn service_cidrs_follow_their_objects_and_the_services() {
     let mut ctl = controller(MemMaps::default());
     drive(&mut ctl, two_services()).await;
-    assert!(table(&ctl).is_empty(), "no ServiceCIDR, yet {:?}", table(&ctl));
+    assert!(
+        table(&ctl).is_empty(),
+        "no ServiceCIDR, yet {:?}",
+        table(&ctl)
+    );
 
     drive(&mut ctl, vec![cidr("kubernetes", &["198.19.0.0/16"])]).await;
     assert!(!ctl.has_pending());

@@ -62,7 +62,11 @@ fn a_dirty_sync_writes_only_the_dirty_services_cluster_ips() {
     let mut m = Model::default();
     let web = svc("web", &["198.19.0.10", "fd00:198:19::10"]);
     m.set_service(&web.id.clone(), Some(web.clone()));
-    set_cidr(&mut m, "kubernetes", &["198.19.0.0/16", "fd00:198:19::/112"]);
+    set_cidr(
+        &mut m,
+        "kubernetes",
+        &["198.19.0.0/16", "fd00:198:19::/112"],
+    );
     let mut maps = MemMaps::default();
     let mut p = CidrProgrammer::adopt(BTreeMap::new());
     assert!(p.all(&mut maps, &m).is_empty());
@@ -83,7 +87,10 @@ fn a_dirty_sync_writes_only_the_dirty_services_cluster_ips() {
     let dirty = BTreeSet::from([api.id.clone()]);
     assert!(p.services(&mut maps, &m, &dirty).is_empty());
     assert_eq!(maps.ops - before, 1);
-    assert!(maps.service_cidrs.contains_key(&"198.19.0.20/32".parse().unwrap()));
+    assert!(
+        maps.service_cidrs
+            .contains_key(&"198.19.0.20/32".parse().unwrap())
+    );
     // The service goes: its ClusterIP is unallocated again.
     m.set_service(&web.id, None);
     let dirty = BTreeSet::from([web.id.clone()]);

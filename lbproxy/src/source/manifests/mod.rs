@@ -352,12 +352,7 @@ impl Loader {
         self.files.retain(|f, _| listed.contains(f));
         check::<model::Service>(files, &placed, &self.defined.services, self.generation)?;
         check::<model::EndpointSlice>(files, &placed, &self.defined.slices, self.generation)?;
-        check::<model::ServiceCidr>(
-            files,
-            &placed,
-            &self.defined.service_cidrs,
-            self.generation,
-        )?;
+        check::<model::ServiceCidr>(files, &placed, &self.defined.service_cidrs, self.generation)?;
         let mut change = self.commit(&placed);
         change.parsed = parsed;
         Ok(change)

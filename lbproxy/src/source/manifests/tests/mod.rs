@@ -210,9 +210,23 @@ fn service_cidrs_are_read_beside_services() {
     );
     let l = parse("a.yaml", &text).unwrap();
     assert_eq!(l.model.services.len(), 1);
-    let ids: Vec<String> = l.model.service_cidrs.keys().map(ToString::to_string).collect();
+    let ids: Vec<String> = l
+        .model
+        .service_cidrs
+        .keys()
+        .map(ToString::to_string)
+        .collect();
     assert_eq!(ids, ["kubernetes"]);
-    let cidrs: Vec<String> = l.model.service_cidrs.values().next().unwrap().cidrs.iter().map(ToString::to_string).collect();
+    let cidrs: Vec<String> = l
+        .model
+        .service_cidrs
+        .values()
+        .next()
+        .unwrap()
+        .cidrs
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     assert_eq!(cidrs, ["198.19.0.0/16", "fd00:198:19::/112"]);
 }
 
