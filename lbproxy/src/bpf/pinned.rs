@@ -457,6 +457,11 @@ impl Maps for PinnedMaps {
     fn read_id_cursor(&self) -> u32 {
         self.config.get(&0, 0).map_or(0, |c| c.next_id)
     }
+    fn read_service_cidrs_flag(&self) -> bool {
+        self.config
+            .get(&0, 0)
+            .is_ok_and(|c| c.flags & lbproxy_common::CONFIG_F_SERVICE_CIDRS != 0)
+    }
     fn put_service_cidrs_flag(&mut self, on: bool) -> Result<(), MapWriteError> {
         let entry = || format!("flag service_cidrs {on}");
         // As `put_id_cursor`: only the controller writes the entry once running.

@@ -183,7 +183,7 @@ impl<M: Maps> Sync<M> {
         Self {
             programmer: Programmer::adopt(adopted, cursor),
             unserved: maps.read_unserved(),
-            cidrs: CidrProgrammer::adopt(maps.read_service_cidrs()),
+            cidrs: CidrProgrammer::adopt(maps.read_service_cidrs(), maps.read_service_cidrs_flag()),
             maps,
             frontends_of: HashMap::new(),
             claims: HashMap::new(),
@@ -504,7 +504,10 @@ impl<M: Maps> Sync<M> {
             tracing::warn!("the maps drifted from the model (edited by hand?); repairing");
             self.programmer.readopt(observed);
         }
-        self.cidrs.readopt(self.maps.read_service_cidrs());
+        self.cidrs.readopt(
+            self.maps.read_service_cidrs(),
+            self.maps.read_service_cidrs_flag(),
+        );
         self.all(model, node)
     }
 }

@@ -46,25 +46,27 @@ pub struct CidrProgrammer {
     holders: HashMap<IpAddr, u32>,
     /// The next sync compares the whole table (at start, after a failed write).
     full: bool,
-    /// `CONFIG_F_SERVICE_CIDRS` as last written (`None`: not yet by this run).
+    /// `CONFIG_F_SERVICE_CIDRS` as last written or read (`None`: unknown).
     flag: Option<bool>,
 }
 
 impl CidrProgrammer {
-    /// Starts from what the maps hold.
-    pub fn adopt(programmed: BTreeMap<IpNet, u32>) -> Self {
+    /// Starts from what the maps hold: the tries' entries and the flag.
+    pub fn adopt(programmed: BTreeMap<IpNet, u32>, flag: bool) -> Self {
         Self {
             programmed,
             full: true,
+            flag: Some(flag),
             ..Self::default()
         }
     }
 
     /// The maps were read back and differ: start from what they hold.
-    pub fn readopt(&mut self, programmed: BTreeMap<IpNet, u32>) {
-        if programmed != self.programmed {
+    pub fn readopt(&mut self, programmed: BTreeMap<IpNet, u32>, flag: bool) {
+        if programmed != self.programmed || Some(flag) != self.flag {
             tracing::warn!("the ServiceCIDR maps drifted (edited by hand?); repairing");
             self.programmed = programmed;
+            self.flag = Some(flag);
         }
         self.full = true;
     }

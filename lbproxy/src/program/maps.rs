@@ -128,6 +128,8 @@ pub trait Maps {
     /// Sets or clears `CONFIG_F_SERVICE_CIDRS` in `LB_CONFIG_V1`: whether the datapath looks
     /// the tries up at all.
     fn put_service_cidrs_flag(&mut self, on: bool) -> Result<(), MapWriteError>;
+    /// `CONFIG_F_SERVICE_CIDRS` as the maps hold it (an earlier run's, at start).
+    fn read_service_cidrs_flag(&self) -> bool;
     /// The id cursor persisted by [`Maps::put_id_cursor`] (0: none yet).
     fn read_id_cursor(&self) -> u32;
     /// Persists the id cursor: no id at or past `next` has been handed out since the ids
@@ -419,6 +421,9 @@ pub mod mem {
             self.step("service_cidrs")?;
             self.service_cidrs.remove(&net);
             Ok(())
+        }
+        fn read_service_cidrs_flag(&self) -> bool {
+            self.service_cidrs_flag
         }
         fn put_service_cidrs_flag(&mut self, on: bool) -> Result<(), MapWriteError> {
             self.step("config")?;

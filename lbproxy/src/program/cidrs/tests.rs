@@ -43,18 +43,16 @@ fn nothing_is_written_without_a_service_cidr() {
     let s = svc("web", &["198.19.0.10"]);
     m.set_service(&s.id.clone(), Some(s));
     let mut maps = MemMaps::default();
-    let mut p = CidrProgrammer::adopt(BTreeMap::new());
+    let mut p = CidrProgrammer::adopt(BTreeMap::new(), false);
     assert!(p.all(&mut maps, &m).is_empty());
-    // The flag alone, cleared: the datapath does not even look the tries up.
-    assert_eq!((maps.ops, maps.service_cidrs_flag), (1, false));
-    assert!(maps.service_cidrs.is_empty());
-    // And nothing more after that, whatever the services do.
+    // Not even the flag: it is clear, and the datapath does not look the tries up.
+    assert_eq!((maps.ops, maps.service_cidrs_flag), (0, false));
     let dirty = BTreeSet::from([NamespacedName {
         namespace: "ns".into(),
         name: "web".into(),
     }]);
     assert!(p.services(&mut maps, &m, &dirty).is_empty());
-    assert_eq!(maps.ops, 1);
+    assert_eq!(maps.ops, 0);
 }
 
 #[test]
@@ -68,7 +66,7 @@ fn a_dirty_sync_writes_only_the_dirty_services_cluster_ips() {
         &["198.19.0.0/16", "fd00:198:19::/112"],
     );
     let mut maps = MemMaps::default();
-    let mut p = CidrProgrammer::adopt(BTreeMap::new());
+    let mut p = CidrProgrammer::adopt(BTreeMap::new(), false);
     assert!(p.all(&mut maps, &m).is_empty());
     assert!(maps.service_cidrs_flag);
     assert_eq!(
@@ -117,7 +115,7 @@ fn a_failed_write_is_repaired_by_the_next_sync() {
         fail_at: Some(0),
         ..MemMaps::default()
     };
-    let mut p = CidrProgrammer::adopt(BTreeMap::new());
+    let mut p = CidrProgrammer::adopt(BTreeMap::new(), false);
     let errors = p.all(&mut maps, &m);
     assert_eq!(errors.len(), 1);
     // The ClusterIP is written before the range: the failed one was the ClusterIP.
