@@ -5,6 +5,10 @@ use crate::spec::{MapKind, MapSpec};
 /// `DatapathConfig::flags`: redirect translated packets whose next hop is a local pod's
 /// interface straight into that pod, skipping the node's routing and netfilter.
 pub const CONFIG_F_STACK_BYPASS: u32 = 1;
+/// `DatapathConfig::flags`: the ServiceCIDR tries (`LB_SVCCIDRS_V1`, `LB_SVCCIDR6_V1`) hold
+/// entries. Without it a packet to no frontend skips their lookup: with no ServiceCIDR,
+/// such a packet costs one bit test more than before, not a trie lookup.
+pub const CONFIG_F_SERVICE_CIDRS: u32 = 2;
 
 /// The single value of `LB_CONFIG_V1` (key 0).
 #[repr(C)]

@@ -69,6 +69,16 @@ counter_enum! {
         /// A packet to a load-balancer IP from a source outside its Service's
         /// `loadBalancerSourceRanges`: dropped, as kube-proxy's firewall chain does.
         SourceRangeDenied = 22 => "source_range_denied",
+        /// TCP or UDP from a pod (or a connect() of the node's) to an address inside a
+        /// ServiceCIDR that is not the ClusterIP of a proxied Service: dropped, as
+        /// kube-proxy's nftables mode does ("Drop traffic to unallocated ClusterIPs").
+        ServiceCidrUnallocated = 23 => "service_cidr_unallocated",
+        /// TCP to an allocated ClusterIP on a port no Service port defines: answered with a
+        /// RST (kube-proxy: "Reject traffic to invalid ports of ClusterIPs").
+        ClusterIpPortTcpReset = 24 => "cluster_ip_port_tcp_reset",
+        /// UDP to an allocated ClusterIP on a port no Service port defines: answered with
+        /// ICMP port unreachable.
+        ClusterIpPortUdpUnreachable = 25 => "cluster_ip_port_icmp_unreachable",
     }
 }
 

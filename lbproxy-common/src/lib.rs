@@ -208,6 +208,7 @@ pub mod pod_addrs;
 pub mod pod_ifs;
 pub mod sctp;
 pub mod select;
+pub mod service_cidrs;
 pub mod services;
 pub mod slots;
 pub mod snat_tries;
@@ -218,7 +219,7 @@ pub mod unserved;
 
 pub use affinity::{AffinityKey, AffinityKey6, AffinityKeyOf, AffinityValue, MAX_AFFINITY};
 pub use backends::{Backend, Backend6, BackendOf, MAX_BACKENDS};
-pub use config::{CONFIG_F_STACK_BYPASS, DatapathConfig};
+pub use config::{CONFIG_F_SERVICE_CIDRS, CONFIG_F_STACK_BYPASS, DatapathConfig};
 pub use delivery::Delivery;
 pub use dp_events::DatapathEvent;
 pub use drops::DropReason;
@@ -243,6 +244,10 @@ pub use node_ifs::{
 };
 pub use pod_addrs::{MAX_POD_ADDRS, PodAddr};
 pub use pod_ifs::{MAX_POD_IFS, POD_IF_BRIDGE, POD_IF_NETKIT, POD_IF_VETH, PodIf};
+pub use service_cidrs::{
+    CIDR_ALLOCATED, CIDR_SERVICE_RANGE, CidrKey, CidrKey6, CidrKeyOf, CidrValue,
+    MAX_SERVICE_CIDR_ENTRIES,
+};
 pub use services::{
     MAX_SERVICES, SCOPE_DEFAULT, SCOPE_INTERNAL, SVC_F_LOCAL_ONLY, SVC_F_SNAT, SVC_F_SOURCE_RANGES,
     SVC_F_SPLIT_SCOPE, SVC_F_TERMINATING_FALLBACK, SVC_KIND_CLUSTER_IP, SVC_KIND_EXTERNAL_IP,
@@ -305,6 +310,8 @@ pod!(
     MonitorCtl,
     MonitorRate,
     MonitorEvent,
+    CidrKey,
+    CidrKey6,
 );
 
 /// Every map the controller pins, and the datapath declares.
@@ -346,6 +353,8 @@ pub const MAPS: &[MapSpec] = &[
     sock::REV6_SPEC,
     src_ranges::SPEC6,
     dp_events::SPEC,
+    service_cidrs::SPEC,
+    service_cidrs::SPEC6,
 ];
 
 /// Earlier layouts a controller reads once at start, copies into their successor, then
@@ -429,6 +438,10 @@ pub mod map_names {
     pub const SRC_RANGES: &str = crate::src_ranges::SPEC.name;
     /// [`SRC_RANGES`] for IPv6 load-balancer IPs.
     pub const SRC_RANGES6: &str = crate::src_ranges::SPEC6.name;
+    /// The ServiceCIDRs and the ClusterIPs inside them, by prefix.
+    pub const SERVICE_CIDRS: &str = crate::service_cidrs::SPEC.name;
+    /// [`SERVICE_CIDRS`] for IPv6.
+    pub const SERVICE_CIDRS6: &str = crate::service_cidrs::SPEC6.name;
     /// Per-CPU counts of the tries each SNAT port allocation took.
     pub const SNAT_TRIES: &str = crate::snat_tries::SPEC.name;
     /// Socket-level load balancing: its settings (`SockConfig`, one entry).

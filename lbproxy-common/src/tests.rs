@@ -57,7 +57,7 @@ fn sizes<K, V>() -> (u32, u32) {
 
 #[test]
 fn spec_sizes_are_their_types() {
-    let cases: [(MapSpec, (u32, u32)); 40] = [
+    let cases: [(MapSpec, (u32, u32)); 42] = [
         (services::SPEC, sizes::<ServiceKey, ServiceValue>()),
         (services::SPEC_V1, sizes::<ServiceKey, ServiceValueV1>()),
         (slots::SPEC, sizes::<SlotKey, u32>()),
@@ -98,6 +98,8 @@ fn spec_sizes_are_their_types() {
         (sock::REV6_SPEC, sizes::<SockRevKey6, SockRevValue6>()),
         (src_ranges::SPEC6, sizes::<SrcRangeKey6, SrcRangeValue>()),
         (dp_events::SPEC, sizes::<u32, u64>()),
+        (service_cidrs::SPEC, sizes::<CidrKey, CidrValue>()),
+        (service_cidrs::SPEC6, sizes::<CidrKey6, CidrValue>()),
     ];
     for (spec, (k, v)) in cases {
         assert_eq!((spec.key_size, spec.value_size), (k, v), "{}", spec.name);
@@ -117,7 +119,7 @@ fn spec_sizes_are_their_types() {
 #[test]
 fn layouts_are_unchanged() {
     use MapKind::*;
-    let expected: [(&str, &str, MapKind, u32, u32, u32); 37] = [
+    let expected: [(&str, &str, MapKind, u32, u32, u32); 39] = [
         ("LB_BACKENDS_V1", "backends", Hash, 4, 8, 262_144),
         ("LB_SLOTS_V1", "slots", Hash, 8, 4, 262_144),
         ("LB_SERVICES_V2", "services", Hash, 8, 16, 65_536),
@@ -155,6 +157,8 @@ fn layouts_are_unchanged() {
         ("LB_SOCKREV6_V1", "sock_rev6", LruHash, 32, 28, 262_144),
         ("LB_SRCRANGE6_V1", "src_ranges6", LpmTrie, 24, 4, 65_536),
         ("LB_DPEVENTS_V1", "datapath_events", PerCpuArray, 4, 8, 16),
+        ("LB_SVCCIDRS_V1", "service_cidrs", LpmTrie, 8, 4, 65_536),
+        ("LB_SVCCIDR6_V1", "service_cidrs6", LpmTrie, 20, 4, 65_536),
     ];
     let got: Vec<_> = MAPS
         .iter()
@@ -268,13 +272,16 @@ fn zero_is_todays_behaviour() {
 }
 
 /// Every map is preallocated, but the informational unserved list, whose memory follows
-/// what it holds, and the source-range tries (the kernel allows no other kind of LPM trie).
+/// what it holds, and the LPM tries (source ranges, ServiceCIDRs: the kernel allows no other
+/// kind of LPM trie).
 #[test]
-fn only_the_unserved_list_and_the_trie_are_not_preallocated() {
+fn only_the_unserved_list_and_the_tries_are_not_preallocated() {
     for s in MAPS {
         let want = if s.name == unserved::SPEC.name
             || s.name == src_ranges::SPEC.name
             || s.name == src_ranges::SPEC6.name
+            || s.name == service_cidrs::SPEC.name
+            || s.name == service_cidrs::SPEC6.name
         {
             spec::BPF_F_NO_PREALLOC
         } else {

@@ -21,7 +21,7 @@ use crate::{
         LB_AFFINITY_V1, LB_AFFINITY6_V1, LB_BACKENDS_V1, LB_BACKENDS6_V1, LB_FLOWS_V3,
         LB_FLOWS6_V1, LB_NODEADDR6_V1, LB_NODEADDRS_V1, LB_NODEIFS_V1, LB_NODEIFS6_V1, LB_PACKET6,
         LB_PODADDRS_V1, LB_SCRATCH_V1, LB_SCRATCH6_V1, LB_SERVICES_V2, LB_SERVICES6_V1,
-        LB_SRCRANGE6_V1, LB_SRCRANGES_V1,
+        LB_SRCRANGE6_V1, LB_SRCRANGES_V1, LB_SVCCIDR6_V1, LB_SVCCIDRS_V1,
     },
     stage::{Source, StagedPacket},
 };
@@ -42,6 +42,9 @@ pub trait Family: Headers {
     fn node_if_source(ifindex: u32) -> Option<Source<Self>>;
     /// Whether `src` is in one of frontend `svc_id`'s `loadBalancerSourceRanges`.
     fn in_source_ranges(svc_id: u32, src: Self) -> bool;
+    /// What the longest ServiceCIDR entry holding `dst` says (`LB_SVCCIDRS_V1`,
+    /// `LB_SVCCIDR6_V1`): `CIDR_ALLOCATED`, `CIDR_SERVICE_RANGE`, or 0 for none.
+    fn service_cidr(dst: &Self) -> u32;
     /// The backend with this id, if it is still live.
     fn backend(id: u32) -> Option<BackendOf<Self>>;
     /// The flow half under `key`.
@@ -169,6 +172,10 @@ impl Family for [u8; 4] {
     fn in_source_ranges(svc_id: u32, src: Self) -> bool {
         in_ranges(svc_id, u32::from_ne_bytes(src)) != 0
     }
+    #[inline(always)]
+    fn service_cidr(dst: &Self) -> u32 {
+        cidr_of(u32::from_ne_bytes(*dst))
+    }
 }
 
 impl Family for [u8; 16] {
@@ -218,6 +225,12 @@ impl Family for [u8; 16] {
         let w = |i: usize| u32::from_ne_bytes([src[i], src[i + 1], src[i + 2], src[i + 3]]);
         in_ranges6(svc_id, w(0), w(4), w(8), w(12)) != 0
     }
+    /// A longest-prefix lookup in `LB_SVCCIDR6_V1`, in its own BPF function.
+    #[inline(always)]
+    fn service_cidr(dst: &Self) -> u32 {
+        let w = |i: usize| u32::from_ne_bytes([dst[i], dst[i + 1], dst[i + 2], dst[i + 3]]);
+        cidr_of6(w(0), w(4), w(8), w(12))
+    }
 }
 
 /// 1 when `src` (network order, as read) is in one of frontend `svc_id`'s ranges. Its own
@@ -251,4 +264,25 @@ pub fn in_ranges6(svc_id: u32, a: u32, b: u32, c: u32, d: u32) -> u32 {
         },
     );
     u32::from(LB_SRCRANGE6_V1.get(&key).is_some())
+}
+
+/// The value of the longest `LB_SVCCIDRS_V1` entry holding `dst` (network order, as read),
+/// 0 for none. Its own BPF function, as [`in_ranges`]; called only for a packet or socket
+/// that missed every frontend.
+#[inline(never)]
+pub fn cidr_of(dst: u32) -> u32 {
+    let key = Key::new(32, dst.to_ne_bytes());
+    LB_SVCCIDRS_V1.get(&key).copied().unwrap_or(0)
+}
+
+/// [`cidr_of`] for an IPv6 destination, given as its four words, in `LB_SVCCIDR6_V1`.
+#[inline(never)]
+pub fn cidr_of6(a: u32, b: u32, c: u32, d: u32) -> u32 {
+    let mut addr = [0u8; 16];
+    addr[0..4].copy_from_slice(&a.to_ne_bytes());
+    addr[4..8].copy_from_slice(&b.to_ne_bytes());
+    addr[8..12].copy_from_slice(&c.to_ne_bytes());
+    addr[12..16].copy_from_slice(&d.to_ne_bytes());
+    let key = Key::new(128, addr);
+    LB_SVCCIDR6_V1.get(&key).copied().unwrap_or(0)
 }

@@ -16,7 +16,7 @@ use lbproxy_common::{
     ServiceLabel, ServiceValue, SlotKey, SockConfig, SockRevKey, SockRevKey6, SockRevValue,
     SockRevValue6, SrcCheck, SrcRangeData, SrcRangeData6, UnservedKey, UnservedValue, affinity,
     backends, config, delivery, drops, flows, frags, labels, members, monitor, node_addrs,
-    node_ifs, pod_addrs, pod_ifs, services, slots, snat_tries, sock,
+    node_ifs, pod_addrs, pod_ifs, service_cidrs, services, slots, snat_tries, sock,
     spec::{MapKind, MapSpec, size_u32, str_eq},
     src_check, src_ranges, unserved,
 };
@@ -218,6 +218,11 @@ map! {
     /// Per-CPU counters of events that are not drops, by `DatapathEvent`. Written by
     /// `reason`.
     LB_DPEVENTS_V1: PerCpuArray<u64> = lbproxy_common::dp_events::SPEC;
+    /// The ServiceCIDRs and the ClusterIPs inside them (`CIDR_*`). Read by `lb::cidr`, only
+    /// for a packet or socket that missed every frontend.
+    LB_SVCCIDRS_V1: LpmTrie<[u8; 4], u32> = service_cidrs::SPEC;
+    /// [`LB_SVCCIDRS_V1`] for IPv6.
+    LB_SVCCIDR6_V1: LpmTrie<[u8; 16], u32> = service_cidrs::SPEC6;
 }
 
 /// The controller's settings (`LB_CONFIG_V1`, entry 0): the stack bypass flag (for

@@ -36,8 +36,10 @@ use lbproxy_common::{
 
 use crate::{
     family::Family,
-    lb::{affinity, select, service},
+    lb::{affinity, cidr, select, service},
     maps::{self, LB_SOCKCFG_V1, LB_SOCKCNT_V1, LB_SOCKREV_V1, LB_SOCKREV6_V1},
+    reason,
+    stage::Verdict,
 };
 
 /// Let the syscall go on (with the address as the program left it).
@@ -45,6 +47,7 @@ pub const ALLOW: i32 = 1;
 /// Fail the syscall, with the error set by `bpf_set_retval`.
 const DENY: i32 = 0;
 const ECONNREFUSED: i32 = 111;
+const EPERM: i32 = 1;
 
 /// Counts one `event`.
 #[inline(always)]
@@ -269,7 +272,9 @@ fn translation<A: Family>(
     proto: u8,
     refused: SockEvent,
 ) -> Result<(u64, ServiceValue, u32, BackendOf<A>), i32> {
-    let svc = service::lookup_local(*addr, port_be, proto).ok_or(ALLOW)?;
+    let Some(svc) = service::lookup_local(*addr, port_be, proto) else {
+        return Err(no_frontend(ctx, addr, proto));
+    };
     match in_scope(ctx) {
         Ok(()) => {}
         Err(Scope::Off) => return Err(ALLOW),
@@ -293,6 +298,32 @@ fn translation<A: Family>(
             Err(ALLOW)
         }
     }
+}
+
+/// A socket in scope addressed to no frontend but inside a ServiceCIDR (`lb::cidr`): to an
+/// allocated ClusterIP's undefined port, the syscall fails with ECONNREFUSED (what the RST
+/// or ICMP port unreachable of the packet path gives a client); to an unallocated address,
+/// with EPERM (what a netfilter drop in OUTPUT gives a local socket, as under kube-proxy).
+/// Counted under the packet path's reasons. Anything else goes on untouched.
+#[inline(always)]
+fn no_frontend<A: Family>(ctx: &SockAddrContext, addr: &A, proto: u8) -> i32 {
+    if !cidr::enabled() {
+        return ALLOW;
+    }
+    let Some(v) = cidr::verdict(addr, proto) else {
+        return ALLOW;
+    };
+    if in_scope(ctx).is_err() {
+        return ALLOW;
+    }
+    let errno = match v {
+        Verdict::Reject(_) => ECONNREFUSED,
+        Verdict::Drop(_) => EPERM,
+    };
+    reason::count(v.reason());
+    // SAFETY: a helper of cgroup programs; the error is what the syscall returns.
+    unsafe { bpf_set_retval(-errno) };
+    DENY
 }
 
 /// `connect4` and `sendmsg4` (and `connect6`, `sendmsg6` with `v6`): translates a socket

@@ -18,7 +18,8 @@
 //! # What it serves
 //! * Resources (list, watch, get, create, update, patch, delete), cluster-wide and namespaced
 //!   paths: `v1` `services`, `nodes`, `events`, `pods`, `endpoints`; `discovery.k8s.io/v1`
-//!   `endpointslices`; `events.k8s.io/v1` `events`.
+//!   `endpointslices`; `events.k8s.io/v1` `events`; `networking.k8s.io/v1` `servicecidrs`
+//!   (which [`ApiServer::hide_resource`] takes away, as an API server older than 1.33).
 //! * Discovery: `/version`, `/api`, `/apis`, `/api/v1`, `/apis/<group>/<version>`.
 //! * Anything else answers 404 and is printed to stderr as `apiserver: UNKNOWN ...`.
 //!
@@ -248,6 +249,13 @@ const RESOURCES: &[Res] = &[
         plural: "events",
         namespaced: true,
     },
+    Res {
+        kind: "ServiceCIDR",
+        api_version: "networking.k8s.io/v1",
+        prefix: "/apis/networking.k8s.io/v1",
+        plural: "servicecidrs",
+        namespaced: false,
+    },
 ];
 
 fn res_by_kind(api_version: &str, kind: &str) -> Option<usize> {
@@ -357,6 +365,8 @@ struct Store {
     break_gen: u64,
     down: bool,
     unknown: Vec<String>,
+    /// Resources (plurals) answered with 404, as a server that does not have them.
+    hidden: Vec<&'static str>,
 }
 
 struct Conn {
@@ -423,6 +433,7 @@ impl ApiServer {
                 break_gen: 0,
                 down: false,
                 unknown: Vec::new(),
+                hidden: Vec::new(),
             }),
             cv: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -441,6 +452,13 @@ impl ApiServer {
             inner,
             accept: Some(accept),
         }
+    }
+
+    /// Answers every request for resource `plural` (`servicecidrs`, say) with 404 from now
+    /// on, and leaves it out of discovery: an API server that does not have it (ServiceCIDR
+    /// before Kubernetes 1.33, or with the API disabled).
+    pub fn hide_resource(&self, plural: &'static str) {
+        self.lock().hidden.push(plural);
     }
 
     /// The port it listens on (127.0.0.1 in its namespace).
@@ -1222,14 +1240,20 @@ fn route(inner: &Inner, req: &HttpReq, params: &BTreeMap<String, String>) -> Res
             };
             return ok(json!({
                 "kind": "APIGroupList", "apiVersion": "v1",
-                "groups": [group("discovery.k8s.io"), group("events.k8s.io")],
+                "groups": [group("discovery.k8s.io"), group("events.k8s.io"), group("networking.k8s.io")],
             }));
         }
         ("GET", p) if RESOURCES.iter().any(|r| r.prefix == p) => {
             let gv = p.trim_start_matches("/api/").trim_start_matches("/apis/");
+            let hidden = inner
+                .st
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .hidden
+                .clone();
             let resources: Vec<Value> = RESOURCES
                 .iter()
-                .filter(|r| r.prefix == p)
+                .filter(|r| r.prefix == p && !hidden.contains(&r.plural))
                 .map(|r| {
                     json!({
                         "name": r.plural, "singularName": "", "namespaced": r.namespaced,
@@ -1253,6 +1277,16 @@ fn route(inner: &Inner, req: &HttpReq, params: &BTreeMap<String, String>) -> Res
     }
     let r = &RESOURCES[p.res];
     let mut st = inner.st.lock().unwrap_or_else(|e| e.into_inner());
+    if st.hidden.contains(&r.plural) {
+        return Resp {
+            status: 404,
+            body: status_obj(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            ),
+        };
+    }
     let is_event = r.kind == "Event";
     let parse_body = |st: &mut Store, method: &str| -> Result<Value, Resp> {
         let v: Value = serde_json::from_slice(&req.body).map_err(|e| Resp {

@@ -918,6 +918,7 @@ fn rbac_problems(docs: &[Doc]) -> Vec<String> {
         ),
         ("", "events", &["create", "patch"][..]),
         ("events.k8s.io", "events", &["create", "patch"][..]),
+        ("networking.k8s.io", "servicecidrs", &["list", "watch"][..]),
     ];
     for (group, resource, verbs) in needed {
         for verb in verbs {

@@ -75,6 +75,14 @@ stage! {
     fn forward<A: Datapath>(ctx: &TcContext, staged: &mut StagedPacket<A>) -> Forwarded {
         let pkt = &staged.pkt;
         let Some(svc) = lb::service::lookup_from_pod(pkt) else {
+            // Inside a ServiceCIDR: an allocated ClusterIP's undefined port is rejected, an
+            // unallocated address dropped (`lb::cidr`). A header cut short passes as before.
+            if pkt.l4 != L4::Bad
+                && lb::cidr::enabled()
+                && let Some(v) = lb::cidr::verdict(&pkt.dst_addr, pkt.proto)
+            {
+                return Forwarded::record(staged, Err(v));
+            }
             return Forwarded::NoFrontend;
         };
         if pkt.l4 == L4::Bad {

@@ -13,6 +13,7 @@ pub mod flow_gc;
 pub mod ifaces;
 pub mod node;
 pub mod pinned;
+pub mod service_cidrs;
 pub mod sock;
 pub mod sock_diag;
 pub mod sock_vip;
@@ -411,11 +412,13 @@ pub fn write_config(dir: &Path, stack_bypass: bool) -> Result<(), BpfError> {
         seed
     };
     let config = DatapathConfig {
-        flags: if stack_bypass {
-            CONFIG_F_STACK_BYPASS
-        } else {
-            0
-        },
+        // The ServiceCIDR flag is the programmer's: kept until its first sync rewrites it.
+        flags: (pinned_config.flags & lbproxy_common::CONFIG_F_SERVICE_CIDRS)
+            | if stack_bypass {
+                CONFIG_F_STACK_BYPASS
+            } else {
+                0
+            },
         // The controller's id cursor is kept too (see `DatapathConfig::next_id`).
         ..pinned_config
     }

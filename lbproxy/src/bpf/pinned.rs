@@ -45,6 +45,8 @@ pub struct PinnedMaps {
     pub sock_events: PerCpuArray<MapData, u64>,
     pub sock_rev: BpfHashMap<MapData, lbproxy_common::SockRevKey, lbproxy_common::SockRevValue>,
     pub sock_rev6: BpfHashMap<MapData, lbproxy_common::SockRevKey6, lbproxy_common::SockRevValue6>,
+    /// The ServiceCIDR tries of both families.
+    pub service_cidrs: super::service_cidrs::CidrTries,
 }
 
 impl PinnedMaps {
@@ -80,6 +82,10 @@ impl PinnedMaps {
             sock_events: open_pinned(dir, map_names::SOCK_EVENTS, Map::PerCpuArray)?,
             sock_rev: open_pinned(dir, map_names::SOCK_REV, Map::LruHashMap)?,
             sock_rev6: open_pinned(dir, map_names::SOCK_REV6, Map::LruHashMap)?,
+            service_cidrs: super::service_cidrs::CidrTries {
+                v4: open_if_pinned(dir, map_names::SERVICE_CIDRS)?,
+                v6: open_if_pinned(dir, map_names::SERVICE_CIDRS6)?,
+            },
         })
     }
 
@@ -229,6 +235,18 @@ pub(super) fn del_ok(r: Result<(), MapError>) -> Result<(), MapError> {
     }
 }
 
+/// An LPM trie pinned under `dir` as `name`, or `None` when it is not pinned (maps of an
+/// older lbproxy).
+fn open_if_pinned<K: aya::Pod>(
+    dir: &Path,
+    name: &'static str,
+) -> Result<Option<aya::maps::LpmTrie<MapData, K, u32>>, BpfError> {
+    if !dir.join(name).exists() {
+        return Ok(None);
+    }
+    Ok(Some(open_pinned(dir, name, Map::LpmTrie)?))
+}
+
 /// The source-range trie key of frontend `svc_id`'s range `addr/prefix`: the whole id,
 /// then the range (`LB_SRCRANGES_V1` or `LB_SRCRANGE6_V1`, by `A`).
 fn src_range_key<A: Addr>(
@@ -342,6 +360,15 @@ impl Maps for PinnedMaps {
                 .map_err(|e| werr(map_names::SERVICES6, "delete", name, e)),
         }
     }
+    fn read_service_cidrs(&self) -> std::collections::BTreeMap<ipnet::IpNet, u32> {
+        self.service_cidrs.read()
+    }
+    fn put_service_cidr(&mut self, net: ipnet::IpNet, value: u32) -> Result<(), MapWriteError> {
+        self.service_cidrs.put(net, value)
+    }
+    fn del_service_cidr(&mut self, net: ipnet::IpNet) -> Result<(), MapWriteError> {
+        self.service_cidrs.del(net)
+    }
     fn put_src_range(&mut self, svc_id: u32, range: ipnet::IpNet) -> Result<(), MapWriteError> {
         let (map, r) = match range {
             ipnet::IpNet::V4(n) => (
@@ -429,6 +456,27 @@ impl Maps for PinnedMaps {
     }
     fn read_id_cursor(&self) -> u32 {
         self.config.get(&0, 0).map_or(0, |c| c.next_id)
+    }
+    fn read_service_cidrs_flag(&self) -> bool {
+        self.config
+            .get(&0, 0)
+            .is_ok_and(|c| c.flags & lbproxy_common::CONFIG_F_SERVICE_CIDRS != 0)
+    }
+    fn put_service_cidrs_flag(&mut self, on: bool) -> Result<(), MapWriteError> {
+        let entry = || format!("flag service_cidrs {on}");
+        // As `put_id_cursor`: only the controller writes the entry once running.
+        let current = self
+            .config
+            .get(&0, 0)
+            .map_err(|e| werr(map_names::CONFIG, "lookup", entry(), e))?;
+        let flags = if on {
+            current.flags | lbproxy_common::CONFIG_F_SERVICE_CIDRS
+        } else {
+            current.flags & !lbproxy_common::CONFIG_F_SERVICE_CIDRS
+        };
+        self.config
+            .set(0, DatapathConfig { flags, ..current }, 0)
+            .map_err(|e| werr(map_names::CONFIG, "update", entry(), e))
     }
     fn put_id_cursor(&mut self, next: u32) -> Result<(), MapWriteError> {
         let entry = || format!("next_id {next}");

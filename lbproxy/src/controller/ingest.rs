@@ -22,6 +22,9 @@ pub struct Ingest {
     /// Lists in progress, already normalized so a big list never holds every raw object.
     listing_services: Option<Listed<model::Service>>,
     listing_slices: Option<Listed<model::EndpointSlice>>,
+    listing_cidrs: Option<Listed<model::ServiceCidr>>,
+    /// The ServiceCIDRs changed since the last sync.
+    pub cidrs_changed: bool,
     /// Which kinds have been listed in full at least once.
     listed: BTreeSet<Kind>,
     /// Trigger times of slice changes not yet written.
@@ -47,6 +50,11 @@ impl Ingest {
             SourceEvent::Listing(Kind::Services) => self.listing_services = Some(Vec::new()),
             SourceEvent::Listing(Kind::Slices) => self.listing_slices = Some(Vec::new()),
             SourceEvent::Listing(Kind::Node) => {}
+            SourceEvent::Listing(Kind::ServiceCidrs) => self.listing_cidrs = Some(Vec::new()),
+            SourceEvent::ServiceCidr { id, cidr } => match &mut self.listing_cidrs {
+                Some(list) => list.push((id, cidr)),
+                None => self.cidrs_changed |= self.model.set_service_cidr(&id, cidr),
+            },
             SourceEvent::Service { id, service } => match &mut self.listing_services {
                 Some(list) => list.push((id, service)),
                 None => {
@@ -138,6 +146,23 @@ impl Ingest {
                     // held; it is not counted in the changes total.
                     self.endpoint_changes_pending += 1;
                     report.queued();
+                }
+            }
+            Kind::ServiceCidrs => {
+                let list = self.listing_cidrs.take().unwrap_or_default();
+                let keep: BTreeSet<&NamespacedName> = list.iter().map(|(k, _)| k).collect();
+                let gone: Vec<NamespacedName> = self
+                    .model
+                    .service_cidrs
+                    .keys()
+                    .filter(|k| !keep.contains(k))
+                    .cloned()
+                    .collect();
+                for k in gone {
+                    self.cidrs_changed |= self.model.set_service_cidr(&k, None);
+                }
+                for (k, c) in list {
+                    self.cidrs_changed |= self.model.set_service_cidr(&k, c);
                 }
             }
             Kind::Node => {}

@@ -245,7 +245,7 @@ impl<M: Maps> Controller<M> {
 
     /// Changes are waiting for a sync.
     pub fn has_pending(&self) -> bool {
-        !self.ingest.dirty.is_empty()
+        !self.ingest.dirty.is_empty() || self.ingest.cidrs_changed
     }
 
     /// Programs the whole model. On a failed write every service is retried by the next
@@ -253,6 +253,7 @@ impl<M: Maps> Controller<M> {
     pub fn sync_all(&mut self, what: &str) -> bool {
         let started = Instant::now();
         self.ingest.dirty.clear();
+        self.ingest.cidrs_changed = false;
         let result = self.sync.all(&self.ingest.model, &self.node);
         self.retry_all_if_failed(&result);
         self.want_health_checks(None);
@@ -264,15 +265,19 @@ impl<M: Maps> Controller<M> {
     /// Programs only the services changed since the last sync; on a failed write they stay
     /// pending.
     pub fn sync_dirty(&mut self) -> bool {
-        if self.ingest.dirty.is_empty() {
+        if self.ingest.dirty.is_empty() && !self.ingest.cidrs_changed {
             return true;
         }
         let started = Instant::now();
         let dirty = std::mem::take(&mut self.ingest.dirty);
+        // A change of the ServiceCIDRs alone: the tables are compared whole by the sync.
+        self.ingest.cidrs_changed = false;
         let result = self.sync.services(&self.ingest.model, &self.node, &dirty);
         self.want_health_checks(Some(&dirty));
         if result.is_err() {
             self.ingest.dirty.extend(dirty);
+            // The ServiceCIDR tables retry in full with the next sync.
+            self.ingest.cidrs_changed = true;
         }
         self.record("changes", started, result)
     }
@@ -281,6 +286,7 @@ impl<M: Maps> Controller<M> {
     pub fn reconcile(&mut self) -> bool {
         let started = Instant::now();
         self.ingest.dirty.clear();
+        self.ingest.cidrs_changed = false;
         let result = self.sync.reconcile(&self.ingest.model, &self.node);
         self.retry_all_if_failed(&result);
         self.want_health_checks(None);

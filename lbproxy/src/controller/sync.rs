@@ -28,6 +28,7 @@ use lbproxy_common::{UnservedKey, UnservedValue};
 
 use crate::desired::{self, Frontend, FrontendSpec, Unserved};
 use crate::model::{Model, NamespacedName, Service};
+use crate::program::cidrs::CidrProgrammer;
 use crate::program::{ApplyStats, MapWriteError, Maps, Programmer};
 
 /// The most backend slots (frontends × endpoints) one service may take: an eighth of the
@@ -73,6 +74,20 @@ fn over_limit(svc: &NamespacedName, served: &[(Frontend, FrontendSpec)]) -> Opti
 }
 
 pub type ApplyResult = Result<ApplyStats, (ApplyStats, Vec<MapWriteError>)>;
+
+/// `result` with the ServiceCIDR tables' failed writes added.
+fn with_errors(result: ApplyResult, errors: Vec<MapWriteError>) -> ApplyResult {
+    if errors.is_empty() {
+        return result;
+    }
+    match result {
+        Ok(stats) => Err((stats, errors)),
+        Err((stats, mut e)) => {
+            e.extend(errors);
+            Err((stats, e))
+        }
+    }
+}
 
 /// A service claiming a frontend, ordered so that the first claimant gets it: the older
 /// service (by `creationTimestamp`; one without it after every one with it), then the
@@ -129,6 +144,8 @@ impl Claims {
 pub struct Sync<M: Maps> {
     maps: M,
     programmer: Programmer,
+    /// The ServiceCIDR tables (`desired::service_cidrs`).
+    cidrs: CidrProgrammer,
     /// The frontends each service claims, with the rank it claims them with.
     frontends_of: HashMap<NamespacedName, (Claimant, Vec<Frontend>)>,
     /// Every claimant of every frontend, first the one that gets it.
@@ -166,6 +183,7 @@ impl<M: Maps> Sync<M> {
         Self {
             programmer: Programmer::adopt(adopted, cursor),
             unserved: maps.read_unserved(),
+            cidrs: CidrProgrammer::adopt(maps.read_service_cidrs(), maps.read_service_cidrs_flag()),
             maps,
             frontends_of: HashMap::new(),
             claims: HashMap::new(),
@@ -347,6 +365,7 @@ impl<M: Maps> Sync<M> {
             .collect();
         self.note_conflicts(contested);
         let result = self.programmer.apply(&mut self.maps, &desired);
+        let result = with_errors(result, self.cidrs.all(&mut self.maps, model));
         let gone: Vec<UnservedKey> = self
             .unserved
             .keys()
@@ -468,6 +487,7 @@ impl<M: Maps> Sync<M> {
             upserts.iter().map(|(f, s)| (*f, s)),
             &removed,
         );
+        let result = with_errors(result, self.cidrs.services(&mut self.maps, model, dirty));
         self.write_unserved(&unserved_gone, unserved_new.iter());
         result
     }
@@ -484,6 +504,10 @@ impl<M: Maps> Sync<M> {
             tracing::warn!("the maps drifted from the model (edited by hand?); repairing");
             self.programmer.readopt(observed);
         }
+        self.cidrs.readopt(
+            self.maps.read_service_cidrs(),
+            self.maps.read_service_cidrs_flag(),
+        );
         self.all(model, node)
     }
 }

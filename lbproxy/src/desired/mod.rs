@@ -4,6 +4,7 @@
 
 pub mod endpoints;
 mod frontends;
+pub mod service_cidrs;
 mod topology;
 
 pub use frontends::{

@@ -6,6 +6,7 @@
 
 mod node;
 mod service;
+mod service_cidr;
 mod slice;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -14,6 +15,7 @@ use std::net::IpAddr;
 
 pub use node::{NodeInfo, TO_BE_DELETED_TAINT, node_from_k8s, not_eligible, zone_of};
 pub use service::{IpMode, Service, ServicePort, ServiceType, TargetPort, service_from_k8s};
+pub use service_cidr::{ServiceCidr, service_cidr_from_k8s};
 #[cfg(test)]
 pub use slice::SlicePort;
 pub use slice::{Endpoint, EndpointAddr, EndpointSlice, Hints, resolve_slice_port, slice_from_k8s};
@@ -49,9 +51,10 @@ impl NamespacedName {
 }
 
 impl fmt::Display for NamespacedName {
+    /// `namespace/name`; a cluster-scoped object's (empty namespace) is its name alone.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.namespace.is_empty() {
-            // A cluster-scoped object (a Node).
+            // A cluster-scoped object (a Node, a ServiceCIDR).
             return f.write_str(&self.name);
         }
         write!(f, "{}/{}", self.namespace, self.name)
@@ -160,6 +163,8 @@ pub struct Model {
     /// This node's zone: the `topology.kubernetes.io/zone` label of its Node object, `None`
     /// without the label or the object. Zone hints apply only with one.
     pub node_zone: Option<String>,
+    /// The cluster's ServiceCIDRs, by name (`desired::service_cidrs`).
+    pub service_cidrs: BTreeMap<NamespacedName, ServiceCidr>,
 }
 
 /// The Node label naming its zone.
@@ -275,6 +280,18 @@ impl Model {
             }
             Some(_) => false,
             None => self.services.remove(id).is_some(),
+        }
+    }
+
+    /// Defines (`Some`) or removes (`None`) a ServiceCIDR. Returns whether that changed it.
+    pub fn set_service_cidr(&mut self, id: &NamespacedName, new: Option<ServiceCidr>) -> bool {
+        match new {
+            Some(c) if self.service_cidrs.get(id) != Some(&c) => {
+                self.service_cidrs.insert(id.clone(), c);
+                true
+            }
+            Some(_) => false,
+            None => self.service_cidrs.remove(id).is_some(),
         }
     }
 

@@ -120,6 +120,16 @@ pub trait Maps {
         value: &UnservedValue,
     ) -> Result<(), MapWriteError>;
     fn del_unserved(&mut self, key: UnservedKey) -> Result<(), MapWriteError>;
+    /// The ServiceCIDR tables of both families (`LB_SVCCIDRS_V1`, `LB_SVCCIDR6_V1`): each
+    /// prefix and its value (`CIDR_*`).
+    fn read_service_cidrs(&self) -> BTreeMap<ipnet::IpNet, u32>;
+    fn put_service_cidr(&mut self, net: ipnet::IpNet, value: u32) -> Result<(), MapWriteError>;
+    fn del_service_cidr(&mut self, net: ipnet::IpNet) -> Result<(), MapWriteError>;
+    /// Sets or clears `CONFIG_F_SERVICE_CIDRS` in `LB_CONFIG_V1`: whether the datapath looks
+    /// the tries up at all.
+    fn put_service_cidrs_flag(&mut self, on: bool) -> Result<(), MapWriteError>;
+    /// `CONFIG_F_SERVICE_CIDRS` as the maps hold it (an earlier run's, at start).
+    fn read_service_cidrs_flag(&self) -> bool;
     /// The id cursor persisted by [`Maps::put_id_cursor`] (0: none yet).
     fn read_id_cursor(&self) -> u32;
     /// Persists the id cursor: no id at or past `next` has been handed out since the ids
@@ -205,6 +215,8 @@ pub mod mem {
         pub members: BTreeMap<(u32, u32), u32>,
         pub unserved: BTreeMap<UnservedKey, UnservedValue>,
         pub src_ranges: std::collections::BTreeSet<(u32, ipnet::IpNet)>,
+        pub service_cidrs: BTreeMap<ipnet::IpNet, u32>,
+        pub service_cidrs_flag: bool,
         /// The persisted id cursor (`LB_CONFIG_V1`'s `next_id` in the real maps).
         pub id_cursor: u32,
         pub ops: usize,
@@ -395,6 +407,27 @@ pub mod mem {
         fn del_unserved(&mut self, key: UnservedKey) -> Result<(), MapWriteError> {
             self.step("unserved")?;
             self.unserved.remove(&key);
+            Ok(())
+        }
+        fn read_service_cidrs(&self) -> BTreeMap<ipnet::IpNet, u32> {
+            self.service_cidrs.clone()
+        }
+        fn put_service_cidr(&mut self, net: ipnet::IpNet, value: u32) -> Result<(), MapWriteError> {
+            self.step("service_cidrs")?;
+            self.service_cidrs.insert(net, value);
+            Ok(())
+        }
+        fn del_service_cidr(&mut self, net: ipnet::IpNet) -> Result<(), MapWriteError> {
+            self.step("service_cidrs")?;
+            self.service_cidrs.remove(&net);
+            Ok(())
+        }
+        fn read_service_cidrs_flag(&self) -> bool {
+            self.service_cidrs_flag
+        }
+        fn put_service_cidrs_flag(&mut self, on: bool) -> Result<(), MapWriteError> {
+            self.step("config")?;
+            self.service_cidrs_flag = on;
             Ok(())
         }
         fn read_id_cursor(&self) -> u32 {

@@ -2,6 +2,7 @@
 //! desired and writes the difference through the [`Maps`] trait; [`encode`] is how the
 //! desired state's types look in the maps.
 
+pub mod cidrs;
 pub mod encode;
 mod maps;
 mod programmer;

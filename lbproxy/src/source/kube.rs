@@ -1,5 +1,6 @@
 //! The Kubernetes API source: list+watch of Services, EndpointSlices (label
-//! `kubernetes.io/service-name`) and this node, with kube-rs watchers.
+//! `kubernetes.io/service-name`), ServiceCIDRs (`networking.k8s.io/v1`; none on an API
+//! server without them) and this node, with kube-rs watchers.
 //!
 //! A watcher re-lists after a `410 Gone` and resumes a broken watch from the last
 //! resourceVersion; kube-rs's default backoff spaces out retries while the API server is away.
@@ -12,6 +13,7 @@ use std::path::Path;
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Node, Service as K8sService};
 use k8s_openapi::api::discovery::v1::EndpointSlice as K8sEndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR as K8sServiceCidr;
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
@@ -53,10 +55,19 @@ pub async fn client(
         .build())
 }
 
+/// How long a source waits before looking again for a resource the API server does not
+/// have (`optional` in [`spawn_watch`]).
+const MISSING_RETRY: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Watches `api`, sending each event through `wrap`. With `optional`, the resource may be
+/// missing from the API server (ServiceCIDR before Kubernetes 1.33): a 404 is then an empty
+/// list of that kind, logged once, and the source looks again every [`MISSING_RETRY`]
+/// instead of retrying at the watcher's pace.
 fn spawn_watch<K, F>(
     api: Api<K>,
     cfg: watcher::Config,
     name: &'static str,
+    optional: Option<Kind>,
     tx: mpsc::Sender<SourceEvent>,
     wrap: F,
 ) where
@@ -64,13 +75,22 @@ fn spawn_watch<K, F>(
     F: Fn(Event<K>) -> SourceEvent + Send + 'static,
 {
     tokio::spawn(async move {
+        let mut missing = false;
         loop {
             let mut stream = watcher::watcher(api.clone(), cfg.clone())
                 .default_backoff()
                 .boxed();
+            let mut absent: Option<&'static str> = None;
             while let Some(item) = stream.next().await {
                 let (ev, relist) = match item {
-                    Ok(ev) => (wrap(ev), false),
+                    Ok(ev) => {
+                        missing = false;
+                        (wrap(ev), false)
+                    }
+                    Err(e) if optional.is_some() && unavailable(&e).is_some() => {
+                        absent = unavailable(&e);
+                        break;
+                    }
                     Err(e) => {
                         let gone = is_gone(&e);
                         (
@@ -90,6 +110,24 @@ fn spawn_watch<K, F>(
                 if relist {
                     break;
                 }
+            }
+            if let (Some(why), Some(kind)) = (absent, optional) {
+                if !missing {
+                    missing = true;
+                    tracing::warn!(
+                        resource = name,
+                        "{name}: {why}; taken as none, looking again every {} s",
+                        MISSING_RETRY.as_secs()
+                    );
+                    let empty = [SourceEvent::Listing(kind), SourceEvent::Listed(kind)];
+                    for ev in empty {
+                        if tx.send(ev).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                tokio::time::sleep(MISSING_RETRY).await;
+                continue;
             }
             // A 410 on the watch request itself: kube-rs would retry the same expired
             // resourceVersion forever, so start over with a fresh list, as client-go does.
@@ -159,6 +197,43 @@ fn slice_event(slice: &K8sEndpointSlice, present: bool) -> SourceEvent {
     SourceEvent::Slice { id, slice, trigger }
 }
 
+/// Why an optional resource cannot be read, when the list or the watch was answered `404
+/// Not Found` (the API server does not have it) or `403 Forbidden` (the ClusterRole does not
+/// grant it: an RBAC from before the resource was used).
+fn unavailable(e: &watcher::Error) -> Option<&'static str> {
+    let (watcher::Error::InitialListFailed(kube::Error::Api(s))
+    | watcher::Error::WatchStartFailed(kube::Error::Api(s))) = e
+    else {
+        return None;
+    };
+    match s.code {
+        404 => Some("the API server does not have the resource (404; Kubernetes before 1.33?)"),
+        403 => Some("forbidden (403): the ClusterRole must grant list and watch on it"),
+        _ => None,
+    }
+}
+
+/// A ServiceCIDR as the model takes it; an invalid one is logged and left out.
+fn service_cidr_event(c: &K8sServiceCidr, present: bool) -> SourceEvent {
+    let id = NamespacedName {
+        namespace: String::new(),
+        name: c.metadata.name.clone().unwrap_or_default(),
+    };
+    let cidr = if present {
+        match model::service_cidr_from_k8s(c) {
+            Ok(Normalized::Proxied(c)) => Some(c),
+            Ok(Normalized::Skipped(_)) => None,
+            Err(e) => {
+                tracing::warn!(service_cidr = %id, "ignoring {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    SourceEvent::ServiceCidr { id, cidr }
+}
+
 /// A `410 Gone` answered to the watch request itself (not as an ERROR event in the stream,
 /// which kube-rs already turns into a re-list).
 fn is_gone(e: &watcher::Error) -> bool {
@@ -169,12 +244,13 @@ fn is_gone(e: &watcher::Error) -> bool {
     )
 }
 
-/// Starts the three watchers. Their events go to `tx` until its receiver is dropped.
+/// Starts the four watchers. Their events go to `tx` until its receiver is dropped.
 pub fn spawn(client: &Client, node_name: &str, tx: mpsc::Sender<SourceEvent>) {
     spawn_watch(
         Api::<K8sService>::all(client.clone()),
         watcher::Config::default(),
         "services",
+        None,
         tx.clone(),
         |e| translate(Kind::Services, e, service_event),
     );
@@ -182,13 +258,23 @@ pub fn spawn(client: &Client, node_name: &str, tx: mpsc::Sender<SourceEvent>) {
         Api::<K8sEndpointSlice>::all(client.clone()),
         watcher::Config::default().labels(LABEL_SERVICE_NAME),
         "endpointslices",
+        None,
         tx.clone(),
         |e| translate(Kind::Slices, e, slice_event),
+    );
+    spawn_watch(
+        Api::<K8sServiceCidr>::all(client.clone()),
+        watcher::Config::default(),
+        "servicecidrs",
+        Some(Kind::ServiceCidrs),
+        tx.clone(),
+        |e| translate(Kind::ServiceCidrs, e, service_cidr_event),
     );
     spawn_watch(
         Api::<Node>::all(client.clone()),
         watcher::Config::default().fields(&format!("metadata.name={node_name}")),
         "nodes",
+        None,
         tx,
         |e| {
             translate(Kind::Node, e, |n: &Node, present| {

@@ -15,10 +15,13 @@ pub enum Kind {
     Slices,
     /// This node's own Node object (the kube source only).
     Node,
+    /// `networking.k8s.io/v1` ServiceCIDRs (cluster-scoped). An API server without the
+    /// resource lists none.
+    ServiceCidrs,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 3] = [Kind::Services, Kind::Slices, Kind::Node];
+    pub const ALL: [Kind; 4] = [Kind::Services, Kind::Slices, Kind::ServiceCidrs, Kind::Node];
 }
 
 /// What a source reports.
@@ -41,6 +44,11 @@ pub enum SourceEvent {
         id: NamespacedName,
         slice: Option<model::EndpointSlice>,
         trigger: Option<f64>,
+    },
+    /// A ServiceCIDR is now as given, or gone (`None`: deleted, or invalid).
+    ServiceCidr {
+        id: NamespacedName,
+        cidr: Option<model::ServiceCidr>,
     },
     /// The list of a kind is complete.
     Listed(Kind),

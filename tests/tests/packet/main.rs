@@ -9,8 +9,9 @@
 //! incremental updates. `docs/datapath-verdicts.md` is the table these tests pin down: a
 //! change of verdict fails a test here and must be written down there.
 //!
-//! The cases, by subject: [`nat`] (DNAT and reverse NAT), [`rejects`], [`edges`] (IPv4),
-//! [`ipv6`] and [`sctp`] (both families, both hooks, the CRC32c); [`rig`] runs them.
+//! The cases, by subject: [`nat`] (DNAT and reverse NAT), [`rejects`], [`service_cidrs`],
+//! [`edges`] (IPv4), [`ipv6`] and [`sctp`] (both families, both hooks, the CRC32c); [`rig`]
+//! runs them.
 //!
 //! The stack bypass stays off (its FIB lookups would depend on the lab's routes), so a
 //! translated packet always goes on to the stack: `TC_ACT_UNSPEC`.
@@ -23,6 +24,7 @@ mod nat;
 mod rejects;
 mod rig;
 mod sctp;
+mod service_cidrs;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -83,11 +83,16 @@ fn reject_tcp_segment_kinds() {
 /// `client` to the endpoint-less VIP) with: from the VIP, quoting the IP header and the first
 /// 8 bytes as sent, every checksum computed in full.
 pub(crate) fn port_unreachable_for(input: &[u8], client: Ipv4Addr) -> Vec<u8> {
+    port_unreachable_from(input, empty_vip(), client)
+}
+
+/// [`port_unreachable_for`] a datagram to `vip`: the answer comes from `vip`.
+pub(crate) fn port_unreachable_from(input: &[u8], vip: Ipv4Addr, client: Ipv4Addr) -> Vec<u8> {
     let mut icmp = vec![3, 3, 0, 0, 0, 0, 0, 0];
     icmp.extend_from_slice(&input[14..14 + 20 + 8]);
     let csum = inet_csum(&icmp);
     icmp[2..4].copy_from_slice(&csum.to_be_bytes());
-    let mut ip = Ip::new(empty_vip(), client);
+    let mut ip = Ip::new(vip, client);
     ip.id = 0;
     Frame {
         dst_mac: POD_MAC,

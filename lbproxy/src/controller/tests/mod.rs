@@ -15,6 +15,7 @@ use crate::server::Health;
 use crate::source::{Kind, SourceEvent};
 use crate::telemetry::Metrics;
 
+mod cidrs;
 mod contested;
 
 use contested::{deleted, service_created};
@@ -77,6 +78,7 @@ fn full_list(objects: Vec<SourceEvent>) -> Vec<SourceEvent> {
     let mut out = vec![
         SourceEvent::Listing(Kind::Services),
         SourceEvent::Listing(Kind::Slices),
+        SourceEvent::Listing(Kind::ServiceCidrs),
     ];
     out.extend(objects);
     out.extend(Kind::ALL.map(SourceEvent::Listed));

@@ -5,6 +5,7 @@ use std::ops::Range;
 
 use k8s_openapi::api::core::v1::{Node as K8sNode, Service as K8sService};
 use k8s_openapi::api::discovery::v1::EndpointSlice as K8sEndpointSlice;
+use k8s_openapi::api::networking::v1::ServiceCIDR as K8sServiceCidr;
 use serde_json::Value;
 
 use super::*;
@@ -76,6 +77,7 @@ pub(super) fn parse_piece(
         services: Vec::new(),
         slices: Vec::new(),
         nodes: Vec::new(),
+        service_cidrs: Vec::new(),
         placed_in: AtomicU64::new(0),
         applied: AtomicBool::new(false),
     };
@@ -159,7 +161,7 @@ pub(super) fn describe(doc: &Value) -> String {
         .and_then(Value::as_str)
         .unwrap_or("<no kind>");
     let meta = doc.get("metadata");
-    let cluster_scoped = kind == "Node";
+    let cluster_scoped = kind == "Node" || kind == "ServiceCIDR";
     let ns = meta
         .and_then(|m| m.get("namespace"))
         .and_then(Value::as_str)
@@ -243,6 +245,20 @@ pub(super) fn add_document(
             });
             Ok(())
         }
+        ("networking.k8s.io/v1", "ServiceCIDR") => {
+            let what = describe(&doc);
+            let cidr: K8sServiceCidr = serde_json::from_value(doc)
+                .map_err(|e| err(Some(what), format!("not a valid ServiceCIDR: {e}")))?;
+            piece.service_cidrs.push(Entry {
+                document: index,
+                outcome: Outcome::of(
+                    "ServiceCIDR",
+                    &cidr.metadata,
+                    model::service_cidr_from_k8s(&cidr),
+                ),
+            });
+            Ok(())
+        }
         ("", _) | (_, "") => Err(err(
             Some(describe(&doc)),
             "apiVersion and kind are required".into(),
@@ -250,7 +266,7 @@ pub(super) fn add_document(
         (api, kind) => Err(err(
             Some(describe(&doc)),
             format!(
-                "unknown kind {kind} (apiVersion {api}); expected v1 Service, discovery.k8s.io/v1 EndpointSlice or v1 Node"
+                "unknown kind {kind} (apiVersion {api}); expected v1 Service, discovery.k8s.io/v1 EndpointSlice, v1 Node or networking.k8s.io/v1 ServiceCIDR"
             ),
         )),
     }

@@ -1,6 +1,7 @@
 //! The manifests source: `--manifests PATH`, a file or a directory of multi-document YAML or
-//! JSON holding `v1` Service and `discovery.k8s.io/v1` EndpointSlice objects exactly as
-//! Kubernetes serializes them (a `v1` `List` of them works too).
+//! JSON holding `v1` Service, `discovery.k8s.io/v1` EndpointSlice and
+//! `networking.k8s.io/v1` ServiceCIDR objects exactly as Kubernetes serializes them (a `v1`
+//! `List` of them works too).
 //!
 //! A load either yields what changed since the last good load or an error naming the file,
 //! the document, the object and the reason; the caller keeps the last good model on error.
@@ -128,6 +129,8 @@ pub struct Change {
     pub slices: Vec<(NamespacedName, Option<model::EndpointSlice>)>,
     /// A Node now defined as given (`Some`), or no longer defined (`None`), by name.
     pub nodes: Vec<(NamespacedName, Option<model::NodeInfo>)>,
+    /// A ServiceCIDR now defined as given (`Some`), or no longer defined (`None`).
+    pub service_cidrs: Vec<(NamespacedName, Option<model::ServiceCidr>)>,
     /// The valid objects that are not proxied, among the documents new to this load.
     pub skipped: Vec<String>,
     /// The pieces (see [`split_documents`]) of the set, and how many had to be parsed.
@@ -160,6 +163,7 @@ struct Defined {
     services: HashMap<NamespacedName, Arc<Piece>>,
     slices: HashMap<NamespacedName, Arc<Piece>>,
     nodes: HashMap<NamespacedName, Arc<Piece>>,
+    service_cidrs: HashMap<NamespacedName, Arc<Piece>>,
 }
 
 /// A piece in its place in the set being loaded.
@@ -189,6 +193,7 @@ struct Piece {
     services: Vec<Entry<model::Service>>,
     slices: Vec<Entry<model::EndpointSlice>>,
     nodes: Vec<Entry<model::NodeInfo>>,
+    service_cidrs: Vec<Entry<model::ServiceCidr>>,
     /// The last load that placed the piece: the applied pieces a load did not place are
     /// gone from the set. (Atomics only so that the loader stays `Send`.)
     placed_in: AtomicU64,
@@ -198,7 +203,10 @@ struct Piece {
 
 impl Piece {
     fn has_objects(&self) -> bool {
-        !self.services.is_empty() || !self.slices.is_empty() || !self.nodes.is_empty()
+        !self.services.is_empty()
+            || !self.slices.is_empty()
+            || !self.nodes.is_empty()
+            || !self.service_cidrs.is_empty()
     }
 
     fn placed_in(&self, generation: u64) -> bool {
@@ -288,6 +296,19 @@ impl Kind for model::NodeInfo {
     }
 }
 
+impl Kind for model::ServiceCidr {
+    const KIND: &'static str = "ServiceCIDR";
+    fn id(&self) -> &NamespacedName {
+        &self.id
+    }
+    fn entries(piece: &Piece) -> &[Entry<Self>] {
+        &piece.service_cidrs
+    }
+    fn defined(d: &mut Defined) -> &mut HashMap<NamespacedName, Arc<Piece>> {
+        &mut d.service_cidrs
+    }
+}
+
 /// The proxied objects of kind `T` in `pieces`.
 fn proxied<T: Kind>(pieces: &[Arc<Piece>]) -> impl Iterator<Item = &T> {
     pieces
@@ -352,6 +373,7 @@ impl Loader {
         check::<model::Service>(files, &placed, &self.defined.services, self.generation)?;
         check::<model::EndpointSlice>(files, &placed, &self.defined.slices, self.generation)?;
         check::<model::NodeInfo>(files, &placed, &self.defined.nodes, self.generation)?;
+        check::<model::ServiceCidr>(files, &placed, &self.defined.service_cidrs, self.generation)?;
         let mut change = self.commit(&placed);
         change.parsed = parsed;
         Ok(change)
@@ -431,6 +453,7 @@ impl Loader {
             services: self.apply::<model::Service>(&added, &removed),
             slices: self.apply::<model::EndpointSlice>(&added, &removed),
             nodes: self.apply::<model::NodeInfo>(&added, &removed),
+            service_cidrs: self.apply::<model::ServiceCidr>(&added, &removed),
             skipped: skipped::<model::Service>(&added)
                 .chain(skipped::<model::EndpointSlice>(&added))
                 .collect(),
@@ -564,6 +587,9 @@ impl Change {
         }
         for (id, s) in self.slices {
             dirty.extend(model.set_slice(&id, s));
+        }
+        for (id, c) in self.service_cidrs {
+            model.set_service_cidr(&id, c);
         }
         dirty
     }

@@ -199,7 +199,9 @@ impl Reader {
         }
         let mut batch = Vec::new();
         if !self.listed {
-            batch.extend([Kind::Services, Kind::Slices].map(SourceEvent::Listing));
+            batch.extend(
+                [Kind::Services, Kind::Slices, Kind::ServiceCidrs].map(SourceEvent::Listing),
+            );
         }
         batch.extend(
             change
@@ -237,6 +239,12 @@ impl Reader {
                 },
             });
         batch.extend(ours);
+        batch.extend(
+            change
+                .service_cidrs
+                .into_iter()
+                .map(|(id, cidr)| SourceEvent::ServiceCidr { id, cidr }),
+        );
         if !self.listed {
             batch.extend(Kind::ALL.map(SourceEvent::Listed));
             self.listed = true;

@@ -64,7 +64,7 @@ fn errors_name_file_document_object_and_reason() {
         .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "bad.yaml: document 2 (ConfigMap x/cm): unknown kind ConfigMap (apiVersion v1); expected v1 Service, discovery.k8s.io/v1 EndpointSlice or v1 Node"
+        "bad.yaml: document 2 (ConfigMap x/cm): unknown kind ConfigMap (apiVersion v1); expected v1 Service, discovery.k8s.io/v1 EndpointSlice, v1 Node or networking.k8s.io/v1 ServiceCIDR"
     );
 
     let e = parse(
@@ -200,4 +200,71 @@ fn text_with_directives_is_not_split() {
     // Parsed whole, it still loads.
     let text = format!("%YAML 1.1\n---\n{}", GOOD.trim_start());
     assert_eq!(parse("d.yaml", &text).unwrap().model.services.len(), 1);
+}
+
+#[test]
+fn service_cidrs_are_read_beside_services() {
+    let text = format!(
+        "{GOOD}---\napiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\n\
+         metadata: {{name: kubernetes}}\nspec: {{cidrs: [198.19.0.0/16, 'fd00:198:19::/112']}}\n"
+    );
+    let l = parse("a.yaml", &text).unwrap();
+    assert_eq!(l.model.services.len(), 1);
+    let ids: Vec<String> = l
+        .model
+        .service_cidrs
+        .keys()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(ids, ["kubernetes"]);
+    let cidrs: Vec<String> = l
+        .model
+        .service_cidrs
+        .values()
+        .next()
+        .unwrap()
+        .cidrs
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(cidrs, ["198.19.0.0/16", "fd00:198:19::/112"]);
+}
+
+#[test]
+fn an_invalid_service_cidr_names_the_object_and_the_field() {
+    let e = parse(
+        "c.yaml",
+        "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: extra}\n\
+         spec: {cidrs: [198.19.0/16]}\n",
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "c.yaml: document 1 (ServiceCIDR extra): spec.cidrs[0] \"198.19.0/16\" is not a valid CIDR"
+    );
+    let twice = "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: a}\n\
+                 spec: {cidrs: [198.19.0.0/16]}\n";
+    let e = parse("c.yaml", &format!("{twice}---\n{twice}")).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "c.yaml: document 2 (ServiceCIDR a): defined more than once"
+    );
+}
+
+#[test]
+fn a_service_cidr_removed_from_the_files_is_gone() {
+    let cidr = "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: a}\n\
+                spec: {cidrs: [198.19.0.0/16]}\n";
+    let mut loader = Loader::default();
+    let first = loader
+        .load_text(Path::new("c.yaml"), &format!("{GOOD}---\n{cidr}"))
+        .unwrap();
+    assert_eq!(first.service_cidrs.len(), 1);
+    let second = loader.load_text(Path::new("c.yaml"), GOOD).unwrap();
+    let gone: Vec<(String, bool)> = second
+        .service_cidrs
+        .iter()
+        .map(|(id, c)| (id.to_string(), c.is_some()))
+        .collect();
+    assert_eq!(gone, [("a".to_string(), false)]);
 }

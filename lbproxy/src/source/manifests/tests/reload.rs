@@ -159,7 +159,7 @@ fn errors_after_a_good_load_name_file_document_object_and_keep_the_last_good_set
         .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "c.yaml: document 3 (ConfigMap shop/web): unknown kind ConfigMap (apiVersion v1); expected v1 Service, discovery.k8s.io/v1 EndpointSlice or v1 Node"
+        "c.yaml: document 3 (ConfigMap shop/web): unknown kind ConfigMap (apiVersion v1); expected v1 Service, discovery.k8s.io/v1 EndpointSlice, v1 Node or networking.k8s.io/v1 ServiceCIDR"
     );
     // A service defined again, after and then before its first definition: the later
     // document is named, whether it is new or cached.
