@@ -190,6 +190,16 @@ fn sctp_rig() -> Rig {
 /// The chunks of the packets of one association, after its INIT: one chunk (a
 /// COOKIE-ECHO), several (a SACK and two DATA), and one DATA chunk that makes the SCTP
 /// packet 1,400 bytes.
+/// An association from `port` to `svc_port` as the tests send it: its INIT, then the packets
+/// of [`later_chunks`] (verification tag 0x5c7a11f0).
+fn association(port: u16, svc_port: u16) -> Vec<(&'static str, Sctp)> {
+    let mut packets = vec![("INIT", Sctp::init(port, svc_port))];
+    for (what, chunks) in later_chunks() {
+        packets.push((what, Sctp::with_chunks(port, svc_port, 0x5c7a_11f0, chunks)));
+    }
+    packets
+}
+
 fn later_chunks() -> Vec<(&'static str, Vec<u8>)> {
     let sack = chunk(3, 0, &[0x2f, 0x1e, 0x0d, 0x3b, 0, 2, 0, 0, 0, 0, 0, 0]);
     let several = [
@@ -386,14 +396,7 @@ fn sctp_node_port_and_external_ip_from_outside_both_families() {
         ("NodePort", NODE_ADDR, SIG_NODE_PORT, 40302),
     ];
     for (what, addr, svc_port, port) in cases {
-        let mut packets = vec![("INIT", Sctp::init(port, svc_port))];
-        for (chunks_what, chunks) in later_chunks() {
-            packets.push((
-                chunks_what,
-                Sctp::with_chunks(port, svc_port, 0x5c7a_11f0, chunks),
-            ));
-        }
-        for (p_what, p) in packets {
+        for (p_what, p) in association(port, svc_port) {
             let f = Frame::from_pod(Ip::new(OUTSIDE, addr), L4::Sctp(p.clone()));
             rig.run(
                 &format!("SCTP {p_what} from outside to the {what}"),
@@ -429,11 +432,7 @@ fn sctp_node_port_and_external_ip_from_outside_both_families() {
 
     let pod6 = rig.client.ip6.unwrap();
     let port = 40303;
-    let mut packets = vec![("INIT", Sctp::init(port, SIG_PORT))];
-    for (w, chunks) in later_chunks() {
-        packets.push((w, Sctp::with_chunks(port, SIG_PORT, 0x5c7a_11f0, chunks)));
-    }
-    for (p_what, p) in packets {
+    for (p_what, p) in association(port, SIG_PORT) {
         let mut to = p.clone();
         to.dport = SIG_TARGET;
         rig.run(
