@@ -17,6 +17,7 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -41,6 +42,8 @@ fn zones_steer_every_path_on_two_nodes() {
 }
 
 const NODE: &str = "node0";
+/// `metrics`: a second Service over the same pods, without hints.
+const METRICS_VIP: Ipv4Addr = Ipv4Addr::new(198, 19, 0, 13);
 /// Requests per protocol per check: a backend that should answer is missed by 30 requests
 /// over three backends with probability (2/3)^30, about 5e-6.
 const N: usize = 30;
@@ -82,14 +85,26 @@ impl Setup {
     /// The backends that answered `N` TCP connections and `N` UDP requests, per protocol;
     /// panics unless every request was answered.
     fn answering(&self, ctx: &str) -> (BTreeSet<String>, BTreeSet<String>) {
-        let (t, u) = web_traffic_ok_in(Some(&self.lab), ctx, &self.client, WEB_VIP, N);
+        self.answering_on(WEB_VIP, ctx)
+    }
+
+    /// [`Setup::answering`] for the Service on `vip`.
+    fn answering_on(&self, vip: Ipv4Addr, ctx: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+        let (t, u) = web_traffic_ok_in(Some(&self.lab), ctx, &self.client, vip, N);
         (t.into_keys().collect(), u.into_keys().collect())
     }
 
-    /// Asserts that exactly `want` answer, over TCP and over UDP.
+    /// Asserts that exactly `want` answer `web`, over TCP and over UDP, and that all three
+    /// answer `metrics`, the hint-less Service over the same pods.
     fn expect(&self, ctx: &str, want: &[&str]) {
+        self.expect_on(WEB_VIP, ctx, want);
+        self.expect_on(METRICS_VIP, &format!("{ctx}, metrics"), &["b1", "b2", "b3"]);
+    }
+
+    /// Asserts that exactly `want` answer the Service on `vip`, over TCP and over UDP.
+    fn expect_on(&self, vip: Ipv4Addr, ctx: &str, want: &[&str]) {
         let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
-        let (t, u) = self.answering(ctx);
+        let (t, u) = self.answering_on(vip, ctx);
         assert!(
             t == want && u == want,
             "{ctx}: want answers from {want:?}, got TCP {t:?} UDP {u:?}\n{}",
@@ -128,8 +143,9 @@ impl Setup {
 }
 
 /// `web` over b1..b3 with `hints` (one per pod, in order), `conds` likewise, each endpoint on
-/// node `nodes[i]`, plus Node objects: `node0` in `zone` (no label for `None`) and `node1`
-/// in `zone-z` (ignored: not this node).
+/// node `nodes[i]`; `metrics` over the same three pods, ready and without hints (one pod
+/// behind two Services, as clusters have it); and Node objects: `node0` in `zone` (no label
+/// for `None`) and `node1` in `zone-z` (ignored: not this node).
 fn web(
     pods: &[Pod],
     hints: [Hint<'_>; 3],
@@ -149,9 +165,16 @@ fn web(
                 .hints(zones, hint_nodes)
         })
         .collect();
-    web_objects("web", WEB_VIP, eps)
-        .with(NodeObject::new(NODE, zone))
-        .with(NodeObject::new("node1", Some("zone-z")))
+    let plain = pods
+        .iter()
+        .zip(nodes)
+        .map(|(p, node)| Endpoint::ready(p.ip).pod(&p.name).node(Some(node)));
+    merge([
+        web_objects("web", WEB_VIP, eps),
+        web_objects("metrics", METRICS_VIP, plain.collect()),
+    ])
+    .with(NodeObject::new(NODE, zone))
+    .with(NodeObject::new("node1", Some("zone-z")))
 }
 
 const READY: [Conditions; 3] = [Conditions::READY; 3];
@@ -301,9 +324,11 @@ fn internal_traffic_policy_local_ignores_hints(shape: Shape) {
         ];
         let m = web(p, h, READY, [NODE, "node1", "node2"], Some("zone-a")).to_yaml();
         assert!(m.contains("internalTrafficPolicy: Cluster"), "{m}");
-        m.replace(
+        // `web` comes first: `metrics` keeps `Cluster`.
+        m.replacen(
             "internalTrafficPolicy: Cluster",
             "internalTrafficPolicy: Local",
+            1,
         )
     });
     s.expect(&format!("[{shape}] iTP Local"), &["b1"]);
