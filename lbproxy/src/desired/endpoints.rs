@@ -12,7 +12,7 @@
 //! Between 1 and 2, a `Cluster` policy follows the endpoints' topology hints, as kube-proxy
 //! 1.35's `CategorizeEndpoints` (`pkg/proxy/topology.go`): see [`topology`].
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 
 use super::topology::{HintsIgnored, Topology, available, topology};
 use crate::model::{Endpoint, EndpointAddr, Model, Service, ServicePort, ServiceType};
@@ -101,52 +101,54 @@ fn endpoint_set_where(
     local_only: bool,
     keep: impl Fn(&EndpointAddr) -> bool,
 ) -> EndpointSet {
+    // One pass over the slices: each endpoint with the number its slice gives the port.
+    let mut all: Vec<(&Endpoint, u16)> = Vec::new();
+    model.for_each_endpoint(svc, port, |e, n| all.push((e, n)));
     let eligible = |e: &Endpoint| !local_only || e.on_node(node);
-    let of_family = |v: Vec<EndpointAddr>| -> Vec<EndpointAddr> {
-        v.into_iter().filter(|ep| keep(ep)).collect()
-    };
-    // An endpoint belongs to this family's set if one of its addresses does.
-    let in_family = |e: &Endpoint, n: u16| {
+    // An endpoint's addresses of this family, at its port number.
+    let addrs = |e: &Endpoint, n: u16| {
         e.addresses
             .iter()
-            .any(|ip| keep(&EndpointAddr { ip: *ip, port: n }))
+            .map(move |ip| EndpointAddr { ip: *ip, port: n })
+            .filter(|a| keep(a))
+            .collect::<Vec<_>>()
     };
+    let ready: Vec<&Endpoint> = all
+        .iter()
+        .filter(|(e, n)| e.ready && eligible(e) && !addrs(e, *n).is_empty())
+        .map(|(e, _)| *e)
+        .collect();
     let zone = model.node_zone.as_deref();
-    let topology = if local_only {
-        let hinted = model.any_endpoint(svc, port, |e, n| {
-            e.ready && eligible(e) && in_family(e, n) && !e.hints.is_empty()
-        });
-        match hinted {
-            true => Topology::Ignored(HintsIgnored::LocalPolicy),
-            false => Topology::None,
+    // Local endpoints ignore hints (and say so when they have some).
+    let topology = match local_only {
+        true if ready.iter().any(|e| !e.hints.is_empty()) => {
+            Topology::Ignored(HintsIgnored::LocalPolicy)
         }
-    } else {
-        let mut ready = Vec::new();
-        model.for_each_endpoint(svc, port, |e, n| {
-            if e.ready && in_family(e, n) {
-                ready.push(e);
-            }
-        });
-        topology(ready, node, zone)
+        true => Topology::None,
+        false => topology(ready.iter().copied(), node, zone),
     };
     let mode = if local_only { Topology::None } else { topology };
-    let mut serving = of_family(model.endpoints_where(svc, port, |e| {
-        e.ready && eligible(e) && available(e, mode, node, zone)
-    }));
+    // Merged over the slices and de-duplicated, in address order.
+    let pick = |f: &dyn Fn(&Endpoint) -> bool| -> Vec<EndpointAddr> {
+        let set: BTreeSet<EndpointAddr> = all
+            .iter()
+            .filter(|(e, _)| f(e))
+            .flat_map(|(e, n)| addrs(e, *n))
+            .collect();
+        set.into_iter().collect()
+    };
+    let mut serving = pick(&|e| e.ready && eligible(e) && available(e, mode, node, zone));
     let mut fallback = false;
     if serving.is_empty() {
-        serving = of_family(
-            model.endpoints_where(svc, port, |e| e.serving && e.terminating && eligible(e)),
-        );
+        serving = pick(&|e| e.serving && e.terminating && eligible(e));
         fallback = !serving.is_empty();
     }
     // A set, not `serving.contains`: a slice of 100,000 endpoints would otherwise cost
     // 10^10 comparisons on every sync of its service.
     let serving_set: HashSet<&EndpointAddr> = serving.iter().collect();
-    let draining = model
-        .present_endpoints(svc, port)
+    let draining = pick(&|_| true)
         .into_iter()
-        .filter(|ep| keep(ep) && !serving_set.contains(ep))
+        .filter(|ep| !serving_set.contains(ep))
         .collect();
     EndpointSet {
         serving,

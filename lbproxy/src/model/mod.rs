@@ -407,18 +407,6 @@ impl Model {
         }
     }
 
-    /// Whether some endpoint of a service port (see [`Model::for_each_endpoint`]) passes `f`.
-    pub fn any_endpoint(
-        &self,
-        svc: &Service,
-        port: &ServicePort,
-        f: impl Fn(&Endpoint, u16) -> bool,
-    ) -> bool {
-        let mut found = false;
-        self.for_each_endpoint(svc, port, |e, n| found |= f(e, n));
-        found
-    }
-
     /// The endpoints of a service port that pass `keep`, merged and de-duplicated.
     pub fn endpoints_where(
         &self,
@@ -427,19 +415,14 @@ impl Model {
         keep: impl Fn(&Endpoint) -> bool,
     ) -> Vec<EndpointAddr> {
         let mut out = BTreeSet::new();
-        for slice in self.slices_of(&svc.id) {
-            let Some(number) = resolve_slice_port(slice, port) else {
-                continue;
-            };
-            for ep in slice.endpoints.iter().filter(|e| keep(e)) {
-                for ip in &ep.addresses {
-                    out.insert(EndpointAddr {
-                        ip: *ip,
-                        port: number,
-                    });
-                }
+        self.for_each_endpoint(svc, port, |ep, number| {
+            if keep(ep) {
+                out.extend(ep.addresses.iter().map(|ip| EndpointAddr {
+                    ip: *ip,
+                    port: number,
+                }));
             }
-        }
+        });
         out.into_iter().collect()
     }
 }
