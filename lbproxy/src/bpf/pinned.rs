@@ -217,7 +217,12 @@ fn label_value(s: &str) -> ServiceLabel {
     }
 }
 
-fn werr(map: &'static str, op: &'static str, entry: String, e: MapError) -> MapWriteError {
+pub(super) fn werr(
+    map: &'static str,
+    op: &'static str,
+    entry: String,
+    e: MapError,
+) -> MapWriteError {
     MapWriteError {
         map,
         op,

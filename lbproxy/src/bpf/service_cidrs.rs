@@ -7,7 +7,7 @@ use aya::maps::{LpmTrie, MapData, MapError, lpm_trie::Key};
 use ipnet::IpNet;
 use lbproxy_common::map_names;
 
-use crate::program::{MapWriteError, WriteCause};
+use crate::program::MapWriteError;
 
 /// Both families' tries. `None` under maps an older lbproxy pinned, until this version's
 /// `run` creates them.
@@ -16,13 +16,9 @@ pub struct CidrTries {
     pub v6: Option<LpmTrie<MapData, [u8; 16], u32>>,
 }
 
+/// [`super::pinned::werr`] of a write of prefix `net`.
 fn werr(map: &'static str, op: &'static str, net: IpNet, e: MapError) -> MapWriteError {
-    MapWriteError {
-        map,
-        op,
-        entry: net.to_string(),
-        cause: WriteCause::Kernel(Box::new(e)),
-    }
+    super::pinned::werr(map, op, net.to_string(), e)
 }
 
 /// The trie a family's prefix goes in, or the error of a write to a trie not pinned.
