@@ -40,6 +40,30 @@ pub const FLOW_STATE_SYN_SENT: u8 = FlowState::SynSent as u8;
 pub const FLOW_STATE_ESTABLISHED: u8 = FlowState::Established as u8;
 pub const FLOW_STATE_CLOSING_V1: u8 = FlowState::ClosingV1 as u8;
 
+wire_enum! {
+    /// `FlowValue::adopted`: a flow lbproxy adopted from the kernel's conntrack (a flow that
+    /// kube-proxy's rules translated before lbproxy started, `lbproxy run --takeover`), and
+    /// who translates its client's packets while the conntrack entry still exists.
+    pub enum FlowAdopted: u8 {
+        /// lbproxy's own flow (or an adopted one whose conntrack entry is gone).
+        Own = 0,
+        /// netfilter's conntrack entry translates it: the client's packets pass
+        /// untranslated. A flow lbproxy would not have made the same way (see
+        /// docs/migration.md), or any adopted flow without `--takeover`.
+        Conntrack = 1,
+        /// Handed over: lbproxy translates the client's packets only when it can send them
+        /// past netfilter (redirected into the backend's pod, or out of the node for a
+        /// source-NATed flow); any other passes untranslated to the conntrack entry, which
+        /// still exists. Its translation goes through netfilter once the controller has
+        /// deleted that entry and made the flow `Own`.
+        Handover = 2,
+    }
+}
+
+pub const FLOW_ADOPTED_OWN: u8 = FlowAdopted::Own as u8;
+pub const FLOW_ADOPTED_CONNTRACK: u8 = FlowAdopted::Conntrack as u8;
+pub const FLOW_ADOPTED_HANDOVER: u8 = FlowAdopted::Handover as u8;
+
 wire_flags! {
     /// `FlowValue::flags`: what this half's direction sent.
     pub struct FlowFlags: u8 {
@@ -160,8 +184,10 @@ pub struct FlowValueOf<A: Addr> {
     /// when source-NATed). Reply half: the client's own address, restored as the
     /// destination.
     pub peer_addr: A,
+    /// A [`FlowAdopted`]: whose translation this flow is. Both halves carry the same value.
+    pub adopted: u8,
     /// Zero; room for more without a new layout.
-    pub _reserved: u32,
+    pub _reserved: [u8; 3],
     /// Makes an IPv6 entry's size a multiple of 8 explicitly (no bytes for IPv4).
     pub _pad_b: A::Pad,
 }

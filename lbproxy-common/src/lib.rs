@@ -225,9 +225,10 @@ pub use dp_events::DatapathEvent;
 pub use drops::DropReason;
 pub use family::Addr;
 pub use flows::{
-    DEFAULT_FLOW_MAP_SIZE, DEFAULT_FLOW6_MAP_SIZE, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_F_FIN,
-    FLOW_F_RST, FLOW_STATE_CLOSING_V1, FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE,
-    FLOW_STATE_SYN_SENT, FlowDir, FlowFlags, FlowKey, FlowKey6, FlowKeyOf, FlowState, FlowValue,
+    DEFAULT_FLOW_MAP_SIZE, DEFAULT_FLOW6_MAP_SIZE, FLOW_ADOPTED_CONNTRACK, FLOW_ADOPTED_HANDOVER,
+    FLOW_ADOPTED_OWN, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_F_FIN, FLOW_F_RST,
+    FLOW_STATE_CLOSING_V1, FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE, FLOW_STATE_SYN_SENT,
+    FlowAdopted, FlowDir, FlowFlags, FlowKey, FlowKey6, FlowKeyOf, FlowState, FlowValue,
     FlowValue6, FlowValueOf, FlowValueV1, FlowValueV2, FlowWork,
 };
 pub use frags::{FragKey, FragKey6, FragPorts, MAX_FRAG_DATAGRAMS};

@@ -44,6 +44,9 @@ pub struct NatTarget<A = [u8; 4]> {
     /// The same for the address. Forward: the source address the backend sees (the
     /// client's own, or the node's when source-NATed). Reply: the client's own address.
     pub peer_addr: A,
+    /// The flow's `FlowValue::adopted`: whether netfilter's conntrack entry still
+    /// translates it (`lbproxy_common::FlowAdopted`).
+    pub adopted: u8,
 }
 
 impl<A: Addr> NatTarget<A> {
@@ -54,6 +57,7 @@ impl<A: Addr> NatTarget<A> {
             port_be: v.nat_port_be,
             peer_port_be: v.peer_port_be,
             peer_addr: v.peer_addr,
+            adopted: v.adopted,
         }
     }
 }

@@ -135,7 +135,8 @@ pub(super) fn recreate_partner<A: Family>(
     v.created_ns = e.created_ns;
     v.last_seen_ns = now;
     v.peer_addr = peer.0;
-    v._reserved = 0;
+    v.adopted = e.adopted;
+    v._reserved = [0; 3];
     v._pad_b = A::PAD;
     if insert(key, v, BPF_NOEXIST).is_ok() {
         count(DropReason::FlowHalfRecreated);

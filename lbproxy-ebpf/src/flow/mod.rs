@@ -37,8 +37,9 @@
 
 use aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns;
 use lbproxy_common::{
-    DropReason, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE,
-    FLOW_STATE_SYN_SENT, FlowKeyOf, FlowValueOf, FlowWork, IPPROTO_TCP, IPPROTO_UDP, ServiceValue,
+    DropReason, FLOW_ADOPTED_CONNTRACK, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_STATE_ESTABLISHED,
+    FLOW_STATE_NONE, FLOW_STATE_SYN_SENT, FlowKeyOf, FlowValueOf, FlowWork, IPPROTO_TCP,
+    IPPROTO_UDP, ServiceValue,
 };
 
 mod halves;
@@ -170,6 +171,15 @@ fn established<A: Family>(
     // key's): a new flow on this tuple (a SYN retransmitted, a port reused) is not
     // checked again.
     prev.verified = true;
+    if f.adopted == FLOW_ADOPTED_CONNTRACK && !(pkt.is_syn() && f.flags != 0) {
+        // Adopted, and still translated by netfilter's conntrack entry: the packet passes
+        // untranslated (the hook sees `FlowAdopted::Conntrack` in the target), whatever
+        // lbproxy's own state. A SYN after the client's FIN or RST reuses the port: a new
+        // flow of lbproxy's own.
+        touch(entry, now);
+        note_close(entry, pkt);
+        return Ok(Some(NatTarget::of(f)));
+    }
     // Live while its backend is still a member (serving or draining) of this very
     // service: a backend that left it is not, even if another service still holds the
     // same address and port (and so its backend id). A member's id is held by the

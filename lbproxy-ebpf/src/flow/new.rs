@@ -4,7 +4,7 @@
 
 use aya_ebpf::bindings::{BPF_ANY, BPF_NOEXIST};
 use lbproxy_common::{
-    Addr, BackendOf, DropReason, FlowKeyOf, FlowValueOf, FlowWork, ServiceValue,
+    Addr, BackendOf, DropReason, FLOW_ADOPTED_OWN, FlowKeyOf, FlowValueOf, FlowWork, ServiceValue,
     select::{CLASH_PORT_ATTEMPTS, clash_port},
 };
 
@@ -111,6 +111,7 @@ pub(super) fn create<A: Family>(
             port_be: backend.port_be,
             peer_port_be: rkey.dst_port_be,
             peer_addr: *peer_addr,
+            adopted: FLOW_ADOPTED_OWN,
         });
     }
     let reply = &mut w.value;
@@ -127,7 +128,8 @@ pub(super) fn create<A: Family>(
     reply.created_ns = now;
     reply.last_seen_ns = now;
     reply.peer_addr = pkt.src_addr;
-    reply._reserved = 0;
+    reply.adopted = 0;
+    reply._reserved = [0; 3];
     reply._pad_b = A::PAD;
     if prev.has_old && !same_reply {
         A::flow_remove(o);
@@ -234,6 +236,8 @@ pub(super) fn reopen<A: Addr>(old: &Reusable<A>, state: u8, now: u64) {
             (*half).created_ns = now;
             (*half).state = state;
             (*half).flags = 0;
+            // A new flow on an adopted flow's tuple is lbproxy's own.
+            (*half).adopted = FLOW_ADOPTED_OWN;
         }
     }
 }

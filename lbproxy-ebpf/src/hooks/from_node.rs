@@ -7,7 +7,9 @@
 use core::{ffi::c_void, mem::MaybeUninit};
 
 use aya_ebpf::programs::TcContext;
-use lbproxy_common::{DropReason, HOOK_FROM_NODE, SVC_KIND_CLUSTER_IP};
+use lbproxy_common::{
+    DropReason, FLOW_ADOPTED_CONNTRACK, FLOW_ADOPTED_HANDOVER, HOOK_FROM_NODE, SVC_KIND_CLUSTER_IP,
+};
 
 use super::{Datapath, action, drop_logged, parse_into, pass_bad_l4, reject};
 use crate::{
@@ -85,10 +87,17 @@ stage! {
     /// to its pod; to one on another node (source-NATed), redirected out towards it.
     fn translate<A: Datapath>(ctx: &TcContext, staged: &StagedPacket<A>) -> i32 {
         let (pkt, to) = (&staged.pkt, staged.to);
+        // A flow adopted from conntrack whose entry still exists (`FlowAdopted`): its
+        // packets pass untranslated to that entry, unless handed over and source-NATed:
+        // those are redirected out, past netfilter, as any source-NATed flow's.
+        let snat = to.peer_addr != pkt.src_addr;
+        if to.adopted == FLOW_ADOPTED_CONNTRACK || (to.adopted == FLOW_ADOPTED_HANDOVER && !snat) {
+            return TC_ACT_UNSPEC;
+        }
         let r = nat::dnat(ctx, pkt, to)
             .map_err(|v| v.reason())
             .and_then(|()| {
-                if to.peer_addr == pkt.src_addr {
+                if !snat {
                     // A backend on this node: up the stack to its pod.
                     return Ok(TC_ACT_UNSPEC);
                 }

@@ -13,7 +13,9 @@
 use core::mem::MaybeUninit;
 
 use aya_ebpf::programs::TcContext;
-use lbproxy_common::{DatapathConfig, Delivery, DropReason, HOOK_FROM_POD};
+use lbproxy_common::{
+    DatapathConfig, Delivery, DropReason, FLOW_ADOPTED_HANDOVER, FLOW_ADOPTED_OWN, HOOK_FROM_POD,
+};
 
 use super::{Datapath, action, drop_logged, parse_into, pass_bad_l4, reject};
 use crate::{
@@ -107,6 +109,9 @@ stage! {
     /// returned, so that the two frames are never on the stack together.
     fn translate<A: Datapath>(ctx: &TcContext, pkt: &Packet<A>, to: &NatTarget<A>) -> i32 {
         let to = *to;
+        if to.adopted != FLOW_ADOPTED_OWN {
+            return adopted(ctx, pkt, &to);
+        }
         if hairpin::is_hairpin(&to) {
             return action(
                 ctx,
@@ -155,6 +160,30 @@ stage! {
         };
         action(ctx, HOOK_FROM_POD, r)
     }
+}
+
+/// A client packet of a flow adopted from conntrack whose entry still exists
+/// (`lbproxy_common::FlowAdopted`). A handed-over flow's packet is translated only when it
+/// can be redirected into the backend's pod, past netfilter: there, the translated tuple
+/// would clash with the conntrack entry's reply tuple, and netfilter would move its source
+/// port. Any other passes untranslated, to the conntrack entry, which translates it as
+/// before lbproxy started.
+#[inline(always)]
+fn adopted<A: Datapath>(ctx: &TcContext, pkt: &Packet<A>, to: &NatTarget<A>) -> i32 {
+    if to.adopted == FLOW_ADOPTED_HANDOVER
+        && let Some(peer) = deliver::route(ctx, pkt, &to.addr, to.port_be)
+    {
+        let r = nat::dnat_l4(ctx, pkt, *to).and_then(|()| {
+            deliver::redirect(
+                ctx,
+                peer,
+                (&to.peer_addr, &to.addr),
+                Delivery::RedirectToBackend,
+            )
+        });
+        return action(ctx, HOOK_FROM_POD, r.map_err(|v| v.reason()));
+    }
+    TC_ACT_UNSPEC
 }
 
 /// With the stack bypass, a backend's reply is reverse-NATed here and redirected into the

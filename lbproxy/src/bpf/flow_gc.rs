@@ -292,7 +292,8 @@ mod tests {
             created_ns: 0,
             last_seen_ns: NOW - idle_s * S,
             peer_addr: [198, 18, 0, 2],
-            _reserved: 0,
+            adopted: 0,
+            _reserved: [0; 3],
             _pad_b: [],
         };
         let pk = key.partner(&value);

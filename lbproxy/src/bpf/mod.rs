@@ -329,7 +329,8 @@ fn migrate_flows(dir: &Path) -> Result<(), BpfError> {
             created_ns: v.created_ns,
             last_seen_ns: v.last_seen_ns,
             peer_addr,
-            _reserved: 0,
+            adopted: 0,
+            _reserved: [0; 3],
             _pad_b: [],
         }
     })?;
@@ -347,7 +348,8 @@ fn migrate_flows(dir: &Path) -> Result<(), BpfError> {
         created_ns: v.created_ns,
         last_seen_ns: v.last_seen_ns,
         peer_addr: peer(k).0,
-        _reserved: 0,
+        adopted: 0,
+        _reserved: [0; 3],
         _pad_b: [],
     })
 }
