@@ -16,7 +16,11 @@
 //! socket is netlink-sys's. The `conntrack` crate (0.1, over neli) only dumps: no delete,
 //! no create.
 //!
-//! How a NAT'd entry is created: see [`Conntrack::create`].
+//! How a NAT'd entry is created, and when created entries have an effect at all: see
+//! [`Conntrack::create`].
+//!
+//! Cost (the lab test's `ten_thousand_entries`, release build): 10,000 entries created in
+//! 35 ms, dumped in 28 ms, deleted in 21 ms.
 //!
 //! Check: `cargo test -p lbproxy conntrack` (message encoding), and as root
 //! `cargo test -p lbproxy-tests --test conntrack_netlink` (dump, delete and create against
@@ -293,12 +297,19 @@ impl Conntrack {
     ///
     /// A NAT'd entry (status `IPS_DST_NAT` and/or `IPS_SRC_NAT`, `e.reply` as the kernel
     /// shows it: backend -> client or -> node:masq_port) is sent as `conntrack -I
-    /// --dst-nat/--src-nat` sends one, with NAT ranges of exactly `e.reply`'s source and
-    /// destination: the kernel sets the NAT status bits only itself, and translates packets
-    /// only when they are set. A TCP entry gets `e.tcp_state` and the liberal window
-    /// tracking `conntrack -I` sets, so mid-stream segments pass. `IPS_ASSURED` and
-    /// `IPS_SEEN_REPLY` are kept; `IPS_EXPECTED`, `DYING` and the `*_NAT_DONE` bits are not
-    /// sent.
+    /// --dst-nat/--src-nat` sends one: reply = the plain inverse of `e.orig`, with NAT
+    /// ranges of exactly `e.reply`'s source and destination; the kernel then computes
+    /// `e.reply` and sets the NAT bits itself. It takes no NAT bit from `CTA_STATUS`
+    /// (`IPS_UNCHANGEABLE_MASK`): an entry sent with `e.reply` as the reply and `IPS_DST_NAT`
+    /// in its status comes back with the bit cleared and translates nothing (seen on 6.18).
+    /// A TCP entry gets `e.tcp_state` and the liberal window tracking `conntrack -I` sets, so
+    /// mid-stream segments pass. `IPS_ASSURED` and `IPS_SEEN_REPLY` are kept; `IPS_EXPECTED`,
+    /// `DYING` and the `*_NAT_DONE` bits are not sent.
+    ///
+    /// The entry has an effect only while the namespace tracks and translates: the kernel
+    /// runs conntrack there only while some rule uses it (a DNAT/MASQUERADE or `ct`
+    /// match), and NAT only while a `nat` chain is hooked. On a node kube-proxy's chains
+    /// are that; where none are left, the entry sits in the table and packets pass it by.
     pub fn create(&mut self, e: &Entry) -> Result<(), ConntrackError> {
         self.create_many(std::slice::from_ref(e))?
             .pop()
