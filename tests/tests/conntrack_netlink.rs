@@ -13,6 +13,7 @@
 //!    b1, and b1's answer come back from VIP:53 (a datagram from another port, with no
 //!    entry, is not answered). Also masqueraded (reply b1:5353 -> node:masq_port: b1 sees
 //!    the node's address). IPv4 and IPv6 (unmasqueraded).
+//!    An entry's zone and mark are written and read back, and a delete is per zone.
 //! 4. **hand-back of a live TCP connection**: an established connection's dumped entry,
 //!    deleted and its DNAT rule removed, written back with `create` carries the
 //!    connection's next request to b1 (mid-stream, no new handshake).
@@ -159,8 +160,8 @@ fn orig_of(conn: &TcpConn, family: Family, client: &Pod, vip: IpAddr) -> Tuple {
 fn dump_and_delete(family: Family) {
     let s = setup();
     let vip = vip_in(family, 10);
-    let _conn = connect_through_dnat(&s, family, vip);
-    let orig = orig_of(&_conn, family, &s.client, vip);
+    let conn = connect_through_dnat(&s, family, vip);
+    let orig = orig_of(&conn, family, &s.client, vip);
     let mut c = node_conntrack(&s.lab);
 
     let e = find(&mut c, family, &orig)
@@ -312,6 +313,29 @@ fn create_translates(family: Family) {
 }
 
 lbproxy_tests::both_families!(create_translates);
+
+/// 3b. An entry created in zone 5 is dumped with zone 5, is not deleted by its tuple in zone
+/// 0, and is by its tuple in zone 5; its mark is kept.
+#[test]
+fn zone_and_mark_are_kept() {
+    let s = setup();
+    let mut e = udp_entry(&s, Family::V4, 22000, None);
+    e.zone = 5;
+    e.mark = 0x4000;
+    let mut c = node_conntrack(&s.lab);
+    c.create(&e).unwrap_or_else(|err| panic!("{err}"));
+    let got = find(&mut c, Family::V4, &e.orig).unwrap_or_else(|| panic!("no {}", e.orig));
+    assert_eq!((got.zone, got.mark), (5, 0x4000), "{got:?}");
+    assert!(
+        !c.delete(&e.orig, 0).unwrap_or_else(|err| panic!("{err}")),
+        "zone 0 has none"
+    );
+    assert!(
+        c.delete(&e.orig, 5).unwrap_or_else(|err| panic!("{err}")),
+        "zone 5 has it"
+    );
+    assert_eq!(find(&mut c, Family::V4, &e.orig), None);
+}
 
 /// 4.
 fn hand_back_live_tcp(family: Family) {
