@@ -13,6 +13,7 @@ pub mod bpf;
 pub mod cli;
 pub mod config;
 pub mod config_watch;
+pub mod conntrack;
 pub mod controller;
 pub mod desired;
 pub mod healthcheck;
