@@ -21,5 +21,6 @@ pub mod program;
 pub mod run;
 pub mod server;
 pub mod source;
+pub mod takeover;
 pub mod telemetry;
 pub mod yaml;
