@@ -379,7 +379,10 @@ pub fn parse_iptables_save(text: &str) -> Result<Vec<SavedTable>, String> {
         }
         if let Some(name) = line.strip_prefix('*') {
             if let Some(t) = current.take() {
-                return Err(format!("line {n}: table {name} starts before {} ends", t.name));
+                return Err(format!(
+                    "line {n}: table {name} starts before {} ends",
+                    t.name
+                ));
             }
             current = Some(SavedTable {
                 name: name.to_owned(),
@@ -395,7 +398,9 @@ pub fn parse_iptables_save(text: &str) -> Result<Vec<SavedTable>, String> {
         } else if let Some(decl) = line.strip_prefix(':') {
             let mut words = decl.split_whitespace();
             let (Some(name), Some(policy)) = (words.next(), words.next()) else {
-                return Err(format!("line {n}: chain declaration {line:?} lacks a policy"));
+                return Err(format!(
+                    "line {n}: chain declaration {line:?} lacks a policy"
+                ));
             };
             table.chains.push(SavedChain {
                 name: name.to_owned(),
@@ -733,7 +738,9 @@ pub fn find() -> Result<KubeProxyState, KubeProxyError> {
     if let Some(nft) = which("nft") {
         let text = run(&nft, &["list", "tables"], None)?;
         state.nft = kube_proxy_nft_tables(&text);
-        state.looked_in.push(format!("{} list tables", nft.display()));
+        state
+            .looked_in
+            .push(format!("{} list tables", nft.display()));
     }
     state.ipvs = link_exists(IPVS_LINK);
     Ok(state)
@@ -971,7 +978,11 @@ COMMIT
         // Deleting a chain comes after every flush and unlink.
         let first_x = lines.iter().position(|l| l.starts_with("-X ")).unwrap();
         assert!(lines[..first_x].iter().all(|l| !l.starts_with("-X ")));
-        assert!(lines[first_x..].iter().all(|l| l.starts_with("-X ") || *l == "COMMIT"));
+        assert!(
+            lines[first_x..]
+                .iter()
+                .all(|l| l.starts_with("-X ") || *l == "COMMIT")
+        );
         assert!(!filter.contains("KUBE-FIREWALL ") && !filter.contains("KUBELET"));
     }
 
