@@ -56,6 +56,7 @@ pub mod cgroup;
 mod client;
 pub mod connect;
 pub mod inspect;
+pub mod kube_proxy;
 pub mod lbproxy;
 pub mod manifest;
 pub mod multinode;
