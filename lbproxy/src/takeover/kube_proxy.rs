@@ -55,6 +55,11 @@
 //! ip kube-proxy` (and `ip6`). Errors name the family, backend, table and chains, or the nft
 //! table, with the command's stderr.
 //!
+//! kube-proxy must not run any more when [`remove`] is called: it would write its rules
+//! again (removing its canary chains makes a running kube-proxy resync at once), and a
+//! service chain it adds between [`find`] and [`remove`] that jumps to `KUBE-MARK-MASQ`
+//! makes that table's transaction fail (nothing of that table changes then).
+//!
 //! # Binaries
 //!
 //! The lbproxy image must contain iptables (both `iptables-legacy-save`/`-restore` and
