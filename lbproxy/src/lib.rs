@@ -22,5 +22,6 @@ pub mod program;
 pub mod run;
 pub mod server;
 pub mod source;
+pub mod takeover;
 pub mod telemetry;
 pub mod yaml;

@@ -39,7 +39,7 @@ pub(crate) mod load;
 mod plot;
 pub(crate) mod rules;
 
-pub(crate) use rules::hash16;
+pub(crate) use lbproxy_tests::lab::kube_proxy::hash16;
 
 use std::collections::BTreeMap;
 use std::io::Write as _;

@@ -42,9 +42,11 @@
 //! Main entry points: [`Lab`] (namespaces, pods, manifests, lbproxy), [`Pod`] (servers and
 //! clients in one pod), [`Backend`], [`TcpConn`], [`tally`] / [`Tally`], [`Lbproxy`],
 //! [`manifest`] (Service/EndpointSlice YAML), [`ns`] (`run_in_ns`, `ns_command`, `http_get`),
-//! [`bpf`] (which programs are tcx-attached where). To run lbproxy against the Kubernetes API
-//! instead of manifests, start a [`crate::apiserver::ApiServer`] in [`Lab::node_ns`] and pass
-//! [`Lab::lbproxy_base_args`] plus `--kubeconfig` to [`Lab::start_lbproxy_argv`].
+//! [`bpf`] (which programs are tcx-attached where), [`kube_proxy`] (kube-proxy's iptables and
+//! nftables rules for a few Services, rendered and installed). To run lbproxy against the
+//! Kubernetes API instead of manifests, start a [`crate::apiserver::ApiServer`] in
+//! [`Lab::node_ns`] and pass [`Lab::lbproxy_base_args`] plus `--kubeconfig` to
+//! [`Lab::start_lbproxy_argv`].
 //!
 //! Drop order matters: drop [`Backend`]s and the [`Lbproxy`] before the [`Lab`] (declare the
 //! lab first). Dropping the lab runs `lbproxy cleanup` for its bpffs dir (if lbproxy was
@@ -56,6 +58,7 @@ pub mod cgroup;
 mod client;
 pub mod connect;
 pub mod inspect;
+pub mod kube_proxy;
 pub mod lbproxy;
 pub mod manifest;
 pub mod multinode;

@@ -2,20 +2,19 @@
 //! ruleset, kube-proxy's nftables-mode ruleset, and Service/EndpointSlice manifests for
 //! lbproxy.
 //!
-//! The layouts follow kube-proxy as described in kubernetes/kubernetes
-//! `pkg/proxy/iptables/proxier.go` (chain names and rule shapes of `KUBE-SERVICES`,
-//! `KUBE-SVC-*`, `KUBE-SEP-*`, `KUBE-MARK-MASQ`, `KUBE-POSTROUTING`, `KUBE-FORWARD`) and
-//! `pkg/proxy/nftables/proxier.go` with its `README.md` (table `ip kube-proxy`, the
-//! `service-ips` verdict map, `service-*` chains with `numgen random mod K vmap`, `endpoint-*`
-//! chains with `dnat to`). The text here is written from that description, not copied.
+//! The two kube-proxy layouts are rendered by the lab's fixture
+//! (`lbproxy_tests::lab::kube_proxy`, which documents them and what they follow in
+//! kube-proxy's sources), so the benchmarks and the takeover test see the same rules; this
+//! module only chooses the services, their addresses and the manifests.
 //!
 //! Either family: with IPv6 addresses the same layouts become what kube-proxy writes for its
-//! IPv6 proxier: `ip6tables-restore` input (`/128` host matches, `[addr]:port` DNAT targets)
-//! and the table `ip6 kube-proxy` (`ipv6_addr` keys, `ip6 daddr`, colons in endpoint chain
-//! names written as dots, since nft names cannot hold a colon).
+//! IPv6 proxier.
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use lbproxy_tests::lab::kube_proxy;
+use lbproxy_tests::lab::{Family, Proto};
 
 /// The cluster CIDR kube-proxy would be given (`--cluster-cidr`): pods and the filler
 /// endpoints. Traffic from outside it to a ClusterIP is marked for masquerade.
@@ -46,13 +45,6 @@ pub struct SvcPort {
     pub endpoints: Vec<IpAddr>,
     /// Its NodePort, when the service is of type NodePort (the north-south benchmark).
     pub node_port: Option<u16>,
-}
-
-impl SvcPort {
-    /// `default/svc:port`, kube-proxy's servicePortName.
-    fn spn(&self) -> String {
-        format!("default/{}:{}", self.svc, self.port_name)
-    }
 }
 
 /// The N services. Service `target` (index N/2, in the middle) has a TCP and a UDP port over
@@ -89,19 +81,6 @@ fn filler_ep(i: usize, k: usize, v6: bool) -> IpAddr {
             .into()
     } else {
         Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 64, 0)) + j as u32).into()
-    }
-}
-
-/// `addr/32` or `addr/128`: a host match.
-fn host(a: IpAddr) -> String {
-    format!("{a}/{}", if a.is_ipv6() { 128 } else { 32 })
-}
-
-/// `addr:port`, bracketed for IPv6, as DNAT targets are written.
-fn addr_port(a: IpAddr, port: u16) -> String {
-    match a {
-        IpAddr::V4(a) => format!("{a}:{port}"),
-        IpAddr::V6(a) => format!("[{a}]:{port}"),
     }
 }
 
@@ -183,23 +162,10 @@ impl Services {
         if self.v6 { CLUSTER_CIDR6 } else { CLUSTER_CIDR }
     }
 
-    /// The nftables family (also its address match keyword) and its address type.
-    fn nft_family(&self) -> (&'static str, &'static str) {
-        if self.v6 {
-            ("ip6", "ipv6_addr")
-        } else {
-            ("ip", "ipv4_addr")
-        }
-    }
-
     /// The restore command for [`Services::iptables_full`]: `iptables-restore` or
     /// `ip6tables-restore`.
     pub fn iptables_restore(&self) -> &'static str {
-        if self.v6 {
-            "ip6tables-restore"
-        } else {
-            "iptables-restore"
-        }
+        kube_proxy::restore_command(self.family())
     }
 
     /// The same services with the target's endpoints replaced by `members`.
@@ -289,366 +255,67 @@ impl Services {
         out
     }
 
-    // ---- iptables ----
-
-    /// The whole ruleset for one `iptables-restore` (nat and filter tables, with the jumps
-    /// from the built-in chains), as kube-proxy leaves a node after a full sync.
-    pub fn iptables_full(&self) -> String {
-        let mut out = String::new();
-        out.push_str("*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n");
-        for c in [
-            "KUBE-SERVICES",
-            "KUBE-EXTERNAL-SERVICES",
-            "KUBE-FORWARD",
-            "KUBE-NODEPORTS",
-            "KUBE-PROXY-FIREWALL",
-        ] {
-            writeln!(out, ":{c} - [0:0]").unwrap();
-        }
-        out.push_str(
-            "-A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL\n\
-             -A INPUT -m comment --comment \"kubernetes health check service ports\" -j KUBE-NODEPORTS\n\
-             -A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\" -j KUBE-EXTERNAL-SERVICES\n\
-             -A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL\n\
-             -A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD\n\
-             -A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
-             -A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\" -j KUBE-EXTERNAL-SERVICES\n\
-             -A OUTPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL\n\
-             -A OUTPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
-             -A KUBE-FORWARD -m conntrack --ctstate INVALID -m comment --comment \"kubernetes forwarding rules\" -j DROP\n\
-             -A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark 0x4000/0x4000 -j ACCEPT\n\
-             -A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n\
-             COMMIT\n",
-        );
-        out.push_str(
-            "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n\
-",
-        );
-        self.iptables_nat_body(&mut out);
-        out
-    }
-
-    fn iptables_nat_body(&self, out: &mut String) {
-        for c in [
-            "KUBE-SERVICES",
-            "KUBE-NODEPORTS",
-            "KUBE-POSTROUTING",
-            "KUBE-MARK-MASQ",
-        ] {
-            writeln!(out, ":{c} - [0:0]").unwrap();
-        }
-        for p in &self.ports {
-            writeln!(out, ":{} - [0:0]", ipt_svc(p)).unwrap();
-            if p.node_port.is_some() {
-                writeln!(out, ":{} - [0:0]", ipt_ext(p)).unwrap();
-            }
-            for e in &p.endpoints {
-                writeln!(out, ":{} - [0:0]", ipt_sep(p, *e)).unwrap();
-            }
-        }
-        out.push_str(
-            "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
-             -A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
-             -A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n",
-        );
-        out.push_str(
-            "-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n\
-             -A KUBE-POSTROUTING -j MARK --xor-mark 0x4000\n\
-             -A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully\n\
-             -A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\n",
-        );
-        let cidr = self.cluster_cidr();
-        for p in &self.ports {
-            let spn = p.spn();
-            let svc = ipt_svc(p);
-            writeln!(
-                out,
-                "-A KUBE-SERVICES -m comment --comment \"{spn} cluster IP\" -m {pr} -p {pr} -d {vip} --dport {port} -j {svc}",
-                pr = p.proto,
-                vip = host(p.vip),
-                port = p.port
-            )
-            .unwrap();
-            writeln!(
-                out,
-                "-A {svc} -m comment --comment \"{spn} cluster IP\" -m {pr} -p {pr} -d {vip} --dport {port} ! -s {cidr} -j KUBE-MARK-MASQ",
-                pr = p.proto,
-                vip = host(p.vip),
-                port = p.port
-            )
-            .unwrap();
-            let n = p.endpoints.len();
-            for (i, e) in p.endpoints.iter().enumerate() {
-                let sep = ipt_sep(p, *e);
-                // Rule i of n jumps with probability 1/(n-i); the last one always.
-                let stat = if i + 1 < n {
-                    format!(
-                        "-m statistic --mode random --probability {:.10} ",
-                        1.0 / (n - i) as f64
-                    )
+    /// These services as the lab's kube-proxy fixture takes them (namespace `default`).
+    fn lab_ports(&self) -> Vec<kube_proxy::ServicePort> {
+        self.ports
+            .iter()
+            .map(|p| kube_proxy::ServicePort {
+                namespace: "default".into(),
+                service: p.svc.clone(),
+                port_name: p.port_name.into(),
+                proto: if p.proto == "udp" {
+                    Proto::Udp
                 } else {
-                    String::new()
-                };
-                writeln!(
-                    out,
-                    "-A {svc} -m comment --comment \"{spn} -> {e}:{t}\" {stat}-j {sep}",
-                    t = p.target
-                )
-                .unwrap();
-            }
-            for e in &p.endpoints {
-                let sep = ipt_sep(p, *e);
-                writeln!(
-                    out,
-                    "-A {sep} -m comment --comment {spn} -s {} -j KUBE-MARK-MASQ",
-                    host(*e)
-                )
-                .unwrap();
-                writeln!(
-                    out,
-                    "-A {sep} -m comment --comment {spn} -m {pr} -p {pr} -j DNAT --to-destination {}",
-                    addr_port(*e, p.target),
-                    pr = p.proto,
-                )
-                .unwrap();
-            }
-        }
-        // NodePorts: KUBE-NODEPORTS -> KUBE-EXT-* (masquerade, then the service chain).
-        for p in &self.ports {
-            let Some(np) = p.node_port else { continue };
-            let ext = ipt_ext(p);
-            writeln!(
-                out,
-                "-A KUBE-NODEPORTS -m comment --comment {spn} -m {pr} -p {pr} --dport {np} -j {ext}",
-                spn = p.spn(),
-                pr = p.proto
-            )
-            .unwrap();
-            writeln!(
-                out,
-                "-A {ext} -m comment --comment \"masquerade traffic for {spn} external destinations\" -j KUBE-MARK-MASQ",
-                spn = p.spn()
-            )
-            .unwrap();
-            writeln!(out, "-A {ext} -j {}", ipt_svc(p)).unwrap();
-        }
-        out.push_str(
-            "-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\n",
-        );
-        out.push_str("COMMIT\n");
+                    Proto::Tcp
+                },
+                vip: p.vip,
+                port: p.port,
+                node_port: p.node_port,
+                endpoints: p.endpoints.iter().map(|e| (*e, p.target)).collect(),
+            })
+            .collect()
     }
 
-    // ---- nftables ----
+    fn family(&self) -> Family {
+        if self.v6 { Family::V6 } else { Family::V4 }
+    }
+
+    /// The node's side for kube-proxy: the cluster CIDR and, for nftables, the NodePort
+    /// addresses. iptables gets none, so it keeps matching NodePorts by `--dst-type LOCAL`
+    /// (kube-proxy's default) as this benchmark always did.
+    fn node_net(&self, node_ips: bool) -> kube_proxy::NodeNet {
+        kube_proxy::NodeNet {
+            cluster_cidr: self.cluster_cidr().into(),
+            node_ips: if node_ips {
+                self.node_ips.clone()
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    /// The whole ruleset for one `iptables-restore` (mangle, filter and nat tables, with
+    /// the jumps from the built-in chains), as kube-proxy leaves a node after a full sync.
+    pub fn iptables_full(&self) -> String {
+        kube_proxy::iptables_restore_input(self.family(), &self.lab_ports(), &self.node_net(false))
+    }
 
     /// The whole `ip kube-proxy` (or `ip6 kube-proxy`) table for one `nft -f`.
     pub fn nft_full(&self) -> String {
-        let (fam, addr) = self.nft_family();
-        let mut out = String::new();
-        out.push_str(
-            &"table ip kube-proxy {\n\
-             \tcomment \"rules for kube-proxy\"\n\
-             \tmap service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; comment \"ClusterIP, ExternalIP and LoadBalancer IP traffic\" ; }\n\
-             \tmap no-endpoint-services { type ipv4_addr . inet_proto . inet_service : verdict ; comment \"vmap to drop or reject packets to services with no endpoints\" ; }\n\
-             \tchain mark-for-masquerade { meta mark set meta mark or 0x4000 ; }\n\
-             \tchain masquerading { meta mark & 0x4000 == 0 return ; meta mark set meta mark xor 0x4000 ; masquerade fully-random ; }\n\
-             \tset nodeport-ips { type ipv4_addr ; comment \"IPs that accept NodePort traffic\" ; }\n\
-             \tmap service-nodeports { type inet_proto . inet_service : verdict ; comment \"NodePort traffic\" ; }\n\
-             \tchain services { ip daddr . meta l4proto . th dport vmap @service-ips ; ip daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports ; }\n\
-             \tchain service-endpoints-check { ip daddr . meta l4proto . th dport vmap @no-endpoint-services ; }\n\
-             \tchain filter-forward { type filter hook forward priority -110 ; policy accept ; ct state new jump service-endpoints-check ; }\n\
-             \tchain filter-output { type filter hook output priority -110 ; policy accept ; ct state new jump service-endpoints-check ; }\n\
-             \tchain nat-prerouting { type nat hook prerouting priority -100 ; policy accept ; jump services ; }\n\
-             \tchain nat-output { type nat hook output priority -100 ; policy accept ; jump services ; }\n\
-             \tchain nat-postrouting { type nat hook postrouting priority 100 ; policy accept ; jump masquerading ; }\n"
-                .replace("table ip ", &format!("table {fam} "))
-                .replace("ipv4_addr", addr)
-                .replace("ip daddr", &format!("{fam} daddr")),
-        );
-        for p in &self.ports {
-            for e in &p.endpoints {
-                writeln!(
-                    out,
-                    "\tchain {} {{ {} }}",
-                    nft_ep(p, *e),
-                    nft_ep_rules(p, *e, fam)
-                )
-                .unwrap();
-            }
-            writeln!(
-                out,
-                "\tchain {} {{ {} }}",
-                nft_svc(p),
-                nft_svc_rules(p, fam, self.cluster_cidr())
-            )
-            .unwrap();
-            if p.node_port.is_some() {
-                writeln!(
-                    out,
-                    "\tchain {} {{ jump mark-for-masquerade ; goto {} ; }}",
-                    nft_ext(p),
-                    nft_svc(p)
-                )
-                .unwrap();
-            }
-        }
-        out.push_str("}\n");
-        if !self.node_ips.is_empty() {
-            let ips: Vec<String> = self.node_ips.iter().map(ToString::to_string).collect();
-            writeln!(
-                out,
-                "add element {fam} kube-proxy nodeport-ips {{ {} }}",
-                ips.join(", ")
-            )
-            .unwrap();
-        }
-        for p in &self.ports {
-            if let Some(np) = p.node_port {
-                writeln!(
-                    out,
-                    "add element {fam} kube-proxy service-nodeports {{ {} . {np} : goto {} }}",
-                    p.proto,
-                    nft_ext(p)
-                )
-                .unwrap();
-            }
-        }
-        // Elements in chunks, one transaction (the whole file is one).
-        for chunk in self.ports.chunks(1000) {
-            write!(out, "add element {fam} kube-proxy service-ips {{ ").unwrap();
-            let elems: Vec<String> = chunk
-                .iter()
-                .map(|p| format!("{} . {} . {} : goto {}", p.vip, p.proto, p.port, nft_svc(p)))
-                .collect();
-            out.push_str(&elems.join(", "));
-            out.push_str(" }\n");
-        }
-        out
+        kube_proxy::nft_input(self.family(), &self.lab_ports(), &self.node_net(true))
     }
 
     /// An incremental update from `old` to `self`, as kube-proxy's nftables mode does on a
     /// partial sync: new endpoint chains added, changed service chains flushed and refilled,
     /// stale endpoint chains deleted, in one transaction.
     pub fn nft_incremental(&self, old: &Services) -> String {
-        let (fam, _) = self.nft_family();
-        let mut out = String::new();
-        for (p, o) in self.ports.iter().zip(&old.ports) {
-            if p.endpoints == o.endpoints {
-                continue;
-            }
-            for e in p.endpoints.iter().filter(|e| !o.endpoints.contains(e)) {
-                let c = nft_ep(p, *e);
-                writeln!(out, "add chain {fam} kube-proxy {c}").unwrap();
-                writeln!(out, "flush chain {fam} kube-proxy {c}").unwrap();
-                add_rules(&mut out, fam, &c, &nft_ep_rules(p, *e, fam));
-            }
-            let c = nft_svc(p);
-            writeln!(out, "flush chain {fam} kube-proxy {c}").unwrap();
-            add_rules(
-                &mut out,
-                fam,
-                &c,
-                &nft_svc_rules(p, fam, self.cluster_cidr()),
-            );
-            for e in o.endpoints.iter().filter(|e| !p.endpoints.contains(e)) {
-                writeln!(out, "delete chain {fam} kube-proxy {}", nft_ep(o, *e)).unwrap();
-            }
-        }
-        out
-    }
-}
-
-/// `add rule` lines for chain `c` of `<fam> kube-proxy`, one per rule of `rules` (a chain
-/// body as `nft_*_rules` writes it: rules separated by ` ; `).
-fn add_rules(out: &mut String, fam: &str, c: &str, rules: &str) {
-    for r in rules.split(" ; ").filter(|r| !r.trim().is_empty()) {
-        writeln!(
-            out,
-            "add rule {fam} kube-proxy {c} {}",
-            r.trim_end_matches(" ;")
+        kube_proxy::nft_incremental(
+            self.family(),
+            &old.lab_ports(),
+            &self.lab_ports(),
+            &self.node_net(true),
         )
-        .unwrap();
     }
-}
-
-/// A kube-proxy-style chain hash: 16 characters of base32 over an FNV-1a digest (kube-proxy
-/// uses SHA-256; only the shape of the name matters here).
-pub(crate) fn hash16(key: &str) -> String {
-    const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
-    let fnv = |salt: u8| {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in key.bytes().chain([salt]) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        h
-    };
-    let bits = (u128::from(fnv(1)) << 64) | u128::from(fnv(2));
-    (0..16)
-        .map(|i| ALPHABET[((bits >> (i * 5)) & 31) as usize] as char)
-        .collect()
-}
-
-fn ipt_svc(p: &SvcPort) -> String {
-    format!("KUBE-SVC-{}", hash16(&format!("{}{}", p.spn(), p.proto)))
-}
-
-fn ipt_ext(p: &SvcPort) -> String {
-    format!("KUBE-EXT-{}", hash16(&format!("{}{}", p.spn(), p.proto)))
-}
-
-/// `external-HASH8-default/svc/tcp/port`.
-fn nft_ext(p: &SvcPort) -> String {
-    let base = format!("default/{}/{}/{}", p.svc, p.proto, p.port_name);
-    format!("external-{}-{base}", &hash16(&base)[..8])
-}
-
-fn ipt_sep(p: &SvcPort, e: IpAddr) -> String {
-    format!(
-        "KUBE-SEP-{}",
-        hash16(&format!("{}{}{e}:{}", p.spn(), p.proto, p.target))
-    )
-}
-
-/// `service-HASH8-default/svc/tcp/port`.
-fn nft_svc(p: &SvcPort) -> String {
-    let base = format!("default/{}/{}/{}", p.svc, p.proto, p.port_name);
-    format!("service-{}-{base}", &hash16(&base)[..8])
-}
-
-/// `endpoint-HASH8-default/svc/tcp/port__IP/PORT`; an IPv6 address's colons become dots,
-/// as kube-proxy writes them (a chain name cannot hold a colon).
-fn nft_ep(p: &SvcPort, e: IpAddr) -> String {
-    let ip = e.to_string().replace(':', ".");
-    let base = format!(
-        "default/{}/{}/{}__{ip}/{}",
-        p.svc, p.proto, p.port_name, p.target
-    );
-    format!("endpoint-{}-{base}", &hash16(&base)[..8])
-}
-
-fn nft_ep_rules(p: &SvcPort, e: IpAddr, fam: &str) -> String {
-    format!(
-        "{fam} saddr {e} jump mark-for-masquerade ; meta l4proto {} dnat to {} ;",
-        p.proto,
-        addr_port(e, p.target)
-    )
-}
-
-fn nft_svc_rules(p: &SvcPort, fam: &str, cidr: &str) -> String {
-    let vmap: Vec<String> = p
-        .endpoints
-        .iter()
-        .enumerate()
-        .map(|(i, e)| format!("{i} : goto {}", nft_ep(p, *e)))
-        .collect();
-    format!(
-        "{fam} daddr {} {} dport {} {fam} saddr != {cidr} jump mark-for-masquerade ; numgen random mod {} vmap {{ {} }} ;",
-        p.vip,
-        p.proto,
-        p.port,
-        p.endpoints.len(),
-        vmap.join(", ")
-    )
 }
 
 #[cfg(test)]
