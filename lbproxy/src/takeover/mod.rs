@@ -27,6 +27,7 @@
 //! end, and one warning says that kube-proxy's rules are present.
 
 pub mod adopt;
+pub mod hand_back;
 pub mod kube_proxy;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -104,9 +105,25 @@ pub fn prepare(
     let local = local_addresses();
     let now = crate::bpf::flow_gc::monotonic_ns();
     let entries = ct.dump(CtFamily::V4).context("dumping conntrack (IPv4)")?;
-    collect(&entries, now, timeouts, &local, &mut t.v4, &mut t.left, &mut t.closed);
+    collect(
+        &entries,
+        now,
+        timeouts,
+        &local,
+        &mut t.v4,
+        &mut t.left,
+        &mut t.closed,
+    );
     let entries = ct.dump(CtFamily::V6).context("dumping conntrack (IPv6)")?;
-    collect(&entries, now, timeouts, &local, &mut t.v6, &mut t.left, &mut t.closed);
+    collect(
+        &entries,
+        now,
+        timeouts,
+        &local,
+        &mut t.v6,
+        &mut t.left,
+        &mut t.closed,
+    );
     let mut maps = PinnedMaps::open(bpffs_dir)?;
     write_all(&mut maps.flows, &t.v4).context("writing adopted flows (LB_FLOWS_V3)")?;
     write_all(&mut maps.flows6, &t.v6).context("writing adopted flows (LB_FLOWS6_V1)")?;
