@@ -231,7 +231,9 @@ impl Report {
     }
 }
 
-/// One line per failure, each time relative to `mark`, after a count.
+/// The failures `v` (of a load started at `start`) counted per lane and kind, then one line
+/// per failure, its time relative to `mark`; repeats of one failure (the same lane, kind
+/// and detail) folded into the line of the first, with their count and the last's time.
 pub fn show_failures(v: &[Failure], start: Instant, mark: Instant) -> String {
     let mut by_kind: BTreeMap<(Lane, Kind), usize> = BTreeMap::new();
     for f in v {
@@ -245,8 +247,24 @@ pub fn show_failures(v: &[Failure], start: Instant, mark: Instant) -> String {
             .collect();
         out.push_str(&format!("\n  failures: {}", counts.join(", ")));
     }
+    let mut runs: Vec<(&Failure, usize, Instant)> = Vec::new();
     for f in v {
+        let same = |r: &&mut (&Failure, usize, Instant)| {
+            (r.0.lane, r.0.kind, &r.0.detail) == (f.lane, f.kind, &f.detail)
+        };
+        match runs.iter_mut().find(same) {
+            Some(r) => (r.1, r.2) = (r.1 + 1, f.at),
+            None => runs.push((f, 1, f.at)),
+        }
+    }
+    for (f, n, last) in runs {
         out.push_str(&format!("\n    {}", f.show(start, mark)));
+        if n > 1 {
+            out.push_str(&format!(
+                " (x{n} in all, the last at {})",
+                since(start, last, mark)
+            ));
+        }
     }
     out
 }
