@@ -47,6 +47,9 @@ pub struct NatTarget<A = [u8; 4]> {
     /// The flow's `FlowValue::adopted`: whether netfilter's conntrack entry still
     /// translates it (`lbproxy_common::FlowAdopted`).
     pub adopted: u8,
+    /// Always 0: no implicit padding, whose undefined bytes LLVM may copy in a register the
+    /// verifier then refuses to read.
+    pub _pad: u8,
 }
 
 impl<A: Addr> NatTarget<A> {
@@ -58,6 +61,7 @@ impl<A: Addr> NatTarget<A> {
             peer_port_be: v.peer_port_be,
             peer_addr: v.peer_addr,
             adopted: v.adopted,
+            _pad: 0,
         }
     }
 }

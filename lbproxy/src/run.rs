@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use crate::bpf::{Attacher, Datapath, PinnedMaps};
 use crate::config::RunArgs;
 use crate::controller::Controller;
+use crate::takeover;
 use std::sync::Arc;
 
 use crate::server::Health;
@@ -184,6 +185,15 @@ async fn run(
     )
     .await?;
     let started = start_datapath(&settings, globs, &metrics).await?;
+    // kube-proxy's flows, written before the first sync serves a frontend (`takeover`).
+    let takeover = takeover::prepare(
+        &settings.bpffs_dir,
+        settings.takeover,
+        &settings.flow_timeouts,
+    )?;
+    if let Some(t) = takeover {
+        spawn_takeover(t, &settings, &health, &metrics);
+    }
 
     // The source.
     let mut report =
@@ -220,6 +230,37 @@ async fn run(
         );
     }
     Ok(())
+}
+
+/// The rest of the takeover from kube-proxy, once the first sync is in the maps: `/healthz`
+/// stays 503 until it is done. A takeover that fails exits lbproxy: kube-proxy's rules are
+/// then still in place or gone, and the flows still conntrack's or lbproxy's, never neither
+/// (docs/migration.md).
+fn spawn_takeover(
+    t: takeover::Takeover,
+    settings: &config::Settings,
+    health: &Health,
+    metrics: &Arc<Metrics>,
+) {
+    health.hold("taking the node over from kube-proxy");
+    let (dir, health, metrics) = (settings.bpffs_dir.clone(), health.clone(), metrics.clone());
+    tokio::spawn(async move {
+        while !health.synced() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let done = tokio::task::spawn_blocking(move || t.complete(&dir, &metrics)).await;
+        match done {
+            Ok(Ok(())) => health.release(),
+            Ok(Err(e)) => {
+                tracing::error!("takeover failed: {e:#}");
+                std::process::exit(1);
+            }
+            Err(e) => {
+                tracing::error!("takeover failed: {e}");
+                std::process::exit(1);
+            }
+        }
+    });
 }
 
 /// What [`start_datapath`] hands the controller.

@@ -171,20 +171,16 @@ fn established<A: Family>(
     // key's): a new flow on this tuple (a SYN retransmitted, a port reused) is not
     // checked again.
     prev.verified = true;
-    if f.adopted == FLOW_ADOPTED_CONNTRACK && !(pkt.is_syn() && f.flags != 0) {
-        // Adopted, and still translated by netfilter's conntrack entry: the packet passes
-        // untranslated (the hook sees `FlowAdopted::Conntrack` in the target), whatever
-        // lbproxy's own state. A SYN after the client's FIN or RST reuses the port: a new
-        // flow of lbproxy's own.
-        touch(entry, now);
-        note_close(entry, pkt);
-        return Ok(Some(NatTarget::of(f)));
-    }
     // Live while its backend is still a member (serving or draining) of this very
     // service: a backend that left it is not, even if another service still holds the
     // same address and port (and so its backend id). A member's id is held by the
     // service, so it still names the address the flow was translated to.
-    let live = f.svc_id == svc.svc_id && select::is_member(svc.svc_id, f.backend_id);
+    //
+    // A flow adopted from conntrack and still translated by its entry is live whatever
+    // lbproxy's model says (its ids are not known before the first sync): its packets pass
+    // untranslated (the hook sees `FlowAdopted::Conntrack` in the target).
+    let live = f.adopted == FLOW_ADOPTED_CONNTRACK
+        || (f.svc_id == svc.svc_id && select::is_member(svc.svc_id, f.backend_id));
     w.rkey = key.partner(f);
     let rkey = &w.rkey;
     let partner = A::flow(rkey);

@@ -112,6 +112,7 @@ pub(super) fn create<A: Family>(
             peer_port_be: rkey.dst_port_be,
             peer_addr: *peer_addr,
             adopted: FLOW_ADOPTED_OWN,
+            _pad: 0,
         });
     }
     let reply = &mut w.value;

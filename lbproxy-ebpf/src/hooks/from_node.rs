@@ -50,6 +50,7 @@ fn balance<A: Datapath>(raw: *mut c_void) -> i32 {
     }
     let staged = super::parsed(slot);
     match forward(ctx, staged) {
+        Forwarded::Translate if to_conntrack(staged) => TC_ACT_UNSPEC,
         Forwarded::Translate => translate(ctx, staged),
         Forwarded::Reject => reject(ctx, &staged.pkt, staged.reason, HOOK_FROM_NODE),
         Forwarded::Drop => drop_logged::<A>(ctx, HOOK_FROM_NODE, staged.reason),
@@ -82,22 +83,27 @@ stage! {
     }
 }
 
+/// Whether a packet of a flow adopted from conntrack passes untranslated, to the entry that
+/// still exists (`lbproxy_common::FlowAdopted`): always while the entry translates the flow,
+/// and during a handover unless the flow is source-NATed (redirected out, past netfilter,
+/// as any source-NATed flow's). A BPF function of its own: inlined, LLVM spilled a register
+/// it had not set on the new-flow path, which the verifier refuses.
+#[inline(never)]
+fn to_conntrack<A: Datapath>(staged: &StagedPacket<A>) -> bool {
+    let a = staged.to.adopted;
+    a == FLOW_ADOPTED_CONNTRACK
+        || (a == FLOW_ADOPTED_HANDOVER && staged.to.peer_addr == staged.pkt.src_addr)
+}
+
 stage! {
     /// A packet from outside translated to `staged.to`: to a backend on this node, up the stack
     /// to its pod; to one on another node (source-NATed), redirected out towards it.
     fn translate<A: Datapath>(ctx: &TcContext, staged: &StagedPacket<A>) -> i32 {
         let (pkt, to) = (&staged.pkt, staged.to);
-        // A flow adopted from conntrack whose entry still exists (`FlowAdopted`): its
-        // packets pass untranslated to that entry, unless handed over and source-NATed:
-        // those are redirected out, past netfilter, as any source-NATed flow's.
-        let snat = to.peer_addr != pkt.src_addr;
-        if to.adopted == FLOW_ADOPTED_CONNTRACK || (to.adopted == FLOW_ADOPTED_HANDOVER && !snat) {
-            return TC_ACT_UNSPEC;
-        }
         let r = nat::dnat(ctx, pkt, to)
             .map_err(|v| v.reason())
             .and_then(|()| {
-                if !snat {
+                if to.peer_addr == pkt.src_addr {
                     // A backend on this node: up the stack to its pod.
                     return Ok(TC_ACT_UNSPEC);
                 }

@@ -19,6 +19,7 @@ pub struct LbproxyDoc {
     pub bpffs_dir: Option<String>,
     pub flow_map_size: Option<u64>,
     pub stack_bypass: Option<bool>,
+    pub takeover: Option<bool>,
     pub manifests: Option<String>,
     pub snat_port_range: Option<String>,
     pub cgroup_root: Option<String>,

@@ -79,6 +79,12 @@ pub struct Flags {
     /// see it) [default: false]
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub stack_bypass: Option<bool>,
+    /// Take the node over from kube-proxy at start: adopt the flows its rules translated
+    /// (conntrack), then remove its rules and those entries once every Service is served
+    /// (docs/migration.md). Without it, kube-proxy's rules and flows are left alone
+    /// [default: false]
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub takeover: Option<bool>,
     /// Idle timeout of an established TCP flow [default: 24h]
     #[arg(long)]
     pub conntrack_tcp_timeout_established: Option<String>,

@@ -198,6 +198,8 @@ pub struct Settings {
     /// Redirect translated packets between local pods straight into the destination pod,
     /// past the node's routing and netfilter (off by default: see the README).
     pub stack_bypass: bool,
+    /// Take the node over from kube-proxy at start (`--takeover`, `takeover: true`).
+    pub takeover: bool,
     pub manifests: Option<PathBuf>,
     pub flow_timeouts: crate::bpf::flow_gc::Timeouts,
     pub node_port_addresses: NodePortAddresses,
@@ -275,6 +277,7 @@ impl Settings {
             "bpffsDir": self.bpffs_dir.display().to_string(),
             "flowMapSize": self.flow_map_size,
             "stackBypass": self.stack_bypass,
+            "takeover": self.takeover,
             "manifests": self.manifests.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
             "snatPortRange": format!("{}-{}", self.snat_port_range.0, self.snat_port_range.1),
             "cgroupRoot": match &self.cgroup_root {

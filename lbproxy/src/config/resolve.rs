@@ -49,6 +49,7 @@ pub fn resolve(file: Option<(&Path, FileConfig)>, flags: Flags) -> Result<Settin
     let bpffs_dir = src.bpffs_dir(flags.bpffs_dir)?;
     let flow_map_size = src.flow_map_size(flags.flow_map_size)?;
     let stack_bypass = flags.stack_bypass.or(own.stack_bypass).unwrap_or(false);
+    let takeover = flags.takeover.or(own.takeover).unwrap_or(false);
     let manifests = flags.manifests.or_else(|| non_empty_path(&own.manifests));
     let kubeconfig = flags
         .kubeconfig
@@ -100,6 +101,7 @@ pub fn resolve(file: Option<(&Path, FileConfig)>, flags: Flags) -> Result<Settin
         bpffs_dir,
         flow_map_size,
         stack_bypass,
+        takeover,
         manifests,
         bind_address,
         qps,

@@ -18,6 +18,9 @@ struct HealthState {
     /// or is tainted `ToBeDeletedByClusterAutoscaler`); `None`: eligible. As in kube-proxy,
     /// a node is eligible until its Node object says otherwise.
     not_eligible: Option<String>,
+    /// A step that must end before the node takes traffic (the takeover from kube-proxy):
+    /// `/healthz` answers 503 with this reason until it is released.
+    held: Option<String>,
 }
 
 /// What the endpoints report. Cheap to clone.
@@ -75,6 +78,27 @@ impl Health {
         s.not_eligible = not_eligible;
     }
 
+    /// Keeps `/healthz` at 503, with `why`, until [`Health::release`].
+    pub fn hold(&self, why: &str) {
+        self.lock().held = Some(why.to_string());
+    }
+
+    /// Ends a [`Health::hold`].
+    pub fn release(&self) {
+        self.lock().held = None;
+    }
+
+    /// Whether the first full sync is in the maps.
+    pub fn synced(&self) -> bool {
+        self.lock().synced
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HealthState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// The controller's loop went round (it does at least once per sync period).
     pub fn beat(&self) {
         let mut s = self
@@ -120,7 +144,7 @@ impl Health {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let stale = s.queued_since.is_some_and(|q| q.elapsed() > self.timeout);
-        let healthy = s.synced && !stale && s.not_eligible.is_none();
+        let healthy = s.synced && !stale && s.not_eligible.is_none() && s.held.is_none();
         let now = unix_now();
         let reason = if !s.synced {
             "the first sync is not in the maps yet".to_string()
@@ -128,6 +152,8 @@ impl Health {
             "queued changes not written within 2x the sync period".to_string()
         } else if let Some(why) = &s.not_eligible {
             format!("this node is not eligible for traffic: {why}")
+        } else if let Some(why) = &s.held {
+            why.clone()
         } else {
             "ok".to_string()
         };

@@ -1,4 +1,420 @@
-//! Taking a node over from kube-proxy: finding its rules and removing them once lbproxy serves
-//! every Service.
+//! Taking a node over from kube-proxy without losing a connection (`lbproxy run --takeover`),
+//! and leaving its rules alone without it.
+//!
+//! The order, and why no packet is ever left with neither path (docs/migration.md):
+//! 1. [`prepare`], after the programs are attached and before the first sync (no frontend
+//!    is served yet, so every packet still goes to kube-proxy's rules): kube-proxy's rules
+//!    are found ([`kube_proxy::find`]; IPVS is refused), and every conntrack entry its rules
+//!    destination-NATed is written into lbproxy's flow table as a flow that conntrack still
+//!    translates ([`lbproxy_common::FlowAdopted::Conntrack`]): its client's packets pass
+//!    untranslated. Once the first sync serves the frontends, new flows are lbproxy's and
+//!    the adopted ones are still the kernel's: each packet has exactly one path.
+//! 2. [`Takeover::complete`], after the first sync, while `/healthz` is held at 503: each
+//!    flow lbproxy can carry on gets its service and backend ids and becomes
+//!    [`lbproxy_common::FlowAdopted::Handover`]: lbproxy translates its client's packets when
+//!    it can send them past netfilter (redirected into the backend's pod, or out of the node
+//!    for a source-NATed flow); any other still passes to the conntrack entry.
+//! 3. kube-proxy's rules are removed. Only new connections used them, and those are
+//!    lbproxy's since step 1; the adopted entries keep translating without the rules.
+//! 4. Flow by flow, the conntrack entry is deleted, then the flow becomes lbproxy's own.
+//!    A redirected packet never needed the entry; a packet that passes to netfilter in the
+//!    microseconds between the two writes finds neither the entry nor a rule, and is lost
+//!    once (TCP sends it again). Deleting first is what keeps the backend: the other order
+//!    would let lbproxy's translated tuple meet the entry's reply tuple in netfilter, which
+//!    then moves the connection's source port.
+//!
+//! Without `--takeover`, step 1 alone runs: kube-proxy's flows stay the kernel's until they
+//! end, and one warning says that kube-proxy's rules are present.
 
+pub mod adopt;
 pub mod kube_proxy;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use aya::maps::{HashMap as BpfHashMap, Map, MapData};
+use lbproxy_common::{
+    Addr, FLOW_ADOPTED_CONNTRACK, FLOW_ADOPTED_HANDOVER, FLOW_ADOPTED_OWN, FlowKeyOf, FlowValueOf,
+    IPPROTO_SCTP, IPPROTO_TCP, NODE_ADDR_F_NODEPORT, NODE_ADDR_F_SNAT, NodeAddr, PodAddr,
+    SCOPE_DEFAULT, SCOPE_INTERNAL, SVC_F_SPLIT_SCOPE, SVC_KIND_CLUSTER_IP, ServiceKeyOf,
+    ServiceValue, map_names,
+};
+
+use self::adopt::{Adopted, Decision, Facts, FromIp, Left};
+use crate::bpf::{PinnedMaps, flow_gc::Timeouts, open_pinned};
+use crate::conntrack::{Conntrack, Family as CtFamily};
+use crate::telemetry::{Metrics, TakeoverLabel, TakeoverLeftLabel};
+
+/// What [`prepare`] found and wrote, for [`Takeover::complete`].
+pub struct Takeover {
+    kube_proxy: kube_proxy::KubeProxyState,
+    v4: Vec<Adopted<[u8; 4]>>,
+    v6: Vec<Adopted<[u8; 16]>>,
+    left: BTreeMap<Left, u64>,
+    started: Instant,
+}
+
+type FlowMap<A> = BpfHashMap<MapData, FlowKeyOf<A>, FlowValueOf<A>>;
+
+/// Step 1 (see the module doc). `take`: `--takeover`. Returns what [`Takeover::complete`]
+/// finishes, or `None` when there is nothing to take over or nothing more to do.
+pub fn prepare(
+    bpffs_dir: &Path,
+    take: bool,
+    timeouts: &Timeouts,
+) -> anyhow::Result<Option<Takeover>> {
+    let started = Instant::now();
+    let state = kube_proxy::find().context("looking for kube-proxy's rules")?;
+    if state.ipvs && take {
+        anyhow::bail!(
+            "--takeover: kube-proxy runs in IPVS mode here (link {}): lbproxy takes over only \
+             from kube-proxy's iptables and nftables modes; switch kube-proxy to one of those, \
+             or start lbproxy without --takeover (docs/migration.md)",
+            kube_proxy::IPVS_LINK
+        );
+    }
+    if state.is_empty() {
+        if take {
+            tracing::info!("takeover: {}; nothing to take over", state.summary());
+        }
+        return Ok(None);
+    }
+    if !take {
+        tracing::warn!(
+            "kube-proxy's rules are present ({}); lbproxy translates before them and leaves \
+             them, and the flows they translated, to kube-proxy and conntrack; --takeover would \
+             adopt those flows and remove the rules (docs/migration.md)",
+            state.summary()
+        );
+    }
+    let mut t = Takeover {
+        kube_proxy: state,
+        v4: Vec::new(),
+        v6: Vec::new(),
+        left: BTreeMap::new(),
+        started,
+    };
+    let mut ct = Conntrack::open().context("opening ctnetlink")?;
+    let local = local_addresses();
+    let now = crate::bpf::flow_gc::monotonic_ns();
+    let entries = ct.dump(CtFamily::V4).context("dumping conntrack (IPv4)")?;
+    collect(&entries, now, timeouts, &local, &mut t.v4, &mut t.left);
+    let entries = ct.dump(CtFamily::V6).context("dumping conntrack (IPv6)")?;
+    collect(&entries, now, timeouts, &local, &mut t.v6, &mut t.left);
+    let mut maps = PinnedMaps::open(bpffs_dir)?;
+    write_all(&mut maps.flows, &t.v4).context("writing adopted flows (LB_FLOWS_V3)")?;
+    write_all(&mut maps.flows6, &t.v6).context("writing adopted flows (LB_FLOWS6_V1)")?;
+    tracing::info!(
+        ipv4 = t.v4.len(),
+        ipv6 = t.v6.len(),
+        take,
+        "kube-proxy's flows written as conntrack's, before any frontend is served"
+    );
+    Ok(take.then_some(t))
+}
+
+impl Takeover {
+    /// Steps 2 to 4 (see the module doc), once the first sync is in the maps. Logs one
+    /// line with what was adopted, left and removed, and counts it in `metrics`.
+    pub fn complete(mut self, bpffs_dir: &Path, metrics: &Metrics) -> anyhow::Result<()> {
+        let mut maps = PinnedMaps::open(bpffs_dir)?;
+        let members = member_index(&maps);
+        let node4: BpfHashMap<MapData, [u8; 4], NodeAddr> =
+            open_pinned(bpffs_dir, map_names::NODE_ADDRS, Map::HashMap)?;
+        let node6: BpfHashMap<MapData, [u8; 16], NodeAddr> =
+            open_pinned(bpffs_dir, map_names::NODE_ADDRS6, Map::HashMap)?;
+        let pods4: BpfHashMap<MapData, [u8; 4], PodAddr> =
+            open_pinned(bpffs_dir, map_names::POD_ADDRS, Map::HashMap)?;
+        let is_pod4 = |a: &[u8; 4]| pods4.get(a, 0).is_ok();
+        let mut v4 = Family {
+            flows: &mut maps.flows,
+            services: &maps.services,
+            node_addrs: &node4,
+            is_local_pod: &is_pod4,
+            members: &members,
+        }
+        .hand_over(std::mem::take(&mut self.v4), &mut self.left)
+        .context("handing IPv4 flows over")?;
+        let mut v6 = Family {
+            flows: &mut maps.flows6,
+            services: &maps.services6,
+            node_addrs: &node6,
+            // No map of this node's IPv6 pod addresses: a masqueraded IPv6 flow to a local
+            // pod is taken for one to another node (docs/migration.md).
+            is_local_pod: &|_: &[u8; 16]| false,
+            members: &members,
+        }
+        .hand_over(std::mem::take(&mut self.v6), &mut self.left)
+        .context("handing IPv6 flows over")?;
+        let removed =
+            kube_proxy::remove(&self.kube_proxy).context("removing kube-proxy's rules")?;
+        let mut ct = Conntrack::open().context("opening ctnetlink")?;
+        let deleted4 = own(&mut ct, &mut maps.flows, &mut v4)?;
+        let deleted6 = own(&mut ct, &mut maps.flows6, &mut v6)?;
+        count(metrics, &v4, "ipv4");
+        count(metrics, &v6, "ipv6");
+        for (l, n) in &self.left {
+            metrics
+                .takeover_left
+                .get_or_create(&TakeoverLeftLabel { reason: l.reason() })
+                .inc_by(*n);
+        }
+        let left: Vec<String> = self
+            .left
+            .iter()
+            .map(|(l, n)| format!("{} {n}", l.reason()))
+            .collect();
+        tracing::info!(
+            "takeover: adopted {} flows (IPv4 {}, IPv6 {}), left {} to conntrack ({}), removed \
+             {} iptables chains with {} rules and {} jumps in {} tables and {} nft tables, \
+             deleted {} conntrack entries, in {} ms",
+            v4.len() + v6.len(),
+            v4.len(),
+            v6.len(),
+            self.left.values().sum::<u64>(),
+            if left.is_empty() {
+                "none".to_string()
+            } else {
+                left.join(", ")
+            },
+            removed.chains,
+            removed.rules,
+            removed.jump_rules,
+            removed.tables,
+            removed.nft_tables,
+            deleted4 + deleted6,
+            self.started.elapsed().as_millis()
+        );
+        Ok(())
+    }
+}
+
+/// One family's maps, as [`Takeover::complete`] reads and writes them.
+struct Family<'a, A: Addr> {
+    flows: &'a mut FlowMap<A>,
+    services: &'a BpfHashMap<MapData, ServiceKeyOf<A>, ServiceValue>,
+    node_addrs: &'a BpfHashMap<MapData, A, NodeAddr>,
+    is_local_pod: &'a dyn Fn(&A) -> bool,
+    members: &'a HashMap<(u32, IpAddr, u16), u32>,
+}
+
+impl<A: FromIp> Family<'_, A>
+where
+    FlowKeyOf<A>: aya::Pod,
+    FlowValueOf<A>: aya::Pod,
+    ServiceKeyOf<A>: aya::Pod,
+    A: aya::Pod,
+{
+    /// Step 2: each flow decided ([`adopt::decide`]); those lbproxy carries on are written
+    /// handed over and returned; the others are counted in `left` (their halves stay
+    /// conntrack's, or are removed when the entry's destination is no frontend).
+    fn hand_over(
+        &mut self,
+        flows: Vec<Adopted<A>>,
+        left: &mut BTreeMap<Left, u64>,
+    ) -> anyhow::Result<Vec<Adopted<A>>> {
+        let mut handed = Vec::with_capacity(flows.len());
+        for mut a in flows {
+            let from_pod = (self.is_local_pod)(&a.forward_key.src_addr);
+            let frontend = self.frontend(&a.forward_key, from_pod);
+            let backend = (a.reply_tuple.src, a.reply_tuple.src_port);
+            let facts = Facts {
+                frontend: frontend.map(|v| (v.svc_id, v.kind == SVC_KIND_CLUSTER_IP)),
+                member: frontend
+                    .and_then(|v| self.members.get(&(v.svc_id, backend.0, backend.1)).copied()),
+                peer_is_snat_address: self
+                    .node_addrs
+                    .get(&a.forward.peer_addr, 0)
+                    .is_ok_and(|n| n.flags & NODE_ADDR_F_SNAT != 0),
+                backend_is_local_pod: (self.is_local_pod)(&a.forward.nat_addr),
+            };
+            match adopt::decide(a.masqueraded(), &facts) {
+                Decision::Adopt { svc_id, backend_id } => {
+                    a.with(FLOW_ADOPTED_HANDOVER, svc_id, backend_id);
+                    write(self.flows, &a).with_context(|| format!("flow {}", a.orig))?;
+                    handed.push(a);
+                }
+                Decision::Keep(l) => *left.entry(l).or_default() += 1,
+                Decision::Forget(l) => {
+                    *left.entry(l).or_default() += 1;
+                    let _ = self.flows.remove(&a.forward_key);
+                    let _ = self.flows.remove(&a.reply_key);
+                }
+            }
+        }
+        Ok(handed)
+    }
+
+    /// The frontend entry the datapath finds for a client packet of `k` (`from_pod`: sent
+    /// by a pod of this node, which uses a split frontend's internal entry): exact, else a
+    /// NodePort on one of the node's NodePort addresses.
+    fn frontend(&self, k: &FlowKeyOf<A>, from_pod: bool) -> Option<ServiceValue> {
+        let mut key = ServiceKeyOf {
+            addr: k.dst_addr,
+            port_be: k.dst_port_be,
+            proto: k.proto,
+            scope: SCOPE_DEFAULT,
+        };
+        let v = match self.services.get(&key, 0) {
+            Ok(v) => v,
+            Err(_) => {
+                let nodeport = self
+                    .node_addrs
+                    .get(&k.dst_addr, 0)
+                    .is_ok_and(|n| n.flags & NODE_ADDR_F_NODEPORT != 0);
+                if !nodeport {
+                    return None;
+                }
+                key.addr = A::ZERO;
+                self.services.get(&key, 0).ok()?
+            }
+        };
+        if from_pod && v.flags & SVC_F_SPLIT_SCOPE != 0 {
+            key.scope = SCOPE_INTERNAL;
+            return Some(self.services.get(&key, 0).unwrap_or(v));
+        }
+        Some(v)
+    }
+}
+
+/// Step 4 for one family: each handed-over flow's conntrack entry deleted, then the flow
+/// made lbproxy's own, one flow at a time (see the module doc). Returns the entries that
+/// were still there to delete.
+fn own<A: Addr>(
+    ct: &mut Conntrack,
+    flows: &mut FlowMap<A>,
+    handed: &mut [Adopted<A>],
+) -> anyhow::Result<usize>
+where
+    FlowKeyOf<A>: aya::Pod,
+    FlowValueOf<A>: aya::Pod,
+{
+    let mut deleted = 0;
+    for a in handed {
+        if ct
+            .delete(&a.orig, a.zone)
+            .with_context(|| format!("deleting conntrack entry {}", a.orig))?
+        {
+            deleted += 1;
+        }
+        // The datapath may have moved the flow on meanwhile (state, flags, times): keep
+        // what it wrote, change only who translates.
+        for k in [a.forward_key, a.reply_key] {
+            if let Ok(mut v) = flows.get(&k, 0)
+                && v.adopted == FLOW_ADOPTED_HANDOVER
+            {
+                v.adopted = FLOW_ADOPTED_OWN;
+                flows
+                    .insert(k, v, 0)
+                    .with_context(|| format!("flow {}", a.orig))?;
+            }
+        }
+    }
+    Ok(deleted)
+}
+
+/// The adopted flows of one family's conntrack dump, and the entries left, by reason.
+fn collect<A: FromIp>(
+    entries: &[crate::conntrack::Entry],
+    now: u64,
+    timeouts: &Timeouts,
+    local: &HashSet<IpAddr>,
+    into: &mut Vec<Adopted<A>>,
+    left: &mut BTreeMap<Left, u64>,
+) {
+    for e in entries {
+        match adopt::flow_of::<A>(e, now, timeouts, |ip| local.contains(&ip)) {
+            None => {}
+            Some(Ok(a)) => into.push(a),
+            Some(Err(l)) => *left.entry(l).or_default() += 1,
+        }
+    }
+}
+
+fn write<A: Addr>(flows: &mut FlowMap<A>, a: &Adopted<A>) -> Result<(), aya::maps::MapError>
+where
+    FlowKeyOf<A>: aya::Pod,
+    FlowValueOf<A>: aya::Pod,
+{
+    flows.insert(a.forward_key, a.forward, 0)?;
+    flows.insert(a.reply_key, a.reply, 0)
+}
+
+fn write_all<A: Addr>(flows: &mut FlowMap<A>, all: &[Adopted<A>]) -> anyhow::Result<()>
+where
+    FlowKeyOf<A>: aya::Pod,
+    FlowValueOf<A>: aya::Pod,
+{
+    for a in all {
+        debug_assert_eq!(a.forward.adopted, FLOW_ADOPTED_CONNTRACK);
+        write(flows, a).with_context(|| format!("flow {}", a.orig))?;
+    }
+    Ok(())
+}
+
+/// (service id, backend address, port) -> backend id, for every member of every service.
+fn member_index(maps: &PinnedMaps) -> HashMap<(u32, IpAddr, u16), u32> {
+    let backends: HashMap<u32, (IpAddr, u16)> = maps
+        .all_backends()
+        .filter_map(|(id, _)| maps.backend(id).map(|b| (id, (b.addr, b.port))))
+        .collect();
+    maps.members
+        .iter()
+        .flatten()
+        .filter_map(|(k, _)| {
+            let (addr, port) = backends.get(&k.backend_id)?;
+            Some(((k.svc_id, *addr, *port), k.backend_id))
+        })
+        .collect()
+}
+
+fn count<A: Addr>(metrics: &Metrics, flows: &[Adopted<A>], family: &'static str) {
+    for a in flows {
+        let protocol = match a.orig.proto {
+            IPPROTO_TCP => "tcp",
+            IPPROTO_SCTP => "sctp",
+            _ => "udp",
+        };
+        metrics
+            .takeover_adopted
+            .get_or_create(&TakeoverLabel { family, protocol })
+            .inc();
+    }
+}
+
+/// The addresses of this network namespace's interfaces: a flow from one of them is a node
+/// process's.
+fn local_addresses() -> HashSet<IpAddr> {
+    let mut out = HashSet::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list freed below.
+    if unsafe { libc::getifaddrs(&raw mut head) } != 0 {
+        return out;
+    }
+    let mut p = head;
+    while !p.is_null() {
+        // SAFETY: a node of the list getifaddrs returned.
+        let ifa = unsafe { &*p };
+        if !ifa.ifa_addr.is_null() {
+            // SAFETY: ifa_addr points to a sockaddr of the family it names.
+            match i32::from(unsafe { (*ifa.ifa_addr).sa_family }) {
+                libc::AF_INET => {
+                    let sa = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in>() };
+                    out.insert(IpAddr::from(sa.sin_addr.s_addr.to_ne_bytes()));
+                }
+                libc::AF_INET6 => {
+                    let sa = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in6>() };
+                    out.insert(IpAddr::from(sa.sin6_addr.s6_addr));
+                }
+                _ => {}
+            }
+        }
+        p = ifa.ifa_next;
+    }
+    // SAFETY: the list getifaddrs returned, freed once.
+    unsafe { libc::freeifaddrs(head) };
+    out
+}

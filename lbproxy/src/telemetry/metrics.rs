@@ -87,6 +87,20 @@ pub struct KindLabel {
 
 type FloatGauge = Gauge<f64, AtomicU64>;
 
+/// A flow the takeover adopted from conntrack: `family` `ipv4`/`ipv6`, `protocol`
+/// `tcp`/`udp`/`sctp`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TakeoverLabel {
+    pub family: &'static str,
+    pub protocol: &'static str,
+}
+
+/// Why a conntrack entry of kube-proxy's was left to conntrack.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TakeoverLeftLabel {
+    pub reason: &'static str,
+}
+
 /// Every metric lbproxy exports. Label sets are bounded: map names and drop reasons are
 /// fixed lists.
 pub struct Metrics {
@@ -120,6 +134,8 @@ pub struct Metrics {
     pub frontend_conflicts: Gauge,
     pub services_over_limit: Gauge,
     pub services_map_full: Gauge,
+    pub takeover_adopted: Family<TakeoverLabel, Counter>,
+    pub takeover_left: Family<TakeoverLeftLabel, Counter>,
 }
 
 impl Metrics {
@@ -328,7 +344,21 @@ impl Metrics {
             "Services with a frontend the last sync could not write because a map is full",
             services_map_full.clone(),
         );
+        let takeover_adopted = Family::<TakeoverLabel, Counter>::default();
+        r.register(
+            "lbproxy_takeover_adopted_flows",
+            "Flows adopted from kube-proxy's conntrack entries at start (--takeover)",
+            takeover_adopted.clone(),
+        );
+        let takeover_left = Family::<TakeoverLeftLabel, Counter>::default();
+        r.register(
+            "lbproxy_takeover_left_flows",
+            "kube-proxy's conntrack entries left to conntrack at start, by reason",
+            takeover_left.clone(),
+        );
         Self {
+            takeover_adopted,
+            takeover_left,
             services_over_limit,
             services_map_full,
             flow_gc_deleted,

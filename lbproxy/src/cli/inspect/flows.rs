@@ -33,6 +33,11 @@ pub struct FlowRow {
     /// Whether the reply half of the flow is in the table (the datapath recreates a missing
     /// one on the flow's next packet).
     pub reply_half: bool,
+    /// A flow adopted from kube-proxy's conntrack entries whose entry still exists:
+    /// `conntrack` (the entry translates it: without `--takeover`, or a flow lbproxy would
+    /// not have made that way) or `handover` (during a takeover). Absent for lbproxy's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopted: Option<String>,
     pub age_seconds: f64,
     /// Since the later of the two halves was last used.
     pub idle_seconds: f64,
@@ -128,6 +133,11 @@ where
                     SocketAddr::new(v.peer_addr.ip(), u16::from_be(v.peer_port_be)).to_string()
                 }),
                 reply_half: partner.is_some(),
+                adopted: match v.adopted {
+                    lbproxy_common::FLOW_ADOPTED_CONNTRACK => Some("conntrack".to_string()),
+                    lbproxy_common::FLOW_ADOPTED_HANDOVER => Some("handover".to_string()),
+                    _ => None,
+                },
                 age_seconds: secs(v.created_ns),
                 idle_seconds: secs(last_seen),
             }
@@ -155,10 +165,10 @@ pub fn render(maps: &PinnedMaps, out: Output, filter: &Filter) -> anyhow::Result
                     },
                     r.frontend.clone(),
                     r.backend.clone(),
-                    if r.reply_half {
-                        r.state.clone()
-                    } else {
-                        format!("{} (reply half missing)", r.state)
+                    match (&r.adopted, r.reply_half) {
+                        (Some(a), _) => format!("{} ({a})", r.state),
+                        (None, true) => r.state.clone(),
+                        (None, false) => format!("{} (reply half missing)", r.state),
                     },
                     format!("{:.0}s", r.age_seconds),
                     format!("{:.0}s", r.idle_seconds),
