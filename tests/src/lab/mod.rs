@@ -65,6 +65,7 @@ pub mod multinode;
 pub mod net;
 pub mod ns;
 pub mod paced;
+pub mod takeover_load;
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -43,7 +43,7 @@ pub struct Reply {
 }
 
 impl Reply {
-    fn parse(line: &str) -> io::Result<Reply> {
+    pub(crate) fn parse(line: &str) -> io::Result<Reply> {
         let line = line.trim_end_matches(['\r', '\n']);
         let (backend, client_seen) = line.split_once(' ').ok_or_else(|| {
             io::Error::new(

@@ -42,19 +42,38 @@ pub fn paced(
     mut f: impl FnMut() -> Result<String, String>,
 ) -> Vec<Attempt> {
     let mut v = Vec::new();
+    tick_while(
+        start,
+        tick,
+        |next| next < start + dur,
+        || {
+            let t = Instant::now();
+            let result = f();
+            v.push(Attempt {
+                at: t - start,
+                took: t.elapsed(),
+                result,
+            });
+        },
+    );
+    v
+}
+
+/// Calls `f` at `start`, then every `tick`, as long as `go(when the next call is due)`
+/// holds. Late calls are not made up in a burst: a call is due `tick` after the previous
+/// one was due, or at once if that has passed.
+pub fn tick_while(
+    start: Instant,
+    tick: Duration,
+    mut go: impl FnMut(Instant) -> bool,
+    mut f: impl FnMut(),
+) {
     let mut next = start;
-    while next < start + dur {
+    while go(next) {
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
-        let t = Instant::now();
-        let result = f();
-        v.push(Attempt {
-            at: t - start,
-            took: t.elapsed(),
-            result,
-        });
+        f();
         next = (next + tick).max(Instant::now());
     }
-    v
 }
 
 /// The failures among `v`: errors, and answers from anything but `ok`.

@@ -1,0 +1,524 @@
+//! lbproxy taking a node over from kube-proxy under load (issue 29), in a single-node lab
+//! (routed pods).
+//!
+//! Each test: three backend pods serving TCP and UDP, the `web` Service written for lbproxy
+//! (`--manifests`) and the same Service installed in the node namespace as kube-proxy's
+//! rules (`lbproxy_tests::lab::kube_proxy`: iptables or nftables layout, masquerade rules
+//! included), and the load of `lbproxy_tests::lab::takeover_load` from a client pod, started
+//! BEFORE lbproxy so that its connections are kube-proxy's (DNATed by conntrack). After
+//! [`SETTLE`] of load:
+//! - `iptables_takeover`, `nftables_takeover`: `lbproxy run --takeover`; zero failed
+//!   requests from the load's start to [`WATCH`] after lbproxy is healthy, kube-proxy's
+//!   rules and the VIP's conntrack entries gone, the long-lived flows in `inspect flows`
+//!   with the backends the load saw, the `takeover:` log line and the
+//!   `lbproxy_takeover_adopted_flows_total` metric counting them.
+//! - `without_takeover_rules_stay`: `lbproxy run` without it; zero failures, kube-proxy's
+//!   chains still there, and one warning naming them and `--takeover`.
+//! - `naive_switch_baseline`: kube-proxy's rules and conntrack flushed, then lbproxy started
+//!   without `--takeover`: the failures this causes are printed and must exist (what the
+//!   feature prevents; none would mean the load measures nothing).
+//! - `load_is_clean_under_kube_proxy`: the load alone through kube-proxy's rules, no
+//!   lbproxy: zero failures, and its flows are conntrack's DNAT entries.
+//!
+//! Run: `cargo build -p lbproxy && LBPROXY_BIN=$PWD/target/debug/lbproxy cargo test -p
+//! lbproxy-tests --test takeover -- --test-threads=1`.
+
+mod common;
+mod kube_common;
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use common::*;
+use kube_common::Scrape;
+use lbproxy::conntrack::{self as ct, Conntrack};
+use lbproxy::takeover::kube_proxy as kp;
+use lbproxy_tests::lab::kube_proxy::{self as fixture, NodeNet, ServicePort};
+use lbproxy_tests::lab::takeover_load::{Load, Report, TCP_CONNS, UDP_SOCKETS, show_failures};
+use lbproxy_tests::lab::{
+    Backend, Family, Inspect as _, Lab, Lbproxy, METRICS_ADDR, Pod, Proto, Shape, http_get_full,
+    run_in_ns,
+};
+
+/// How long the load runs through kube-proxy's rules before lbproxy starts.
+const SETTLE: Duration = Duration::from_secs(2);
+/// How long the load goes on after lbproxy is healthy.
+const WATCH: Duration = Duration::from_secs(10);
+/// The adoption metric.
+const ADOPTED_METRIC: &str = "lbproxy_takeover_adopted_flows_total";
+
+lbproxy_tests::both_families!(
+    iptables_takeover,
+    nftables_takeover,
+    without_takeover_rules_stay,
+    naive_switch_baseline,
+    load_is_clean_under_kube_proxy,
+);
+
+/// How kube-proxy's rules are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rules {
+    Iptables,
+    Nft,
+}
+
+/// A lab node running kube-proxy's rules for `web`, and lbproxy's manifest of it. Fields
+/// drop in order: the servers before the lab.
+struct Node {
+    family: Family,
+    client: Pod,
+    backends: Vec<Pod>,
+    _servers: Vec<Backend>,
+    lab: Lab,
+}
+
+impl Node {
+    fn new(family: Family, rules: Rules) -> Node {
+        let lab = Lab::new(Shape::Routed);
+        let client = lab.add_pod("client");
+        let (backends, servers) = serving_pods(&lab, &["b1", "b2", "b3"]);
+        let refs: Vec<&Pod> = backends.iter().collect();
+        lab.write_manifest(&web_objects("web", web_vip(family), ready_in(family, &refs)));
+        let (ports, net) = kube_proxy_service(family, &backends);
+        match rules {
+            Rules::Iptables => fixture::install_iptables(lab.node_ns(), family, &ports, &net),
+            Rules::Nft => fixture::install_nft(lab.node_ns(), family, &ports, &net),
+        }
+        .unwrap_or_else(|e| panic!("[{family} {rules:?}] installing kube-proxy's rules: {e}"));
+        Node {
+            family,
+            client,
+            backends,
+            _servers: servers,
+            lab,
+        }
+    }
+
+    fn tcp_vip(&self) -> SocketAddr {
+        SocketAddr::new(web_vip(self.family), WEB_TCP)
+    }
+
+    fn udp_vip(&self) -> SocketAddr {
+        SocketAddr::new(web_vip(self.family), WEB_UDP)
+    }
+
+    /// The address of the backend pod named `name`.
+    fn backend_addr(&self, name: &str) -> IpAddr {
+        let pod = self
+            .backends
+            .iter()
+            .find(|p| p.name == name)
+            .unwrap_or_else(|| panic!("no backend pod {name:?}"));
+        pod_addr(pod, self.family)
+    }
+
+    /// `iptables-save` (or `ip6tables-save`) of the node.
+    fn iptables_save(&self) -> String {
+        let save = format!("{}-save", iptables(self.family));
+        self.lab
+            .node_run(&[&save])
+            .unwrap_or_else(|e| panic!("{save} in the node: {e}"))
+    }
+
+    /// The nft tables of the node.
+    fn nft_tables(&self) -> String {
+        self.lab
+            .node_run(&["nft", "list", "tables"])
+            .unwrap_or_else(|e| panic!("nft list tables in the node: {e}"))
+    }
+
+    /// The node's conntrack entries whose original destination is the VIP.
+    fn vip_conntrack(&self) -> Vec<ct::Entry> {
+        let fam = match self.family {
+            Family::V4 => ct::Family::V4,
+            Family::V6 => ct::Family::V6,
+        };
+        let vip = web_vip(self.family);
+        let all = run_in_ns(self.lab.node_ns(), || {
+            Conntrack::open().and_then(|mut c| c.dump(fam))
+        })
+        .unwrap_or_else(|e| panic!("conntrack dump in the node: {e}"));
+        all.into_iter().filter(|e| e.orig.dst == vip).collect()
+    }
+
+    /// kube-proxy's rules and every conntrack entry of the node flushed, as a naive switch
+    /// would: the finder's `remove()`, then `conntrack -F`.
+    fn flush_kube_proxy(&self) {
+        let state = run_in_ns(self.lab.node_ns(), kp::find)
+            .unwrap_or_else(|e| panic!("finding kube-proxy's rules: {e}"));
+        assert!(!state.is_empty(), "kube-proxy's rules are in place to flush");
+        run_in_ns(self.lab.node_ns(), || kp::remove(&state))
+            .unwrap_or_else(|e| panic!("removing kube-proxy's rules: {e}"));
+        let fam = match self.family {
+            Family::V4 => "ipv4",
+            Family::V6 => "ipv6",
+        };
+        self.lab
+            .node_run(&["conntrack", "-F", "-f", fam])
+            .unwrap_or_else(|e| panic!("conntrack -F in the node: {e}"));
+    }
+
+    /// `/metrics`, parsed.
+    fn scrape(&self) -> Scrape {
+        let addr: SocketAddr = METRICS_ADDR.parse().unwrap();
+        let r = http_get_full(self.lab.node_ns(), addr, "/metrics", Duration::from_secs(2))
+            .unwrap_or_else(|e| panic!("scraping /metrics: {e}"));
+        Scrape::parse(&r.body).unwrap_or_else(|e| panic!("/metrics does not parse: {e}"))
+    }
+}
+
+/// `web` as kube-proxy sees it: TCP `WEB_TCP` -> [`BACKEND_TCP`] and UDP `WEB_UDP` ->
+/// [`BACKEND_UDP`] over `backends`, and the node's cluster CIDR (the pods' network, so the
+/// client pod's traffic is not masqueraded).
+fn kube_proxy_service(family: Family, backends: &[Pod]) -> (Vec<ServicePort>, NodeNet) {
+    let eps = |port: u16| -> Vec<(IpAddr, u16)> {
+        backends
+            .iter()
+            .map(|p| (pod_addr(p, family), port))
+            .collect()
+    };
+    let vip = web_vip(family);
+    let ports = vec![
+        ServicePort::new("web", "http", Proto::Tcp, vip, WEB_TCP, &eps(BACKEND_TCP)),
+        ServicePort::new("web", "dns", Proto::Udp, vip, WEB_UDP, &eps(BACKEND_UDP)),
+    ];
+    let net = NodeNet {
+        cluster_cidr: match family {
+            Family::V4 => "198.18.0.0/16",
+            Family::V6 => "fd00:c612::/64",
+        }
+        .into(),
+        node_ips: Vec::new(),
+    };
+    (ports, net)
+}
+
+/// Waits until `t`.
+fn sleep_until(t: Instant) {
+    std::thread::sleep(t.saturating_duration_since(Instant::now()));
+}
+
+/// The load, started through kube-proxy's rules and left running [`SETTLE`].
+fn settled_load(n: &Node) -> Load {
+    let load = Load::start(&n.client, n.tcp_vip(), n.udp_vip());
+    sleep_until(load.started() + SETTLE);
+    load
+}
+
+/// Starts lbproxy with `args` and waits until it is healthy; panics with the load's
+/// summary if it does not become so. Returns it, when it was started and when healthy.
+fn start_lbproxy(n: &Node, load: &Load, args: &[&str]) -> (Lbproxy, Instant, Instant) {
+    let spawned = Instant::now();
+    let mut lb = n.lab.start_lbproxy_with(args);
+    if let Err(e) = lb.wait_healthy(HEALTHY_WITHIN) {
+        panic!(
+            "[{}] lbproxy {args:?} did not become healthy: {e}\nload failures so far \
+             (relative to lbproxy's start):{}",
+            n.family,
+            show_failures(
+                &load.failures_since(load.started()),
+                load.started(),
+                spawned
+            )
+        );
+    }
+    (lb, spawned, Instant::now())
+}
+
+/// The whole log of `lb`.
+fn log_text(lb: &Lbproxy) -> String {
+    format!("{}\n{}", lb.stdout(), lb.stderr())
+}
+
+/// Asserts the load saw no failure at all, the summary relative to `mark`.
+fn assert_no_failures(what: &str, r: &Report, mark: Instant, mark_name: &str, extra: &str) {
+    assert!(
+        r.failures.is_empty(),
+        "[{what}] {} failed requests (times relative to {mark_name}):\n{}\n{extra}",
+        r.failures.len(),
+        r.summary(mark)
+    );
+    assert!(
+        r.conns.iter().all(|c| c.requests > 0 && !c.dead),
+        "[{what}] every long-lived lane ran to the end:\n{}",
+        r.summary(mark)
+    );
+}
+
+/// The `KUBE-` service chains (`KUBE-SERVICES`, `KUBE-SVC-*`, `KUBE-SEP-*`) declared in an
+/// `iptables-save` text.
+fn service_chains(save: &str) -> BTreeSet<String> {
+    save.lines()
+        .filter_map(|l| l.strip_prefix(':'))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| {
+            *c == "KUBE-SERVICES" || c.starts_with("KUBE-SVC-") || c.starts_with("KUBE-SEP-")
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The adoption metric's samples for `protocol` (any case), summed.
+fn adopted(sc: &Scrape, protocol: &str) -> f64 {
+    sc.samples
+        .iter()
+        .filter(|s| s.name == ADOPTED_METRIC)
+        .filter(|s| {
+            s.labels
+                .get("protocol")
+                .is_some_and(|p| p.eq_ignore_ascii_case(protocol))
+        })
+        .map(|s| s.value)
+        .sum()
+}
+
+fn iptables_takeover(family: Family) {
+    takeover(family, Rules::Iptables);
+}
+
+fn nftables_takeover(family: Family) {
+    takeover(family, Rules::Nft);
+}
+
+/// `lbproxy run --takeover` while the load runs through kube-proxy's `rules`.
+fn takeover(family: Family, rules: Rules) {
+    let what = format!("{family} {rules:?} takeover");
+    let n = Node::new(family, rules);
+    let load = settled_load(&n);
+    let conns = load.conns().to_vec();
+    let (mut lb, spawned, healthy) = start_lbproxy(&n, &load, &["--takeover"]);
+    sleep_until(healthy + WATCH);
+
+    // Read while the load still runs, so its connections are alive.
+    let flows = n.lab.inspect_flows();
+    let vip_ct = n.vip_conntrack();
+    let save = n.iptables_save();
+    let nft = n.nft_tables();
+    let scrape = n.scrape();
+    let running = lb.is_running();
+    let report = load.stop();
+    let log = log_text(&lb);
+    eprintln!(
+        "[{what}] lbproxy healthy {:?} after its start; {}",
+        healthy - spawned,
+        report.summary(spawned)
+    );
+
+    // ASSERT 1: zero failed requests, from the load's start to WATCH after healthy.
+    assert_no_failures(&what, &report, spawned, "lbproxy's start", &lb.log());
+    assert!(running, "[{what}] lbproxy kept running\n{}", lb.log());
+
+    // ASSERT 2: kube-proxy's rules are gone.
+    let left = service_chains(&save);
+    assert!(
+        left.is_empty(),
+        "[{what}] kube-proxy's service chains left in the node: {left:?}\n{save}"
+    );
+    assert!(
+        !nft.contains("kube-proxy"),
+        "[{what}] kube-proxy's nft table left in the node:\n{nft}"
+    );
+
+    // ASSERT 3: no conntrack entry to the VIP is left.
+    assert!(
+        vip_ct.is_empty(),
+        "[{what}] conntrack entries to the VIP left after the takeover:\n{}",
+        vip_ct
+            .iter()
+            .map(|e| format!("  {} (reply {}) status {:#x}", e.orig, e.reply, e.status))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+
+    // ASSERT 4: each long-lived connection and socket is one of lbproxy's flows, to the
+    // backend the load saw answer it.
+    for c in &conns {
+        let want = n.backend_addr(&c.backend);
+        let row = flows
+            .iter()
+            .find(|f| f.client.parse::<SocketAddr>().ok() == Some(c.local));
+        let row = row.unwrap_or_else(|| {
+            panic!(
+                "[{what}] {} from {} (answered by {}) is not among lbproxy's flows:\n{}",
+                c.lane,
+                c.local,
+                c.backend,
+                serde_json::to_string_pretty(&n.lab.inspect_json("flows")).unwrap()
+            )
+        });
+        let got = row.backend.parse::<SocketAddr>().map(|b| b.ip());
+        assert_eq!(
+            got,
+            Ok(want),
+            "[{what}] {} from {}: lbproxy's flow goes to {}, the load saw {} ({want}) answer",
+            c.lane,
+            c.local,
+            row.backend,
+            c.backend
+        );
+    }
+
+    // ASSERT 5: the log says what the takeover did.
+    assert!(
+        log.lines().any(|l| l.contains("takeover:")),
+        "[{what}] no \"takeover:\" line in the log\n{}",
+        lb.log()
+    );
+
+    // ASSERT 6: the metric counts the adopted flows (at least the load's).
+    let (tcp, udp) = (adopted(&scrape, "tcp"), adopted(&scrape, "udp"));
+    assert!(
+        tcp >= TCP_CONNS as f64 && udp >= UDP_SOCKETS as f64,
+        "[{what}] {ADOPTED_METRIC}: tcp {tcp}, udp {udp}; at least {TCP_CONNS} and \
+         {UDP_SOCKETS} expected:\n{}",
+        scrape
+            .text
+            .lines()
+            .filter(|l| l.contains("takeover"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// `lbproxy run` without `--takeover` while the load runs through kube-proxy's iptables
+/// rules: they stay, the flows stay conntrack's, nothing fails, and one warning says so.
+fn without_takeover_rules_stay(family: Family) {
+    let what = format!("{family} without --takeover");
+    let n = Node::new(family, Rules::Iptables);
+    let load = settled_load(&n);
+    let (mut lb, spawned, healthy) = start_lbproxy(&n, &load, &[]);
+    sleep_until(healthy + WATCH);
+    let save = n.iptables_save();
+    let running = lb.is_running();
+    let report = load.stop();
+    let log = log_text(&lb);
+    eprintln!(
+        "[{what}] lbproxy healthy {:?} after its start; {}",
+        healthy - spawned,
+        report.summary(spawned)
+    );
+
+    // ASSERT 1: zero failed requests.
+    assert_no_failures(&what, &report, spawned, "lbproxy's start", &lb.log());
+    assert!(running, "[{what}] lbproxy kept running\n{}", lb.log());
+
+    // ASSERT 2: kube-proxy's chains are all still there.
+    let (ports, _) = kube_proxy_service(family, &n.backends);
+    let chains = service_chains(&save);
+    let mut want: BTreeSet<String> = ["KUBE-SERVICES".to_owned()].into();
+    for p in &ports {
+        want.insert(fixture::ipt_svc(p));
+        for (e, t) in &p.endpoints {
+            want.insert(fixture::ipt_sep(p, *e, *t));
+        }
+    }
+    assert_eq!(
+        chains, want,
+        "[{what}] kube-proxy's service chains after lbproxy ran without --takeover"
+    );
+
+    // ASSERT 3: one warning naming kube-proxy's rules and --takeover.
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("kube-proxy") && l.contains("--takeover"))
+        .collect();
+    assert_eq!(
+        warnings.len(),
+        1,
+        "[{what}] one warning naming kube-proxy's rules and --takeover: {warnings:#?}\n{}",
+        lb.log()
+    );
+}
+
+/// The switch the feature exists for, done naively: kube-proxy's rules and conntrack
+/// flushed under the load, lbproxy started without `--takeover`. Prints the failures; there
+/// must be some.
+fn naive_switch_baseline(family: Family) {
+    let what = format!("{family} naive switch");
+    let n = Node::new(family, Rules::Iptables);
+    let load = settled_load(&n);
+    let flushed = Instant::now();
+    n.flush_kube_proxy();
+    let (lb, spawned, healthy) = start_lbproxy(&n, &load, &[]);
+    sleep_until(healthy + WATCH);
+    let report = load.stop();
+    eprintln!(
+        "[{what}] BASELINE: kube-proxy's rules and conntrack flushed at the mark, lbproxy \
+         started {:?} and healthy {:?} after it; {}",
+        spawned - flushed,
+        healthy - flushed,
+        report.summary(flushed)
+    );
+
+    // ASSERT: the naive switch fails requests (else the load measures nothing).
+    assert!(
+        !report.failures.is_empty(),
+        "[{what}] no failure at all: the load does not notice a naive switch\n{}\n{}",
+        report.summary(flushed),
+        lb.log()
+    );
+}
+
+/// The load through kube-proxy's rules alone, no lbproxy: zero failures, answers from
+/// several backends, and its long-lived flows are conntrack's DNAT entries to their
+/// backends (what the takeover tests take over).
+fn load_is_clean_under_kube_proxy(family: Family) {
+    let what = format!("{family} load under kube-proxy");
+    let n = Node::new(family, Rules::Iptables);
+    let load = Load::start(&n.client, n.tcp_vip(), n.udp_vip());
+    sleep_until(load.started() + SETTLE + Duration::from_secs(3));
+    let entries = n.vip_conntrack();
+    let report = load.stop();
+    eprintln!("[{what}] {}", report.summary(report.start));
+
+    // ASSERT 1: zero failed requests, every lane busy all along.
+    assert_no_failures(&what, &report, report.start, "the load's start", "");
+    let ran = report.stopped - report.start;
+    let per_lane = (ran.as_millis() / 100) as usize;
+    for c in &report.conns {
+        assert!(
+            c.requests + 2 >= per_lane * 9 / 10 && c.answered == c.requests,
+            "[{what}] {} sent {} requests in {ran:?} ({per_lane} due), {} answered",
+            c.conn.lane,
+            c.requests,
+            c.answered
+        );
+    }
+
+    // ASSERT 2: kube-proxy's random choice shows in the new connections' answers, and
+    // every answer names one of the backends.
+    let names: BTreeSet<&str> = n.backends.iter().map(|p| p.name.as_str()).collect();
+    let seen: BTreeSet<&str> = report.new.by_backend.keys().map(String::as_str).collect();
+    assert!(
+        seen.len() >= 2 && seen.is_subset(&names) && report.new.tried >= 20,
+        "[{what}] new connections: {} tried, answers {:?}",
+        report.new.tried,
+        report.new.by_backend
+    );
+
+    // ASSERT 3: each long-lived flow is a conntrack entry from it to the VIP, DNATed to the
+    // backend that answered it.
+    for c in &report.conns {
+        let e = entries
+            .iter()
+            .find(|e| SocketAddr::new(e.orig.src, e.orig.src_port) == c.conn.local);
+        let e = e.unwrap_or_else(|| {
+            panic!(
+                "[{what}] no conntrack entry from {} ({}) to the VIP: {entries:#?}",
+                c.conn.local, c.conn.lane
+            )
+        });
+        assert!(
+            e.dnat() && e.reply.src == n.backend_addr(&c.conn.backend),
+            "[{what}] {} from {}: conntrack entry {} (reply {}, status {:#x}); DNAT to {} \
+             expected",
+            c.conn.lane,
+            c.conn.local,
+            e.orig,
+            e.reply,
+            e.status,
+            c.conn.backend
+        );
+    }
+}
