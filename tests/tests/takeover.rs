@@ -79,7 +79,11 @@ impl Node {
         let client = lab.add_pod("client");
         let (backends, servers) = serving_pods(&lab, &["b1", "b2", "b3"]);
         let refs: Vec<&Pod> = backends.iter().collect();
-        lab.write_manifest(&web_objects("web", web_vip(family), ready_in(family, &refs)));
+        lab.write_manifest(&web_objects(
+            "web",
+            web_vip(family),
+            ready_in(family, &refs),
+        ));
         let (ports, net) = kube_proxy_service(family, &backends);
         match rules {
             Rules::Iptables => fixture::install_iptables(lab.node_ns(), family, &ports, &net),
@@ -147,7 +151,10 @@ impl Node {
     fn flush_kube_proxy(&self) {
         let state = run_in_ns(self.lab.node_ns(), kp::find)
             .unwrap_or_else(|e| panic!("finding kube-proxy's rules: {e}"));
-        assert!(!state.is_empty(), "kube-proxy's rules are in place to flush");
+        assert!(
+            !state.is_empty(),
+            "kube-proxy's rules are in place to flush"
+        );
         run_in_ns(self.lab.node_ns(), || kp::remove(&state))
             .unwrap_or_else(|e| panic!("removing kube-proxy's rules: {e}"));
         let fam = match self.family {

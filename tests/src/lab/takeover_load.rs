@@ -194,7 +194,11 @@ pub struct Report {
 impl Report {
     /// The failures from `t` on (by the time their request was sent).
     pub fn failures_since(&self, t: Instant) -> Vec<Failure> {
-        self.failures.iter().filter(|f| f.at >= t).cloned().collect()
+        self.failures
+            .iter()
+            .filter(|f| f.at >= t)
+            .cloned()
+            .collect()
     }
 
     /// Every request the load sent (first requests included).
