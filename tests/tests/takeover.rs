@@ -54,6 +54,7 @@ lbproxy_tests::both_families!(
     without_takeover_rules_stay,
     naive_switch_baseline,
     load_is_clean_under_kube_proxy,
+    hand_back,
 );
 
 /// How kube-proxy's rules are written.
@@ -97,6 +98,23 @@ impl Node {
             _servers: servers,
             lab,
         }
+    }
+
+    /// kube-proxy's rules written again, as its restart would.
+    fn reinstall(&self, rules: Rules) {
+        let (ports, net) = kube_proxy_service(self.family, &self.backends);
+        match rules {
+            Rules::Iptables => {
+                fixture::install_iptables(self.lab.node_ns(), self.family, &ports, &net)
+            }
+            Rules::Nft => fixture::install_nft(self.lab.node_ns(), self.family, &ports, &net),
+        }
+        .unwrap_or_else(|e| {
+            panic!(
+                "[{} {rules:?}] re-installing kube-proxy's rules: {e}",
+                self.family
+            )
+        });
     }
 
     fn tcp_vip(&self) -> SocketAddr {
@@ -528,4 +546,60 @@ fn load_is_clean_under_kube_proxy(family: Family) {
             c.conn.backend
         );
     }
+}
+
+/// A rollback: after a takeover, lbproxy is stopped (its programs stay attached), kube-proxy's
+/// rules come back, and `lbproxy cleanup --hand-back` writes lbproxy's flows as conntrack
+/// entries and detaches: the load's connections keep working under kube-proxy, on their
+/// backends, with zero failed requests up to WATCH after.
+fn hand_back(family: Family) {
+    let what = format!("{family} hand-back");
+    let n = Node::new(family, Rules::Iptables);
+    let load = settled_load(&n);
+    let (mut lb, _spawned, healthy) = start_lbproxy(&n, &load, &["--takeover"]);
+    sleep_until(healthy + SETTLE);
+    let (status, _) = lb.terminate(Duration::from_secs(10));
+    n.reinstall(Rules::Iptables);
+    let handing = Instant::now();
+    let dir = n.lab.bpffs_dir().display().to_string();
+    let out = n
+        .lab
+        .lbproxy_cmd(&["cleanup", "--hand-back", "--bpffs-dir", &dir]);
+    let handed = Instant::now();
+    sleep_until(handed + WATCH);
+    let vip_ct = n.vip_conntrack();
+    let attached = n.lab.tcx_attachments();
+    let report = load.stop();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!(
+        "[{what}] lbproxy stopped ({status}); hand-back took {:?}: {said}\n{}",
+        handed - handing,
+        report.summary(handing)
+    );
+    assert!(
+        out.status.success(),
+        "[{what}] cleanup --hand-back failed: {said}"
+    );
+    // ASSERT 1: zero failed requests, through the takeover and the hand-back, to WATCH after.
+    assert_no_failures(&what, &report, handing, "the hand-back", &said);
+    // ASSERT 2: lbproxy is gone from the node, and conntrack holds the load's flows.
+    assert!(
+        attached.is_empty(),
+        "[{what}] programs still attached: {attached:?}"
+    );
+    for c in load_conns(&report) {
+        assert!(
+            vip_ct.iter().any(|e| e.orig.src_port == c.port()),
+            "[{what}] no conntrack entry to the VIP for {c} after the hand-back"
+        );
+    }
+}
+
+/// The client ends of the load's long-lived connections and sockets.
+fn load_conns(r: &Report) -> Vec<SocketAddr> {
+    r.conns.iter().map(|c| c.conn.local).collect()
 }

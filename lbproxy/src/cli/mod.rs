@@ -102,6 +102,11 @@ pub enum Command {
     Cleanup {
         #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
         bpffs_dir: PathBuf,
+        /// Before detaching, write every live flow as a conntrack entry with its DNAT (and
+        /// SNAT), so that its connection keeps working under kube-proxy, whose rules must be
+        /// back first (docs/migration.md)
+        #[arg(long)]
+        hand_back: bool,
     },
 }
 
@@ -255,7 +260,24 @@ fn tool(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Man { dir } => man(dir.as_deref()),
-        Command::Cleanup { bpffs_dir } => cleanup(&bpffs_dir),
+        Command::Cleanup {
+            bpffs_dir,
+            hand_back,
+        } => {
+            if hand_back && bpffs_dir.exists() {
+                let started = std::time::Instant::now();
+                let h = crate::takeover::hand_back::hand_back(&bpffs_dir)
+                    .context("--hand-back (nothing was detached)")?;
+                println!(
+                    "hand-back: wrote {} flows as conntrack entries ({} plain entries deleted, {} could not be written) in {} ms",
+                    h.written,
+                    h.plain_deleted,
+                    h.failed,
+                    started.elapsed().as_millis()
+                );
+            }
+            cleanup(&bpffs_dir)
+        }
     }
 }
 

@@ -39,7 +39,8 @@ pub enum Left {
     /// A pod's flow to itself through a frontend, which kube-proxy masquerades to the node's
     /// address and lbproxy to a link-local one.
     Hairpin,
-    /// Closed (TCP TIME_WAIT or CLOSE): nothing left to carry on.
+    /// Closed (TCP TIME_WAIT or CLOSE): nothing left to carry on. With `--takeover` the
+    /// entry is deleted with the others, not left.
     Closed,
     /// Its original destination is no frontend lbproxy serves.
     NotFrontend,

@@ -27,6 +27,7 @@
 //! end, and one warning says that kube-proxy's rules are present.
 
 pub mod adopt;
+pub mod hand_back;
 pub mod kube_proxy;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -54,6 +55,8 @@ pub struct Takeover {
     v4: Vec<Adopted<[u8; 4]>>,
     v6: Vec<Adopted<[u8; 16]>>,
     left: BTreeMap<Left, u64>,
+    /// kube-proxy's entries of closed TCP connections: deleted with the adopted ones.
+    closed: Vec<(crate::conntrack::Tuple, u16)>,
     started: Instant,
 }
 
@@ -95,15 +98,32 @@ pub fn prepare(
         v4: Vec::new(),
         v6: Vec::new(),
         left: BTreeMap::new(),
+        closed: Vec::new(),
         started,
     };
     let mut ct = Conntrack::open().context("opening ctnetlink")?;
     let local = local_addresses();
     let now = crate::bpf::flow_gc::monotonic_ns();
     let entries = ct.dump(CtFamily::V4).context("dumping conntrack (IPv4)")?;
-    collect(&entries, now, timeouts, &local, &mut t.v4, &mut t.left);
+    collect(
+        &entries,
+        now,
+        timeouts,
+        &local,
+        &mut t.v4,
+        &mut t.left,
+        &mut t.closed,
+    );
     let entries = ct.dump(CtFamily::V6).context("dumping conntrack (IPv6)")?;
-    collect(&entries, now, timeouts, &local, &mut t.v6, &mut t.left);
+    collect(
+        &entries,
+        now,
+        timeouts,
+        &local,
+        &mut t.v6,
+        &mut t.left,
+        &mut t.closed,
+    );
     let mut maps = PinnedMaps::open(bpffs_dir)?;
     write_all(&mut maps.flows, &t.v4).context("writing adopted flows (LB_FLOWS_V3)")?;
     write_all(&mut maps.flows6, &t.v6).context("writing adopted flows (LB_FLOWS6_V1)")?;
@@ -154,6 +174,12 @@ impl Takeover {
         let mut ct = Conntrack::open().context("opening ctnetlink")?;
         let deleted4 = own(&mut ct, &mut maps.flows, &mut v4)?;
         let deleted6 = own(&mut ct, &mut maps.flows6, &mut v6)?;
+        let closed = ct
+            .delete_many(&self.closed)
+            .context("deleting kube-proxy's entries of closed connections")?
+            .into_iter()
+            .filter(|d| *d)
+            .count();
         count(metrics, &v4, "ipv4");
         count(metrics, &v6, "ipv6");
         for (l, n) in &self.left {
@@ -170,7 +196,8 @@ impl Takeover {
         tracing::info!(
             "takeover: adopted {} flows (IPv4 {}, IPv6 {}), left {} to conntrack ({}), removed \
              {} iptables chains with {} rules and {} jumps in {} tables and {} nft tables, \
-             deleted {} conntrack entries, in {} ms",
+             deleted {} conntrack entries of those flows and {} of closed connections, in {} \
+             ms",
             v4.len() + v6.len(),
             v4.len(),
             v6.len(),
@@ -186,6 +213,7 @@ impl Takeover {
             removed.tables,
             removed.nft_tables,
             deleted4 + deleted6,
+            closed,
             self.started.elapsed().as_millis()
         );
         Ok(())
@@ -324,11 +352,13 @@ fn collect<A: FromIp>(
     local: &HashSet<IpAddr>,
     into: &mut Vec<Adopted<A>>,
     left: &mut BTreeMap<Left, u64>,
+    closed: &mut Vec<(crate::conntrack::Tuple, u16)>,
 ) {
     for e in entries {
         match adopt::flow_of::<A>(e, now, timeouts, |ip| local.contains(&ip)) {
             None => {}
             Some(Ok(a)) => into.push(a),
+            Some(Err(Left::Closed)) => closed.push((e.orig, e.zone)),
             Some(Err(l)) => *left.entry(l).or_default() += 1,
         }
     }
