@@ -168,7 +168,7 @@ pub fn flow_of<A: FromIp>(
     reply.last_seen_ns = since;
     let closed = e
         .tcp_state
-        .is_some_and(|s| s >= TCP_CONNTRACK_TIME_WAIT && s <= TCP_CONNTRACK_CLOSE);
+        .is_some_and(|s| (TCP_CONNTRACK_TIME_WAIT..=TCP_CONNTRACK_CLOSE).contains(&s));
     let a = Adopted {
         orig: *o,
         reply_tuple: *r,
