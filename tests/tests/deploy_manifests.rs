@@ -401,6 +401,8 @@ struct LbproxyConfig {
     #[serde(default)]
     stack_bypass: Option<bool>,
     #[serde(default)]
+    takeover: Option<bool>,
+    #[serde(default)]
     manifests: Option<String>,
     #[serde(default)]
     snat_port_range: Option<String>,
