@@ -141,6 +141,7 @@ impl Takeover {
     /// line with what was adopted, left and removed, and counts it in `metrics`.
     pub fn complete(mut self, bpffs_dir: &Path, metrics: &Metrics) -> anyhow::Result<()> {
         let mut maps = PinnedMaps::open(bpffs_dir)?;
+        self.catch_up(&mut maps)?;
         let members = member_index(&maps);
         let node4: BpfHashMap<MapData, [u8; 4], NodeAddr> =
             open_pinned(bpffs_dir, map_names::NODE_ADDRS, Map::HashMap)?;
@@ -216,6 +217,53 @@ impl Takeover {
             closed,
             self.started.elapsed().as_millis()
         );
+        Ok(())
+    }
+}
+
+impl Takeover {
+    /// The entries kube-proxy's rules made between [`prepare`]'s dump and the first sync
+    /// (connections opened meanwhile), and those of connections closed since: written as
+    /// conntrack's and added to what is handed over, or deleted with the others.
+    fn catch_up(&mut self, maps: &mut PinnedMaps) -> anyhow::Result<()> {
+        let mut ct = Conntrack::open().context("opening ctnetlink")?;
+        let local = local_addresses();
+        let now = crate::bpf::flow_gc::monotonic_ns();
+        let timeouts = Timeouts::default();
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        let mut left = BTreeMap::new();
+        let mut closed = Vec::new();
+        let entries = ct.dump(CtFamily::V4).context("dumping conntrack (IPv4)")?;
+        collect(
+            &entries,
+            now,
+            &timeouts,
+            &local,
+            &mut v4,
+            &mut left,
+            &mut closed,
+        );
+        let entries = ct.dump(CtFamily::V6).context("dumping conntrack (IPv6)")?;
+        collect(
+            &entries,
+            now,
+            &timeouts,
+            &local,
+            &mut v6,
+            &mut left,
+            &mut closed,
+        );
+        let known4: HashSet<_> = self.v4.iter().map(|a| a.forward_key).collect();
+        let known6: HashSet<_> = self.v6.iter().map(|a| a.forward_key).collect();
+        v4.retain(|a| !known4.contains(&a.forward_key));
+        v6.retain(|a| !known6.contains(&a.forward_key));
+        write_all(&mut maps.flows, &v4).context("writing adopted flows (LB_FLOWS_V3)")?;
+        write_all(&mut maps.flows6, &v6).context("writing adopted flows (LB_FLOWS6_V1)")?;
+        self.v4.extend(v4);
+        self.v6.extend(v6);
+        let known: HashSet<_> = self.closed.iter().copied().collect();
+        self.closed
+            .extend(closed.into_iter().filter(|c| !known.contains(c)));
         Ok(())
     }
 }
