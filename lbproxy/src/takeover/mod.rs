@@ -52,12 +52,69 @@ use crate::telemetry::{Metrics, TakeoverLabel, TakeoverLeftLabel};
 /// What [`prepare`] found and wrote, for [`Takeover::complete`].
 pub struct Takeover {
     kube_proxy: kube_proxy::KubeProxyState,
+    flows: Dump,
+    /// The flow table's timeouts (`--conntrack-*`), which adopted flows' idle clocks follow.
+    timeouts: Timeouts,
+    started: Instant,
+}
+
+/// kube-proxy's flows in one dump of both families' conntrack tables.
+#[derive(Default)]
+struct Dump {
     v4: Vec<Adopted<[u8; 4]>>,
     v6: Vec<Adopted<[u8; 16]>>,
     left: BTreeMap<Left, u64>,
     /// kube-proxy's entries of closed TCP connections: deleted with the adopted ones.
     closed: Vec<(crate::conntrack::Tuple, u16)>,
-    started: Instant,
+}
+
+impl Dump {
+    /// Dumps conntrack and sorts its entries ([`adopt::flow_of`]).
+    fn take(timeouts: &Timeouts) -> anyhow::Result<Dump> {
+        let mut ct = Conntrack::open().context("opening ctnetlink")?;
+        let local = local_addresses();
+        let now = crate::bpf::flow_gc::monotonic_ns();
+        let mut d = Dump::default();
+        let entries = ct.dump(CtFamily::V4).context("dumping conntrack (IPv4)")?;
+        d.collect(&entries, now, timeouts, &local);
+        let entries = ct.dump(CtFamily::V6).context("dumping conntrack (IPv6)")?;
+        d.collect(&entries, now, timeouts, &local);
+        Ok(d)
+    }
+
+    fn collect(
+        &mut self,
+        entries: &[crate::conntrack::Entry],
+        now: u64,
+        timeouts: &Timeouts,
+        local: &HashSet<IpAddr>,
+    ) {
+        for e in entries {
+            let is_local = |ip: IpAddr| local.contains(&ip);
+            if let Some(r) = adopt::flow_of::<[u8; 4]>(e, now, timeouts, is_local) {
+                let r = r.map(|a| self.v4.push(a));
+                self.sort(e, r);
+            } else if let Some(r) = adopt::flow_of::<[u8; 16]>(e, now, timeouts, is_local) {
+                let r = r.map(|a| self.v6.push(a));
+                self.sort(e, r);
+            }
+        }
+    }
+
+    /// Counts an entry left to conntrack, or keeps a closed one's tuple.
+    fn sort(&mut self, e: &crate::conntrack::Entry, r: Result<(), Left>) {
+        match r {
+            Ok(()) => {}
+            Err(Left::Closed) => self.closed.push((e.orig, e.zone)),
+            Err(l) => *self.left.entry(l).or_default() += 1,
+        }
+    }
+
+    /// Writes every adopted flow, as conntrack's.
+    fn write(&self, maps: &mut PinnedMaps) -> anyhow::Result<()> {
+        write_all(&mut maps.flows, &self.v4).context("writing adopted flows (LB_FLOWS_V3)")?;
+        write_all(&mut maps.flows6, &self.v6).context("writing adopted flows (LB_FLOWS6_V1)")
+    }
 }
 
 type FlowMap<A> = BpfHashMap<MapData, FlowKeyOf<A>, FlowValueOf<A>>;
@@ -93,46 +150,20 @@ pub fn prepare(
             state.summary()
         );
     }
-    let mut t = Takeover {
-        kube_proxy: state,
-        v4: Vec::new(),
-        v6: Vec::new(),
-        left: BTreeMap::new(),
-        closed: Vec::new(),
-        started,
-    };
-    let mut ct = Conntrack::open().context("opening ctnetlink")?;
-    let local = local_addresses();
-    let now = crate::bpf::flow_gc::monotonic_ns();
-    let entries = ct.dump(CtFamily::V4).context("dumping conntrack (IPv4)")?;
-    collect(
-        &entries,
-        now,
-        timeouts,
-        &local,
-        &mut t.v4,
-        &mut t.left,
-        &mut t.closed,
-    );
-    let entries = ct.dump(CtFamily::V6).context("dumping conntrack (IPv6)")?;
-    collect(
-        &entries,
-        now,
-        timeouts,
-        &local,
-        &mut t.v6,
-        &mut t.left,
-        &mut t.closed,
-    );
-    let mut maps = PinnedMaps::open(bpffs_dir)?;
-    write_all(&mut maps.flows, &t.v4).context("writing adopted flows (LB_FLOWS_V3)")?;
-    write_all(&mut maps.flows6, &t.v6).context("writing adopted flows (LB_FLOWS6_V1)")?;
+    let flows = Dump::take(timeouts)?;
+    flows.write(&mut PinnedMaps::open(bpffs_dir)?)?;
     tracing::info!(
-        ipv4 = t.v4.len(),
-        ipv6 = t.v6.len(),
+        ipv4 = flows.v4.len(),
+        ipv6 = flows.v6.len(),
         take,
         "kube-proxy's flows written as conntrack's, before any frontend is served"
     );
+    let t = Takeover {
+        kube_proxy: state,
+        flows,
+        timeouts: *timeouts,
+        started,
+    };
     Ok(take.then_some(t))
 }
 
@@ -157,7 +188,7 @@ impl Takeover {
             is_local_pod: &is_pod4,
             members: &members,
         }
-        .hand_over(std::mem::take(&mut self.v4), &mut self.left)
+        .hand_over(std::mem::take(&mut self.flows.v4), &mut self.flows.left)
         .context("handing IPv4 flows over")?;
         let mut v6 = Family {
             flows: &mut maps.flows6,
@@ -168,7 +199,7 @@ impl Takeover {
             is_local_pod: &|_: &[u8; 16]| false,
             members: &members,
         }
-        .hand_over(std::mem::take(&mut self.v6), &mut self.left)
+        .hand_over(std::mem::take(&mut self.flows.v6), &mut self.flows.left)
         .context("handing IPv6 flows over")?;
         let removed =
             kube_proxy::remove(&self.kube_proxy).context("removing kube-proxy's rules")?;
@@ -176,20 +207,21 @@ impl Takeover {
         let deleted4 = own(&mut ct, &mut maps.flows, &mut v4)?;
         let deleted6 = own(&mut ct, &mut maps.flows6, &mut v6)?;
         let closed = ct
-            .delete_many(&self.closed)
+            .delete_many(&self.flows.closed)
             .context("deleting kube-proxy's entries of closed connections")?
             .into_iter()
             .filter(|d| *d)
             .count();
         count(metrics, &v4, "ipv4");
         count(metrics, &v6, "ipv6");
-        for (l, n) in &self.left {
+        for (l, n) in &self.flows.left {
             metrics
                 .takeover_left
                 .get_or_create(&TakeoverLeftLabel { reason: l.reason() })
                 .inc_by(*n);
         }
         let left: Vec<String> = self
+            .flows
             .left
             .iter()
             .map(|(l, n)| format!("{} {n}", l.reason()))
@@ -202,7 +234,7 @@ impl Takeover {
             v4.len() + v6.len(),
             v4.len(),
             v6.len(),
-            self.left.values().sum::<u64>(),
+            self.flows.left.values().sum::<u64>(),
             if left.is_empty() {
                 "none".to_string()
             } else {
@@ -226,44 +258,18 @@ impl Takeover {
     /// (connections opened meanwhile), and those of connections closed since: written as
     /// conntrack's and added to what is handed over, or deleted with the others.
     fn catch_up(&mut self, maps: &mut PinnedMaps) -> anyhow::Result<()> {
-        let mut ct = Conntrack::open().context("opening ctnetlink")?;
-        let local = local_addresses();
-        let now = crate::bpf::flow_gc::monotonic_ns();
-        let timeouts = Timeouts::default();
-        let (mut v4, mut v6) = (Vec::new(), Vec::new());
-        let mut left = BTreeMap::new();
-        let mut closed = Vec::new();
-        let entries = ct.dump(CtFamily::V4).context("dumping conntrack (IPv4)")?;
-        collect(
-            &entries,
-            now,
-            &timeouts,
-            &local,
-            &mut v4,
-            &mut left,
-            &mut closed,
-        );
-        let entries = ct.dump(CtFamily::V6).context("dumping conntrack (IPv6)")?;
-        collect(
-            &entries,
-            now,
-            &timeouts,
-            &local,
-            &mut v6,
-            &mut left,
-            &mut closed,
-        );
-        let known4: HashSet<_> = self.v4.iter().map(|a| a.forward_key).collect();
-        let known6: HashSet<_> = self.v6.iter().map(|a| a.forward_key).collect();
-        v4.retain(|a| !known4.contains(&a.forward_key));
-        v6.retain(|a| !known6.contains(&a.forward_key));
-        write_all(&mut maps.flows, &v4).context("writing adopted flows (LB_FLOWS_V3)")?;
-        write_all(&mut maps.flows6, &v6).context("writing adopted flows (LB_FLOWS6_V1)")?;
-        self.v4.extend(v4);
-        self.v6.extend(v6);
-        let known: HashSet<_> = self.closed.iter().copied().collect();
-        self.closed
-            .extend(closed.into_iter().filter(|c| !known.contains(c)));
+        let mut new = Dump::take(&self.timeouts)?;
+        let f = &mut self.flows;
+        let known4: HashSet<_> = f.v4.iter().map(|a| a.forward_key).collect();
+        let known6: HashSet<_> = f.v6.iter().map(|a| a.forward_key).collect();
+        new.v4.retain(|a| !known4.contains(&a.forward_key));
+        new.v6.retain(|a| !known6.contains(&a.forward_key));
+        new.write(maps)?;
+        f.v4.extend(new.v4);
+        f.v6.extend(new.v6);
+        let known: HashSet<_> = f.closed.iter().copied().collect();
+        f.closed
+            .extend(new.closed.into_iter().filter(|c| !known.contains(c)));
         Ok(())
     }
 }
@@ -390,26 +396,6 @@ where
         }
     }
     Ok(deleted)
-}
-
-/// The adopted flows of one family's conntrack dump, and the entries left, by reason.
-fn collect<A: FromIp>(
-    entries: &[crate::conntrack::Entry],
-    now: u64,
-    timeouts: &Timeouts,
-    local: &HashSet<IpAddr>,
-    into: &mut Vec<Adopted<A>>,
-    left: &mut BTreeMap<Left, u64>,
-    closed: &mut Vec<(crate::conntrack::Tuple, u16)>,
-) {
-    for e in entries {
-        match adopt::flow_of::<A>(e, now, timeouts, |ip| local.contains(&ip)) {
-            None => {}
-            Some(Ok(a)) => into.push(a),
-            Some(Err(Left::Closed)) => closed.push((e.orig, e.zone)),
-            Some(Err(l)) => *left.entry(l).or_default() += 1,
-        }
-    }
 }
 
 fn write<A: Addr>(flows: &mut FlowMap<A>, a: &Adopted<A>) -> Result<(), aya::maps::MapError>
