@@ -80,11 +80,12 @@ impl Node {
         let client = lab.add_pod("client");
         let (backends, servers) = serving_pods(&lab, &["b1", "b2", "b3"]);
         let refs: Vec<&Pod> = backends.iter().collect();
-        lab.write_manifest(&web_objects(
-            "web",
-            web_vip(family),
-            ready_in(family, &refs),
-        ));
+        // One pod behind two Services, as clusters have it: `metrics` over the same pods
+        // and ports, for lbproxy and for kube-proxy.
+        lab.write_manifest(&merge([
+            web_objects("web", web_vip(family), ready_in(family, &refs)),
+            web_objects("metrics", metrics_vip(family), ready_in(family, &refs)),
+        ]));
         let (ports, net) = kube_proxy_service(family, &backends);
         match rules {
             Rules::Iptables => fixture::install_iptables(lab.node_ns(), family, &ports, &net),
@@ -203,11 +204,15 @@ fn kube_proxy_service(family: Family, backends: &[Pod]) -> (Vec<ServicePort>, No
             .map(|p| (pod_addr(p, family), port))
             .collect()
     };
-    let vip = web_vip(family);
-    let ports = vec![
-        ServicePort::new("web", "http", Proto::Tcp, vip, WEB_TCP, &eps(BACKEND_TCP)),
-        ServicePort::new("web", "dns", Proto::Udp, vip, WEB_UDP, &eps(BACKEND_UDP)),
-    ];
+    let ports = [("web", web_vip(family)), ("metrics", metrics_vip(family))]
+        .into_iter()
+        .flat_map(|(name, vip)| {
+            [
+                ServicePort::new(name, "http", Proto::Tcp, vip, WEB_TCP, &eps(BACKEND_TCP)),
+                ServicePort::new(name, "dns", Proto::Udp, vip, WEB_UDP, &eps(BACKEND_UDP)),
+            ]
+        })
+        .collect();
     let net = NodeNet {
         cluster_cidr: match family {
             Family::V4 => "198.18.0.0/16",
@@ -217,6 +222,11 @@ fn kube_proxy_service(family: Family, backends: &[Pod]) -> (Vec<ServicePort>, No
         node_ips: Vec::new(),
     };
     (ports, net)
+}
+
+/// The second Service over the same pods.
+fn metrics_vip(family: Family) -> IpAddr {
+    vip_in(family, 13)
 }
 
 /// Waits until `t`.
@@ -372,6 +382,14 @@ fn takeover(family: Family, rules: Rules) {
                 serde_json::to_string_pretty(&n.lab.inspect_json("flows")).unwrap()
             )
         });
+        assert!(
+            row.service.contains("web") && !row.service.contains("metrics"),
+            "[{what}] {} from {}: lbproxy's flow is of service {:?}, not web (its backend is \
+             also a metrics endpoint)",
+            c.lane,
+            c.local,
+            row.service
+        );
         let got = row.backend.parse::<SocketAddr>().map(|b| b.ip());
         assert_eq!(
             got,
