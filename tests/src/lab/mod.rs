@@ -18,6 +18,7 @@
 //!   198.18.0.1, with a fixed MAC [`BRIDGE_MAC`] so it does not change as ports come and go).
 //! * The node namespace has `lo` up, `ip_forward=1`, a default route via the uplink, and in
 //!   bridge mode `net.bridge.bridge-nf-call-iptables=1` (br_netfilter is loaded on these hosts).
+//!   Duplicate address detection is off in the node and uplink namespaces (and in pods).
 //!
 //! Typical use:
 //! ```no_run
@@ -330,6 +331,12 @@ impl Lab {
         sysctl(node, "net/ipv6/conf/default/accept_dad", "0");
         sysctl(node, "net/ipv6/conf/all/accept_dad", "0");
         sysctl(node, "net/ipv6/conf/all/forwarding", "1");
+        // The uplink namespace too, before its eth0 exists: with DAD its link-local address
+        // stays tentative for 1-3 s after the link comes up, and meanwhile the kernel sends
+        // no neighbour solicitation for an answer whose source is not on eth0 (an address
+        // on its `lo`, as tests give it): the first TCP SYN-ACK and its retry were lost.
+        sysctl(&self.uplink, "net/ipv6/conf/default/accept_dad", "0");
+        sysctl(&self.uplink, "net/ipv6/conf/all/accept_dad", "0");
         // Uplink: gives the node a default route (proxy ARP needs one) that leads nowhere.
         ip_batch(
             node,
