@@ -134,6 +134,14 @@ fn snat_reply<A: Datapath>(ctx: &TcContext, pkt: &Packet<A>) -> Result<i32, Drop
     let Some(to) = flow::reply(pkt) else {
         return Ok(TC_ACT_UNSPEC);
     };
+    if to.adopted == FLOW_ADOPTED_CONNTRACK {
+        // Adopted, and its conntrack entry still translates it: the client's packets pass
+        // to that entry, so the answers must too. Translated here, past netfilter, they
+        // would leave the entry's window behind (it never saw the data they acknowledge),
+        // and the client's next ACK would be INVALID, delivered to this node untranslated
+        // and reset.
+        return Ok(TC_ACT_UNSPEC);
+    }
     if to.peer_addr == pkt.dst_addr {
         // A flow that is not source-NATed (a client on this node's own address): left to
         // the interface it leaves by.

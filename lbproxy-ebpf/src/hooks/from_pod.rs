@@ -14,7 +14,8 @@ use core::mem::MaybeUninit;
 
 use aya_ebpf::programs::TcContext;
 use lbproxy_common::{
-    DatapathConfig, Delivery, DropReason, FLOW_ADOPTED_HANDOVER, FLOW_ADOPTED_OWN, HOOK_FROM_POD,
+    DatapathConfig, Delivery, DropReason, FLOW_ADOPTED_CONNTRACK, FLOW_ADOPTED_HANDOVER,
+    FLOW_ADOPTED_OWN, HOOK_FROM_POD,
 };
 
 use super::{Datapath, action, drop_logged, parse_into, pass_bad_l4, reject};
@@ -201,6 +202,11 @@ fn bypass_reply<A: Datapath>(
     let Some(to) = flow::reply(pkt) else {
         return Ok(TC_ACT_UNSPEC);
     };
+    if to.adopted == FLOW_ADOPTED_CONNTRACK {
+        // Its conntrack entry translates the client's packets: the answers go to it too
+        // (see `from_node`'s `snat_reply`).
+        return Ok(TC_ACT_UNSPEC);
+    }
     let Some(peer) = deliver::route(ctx, pkt, &pkt.dst_addr, pkt.dst_port_be) else {
         return Ok(TC_ACT_UNSPEC);
     };
