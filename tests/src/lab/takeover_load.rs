@@ -329,7 +329,13 @@ impl Load {
     /// every long-lived connection and socket got its first answer; panics, naming the lane,
     /// if one cannot be opened or is not answered (then the load could not start).
     pub fn start(client: &Pod, tcp_vip: SocketAddr, udp_vip: SocketAddr) -> Load {
-        let opened: Vec<(Lane, Sock, Conn)> = run_in_ns(&client.netns, || {
+        Load::start_in(&client.netns, tcp_vip, udp_vip)
+    }
+
+    /// [`Load::start`] from the network namespace `netns` (a pod's, or an external
+    /// client's).
+    pub fn start_in(netns: &str, tcp_vip: SocketAddr, udp_vip: SocketAddr) -> Load {
+        let opened: Vec<(Lane, Sock, Conn)> = run_in_ns(netns, || {
             let tcp = (0..TCP_CONNS).map(|i| {
                 let c = TcpConn::connect_here(tcp_vip.ip(), tcp_vip.port(), TIMEOUT)
                     .unwrap_or_else(|e| panic!("load: tcp#{i}: connect to {tcp_vip}: {e}"));
@@ -369,7 +375,7 @@ impl Load {
                 long_lived(sock, conn, first, &stop, &failures)
             }));
         }
-        let ns = client.netns.clone();
+        let ns = netns.to_owned();
         let (stop2, failures2) = (stop.clone(), failures.clone());
         let first_new = start + STAGGER * lanes.len() as u32;
         let new = std::thread::spawn(move || {
