@@ -266,34 +266,6 @@ fn log_text(lb: &Lbproxy) -> String {
     format!("{}\n{}", lb.stdout(), lb.stderr())
 }
 
-/// Asserts the load saw no failure at all, the summary relative to `mark`.
-fn assert_no_failures(what: &str, r: &Report, mark: Instant, mark_name: &str, extra: &str) {
-    assert!(
-        r.failures.is_empty(),
-        "[{what}] {} failed requests (times relative to {mark_name}):\n{}\n{extra}",
-        r.failures.len(),
-        r.summary(mark)
-    );
-    assert!(
-        r.conns.iter().all(|c| c.requests > 0 && !c.dead),
-        "[{what}] every long-lived lane ran to the end:\n{}",
-        r.summary(mark)
-    );
-}
-
-/// The `KUBE-` service chains (`KUBE-SERVICES`, `KUBE-SVC-*`, `KUBE-SEP-*`) declared in an
-/// `iptables-save` text.
-fn service_chains(save: &str) -> BTreeSet<String> {
-    save.lines()
-        .filter_map(|l| l.strip_prefix(':'))
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|c| {
-            *c == "KUBE-SERVICES" || c.starts_with("KUBE-SVC-") || c.starts_with("KUBE-SEP-")
-        })
-        .map(str::to_owned)
-        .collect()
-}
-
 /// The adoption metric's samples for `protocol` (any case), summed.
 fn adopted(sc: &Scrape, protocol: &str) -> f64 {
     sc.samples
@@ -341,11 +313,11 @@ fn takeover(family: Family, rules: Rules) {
     );
 
     // ASSERT 1: zero failed requests, from the load's start to WATCH after healthy.
-    assert_no_failures(&what, &report, spawned, "lbproxy's start", &lb.log());
+    report.assert_clean(&what, spawned, "lbproxy's start", &lb.log());
     assert!(running, "[{what}] lbproxy kept running\n{}", lb.log());
 
     // ASSERT 2: kube-proxy's rules are gone.
-    let left = service_chains(&save);
+    let left = fixture::service_chains(&save);
     assert!(
         left.is_empty(),
         "[{what}] kube-proxy's service chains left in the node: {left:?}\n{save}"
@@ -443,12 +415,12 @@ fn without_takeover_rules_stay(family: Family) {
     );
 
     // ASSERT 1: zero failed requests.
-    assert_no_failures(&what, &report, spawned, "lbproxy's start", &lb.log());
+    report.assert_clean(&what, spawned, "lbproxy's start", &lb.log());
     assert!(running, "[{what}] lbproxy kept running\n{}", lb.log());
 
     // ASSERT 2: kube-proxy's chains are all still there.
     let (ports, _) = kube_proxy_service(family, &n.backends);
-    let chains = service_chains(&save);
+    let chains = fixture::service_chains(&save);
     let mut want: BTreeSet<String> = ["KUBE-SERVICES".to_owned()].into();
     for p in &ports {
         want.insert(fixture::ipt_svc(p));
@@ -516,7 +488,7 @@ fn load_is_clean_under_kube_proxy(family: Family) {
     eprintln!("[{what}] {}", report.summary(report.start));
 
     // ASSERT 1: zero failed requests, every lane busy all along.
-    assert_no_failures(&what, &report, report.start, "the load's start", "");
+    report.assert_clean(&what, report.start, "the load's start", "");
     let ran = report.stopped - report.start;
     let per_lane = (ran.as_millis() / 100) as usize;
     for c in &report.conns {
@@ -603,7 +575,7 @@ fn hand_back(family: Family) {
         "[{what}] cleanup --hand-back failed: {said}"
     );
     // ASSERT 1: zero failed requests, through the takeover and the hand-back, to WATCH after.
-    assert_no_failures(&what, &report, handing, "the hand-back", &said);
+    report.assert_clean(&what, handing, "the hand-back", &said);
     // ASSERT 2: lbproxy is gone from the node, and conntrack holds the load's flows.
     assert!(
         attached.is_empty(),

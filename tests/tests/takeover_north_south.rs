@@ -118,8 +118,7 @@ fn node_port_conntrack(lab: &MultiNodeLab, node: NodeId, to: IpAddr) -> Vec<ct::
         .collect()
 }
 
-/// The `KUBE-SERVICES`, `KUBE-SVC-*` and `KUBE-SEP-*` chains in `node`'s `iptables-save`
-/// (or `ip6tables-save`).
+/// kube-proxy's service chains in `node`'s `iptables-save` (or `ip6tables-save`).
 fn service_chains(lab: &MultiNodeLab, node: NodeId, family: Family) -> BTreeSet<String> {
     let save = match family {
         Family::V4 => "iptables-save",
@@ -128,14 +127,7 @@ fn service_chains(lab: &MultiNodeLab, node: NodeId, family: Family) -> BTreeSet<
     let text = lab
         .node_run(node, &[save])
         .unwrap_or_else(|e| panic!("{save} in {node}: {e}"));
-    text.lines()
-        .filter_map(|l| l.strip_prefix(':'))
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|c| {
-            *c == "KUBE-SERVICES" || c.starts_with("KUBE-SVC-") || c.starts_with("KUBE-SEP-")
-        })
-        .map(str::to_owned)
-        .collect()
+    fixture::service_chains(&text)
 }
 
 /// Starts `lbproxy run --takeover` on `node` and waits until it is healthy; panics with the
@@ -251,17 +243,7 @@ fn north_south_on_two_nodes(family: Family) {
     );
 
     // ASSERT 1: zero failed requests from the load's start to WATCH after node B's takeover.
-    assert!(
-        report.failures.is_empty(),
-        "[{what}] {} failed requests (times relative to nodeA's lbproxy healthy):\n{}\n{logs}",
-        report.failures.len(),
-        report.summary(healthy_a)
-    );
-    assert!(
-        report.conns.iter().all(|c| c.requests > 0 && !c.dead),
-        "[{what}] every long-lived lane ran to the end:\n{}",
-        report.summary(healthy_a)
-    );
+    report.assert_clean(&what, healthy_a, "nodeA's lbproxy healthy", &logs);
     assert!(
         running == (true, true),
         "[{what}] both lbproxies kept running: {running:?}\n{logs}"

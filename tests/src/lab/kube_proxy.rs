@@ -500,6 +500,19 @@ pub fn hash16(key: &str) -> String {
         .collect()
 }
 
+/// The `KUBE-SERVICES`, `KUBE-SVC-*` and `KUBE-SEP-*` chains declared in an
+/// `iptables-save` text: what a takeover must leave none of.
+pub fn service_chains(save: &str) -> std::collections::BTreeSet<String> {
+    save.lines()
+        .filter_map(|l| l.strip_prefix(':'))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| {
+            *c == "KUBE-SERVICES" || c.starts_with("KUBE-SVC-") || c.starts_with("KUBE-SEP-")
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
 /// `KUBE-SVC-<hash>` of a service port.
 pub fn ipt_svc(p: &ServicePort) -> String {
     format!("KUBE-SVC-{}", hash16(&format!("{}{}", p.spn(), p.proto())))

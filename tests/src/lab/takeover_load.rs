@@ -233,6 +233,23 @@ impl Report {
         out.push_str(&show_failures(&self.failures, self.start, mark));
         out
     }
+
+    /// Panics unless the load saw no failure at all and every long-lived lane ran to the
+    /// end; the message names the test (`what`), gives the summary relative to `mark`
+    /// (called `mark_name`), then `extra` (logs).
+    pub fn assert_clean(&self, what: &str, mark: Instant, mark_name: &str, extra: &str) {
+        assert!(
+            self.failures.is_empty(),
+            "[{what}] {} failed requests (times relative to {mark_name}):\n{}\n{extra}",
+            self.failures.len(),
+            self.summary(mark)
+        );
+        assert!(
+            self.conns.iter().all(|c| c.requests > 0 && !c.dead),
+            "[{what}] every long-lived lane ran to the end:\n{}",
+            self.summary(mark)
+        );
+    }
 }
 
 /// The failures `v` (of a load started at `start`) counted per lane and kind, then one line
