@@ -1,5 +1,7 @@
-//! lbproxy taking a node over from kube-proxy under load (issue 29), in a single-node lab
-//! (routed pods).
+//! lbproxy taking a node over from kube-proxy under load (issue 29), in a single-node lab:
+//! the takeovers, the run without `--takeover` and the hand-back in both pod-network shapes
+//! (routed and bridged) and both families; the baseline and the load's own check with
+//! routed pods.
 //!
 //! Each test: three backend pods serving TCP and UDP, the `web` Service written for lbproxy
 //! (`--manifests`) and the same Service installed in the node namespace as kube-proxy's
@@ -19,6 +21,8 @@
 //!   feature prevents; none would mean the load measures nothing).
 //! - `load_is_clean_under_kube_proxy`: the load alone through kube-proxy's rules, no
 //!   lbproxy: zero failures, and its flows are conntrack's DNAT entries.
+//! - `hand_back`: after a takeover, kube-proxy's rules back and `cleanup --hand-back`: zero
+//!   failures, the programs detached, conntrack holding the load's flows.
 //!
 //! Run: `cargo build -p lbproxy && LBPROXY_BIN=$PWD/target/debug/lbproxy cargo test -p
 //! lbproxy-tests --test takeover -- --test-threads=1`.
@@ -48,14 +52,13 @@ const WATCH: Duration = Duration::from_secs(10);
 /// The adoption metric.
 const ADOPTED_METRIC: &str = "lbproxy_takeover_adopted_flows_total";
 
-lbproxy_tests::both_families!(
+both_shapes_and_families!(
     iptables_takeover,
     nftables_takeover,
     without_takeover_rules_stay,
-    naive_switch_baseline,
-    load_is_clean_under_kube_proxy,
     hand_back,
 );
+lbproxy_tests::both_families!(naive_switch_baseline, load_is_clean_under_kube_proxy);
 
 /// How kube-proxy's rules are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,8 +78,8 @@ struct Node {
 }
 
 impl Node {
-    fn new(family: Family, rules: Rules) -> Node {
-        let lab = Lab::new(Shape::Routed);
+    fn new(shape: Shape, family: Family, rules: Rules) -> Node {
+        let lab = Lab::new(shape);
         let client = lab.add_pod("client");
         let (backends, servers) = serving_pods(&lab, &["b1", "b2", "b3"]);
         let refs: Vec<&Pod> = backends.iter().collect();
@@ -280,18 +283,18 @@ fn adopted(sc: &Scrape, protocol: &str) -> f64 {
         .sum()
 }
 
-fn iptables_takeover(family: Family) {
-    takeover(family, Rules::Iptables);
+fn iptables_takeover(shape: Shape, family: Family) {
+    takeover(shape, family, Rules::Iptables);
 }
 
-fn nftables_takeover(family: Family) {
-    takeover(family, Rules::Nft);
+fn nftables_takeover(shape: Shape, family: Family) {
+    takeover(shape, family, Rules::Nft);
 }
 
 /// `lbproxy run --takeover` while the load runs through kube-proxy's `rules`.
-fn takeover(family: Family, rules: Rules) {
-    let what = format!("{family} {rules:?} takeover");
-    let n = Node::new(family, rules);
+fn takeover(shape: Shape, family: Family, rules: Rules) {
+    let what = format!("{shape} {family} {rules:?} takeover");
+    let n = Node::new(shape, family, rules);
     let load = settled_load(&n);
     let conns = load.conns().to_vec();
     let (mut lb, spawned, healthy) = start_lbproxy(&n, &load, &["--takeover"]);
@@ -398,9 +401,9 @@ fn takeover(family: Family, rules: Rules) {
 
 /// `lbproxy run` without `--takeover` while the load runs through kube-proxy's iptables
 /// rules: they stay, the flows stay conntrack's, nothing fails, and one warning says so.
-fn without_takeover_rules_stay(family: Family) {
-    let what = format!("{family} without --takeover");
-    let n = Node::new(family, Rules::Iptables);
+fn without_takeover_rules_stay(shape: Shape, family: Family) {
+    let what = format!("{shape} {family} without --takeover");
+    let n = Node::new(shape, family, Rules::Iptables);
     let load = settled_load(&n);
     let (mut lb, spawned, healthy) = start_lbproxy(&n, &load, &[]);
     sleep_until(healthy + WATCH);
@@ -451,7 +454,7 @@ fn without_takeover_rules_stay(family: Family) {
 /// must be some.
 fn naive_switch_baseline(family: Family) {
     let what = format!("{family} naive switch");
-    let n = Node::new(family, Rules::Iptables);
+    let n = Node::new(Shape::Routed, family, Rules::Iptables);
     let load = settled_load(&n);
     let flushed = Instant::now();
     n.flush_kube_proxy();
@@ -480,7 +483,7 @@ fn naive_switch_baseline(family: Family) {
 /// backends (what the takeover tests take over).
 fn load_is_clean_under_kube_proxy(family: Family) {
     let what = format!("{family} load under kube-proxy");
-    let n = Node::new(family, Rules::Iptables);
+    let n = Node::new(Shape::Routed, family, Rules::Iptables);
     let load = Load::start(&n.client, n.tcp_vip(), n.udp_vip());
     sleep_until(load.started() + SETTLE + Duration::from_secs(3));
     let entries = n.vip_conntrack();
@@ -542,9 +545,9 @@ fn load_is_clean_under_kube_proxy(family: Family) {
 /// rules come back, and `lbproxy cleanup --hand-back` writes lbproxy's flows as conntrack
 /// entries and detaches: the load's connections keep working under kube-proxy, on their
 /// backends, with zero failed requests up to WATCH after.
-fn hand_back(family: Family) {
-    let what = format!("{family} hand-back");
-    let n = Node::new(family, Rules::Iptables);
+fn hand_back(shape: Shape, family: Family) {
+    let what = format!("{shape} {family} hand-back");
+    let n = Node::new(shape, family, Rules::Iptables);
     let load = settled_load(&n);
     let (mut lb, _spawned, healthy) = start_lbproxy(&n, &load, &["--takeover"]);
     sleep_until(healthy + SETTLE);
