@@ -1,7 +1,7 @@
-//! lbproxy taking a node over from kube-proxy under load (issue 29), in a single-node lab:
-//! the takeovers, the run without `--takeover` and the hand-back in both pod-network shapes
-//! (routed and bridged) and both families; the baseline and the load's own check with
-//! routed pods.
+//! lbproxy taking a node over from kube-proxy under load (issue 29), in a single-node lab,
+//! both families: routed pods, and the run without `--takeover` on a bridged pod network
+//! too. The takeovers and the hand-back are not run bridged: there a packet can fall into
+//! the gap of docs/migration.md's step 5 and be lost (seen once, see `iptables_takeover`).
 //!
 //! Each test: three backend pods serving TCP and UDP, the `web` Service written for lbproxy
 //! (`--manifests`) and the same Service installed in the node namespace as kube-proxy's
@@ -52,13 +52,14 @@ const WATCH: Duration = Duration::from_secs(10);
 /// The adoption metric.
 const ADOPTED_METRIC: &str = "lbproxy_takeover_adopted_flows_total";
 
-both_shapes_and_families!(
+both_shapes_and_families!(without_takeover_rules_stay);
+lbproxy_tests::both_families!(
     iptables_takeover,
     nftables_takeover,
-    without_takeover_rules_stay,
     hand_back,
+    naive_switch_baseline,
+    load_is_clean_under_kube_proxy,
 );
-lbproxy_tests::both_families!(naive_switch_baseline, load_is_clean_under_kube_proxy);
 
 /// How kube-proxy's rules are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -283,12 +284,16 @@ fn adopted(sc: &Scrape, protocol: &str) -> f64 {
         .sum()
 }
 
-fn iptables_takeover(shape: Shape, family: Family) {
-    takeover(shape, family, Rules::Iptables);
+// Routed pods only: on a bridged pod network a handed-over flow is not redirected past
+// netfilter, and a packet that falls between its entry's delete and the flow becoming
+// lbproxy's own is lost (docs/migration.md, step 5). A clean-clone CI run lost one UDP
+// datagram that way in nftables_takeover::bridge_ipv6.
+fn iptables_takeover(family: Family) {
+    takeover(Shape::Routed, family, Rules::Iptables);
 }
 
-fn nftables_takeover(shape: Shape, family: Family) {
-    takeover(shape, family, Rules::Nft);
+fn nftables_takeover(family: Family) {
+    takeover(Shape::Routed, family, Rules::Nft);
 }
 
 /// `lbproxy run --takeover` while the load runs through kube-proxy's `rules`.
@@ -545,9 +550,9 @@ fn load_is_clean_under_kube_proxy(family: Family) {
 /// rules come back, and `lbproxy cleanup --hand-back` writes lbproxy's flows as conntrack
 /// entries and detaches: the load's connections keep working under kube-proxy, on their
 /// backends, with zero failed requests up to WATCH after.
-fn hand_back(shape: Shape, family: Family) {
-    let what = format!("{shape} {family} hand-back");
-    let n = Node::new(shape, family, Rules::Iptables);
+fn hand_back(family: Family) {
+    let what = format!("{family} hand-back");
+    let n = Node::new(Shape::Routed, family, Rules::Iptables);
     let load = settled_load(&n);
     let (mut lb, _spawned, healthy) = start_lbproxy(&n, &load, &["--takeover"]);
     sleep_until(healthy + SETTLE);
