@@ -233,11 +233,6 @@ fn metrics_vip(family: Family) -> IpAddr {
     vip_in(family, 13)
 }
 
-/// Waits until `t`.
-fn sleep_until(t: Instant) {
-    std::thread::sleep(t.saturating_duration_since(Instant::now()));
-}
-
 /// The load, started through kube-proxy's rules and left running [`SETTLE`].
 fn settled_load(n: &Node) -> Load {
     let load = Load::start(&n.client, n.tcp_vip(), n.udp_vip());

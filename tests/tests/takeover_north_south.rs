@@ -24,10 +24,13 @@
 //! Run: `cargo build -p lbproxy && LBPROXY_BIN=$PWD/target/debug/lbproxy cargo test -p
 //! lbproxy-tests --test takeover_north_south -- --test-threads=1`.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use common::{pod_addr, sleep_until};
 use lbproxy::conntrack::{self as ct, Conntrack};
 use lbproxy_tests::lab::kube_proxy::{self as fixture, NodeNet, ServicePort};
 use lbproxy_tests::lab::multinode::{
@@ -46,14 +49,6 @@ const WATCH: Duration = Duration::from_secs(10);
 const HEALTHY_WITHIN: Duration = Duration::from_secs(20);
 
 lbproxy_tests::both_families!(north_south_on_two_nodes);
-
-/// A pod's address in `family`.
-fn pod_addr(p: &Pod, family: Family) -> IpAddr {
-    match family {
-        Family::V4 => p.ip.into(),
-        Family::V6 => p.ip6.expect("multinode pods are dual-stack").into(),
-    }
-}
 
 /// `node`'s fabric address in `family`.
 fn node_addr(lab: &MultiNodeLab, node: NodeId, family: Family) -> IpAddr {
@@ -148,10 +143,6 @@ fn take_over(lab: &MultiNodeLab, node: NodeId, load: &Load, what: &str) -> (Lbpr
         );
     }
     (lb, Instant::now())
-}
-
-fn sleep_until(t: Instant) {
-    std::thread::sleep(t.saturating_duration_since(Instant::now()));
 }
 
 /// See the module docs.

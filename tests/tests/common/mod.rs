@@ -547,6 +547,11 @@ pub fn vip_in(family: Family, n: u8) -> IpAddr {
     }
 }
 
+/// Waits until `t` (at once if it has passed).
+pub fn sleep_until(t: std::time::Instant) {
+    std::thread::sleep(t.saturating_duration_since(std::time::Instant::now()));
+}
+
 /// `pod`'s address in `family`.
 pub fn pod_addr(pod: &Pod, family: Family) -> IpAddr {
     match family {
