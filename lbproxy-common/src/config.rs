@@ -9,6 +9,30 @@ pub const CONFIG_F_STACK_BYPASS: u32 = 1;
 /// entries. Without it a packet to no frontend skips their lookup: with no ServiceCIDR,
 /// such a packet costs one bit test more than before, not a trie lookup.
 pub const CONFIG_F_SERVICE_CIDRS: u32 = 2;
+/// `DatapathConfig::flags`: while a takeover from kube-proxy or a hand-back to it runs, the
+/// datapath sets [`UNTRACK_MARK`] on every packet of one of its flows that it sends into the
+/// node's stack: a client's packet it translated, and a backend's answer it will translate
+/// after the stack. A raw-table rule the controller installs for that time
+/// (`lbproxy/src/takeover/untrack.rs`) keeps such packets out of conntrack, so that
+/// lbproxy's translated tuples never meet the NAT'd entries of the same connections, which
+/// conntrack still holds (docs/migration.md).
+pub const CONFIG_F_UNTRACK: u32 = 4;
+
+/// `DatapathConfig::flags`: a TCP packet other than a SYN that is of no flow lbproxy knows
+/// passes untranslated, to conntrack. Set at start while kube-proxy's rules are found, from
+/// the first dump of conntrack until the second, made after the first sync: a connection
+/// kube-proxy's rules opened between the two is in neither the flow table nor the first
+/// dump, and its next packet must not be balanced anew (docs/migration.md).
+pub const CONFIG_F_STRAYS_TO_CONNTRACK: u32 = 8;
+/// `DatapathConfig::flags`: every packet of no flow lbproxy knows passes untranslated, to
+/// conntrack and kube-proxy's rules: set by `lbproxy cleanup --hand-back`, whose rules take
+/// the new connections while lbproxy's own are written into conntrack.
+pub const CONFIG_F_NEW_TO_CONNTRACK: u32 = 16;
+
+/// The skb mark bit of [`CONFIG_F_UNTRACK`]: `mark & UNTRACK_MARK == UNTRACK_MARK` is
+/// untracked while the rule is installed. Outside kube-proxy's bits (0x4000 masquerade,
+/// 0x8000 drop); the other bits of a packet's mark are kept.
+pub const UNTRACK_MARK: u32 = 0x0020_0000;
 
 /// The single value of `LB_CONFIG_V1` (key 0).
 #[repr(C)]

@@ -219,7 +219,10 @@ pub mod unserved;
 
 pub use affinity::{AffinityKey, AffinityKey6, AffinityKeyOf, AffinityValue, MAX_AFFINITY};
 pub use backends::{Backend, Backend6, BackendOf, MAX_BACKENDS};
-pub use config::{CONFIG_F_SERVICE_CIDRS, CONFIG_F_STACK_BYPASS, DatapathConfig};
+pub use config::{
+    CONFIG_F_NEW_TO_CONNTRACK, CONFIG_F_SERVICE_CIDRS, CONFIG_F_STACK_BYPASS,
+    CONFIG_F_STRAYS_TO_CONNTRACK, CONFIG_F_UNTRACK, DatapathConfig, UNTRACK_MARK,
+};
 pub use delivery::Delivery;
 pub use dp_events::DatapathEvent;
 pub use drops::DropReason;

@@ -59,6 +59,7 @@ mod sctp;
 mod sock;
 mod source;
 mod stage;
+mod untrack;
 
 use aya_ebpf::{
     macros::{cgroup_sock_addr, classifier},

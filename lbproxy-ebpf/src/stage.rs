@@ -53,6 +53,21 @@ pub struct NatTarget<A = [u8; 4]> {
 }
 
 impl<A: Addr> NatTarget<A> {
+    /// A packet conntrack translates, passed untranslated by every hook, as an adopted
+    /// flow's whose entry still exists (`flow::forward`'s packets of no flow while kube-proxy's
+    /// rules may hold their connection).
+    #[inline(always)]
+    pub fn conntrack() -> NatTarget<A> {
+        NatTarget {
+            addr: A::ZERO,
+            port_be: 0,
+            peer_port_be: 0,
+            peer_addr: A::ZERO,
+            adopted: lbproxy_common::FLOW_ADOPTED_CONNTRACK,
+            _pad: 0,
+        }
+    }
+
     #[inline(always)]
     pub fn of(v: &FlowValueOf<A>) -> NatTarget<A> {
         NatTarget {

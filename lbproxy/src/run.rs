@@ -242,7 +242,11 @@ fn spawn_takeover(
     health: &Health,
     metrics: &Arc<Metrics>,
 ) {
-    health.hold("taking the node over from kube-proxy");
+    health.hold(if t.takes() {
+        "taking the node over from kube-proxy"
+    } else {
+        "catching up with kube-proxy's flows"
+    });
     let (dir, health, metrics) = (settings.bpffs_dir.clone(), health.clone(), metrics.clone());
     tokio::spawn(async move {
         while !health.synced() {

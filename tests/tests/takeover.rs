@@ -1,7 +1,8 @@
 //! lbproxy taking a node over from kube-proxy under load (issue 29), in a single-node lab,
-//! both families: routed pods, and the run without `--takeover` on a bridged pod network
-//! too. The takeovers and the hand-back are not run bridged: there a packet can fall into
-//! the gap of docs/migration.md's step 5 and be lost (seen once, see `iptables_takeover`).
+//! both families, both pod-network shapes (routed, and bridged, where a handed-over flow's
+//! packets go through the node's stack and meet netfilter) for the takeovers, the hand-back
+//! and the run without `--takeover`. Each takeover holds [`HOLD`] between deleting
+//! kube-proxy's entries and owning the flows, so that the load's packets surely fall there.
 //!
 //! Each test: three backend pods serving TCP and UDP, the `web` Service written for lbproxy
 //! (`--manifests`) and the same Service installed in the node namespace as kube-proxy's
@@ -38,6 +39,7 @@ use common::*;
 use kube_common::Scrape;
 use lbproxy::conntrack::{self as ct, Conntrack};
 use lbproxy::takeover::kube_proxy as kp;
+use lbproxy::takeover::untrack as kp_untrack;
 use lbproxy_tests::lab::kube_proxy::{self as fixture, NodeNet, ServicePort};
 use lbproxy_tests::lab::takeover_load::{Load, Report, TCP_CONNS, UDP_SOCKETS, show_failures};
 use lbproxy_tests::lab::{
@@ -52,14 +54,18 @@ const WATCH: Duration = Duration::from_secs(10);
 /// The adoption metric.
 const ADOPTED_METRIC: &str = "lbproxy_takeover_adopted_flows_total";
 
-both_shapes_and_families!(without_takeover_rules_stay);
-lbproxy_tests::both_families!(
+/// `LBPROXY_TEST_TAKEOVER_HOLD_MS` of every takeover here: several of the load's requests
+/// (one per connection every 100 ms) fall between the entries' delete and the flows
+/// becoming lbproxy's own.
+const HOLD: &str = "500";
+
+both_shapes_and_families!(
     iptables_takeover,
     nftables_takeover,
+    without_takeover_rules_stay,
     hand_back,
-    naive_switch_baseline,
-    load_is_clean_under_kube_proxy,
 );
+lbproxy_tests::both_families!(naive_switch_baseline, load_is_clean_under_kube_proxy);
 
 /// How kube-proxy's rules are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -244,7 +250,11 @@ fn settled_load(n: &Node) -> Load {
 /// summary if it does not become so. Returns it, when it was started and when healthy.
 fn start_lbproxy(n: &Node, load: &Load, args: &[&str]) -> (Lbproxy, Instant, Instant) {
     let spawned = Instant::now();
-    let mut lb = n.lab.start_lbproxy_with(args);
+    let mut argv = n.lab.lbproxy_run_args();
+    argv.extend(args.iter().map(|a| a.to_string()));
+    let mut lb = n
+        .lab
+        .start_lbproxy_argv(argv, &[("LBPROXY_TEST_TAKEOVER_HOLD_MS", HOLD)]);
     if let Err(e) = lb.wait_healthy(HEALTHY_WITHIN) {
         panic!(
             "[{}] lbproxy {args:?} did not become healthy: {e}\nload failures so far \
@@ -279,16 +289,12 @@ fn adopted(sc: &Scrape, protocol: &str) -> f64 {
         .sum()
 }
 
-// Routed pods only: on a bridged pod network a handed-over flow is not redirected past
-// netfilter, and a packet that falls between its entry's delete and the flow becoming
-// lbproxy's own is lost (docs/migration.md, step 5). A clean-clone CI run lost one UDP
-// datagram that way in nftables_takeover::bridge_ipv6.
-fn iptables_takeover(family: Family) {
-    takeover(Shape::Routed, family, Rules::Iptables);
+fn iptables_takeover(shape: Shape, family: Family) {
+    takeover(shape, family, Rules::Iptables);
 }
 
-fn nftables_takeover(family: Family) {
-    takeover(Shape::Routed, family, Rules::Nft);
+fn nftables_takeover(shape: Shape, family: Family) {
+    takeover(shape, family, Rules::Nft);
 }
 
 /// `lbproxy run --takeover` while the load runs through kube-proxy's `rules`.
@@ -328,6 +334,11 @@ fn takeover(shape: Shape, family: Family, rules: Rules) {
     assert!(
         !nft.contains("kube-proxy"),
         "[{what}] kube-proxy's nft table left in the node:\n{nft}"
+    );
+    // ... and so is lbproxy's untrack rule of the takeover.
+    assert!(
+        !nft.contains(kp_untrack::NFT_TABLE) && !save.contains(kp_untrack::COMMENT),
+        "[{what}] the untrack rule is left in the node:\n{nft}\n{save}"
     );
 
     // ASSERT 3: no conntrack entry to the VIP is left.
@@ -545,9 +556,9 @@ fn load_is_clean_under_kube_proxy(family: Family) {
 /// rules come back, and `lbproxy cleanup --hand-back` writes lbproxy's flows as conntrack
 /// entries and detaches: the load's connections keep working under kube-proxy, on their
 /// backends, with zero failed requests up to WATCH after.
-fn hand_back(family: Family) {
-    let what = format!("{family} hand-back");
-    let n = Node::new(Shape::Routed, family, Rules::Iptables);
+fn hand_back(shape: Shape, family: Family) {
+    let what = format!("{shape} {family} hand-back");
+    let n = Node::new(shape, family, Rules::Iptables);
     let load = settled_load(&n);
     let (mut lb, _spawned, healthy) = start_lbproxy(&n, &load, &["--takeover"]);
     sleep_until(healthy + SETTLE);
@@ -562,6 +573,7 @@ fn hand_back(family: Family) {
     sleep_until(handed + WATCH);
     let vip_ct = n.vip_conntrack();
     let attached = n.lab.tcx_attachments();
+    let (nft, save) = (n.nft_tables(), n.iptables_save());
     let report = load.stop();
     let said = format!(
         "{}{}",
@@ -583,6 +595,10 @@ fn hand_back(family: Family) {
     assert!(
         attached.is_empty(),
         "[{what}] programs still attached: {attached:?}"
+    );
+    assert!(
+        !nft.contains(kp_untrack::NFT_TABLE) && !save.contains(kp_untrack::COMMENT),
+        "[{what}] the hand-back's untrack rule is left in the node:\n{nft}\n{save}"
     );
     for c in load_conns(&report) {
         assert!(

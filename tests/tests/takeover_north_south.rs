@@ -129,7 +129,13 @@ fn service_chains(lab: &MultiNodeLab, node: NodeId, family: Family) -> BTreeSet<
 /// load's failures so far if it does not become so. Returns it and when it was healthy.
 fn take_over(lab: &MultiNodeLab, node: NodeId, load: &Load, what: &str) -> (Lbproxy, Instant) {
     let spawned = Instant::now();
-    let mut lb = lab.start_lbproxy(node, &["--takeover"]);
+    // Held between deleting kube-proxy's entries and owning the flows, as in `takeover.rs`:
+    // no packet of the load may depend on that moment.
+    let mut lb = lab.start_lbproxy_argv(
+        node,
+        lab.lbproxy_run_args(node, &["--takeover"]),
+        &[("LBPROXY_TEST_TAKEOVER_HOLD_MS", "500")],
+    );
     if let Err(e) = lb.wait_healthy(HEALTHY_WITHIN) {
         panic!(
             "[{what}] lbproxy --takeover on {node} did not become healthy: {e}\nload failures \

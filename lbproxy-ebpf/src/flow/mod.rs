@@ -37,9 +37,9 @@
 
 use aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns;
 use lbproxy_common::{
-    DropReason, FLOW_ADOPTED_CONNTRACK, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_STATE_ESTABLISHED,
-    FLOW_STATE_NONE, FLOW_STATE_SYN_SENT, FlowKeyOf, FlowValueOf, FlowWork, IPPROTO_TCP,
-    IPPROTO_UDP, ServiceValue,
+    CONFIG_F_NEW_TO_CONNTRACK, CONFIG_F_STRAYS_TO_CONNTRACK, DropReason, FLOW_ADOPTED_CONNTRACK,
+    FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE, FLOW_STATE_SYN_SENT,
+    FlowKeyOf, FlowValueOf, FlowWork, IPPROTO_TCP, IPPROTO_UDP, ServiceValue,
 };
 
 mod halves;
@@ -52,6 +52,7 @@ use self::{
 use crate::{
     family::Family,
     lb::{affinity, select},
+    maps,
     packet::Packet,
     reason::count,
     stage::{NatTarget, Source, Verdict},
@@ -110,6 +111,9 @@ pub fn forward<A: Family>(
     if !prev.verified {
         verify().map_err(Verdict::Drop)?;
     }
+    if to_conntrack(pkt) {
+        return Ok(NatTarget::conntrack());
+    }
     let (backend_id, backend) = if svc.affinity_timeout_s != 0 {
         affinity::select(pkt, svc, now, seed)?
     } else {
@@ -139,6 +143,17 @@ pub fn forward<A: Family>(
         state,
         &nat_source,
     )
+}
+
+/// Whether a packet of no flow is conntrack's, passed untranslated (no flow made): any one
+/// while a hand-back gives the node back to kube-proxy's rules
+/// (`CONFIG_F_NEW_TO_CONNTRACK`), a TCP packet other than a SYN while connections that
+/// kube-proxy's rules opened may not be adopted yet (`CONFIG_F_STRAYS_TO_CONNTRACK`).
+#[inline(always)]
+fn to_conntrack<A: Family>(pkt: &Packet<A>) -> bool {
+    let flags = maps::config().flags;
+    flags & CONFIG_F_NEW_TO_CONNTRACK != 0
+        || (flags & CONFIG_F_STRAYS_TO_CONNTRACK != 0 && pkt.proto == IPPROTO_TCP && !pkt.is_syn())
 }
 
 /// The flow stage's lookup (`w.key`, the packet's forward key): the translation of an
@@ -242,7 +257,9 @@ fn established<A: Family>(
 
 /// Reply direction: the VIP:port a backend's packet to a client must appear to come from
 /// (and the client's own port), or `None` when the packet is not a reply of a load-balanced
-/// flow. The first TCP answer from the backend moves the flow from SYN_SENT to ESTABLISHED.
+/// flow, or of one adopted from conntrack whose entry still translates it (in every hook:
+/// its answers are that entry's). The first TCP answer from the backend moves the flow from
+/// SYN_SENT to ESTABLISHED.
 #[inline(always)]
 pub fn reply<A: Family>(pkt: &Packet<A>) -> Option<NatTarget<A>> {
     let w = A::work()?;
@@ -304,6 +321,14 @@ pub fn reply<A: Family>(pkt: &Packet<A>) -> Option<NatTarget<A>> {
     }
     touch(entry, now);
     note_close(entry, pkt);
+    if r.adopted == FLOW_ADOPTED_CONNTRACK {
+        // Adopted, and its conntrack entry still translates it: the client's packets pass
+        // to that entry, so the answers must too. Translated by lbproxy, past netfilter, they
+        // would leave the entry's TCP window behind (it never saw the data they
+        // acknowledge): the client's next ACK would be INVALID, delivered untranslated and
+        // reset. Kept alive (touched) all the same, as long as the connection is.
+        return None;
+    }
     Some(NatTarget::of(r))
 }
 

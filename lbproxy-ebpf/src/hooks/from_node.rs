@@ -13,9 +13,10 @@ use lbproxy_common::{
 
 use super::{Datapath, action, drop_logged, parse_into, pass_bad_l4, reject};
 use crate::{
-    flow, lb, nat, north,
+    flow, lb, maps, nat, north,
     packet::{L4, Packet},
     stage::{Forwarded, Parsed, StagedPacket, TC_ACT_SHOT, TC_ACT_UNSPEC},
+    untrack,
 };
 
 /// The pipeline: ICMP errors to [`icmp`]; else parse -> frontend -> flow (select for a new
@@ -86,13 +87,16 @@ stage! {
 /// Whether a packet of a flow adopted from conntrack passes untranslated, to the entry that
 /// still exists (`lbproxy_common::FlowAdopted`): always while the entry translates the flow,
 /// and during a handover unless the flow is source-NATed (redirected out, past netfilter,
-/// as any source-NATed flow's). A BPF function of its own: inlined, LLVM spilled a register
+/// as any source-NATed flow's) or the datapath marks packets for the untrack rule
+/// (`untrack`). A BPF function of its own: inlined, LLVM spilled a register
 /// it had not set on the new-flow path, which the verifier refuses.
 #[inline(never)]
 fn to_conntrack<A: Datapath>(staged: &StagedPacket<A>) -> bool {
     let a = staged.to.adopted;
     a == FLOW_ADOPTED_CONNTRACK
-        || (a == FLOW_ADOPTED_HANDOVER && staged.to.peer_addr == staged.pkt.src_addr)
+        || (a == FLOW_ADOPTED_HANDOVER
+            && staged.to.peer_addr == staged.pkt.src_addr
+            && !untrack::enabled(&maps::config()))
 }
 
 stage! {
@@ -104,7 +108,11 @@ stage! {
             .map_err(|v| v.reason())
             .and_then(|()| {
                 if to.peer_addr == pkt.src_addr {
-                    // A backend on this node: up the stack to its pod.
+                    // A backend on this node: up the stack to its pod (marked for the
+                    // untrack rule while a takeover or hand-back runs).
+                    if untrack::enabled(&maps::config()) {
+                        untrack::mark(ctx);
+                    }
                     return Ok(TC_ACT_UNSPEC);
                 }
                 let (from, dst) = north::forward_ends(&to);
@@ -128,20 +136,16 @@ stage! {
 fn snat_reply<A: Datapath>(ctx: &TcContext, pkt: &Packet<A>) -> Result<i32, DropReason> {
     if !north::to_snat_address(&pkt.dst_addr) {
         // Not for one of this node's SNAT addresses: not a reply of a source-NATed flow.
-        // A pod's flow answered from another node is translated by the pod's interface.
+        // A pod's flow answered from another node is translated by the pod's interface,
+        // after the stack: while a takeover or hand-back runs, marked for the untrack rule.
+        if untrack::enabled(&maps::config()) && flow::reply(pkt).is_some() {
+            untrack::mark(ctx);
+        }
         return Ok(TC_ACT_UNSPEC);
     }
     let Some(to) = flow::reply(pkt) else {
         return Ok(TC_ACT_UNSPEC);
     };
-    if to.adopted == FLOW_ADOPTED_CONNTRACK {
-        // Adopted, and its conntrack entry still translates it: the client's packets pass
-        // to that entry, so the answers must too. Translated here, past netfilter, they
-        // would leave the entry's window behind (it never saw the data they acknowledge),
-        // and the client's next ACK would be INVALID, delivered to this node untranslated
-        // and reset.
-        return Ok(TC_ACT_UNSPEC);
-    }
     if to.peer_addr == pkt.dst_addr {
         // A flow that is not source-NATed (a client on this node's own address): left to
         // the interface it leaves by.

@@ -14,8 +14,7 @@ use core::mem::MaybeUninit;
 
 use aya_ebpf::programs::TcContext;
 use lbproxy_common::{
-    DatapathConfig, Delivery, DropReason, FLOW_ADOPTED_CONNTRACK, FLOW_ADOPTED_HANDOVER,
-    FLOW_ADOPTED_OWN, HOOK_FROM_POD,
+    DatapathConfig, Delivery, DropReason, FLOW_ADOPTED_HANDOVER, FLOW_ADOPTED_OWN, HOOK_FROM_POD,
 };
 
 use super::{Datapath, action, drop_logged, parse_into, pass_bad_l4, reject};
@@ -24,6 +23,7 @@ use crate::{
     packet::{L4, Packet},
     source,
     stage::{Forwarded, NatTarget, Parsed, StagedPacket, TC_ACT_SHOT, TC_ACT_UNSPEC, Verdict},
+    untrack,
 };
 
 /// The pipeline: ICMP errors to `icmp`; else parse -> frontend -> source check -> flow
@@ -120,7 +120,8 @@ stage! {
                 hairpin::forward(ctx, pkt, to).map_err(|v| v.reason()),
             );
         }
-        let peer = if deliver::enabled(&maps::config()) {
+        let config = maps::config();
+        let peer = if deliver::enabled(&config) {
             deliver::route(ctx, pkt, &to.addr, to.port_be)
         } else {
             None
@@ -134,10 +135,26 @@ stage! {
                     Delivery::RedirectToBackend,
                 )
             }),
-            None => nat::dnat(ctx, pkt, to).map(|()| TC_ACT_UNSPEC),
+            None => to_stack(ctx, pkt, to, &config),
         };
         action(ctx, HOOK_FROM_POD, r.map_err(|v| v.reason()))
     }
+}
+
+/// A client packet translated to `to` and sent up the node's stack, marked for the untrack
+/// rule while a takeover or hand-back runs (`untrack`).
+#[inline(always)]
+fn to_stack<A: Datapath>(
+    ctx: &TcContext,
+    pkt: &Packet<A>,
+    to: NatTarget<A>,
+    config: &DatapathConfig,
+) -> Result<i32, Verdict> {
+    nat::dnat(ctx, pkt, to)?;
+    if untrack::enabled(config) {
+        untrack::mark(ctx);
+    }
+    Ok(TC_ACT_UNSPEC)
 }
 
 stage! {
@@ -164,16 +181,18 @@ stage! {
 }
 
 /// A client packet of a flow adopted from conntrack whose entry still exists
-/// (`lbproxy_common::FlowAdopted`). A handed-over flow's packet is translated only when it
-/// can be redirected into the backend's pod, past netfilter: there, the translated tuple
-/// would clash with the conntrack entry's reply tuple, and netfilter would move its source
-/// port. Any other passes untranslated, to the conntrack entry, which translates it as
+/// (`lbproxy_common::FlowAdopted`). A handed-over flow's packet is translated when it can be
+/// redirected into the backend's pod, past netfilter, or, while a takeover marks packets for
+/// the untrack rule (`untrack`), into the stack, marked: unmarked, the translated tuple would
+/// clash in netfilter with the conntrack entry's reply tuple, and netfilter would move its
+/// source port. Any other passes untranslated, to the conntrack entry, which translates it as
 /// before lbproxy started.
 #[inline(always)]
 fn adopted<A: Datapath>(ctx: &TcContext, pkt: &Packet<A>, to: &NatTarget<A>) -> i32 {
-    if to.adopted == FLOW_ADOPTED_HANDOVER
-        && let Some(peer) = deliver::route(ctx, pkt, &to.addr, to.port_be)
-    {
+    if to.adopted != FLOW_ADOPTED_HANDOVER {
+        return TC_ACT_UNSPEC;
+    }
+    if let Some(peer) = deliver::route(ctx, pkt, &to.addr, to.port_be) {
         let r = nat::dnat_l4(ctx, pkt, *to).and_then(|()| {
             deliver::redirect(
                 ctx,
@@ -184,38 +203,44 @@ fn adopted<A: Datapath>(ctx: &TcContext, pkt: &Packet<A>, to: &NatTarget<A>) -> 
         });
         return action(ctx, HOOK_FROM_POD, r.map_err(|v| v.reason()));
     }
+    let config = maps::config();
+    if untrack::enabled(&config) {
+        let r = to_stack(ctx, pkt, *to, &config);
+        return action(ctx, HOOK_FROM_POD, r.map_err(|v| v.reason()));
+    }
     TC_ACT_UNSPEC
 }
 
 /// With the stack bypass, a backend's reply is reverse-NATed here and redirected into the
 /// client's pod. Anything else, or a reply that cannot be redirected, goes to the stack
-/// untouched (`lb_to_pod` translates such a reply on its way into the client's pod).
+/// untranslated (`lb_to_pod` translates such a reply on its way into the client's pod),
+/// marked for the untrack rule while a takeover or hand-back runs (`untrack`). A flow whose
+/// conntrack entry still translates it is not lbproxy's to answer (`flow::reply`).
 #[inline(always)]
 fn bypass_reply<A: Datapath>(
     ctx: &TcContext,
     pkt: &Packet<A>,
     config: &DatapathConfig,
 ) -> Result<i32, DropReason> {
-    if !deliver::enabled(config) {
+    let bypass = deliver::enabled(config);
+    if !bypass && !untrack::enabled(config) {
         return Ok(TC_ACT_UNSPEC);
     }
     let Some(to) = flow::reply(pkt) else {
         return Ok(TC_ACT_UNSPEC);
     };
-    if to.adopted == FLOW_ADOPTED_CONNTRACK {
-        // Its conntrack entry translates the client's packets: the answers go to it too
-        // (see `from_node`'s `snat_reply`).
-        return Ok(TC_ACT_UNSPEC);
+    if bypass && let Some(peer) = deliver::route(ctx, pkt, &pkt.dst_addr, pkt.dst_port_be) {
+        nat::snat_l4(ctx, pkt, to).map_err(|v| v.reason())?;
+        return deliver::redirect(
+            ctx,
+            peer,
+            (&to.addr, &to.peer_addr),
+            Delivery::RedirectToClient,
+        )
+        .map_err(|v| v.reason());
     }
-    let Some(peer) = deliver::route(ctx, pkt, &pkt.dst_addr, pkt.dst_port_be) else {
-        return Ok(TC_ACT_UNSPEC);
-    };
-    nat::snat_l4(ctx, pkt, to).map_err(|v| v.reason())?;
-    deliver::redirect(
-        ctx,
-        peer,
-        (&to.addr, &to.peer_addr),
-        Delivery::RedirectToClient,
-    )
-    .map_err(|v| v.reason())
+    if untrack::enabled(config) {
+        untrack::mark(ctx);
+    }
+    Ok(TC_ACT_UNSPEC)
 }

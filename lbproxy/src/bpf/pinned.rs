@@ -49,7 +49,36 @@ pub struct PinnedMaps {
     pub service_cidrs: super::service_cidrs::CidrTries,
 }
 
+/// Held by every read-modify-write of `LB_CONFIG_V1` in this process: the controller's
+/// (`Maps::put_id_cursor`, `Maps::put_service_cidrs_flag`) and a takeover's
+/// ([`PinnedMaps::set_config_flags`]) run on different threads.
+static CONFIG_WRITE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn config_write() -> std::sync::MutexGuard<'static, ()> {
+    CONFIG_WRITE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl PinnedMaps {
+    /// Turns the `CONFIG_F_*` bits `flags` on or off in `LB_CONFIG_V1`, keeping the rest.
+    pub fn set_config_flags(&mut self, flags: u32, on: bool) -> Result<(), MapWriteError> {
+        let entry = || format!("flags {flags:#x} {}", if on { "on" } else { "off" });
+        let _held = config_write();
+        let current = self
+            .config
+            .get(&0, 0)
+            .map_err(|e| werr(map_names::CONFIG, "lookup", entry(), e))?;
+        let flags = if on {
+            current.flags | flags
+        } else {
+            current.flags & !flags
+        };
+        self.config
+            .set(0, DatapathConfig { flags, ..current }, 0)
+            .map_err(|e| werr(map_names::CONFIG, "update", entry(), e))
+    }
+
     pub fn open(dir: &Path) -> Result<Self, BpfError> {
         check_pinned_layouts(dir)?;
         Ok(Self {
@@ -469,7 +498,8 @@ impl Maps for PinnedMaps {
     }
     fn put_service_cidrs_flag(&mut self, on: bool) -> Result<(), MapWriteError> {
         let entry = || format!("flag service_cidrs {on}");
-        // As `put_id_cursor`: only the controller writes the entry once running.
+        // As `put_id_cursor`: under `CONFIG_WRITE`.
+        let _held = config_write();
         let current = self
             .config
             .get(&0, 0)
@@ -485,8 +515,9 @@ impl Maps for PinnedMaps {
     }
     fn put_id_cursor(&mut self, next: u32) -> Result<(), MapWriteError> {
         let entry = || format!("next_id {next}");
-        // Only the controller writes the config entry once running (`write_config` runs
-        // before it starts), so this read-modify-write races with no one.
+        // The controller and a takeover write the config entry once running (`write_config`
+        // runs before either starts): each read-modify-write holds `CONFIG_WRITE`.
+        let _held = config_write();
         let current = self
             .config
             .get(&0, 0)

@@ -283,6 +283,12 @@ fn tool(command: Command) -> anyhow::Result<()> {
 
 fn cleanup(dir: &Path) -> anyhow::Result<()> {
     let removed = bpf::cleanup::cleanup(dir)?;
+    // After the programs are gone, no packet is marked any more (`takeover::untrack`).
+    match crate::takeover::untrack::remove() {
+        Ok(true) => println!("removed the untrack rule of a takeover or hand-back"),
+        Ok(false) => {}
+        Err(e) => eprintln!("warning: the untrack rule of a takeover or hand-back: {e:#}"),
+    }
     if removed.is_empty() {
         println!("nothing to clean up under {}", dir.display());
     } else {

@@ -4,30 +4,35 @@
 //! kube-proxy's rules must be back first (its own start writes them): they make the
 //! namespace track and NAT, so the entries written here take effect, and they serve every
 //! connection made after lbproxy detaches. Then, with lbproxy's programs still attached:
-//! 1. the datapath's stack bypass is turned on: a flow between two pods of this node is then
-//!    translated and redirected past netfilter both ways, so netfilter stops making plain
-//!    entries for it (a source-NATed flow from outside already goes past it both ways);
-//! 2. flow by flow: the plain entries netfilter made for lbproxy's translated tuples are
+//! 1. the untrack rule is installed ([`super::untrack`]), and the datapath's stack bypass
+//!    and untracking are turned on: a flow between two pods of this node is translated and
+//!    redirected past netfilter both ways, and every other packet of an lbproxy flow that
+//!    goes through the node's stack is marked and skips conntrack. From then on netfilter
+//!    makes no plain entry for lbproxy's translated tuples. And lbproxy makes no new flow
+//!    (`CONFIG_F_NEW_TO_CONNTRACK`): a new connection passes untranslated, to kube-proxy's
+//!    rules, so that none is left lbproxy's when it detaches;
+//! 2. flow by flow: the plain entries netfilter made for those tuples before step 1 are
 //!    deleted (they hold the reply tuple the NAT'd entry needs: its creation would fail with
 //!    EEXIST), the flow is written as a conntrack entry with its DNAT (and its SNAT), and
 //!    the flow becomes conntrack's ([`lbproxy_common::FlowAdopted::Conntrack`]): its
-//!    client's packets pass untranslated, to that entry;
-//! 3. the caller detaches and unpins (`lbproxy cleanup`): every packet then meets netfilter,
-//!    its entry or kube-proxy's rules.
+//!    client's packets, and its backend's answers, pass unmarked and untranslated, to that
+//!    entry;
+//! 3. the caller detaches and unpins (`lbproxy cleanup`), then removes the untrack rule:
+//!    every packet then meets netfilter, its entry or kube-proxy's rules.
 //!
-//! A flow whose packets go through the node's stack (to a backend on another node, or on a
-//! bridged pod network) can have a packet translated by lbproxy between steps 2's delete and
-//! create: netfilter then makes its plain entry again, and the create fails with EEXIST. It
-//! is retried once after deleting again; a flow that still fails is counted and stays
-//! lbproxy's until cleanup, after which its next packet meets kube-proxy's rules.
+//! A create that still fails with EEXIST (a plain entry made again between the delete and
+//! the create, which step 1 rules out) is retried once after deleting again; a flow that
+//! still fails is counted and stays lbproxy's until cleanup, after which its next packet
+//! meets kube-proxy's rules.
 
 use std::net::SocketAddr;
 use std::path::Path;
 
 use anyhow::Context as _;
 use lbproxy_common::{
-    Addr, CONFIG_F_STACK_BYPASS, FLOW_ADOPTED_CONNTRACK, FLOW_DIR_FORWARD, FLOW_STATE_SYN_SENT,
-    FlowKeyOf, FlowValueOf, IPPROTO_TCP,
+    Addr, CONFIG_F_NEW_TO_CONNTRACK, CONFIG_F_STACK_BYPASS, CONFIG_F_UNTRACK,
+    FLOW_ADOPTED_CONNTRACK, FLOW_DIR_FORWARD, FLOW_STATE_SYN_SENT, FlowKeyOf, FlowValueOf,
+    IPPROTO_TCP,
 };
 
 use super::kube_proxy;
@@ -59,15 +64,24 @@ pub fn hand_back(bpffs_dir: &Path) -> anyhow::Result<HandedBack> {
         );
     }
     let mut maps = PinnedMaps::open(bpffs_dir)?;
-    let mut config = maps.config.get(&0, 0).context("reading LB_CONFIG_V1")?;
-    config.flags |= CONFIG_F_STACK_BYPASS;
-    maps.config
-        .set(0, config, 0)
-        .context("turning the stack bypass on (LB_CONFIG_V1)")?;
+    let rule = super::untrack::install()?;
+    tracing::info!("hand-back: untrack rule installed ({rule})");
+    maps.set_config_flags(
+        CONFIG_F_STACK_BYPASS | CONFIG_F_UNTRACK | CONFIG_F_NEW_TO_CONNTRACK,
+        true,
+    )
+    .context("turning the stack bypass, untracking and new flows to conntrack on")?;
     let mut ct = Conntrack::open().context("opening ctnetlink")?;
     let mut done = HandedBack::default();
-    hand_back_family(&mut ct, &mut maps.flows, &mut done)?;
-    hand_back_family(&mut ct, &mut maps.flows6, &mut done)?;
+    // A flow a packet made on another CPU as the flags changed is caught by the next pass.
+    for _pass in 0..3 {
+        let before = done.written + done.failed;
+        hand_back_family(&mut ct, &mut maps.flows, &mut done)?;
+        hand_back_family(&mut ct, &mut maps.flows6, &mut done)?;
+        if done.written + done.failed == before {
+            break;
+        }
+    }
     Ok(done)
 }
 

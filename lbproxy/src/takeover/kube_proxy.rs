@@ -624,7 +624,7 @@ fn kube_proxy_nft_tables(text: &str) -> Vec<NftTable> {
 // ---- commands ----
 
 /// `name` on `PATH` (plus the sbin directories, where iptables lives), if executable.
-fn which(name: &str) -> Option<PathBuf> {
+pub(super) fn which(name: &str) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt as _;
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
@@ -637,7 +637,11 @@ fn which(name: &str) -> Option<PathBuf> {
 }
 
 /// Runs `program args`, feeding `input` on stdin; its stdout, or an error with its stderr.
-fn run(program: &Path, args: &[&str], input: Option<&str>) -> Result<String, KubeProxyError> {
+pub(super) fn run(
+    program: &Path,
+    args: &[&str],
+    input: Option<&str>,
+) -> Result<String, KubeProxyError> {
     let command = std::iter::once(program.display().to_string())
         .chain(args.iter().map(|a| (*a).to_owned()))
         .collect::<Vec<_>>()

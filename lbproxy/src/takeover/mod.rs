@@ -29,6 +29,7 @@
 pub mod adopt;
 pub mod hand_back;
 pub mod kube_proxy;
+pub mod untrack;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
@@ -38,10 +39,10 @@ use std::time::Instant;
 use anyhow::Context as _;
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use lbproxy_common::{
-    Addr, FLOW_ADOPTED_CONNTRACK, FLOW_ADOPTED_HANDOVER, FLOW_ADOPTED_OWN, FlowKeyOf, FlowValueOf,
-    IPPROTO_SCTP, IPPROTO_TCP, NODE_ADDR_F_NODEPORT, NODE_ADDR_F_SNAT, NodeAddr, PodAddr,
-    SCOPE_DEFAULT, SCOPE_INTERNAL, SVC_F_SPLIT_SCOPE, SVC_KIND_CLUSTER_IP, ServiceKeyOf,
-    ServiceValue, map_names,
+    Addr, CONFIG_F_STRAYS_TO_CONNTRACK, CONFIG_F_UNTRACK, FLOW_ADOPTED_CONNTRACK,
+    FLOW_ADOPTED_HANDOVER, FLOW_ADOPTED_OWN, FlowKeyOf, FlowValueOf, IPPROTO_SCTP, IPPROTO_TCP,
+    NODE_ADDR_F_NODEPORT, NODE_ADDR_F_SNAT, NodeAddr, PodAddr, SCOPE_DEFAULT, SCOPE_INTERNAL,
+    SVC_F_SPLIT_SCOPE, SVC_KIND_CLUSTER_IP, ServiceKeyOf, ServiceValue, map_names,
 };
 
 use self::adopt::{Adopted, Decision, Facts, FromIp, Left};
@@ -51,6 +52,8 @@ use crate::telemetry::{Metrics, TakeoverLabel, TakeoverLeftLabel};
 
 /// What [`prepare`] found and wrote, for [`Takeover::complete`].
 pub struct Takeover {
+    /// `--takeover`: without it, [`Takeover::complete`] only catches up with the second dump.
+    take: bool,
     kube_proxy: kube_proxy::KubeProxyState,
     flows: Dump,
     /// The flow table's timeouts (`--conntrack-*`), which adopted flows' idle clocks follow.
@@ -120,7 +123,7 @@ impl Dump {
 type FlowMap<A> = BpfHashMap<MapData, FlowKeyOf<A>, FlowValueOf<A>>;
 
 /// Step 1 (see the module doc). `take`: `--takeover`. Returns what [`Takeover::complete`]
-/// finishes, or `None` when there is nothing to take over or nothing more to do.
+/// finishes (with or without `take`), or `None` when kube-proxy's rules are not there.
 pub fn prepare(
     bpffs_dir: &Path,
     take: bool,
@@ -150,8 +153,13 @@ pub fn prepare(
             state.summary()
         );
     }
+    let mut maps = PinnedMaps::open(bpffs_dir)?;
+    // Until the second dump (`Takeover::catch_up`), a connection kube-proxy's rules open
+    // after this one is known to conntrack alone: its packets pass to it.
+    maps.set_config_flags(CONFIG_F_STRAYS_TO_CONNTRACK, true)
+        .context("passing unknown connections to conntrack")?;
     let flows = Dump::take(timeouts)?;
-    flows.write(&mut PinnedMaps::open(bpffs_dir)?)?;
+    flows.write(&mut maps)?;
     tracing::info!(
         ipv4 = flows.v4.len(),
         ipv6 = flows.v6.len(),
@@ -159,20 +167,50 @@ pub fn prepare(
         "kube-proxy's flows written as conntrack's, before any frontend is served"
     );
     let t = Takeover {
+        take,
         kube_proxy: state,
         flows,
         timeouts: *timeouts,
         started,
     };
-    Ok(take.then_some(t))
+    Ok(Some(t))
 }
 
 impl Takeover {
+    /// Whether this is `--takeover` (else [`Takeover::complete`] only catches up).
+    pub fn takes(&self) -> bool {
+        self.take
+    }
+
     /// Steps 2 to 4 (see the module doc), once the first sync is in the maps. Logs one
     /// line with what was adopted, left and removed, and counts it in `metrics`.
     pub fn complete(mut self, bpffs_dir: &Path, metrics: &Metrics) -> anyhow::Result<()> {
         let mut maps = PinnedMaps::open(bpffs_dir)?;
-        self.catch_up(&mut maps)?;
+        let caught = self.catch_up(&mut maps);
+        // Every connection kube-proxy's rules opened is now a flow (only new connections
+        // used the rules, and those are lbproxy's since the first sync).
+        maps.set_config_flags(CONFIG_F_STRAYS_TO_CONNTRACK, false)
+            .context("balancing unknown connections again")?;
+        if !self.take {
+            return match caught {
+                Ok(n) => {
+                    tracing::info!(
+                        "kube-proxy's flows opened since the first dump written as conntrack's: {n}"
+                    );
+                    Ok(())
+                }
+                Err(e) => {
+                    // Only those connections' next packets are balanced anew; lbproxy serves.
+                    tracing::warn!("catching up with kube-proxy's flows: {e:#}");
+                    Ok(())
+                }
+            };
+        }
+        caught?;
+        let rule = untrack::install().context("nothing of kube-proxy's was changed")?;
+        maps.set_config_flags(CONFIG_F_UNTRACK, true)
+            .context("turning untracking on")?;
+        tracing::info!("takeover: untrack rule installed ({rule})");
         let members = member_index(&maps);
         let node4: BpfHashMap<MapData, [u8; 4], NodeAddr> =
             open_pinned(bpffs_dir, map_names::NODE_ADDRS, Map::HashMap)?;
@@ -181,7 +219,7 @@ impl Takeover {
         let pods4: BpfHashMap<MapData, [u8; 4], PodAddr> =
             open_pinned(bpffs_dir, map_names::POD_ADDRS, Map::HashMap)?;
         let is_pod4 = |a: &[u8; 4]| pods4.get(a, 0).is_ok();
-        let mut v4 = Family {
+        let v4 = Family {
             flows: &mut maps.flows,
             services: &maps.services,
             node_addrs: &node4,
@@ -190,7 +228,7 @@ impl Takeover {
         }
         .hand_over(std::mem::take(&mut self.flows.v4), &mut self.flows.left)
         .context("handing IPv4 flows over")?;
-        let mut v6 = Family {
+        let v6 = Family {
             flows: &mut maps.flows6,
             services: &maps.services6,
             node_addrs: &node6,
@@ -204,14 +242,20 @@ impl Takeover {
         let removed =
             kube_proxy::remove(&self.kube_proxy).context("removing kube-proxy's rules")?;
         let mut ct = Conntrack::open().context("opening ctnetlink")?;
-        let deleted4 = own(&mut ct, &mut maps.flows, &mut v4)?;
-        let deleted6 = own(&mut ct, &mut maps.flows6, &mut v6)?;
+        let deleted4 = delete_entries(&mut ct, &v4)?;
+        let deleted6 = delete_entries(&mut ct, &v6)?;
         let closed = ct
             .delete_many(&self.flows.closed)
             .context("deleting kube-proxy's entries of closed connections")?
             .into_iter()
             .filter(|d| *d)
             .count();
+        test_hold();
+        own(&mut maps.flows, &v4)?;
+        own(&mut maps.flows6, &v6)?;
+        maps.set_config_flags(CONFIG_F_UNTRACK, false)
+            .context("turning untracking off")?;
+        untrack::remove().context("removing the untrack rule")?;
         count(metrics, &v4, "ipv4");
         count(metrics, &v6, "ipv6");
         for (l, n) in &self.flows.left {
@@ -257,7 +301,7 @@ impl Takeover {
     /// The entries kube-proxy's rules made between [`prepare`]'s dump and the first sync
     /// (connections opened meanwhile), and those of connections closed since: written as
     /// conntrack's and added to what is handed over, or deleted with the others.
-    fn catch_up(&mut self, maps: &mut PinnedMaps) -> anyhow::Result<()> {
+    fn catch_up(&mut self, maps: &mut PinnedMaps) -> anyhow::Result<usize> {
         let mut new = Dump::take(&self.timeouts)?;
         let f = &mut self.flows;
         let known4: HashSet<_> = f.v4.iter().map(|a| a.forward_key).collect();
@@ -265,12 +309,13 @@ impl Takeover {
         new.v4.retain(|a| !known4.contains(&a.forward_key));
         new.v6.retain(|a| !known6.contains(&a.forward_key));
         new.write(maps)?;
+        let added = new.v4.len() + new.v6.len();
         f.v4.extend(new.v4);
         f.v6.extend(new.v6);
         let known: HashSet<_> = f.closed.iter().copied().collect();
         f.closed
             .extend(new.closed.into_iter().filter(|c| !known.contains(c)));
-        Ok(())
+        Ok(added)
     }
 }
 
@@ -362,18 +407,10 @@ where
     }
 }
 
-/// Step 4 for one family: each handed-over flow's conntrack entry deleted, then the flow
-/// made lbproxy's own, one flow at a time (see the module doc). Returns the entries that
-/// were still there to delete.
-fn own<A: Addr>(
-    ct: &mut Conntrack,
-    flows: &mut FlowMap<A>,
-    handed: &mut [Adopted<A>],
-) -> anyhow::Result<usize>
-where
-    FlowKeyOf<A>: aya::Pod,
-    FlowValueOf<A>: aya::Pod,
-{
+/// Step 4, first half, for one family: each handed-over flow's conntrack entry deleted.
+/// Returns the entries that were still there to delete. Its packets are untracked, or
+/// redirected past netfilter, meanwhile: none needs the entry any more, and none meets it.
+fn delete_entries<A: Addr>(ct: &mut Conntrack, handed: &[Adopted<A>]) -> anyhow::Result<usize> {
     let mut deleted = 0;
     for a in handed {
         if ct
@@ -382,6 +419,18 @@ where
         {
             deleted += 1;
         }
+    }
+    Ok(deleted)
+}
+
+/// Step 4, second half, for one family: each handed-over flow made lbproxy's own, once its
+/// entry is gone (see the module doc).
+fn own<A: Addr>(flows: &mut FlowMap<A>, handed: &[Adopted<A>]) -> anyhow::Result<()>
+where
+    FlowKeyOf<A>: aya::Pod,
+    FlowValueOf<A>: aya::Pod,
+{
+    for a in handed {
         // The datapath may have moved the flow on meanwhile (state, flags, times): keep
         // what it wrote, change only who translates.
         for k in [a.forward_key, a.reply_key] {
@@ -395,7 +444,24 @@ where
             }
         }
     }
-    Ok(deleted)
+    Ok(())
+}
+
+/// `LBPROXY_TEST_TAKEOVER_HOLD_MS`, for tests only: how long step 4 waits between deleting
+/// the entries and owning the flows. The lab tests set it so that the load's packets surely
+/// fall between the two, which must cost none of them (`tests/tests/takeover.rs`).
+const TEST_HOLD_ENV: &str = "LBPROXY_TEST_TAKEOVER_HOLD_MS";
+
+fn test_hold() {
+    if let Some(ms) = std::env::var(TEST_HOLD_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        tracing::info!(
+            "takeover: holding {ms} ms between deleting the entries and owning the flows ({TEST_HOLD_ENV})"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
 }
 
 fn write<A: Addr>(flows: &mut FlowMap<A>, a: &Adopted<A>) -> Result<(), aya::maps::MapError>

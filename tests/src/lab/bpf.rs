@@ -223,12 +223,16 @@ pub struct TestRun {
     pub retval: i32,
     /// The frame as the program left it (the kernel copies out the whole skb).
     pub data: Vec<u8>,
+    /// `skb->mark` as the program left it.
+    pub mark: u32,
 }
 
 /// `sizeof(struct __sk_buff)` in the uapi of Linux 6.x.
 const SK_BUFF_LEN: usize = 192;
 /// `offsetof(struct __sk_buff, ifindex)`.
 const SK_BUFF_IFINDEX_OFF: usize = 40;
+/// `offsetof(struct __sk_buff, mark)`.
+const SK_BUFF_MARK_OFF: usize = 8;
 /// Room for the output frame: a reject can make a packet longer (ICMP quotes it).
 const TEST_RUN_OUT_LEN: usize = 4096;
 
@@ -244,12 +248,27 @@ const TEST_RUN_OUT_LEN: usize = 4096;
 /// is IPv4 or IPv6 but that is cut before the end of that IP header: send those through a
 /// real interface instead.
 pub fn prog_test_run(ns: &str, prog_id: u32, ifindex: u32, frame: &[u8]) -> io::Result<TestRun> {
+    prog_test_run_marked(ns, prog_id, ifindex, frame, 0)
+}
+
+/// [`prog_test_run`] of a packet that arrives with `skb->mark` = `mark`.
+pub fn prog_test_run_marked(
+    ns: &str,
+    prog_id: u32,
+    ifindex: u32,
+    frame: &[u8],
+    mark: u32,
+) -> io::Result<TestRun> {
     run_in_ns(ns, || {
         let fd = prog_fd(prog_id)?;
         let mut out = vec![0u8; TEST_RUN_OUT_LEN];
-        let (retval, len, _) = test_run_once(&fd, ifindex, frame, &mut out)?;
-        out.truncate(len);
-        Ok(TestRun { retval, data: out })
+        let r = test_run_once(&fd, (ifindex, mark), frame, &mut out)?;
+        out.truncate(r.len);
+        Ok(TestRun {
+            retval: r.retval,
+            data: out,
+            mark: r.mark,
+        })
     })
 }
 
@@ -270,24 +289,33 @@ pub fn prog_test_run_durations(
         let mut durations = Vec::with_capacity(n);
         let mut retval = 0;
         for i in 0..n {
-            let (rc, _, d) = test_run_once(&fd, ifindex, &frame(i), &mut out)?;
-            retval = rc;
-            durations.push(d);
+            let r = test_run_once(&fd, (ifindex, 0), &frame(i), &mut out)?;
+            retval = r.retval;
+            durations.push(r.duration_ns);
         }
         Ok((retval, durations))
     })
 }
 
-/// One `BPF_PROG_TEST_RUN` (repeat 1) of program `fd` on `frame` with `__sk_buff.ifindex` =
-/// `ifindex`, the output frame into `out`: (retval, output length, duration in ns).
-fn test_run_once(
-    fd: &OwnedFd,
-    ifindex: u32,
-    frame: &[u8],
-    out: &mut [u8],
-) -> io::Result<(i32, usize, u32)> {
+/// What [`test_run_once`] gave.
+struct Once {
+    retval: i32,
+    /// The output frame's length.
+    len: usize,
+    /// The program's run time as the kernel measured it.
+    duration_ns: u32,
+    /// `__sk_buff.mark` after the run.
+    mark: u32,
+}
+
+/// One `BPF_PROG_TEST_RUN` (repeat 1) of program `fd` on `frame` with `__sk_buff.ifindex`
+/// and `.mark` = `skb`, the output frame into `out`.
+fn test_run_once(fd: &OwnedFd, skb: (u32, u32), frame: &[u8], out: &mut [u8]) -> io::Result<Once> {
+    let (ifindex, mark) = skb;
     let mut ctx = [0u8; SK_BUFF_LEN];
     ctx[SK_BUFF_IFINDEX_OFF..SK_BUFF_IFINDEX_OFF + 4].copy_from_slice(&ifindex.to_ne_bytes());
+    ctx[SK_BUFF_MARK_OFF..SK_BUFF_MARK_OFF + 4].copy_from_slice(&mark.to_ne_bytes());
+    let mut ctx_out = [0u8; SK_BUFF_LEN];
     // The `test` member of union bpf_attr.
     let mut attr = [0u8; 80];
     attr[0..4].copy_from_slice(&(fd.as_raw_fd() as u32).to_ne_bytes());
@@ -297,12 +325,17 @@ fn test_run_once(
     attr[24..32].copy_from_slice(&(out.as_mut_ptr() as u64).to_ne_bytes());
     attr[32..36].copy_from_slice(&1u32.to_ne_bytes()); // repeat
     attr[40..44].copy_from_slice(&(ctx.len() as u32).to_ne_bytes());
+    attr[44..48].copy_from_slice(&(ctx_out.len() as u32).to_ne_bytes());
     attr[48..56].copy_from_slice(&(ctx.as_ptr() as u64).to_ne_bytes());
+    attr[56..64].copy_from_slice(&(ctx_out.as_mut_ptr() as u64).to_ne_bytes());
     bpf(BPF_PROG_TEST_RUN, &mut attr)?;
-    let retval = i32::from_ne_bytes(attr[4..8].try_into().unwrap());
-    let len = u32::from_ne_bytes(attr[12..16].try_into().unwrap()) as usize;
-    let duration = u32::from_ne_bytes(attr[36..40].try_into().unwrap());
-    Ok((retval, len.min(out.len()), duration))
+    let word = |b: &[u8], at: usize| u32::from_ne_bytes(b[at..at + 4].try_into().unwrap());
+    Ok(Once {
+        retval: word(&attr, 4) as i32,
+        len: (word(&attr, 12) as usize).min(out.len()),
+        duration_ns: word(&attr, 36),
+        mark: word(&ctx_out, SK_BUFF_MARK_OFF),
+    })
 }
 
 /// Ids of all BPF links on the machine (`bpftool -j link show`).

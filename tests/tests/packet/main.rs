@@ -10,7 +10,8 @@
 //! change of verdict fails a test here and must be written down there.
 //!
 //! The cases, by subject: [`nat`] (DNAT and reverse NAT), [`rejects`], [`service_cidrs`],
-//! [`edges`] (IPv4), [`ipv6`] and [`sctp`] (both families, both hooks, the CRC32c); [`rig`]
+//! [`edges`] (IPv4), [`ipv6`] and [`sctp`] (both families, both hooks, the CRC32c),
+//! [`takeover`] (the flags of a takeover from kube-proxy and a hand-back); [`rig`]
 //! runs them.
 //!
 //! The stack bypass stays off (its FIB lookups would depend on the lab's routes), so a
@@ -25,6 +26,7 @@ mod rejects;
 mod rig;
 mod sctp;
 mod service_cidrs;
+mod takeover;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

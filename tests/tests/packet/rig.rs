@@ -56,6 +56,8 @@ pub(crate) struct Outcome {
     pub(crate) drops: Drops,
     /// How the event counters moved.
     pub(crate) events: Drops,
+    /// `skb->mark` as the program left it.
+    pub(crate) mark: u32,
 }
 
 impl Outcome {
@@ -240,20 +242,26 @@ impl Rig {
 
     /// Runs `prog` once on `frame` and reads how the counters moved.
     pub(crate) fn run(&self, what: &str, prog: Prog, frame: &[u8]) -> Outcome {
+        self.run_marked(what, prog, frame, 0)
+    }
+
+    /// [`Rig::run`] of a packet that arrives with `skb->mark` = `mark`.
+    pub(crate) fn run_marked(&self, what: &str, prog: Prog, frame: &[u8], mark: u32) -> Outcome {
         let (id, ifindex) = match prog {
             Prog::FromPod => (self.from_pod, self.ifindex),
             Prog::ToPod => (self.to_pod, self.ifindex),
             Prog::FromNode => (self.uplink.1, self.uplink.0),
             Prog::ToNode => (self.uplink.2, self.uplink.0),
         };
-        let r = bpf::prog_test_run(self.lab.node_ns(), id, ifindex, frame).unwrap_or_else(|e| {
-            panic!(
-                "{what}: BPF_PROG_TEST_RUN of {} (prog id {id}) on {} bytes failed: {e}\n  {}",
-                prog.name(),
-                frame.len(),
-                hex(frame)
-            )
-        });
+        let r = bpf::prog_test_run_marked(self.lab.node_ns(), id, ifindex, frame, mark)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{what}: BPF_PROG_TEST_RUN of {} (prog id {id}) on {} bytes failed: {e}\n  {}",
+                    prog.name(),
+                    frame.len(),
+                    hex(frame)
+                )
+            });
         let (drops, events) = self.take_all_deltas();
         Outcome {
             what: format!("{what} [{}]", prog.name()),
@@ -262,6 +270,7 @@ impl Rig {
             out: r.data,
             drops,
             events,
+            mark: r.mark,
         }
     }
 
