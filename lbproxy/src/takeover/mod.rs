@@ -4,27 +4,33 @@
 //! The order, and why no packet is ever left with neither path (docs/migration.md):
 //! 1. [`prepare`], after the programs are attached and before the first sync (no frontend
 //!    is served yet, so every packet still goes to kube-proxy's rules): kube-proxy's rules
-//!    are found ([`kube_proxy::find`]; IPVS is refused), and every conntrack entry its rules
-//!    destination-NATed is written into lbproxy's flow table as a flow that conntrack still
-//!    translates ([`lbproxy_common::FlowAdopted::Conntrack`]): its client's packets pass
-//!    untranslated. Once the first sync serves the frontends, new flows are lbproxy's and
-//!    the adopted ones are still the kernel's: each packet has exactly one path.
-//! 2. [`Takeover::complete`], after the first sync, while `/healthz` is held at 503: each
-//!    flow lbproxy can carry on gets its service and backend ids and becomes
-//!    [`lbproxy_common::FlowAdopted::Handover`]: lbproxy translates its client's packets when
-//!    it can send them past netfilter (redirected into the backend's pod, or out of the node
-//!    for a source-NATed flow); any other still passes to the conntrack entry.
+//!    are found ([`kube_proxy::find`]; IPVS is refused), the datapath passes TCP segments
+//!    other than SYN of no known flow to conntrack (`CONFIG_F_STRAYS_TO_CONNTRACK`), and
+//!    every conntrack entry its rules destination-NATed is written into lbproxy's flow table
+//!    as a flow that conntrack still translates ([`lbproxy_common::FlowAdopted::Conntrack`]):
+//!    its client's packets pass untranslated. Once the first sync serves the frontends, new
+//!    flows are lbproxy's and the adopted ones are still the kernel's: each packet has
+//!    exactly one path.
+//! 2. [`Takeover::complete`], after the first sync, while `/healthz` is held at 503: a second
+//!    dump adopts the connections kube-proxy's rules opened since the first (their segments
+//!    passed to conntrack meanwhile), and the strays flag goes off. Then the untrack rule is
+//!    installed and the datapath marks for it every packet of its flows that it sends into
+//!    the node's stack ([`untrack`], `CONFIG_F_UNTRACK`), and each flow lbproxy can carry on
+//!    gets its service and backend ids and becomes
+//!    [`lbproxy_common::FlowAdopted::Handover`]: lbproxy translates its client's packets,
+//!    redirected past netfilter (into the backend's pod, or out of the node for a
+//!    source-NATed flow) or marked into the stack; its conntrack entry sees none of them.
 //! 3. kube-proxy's rules are removed. Only new connections used them, and those are
-//!    lbproxy's since step 1; the adopted entries keep translating without the rules.
-//! 4. Flow by flow, the conntrack entry is deleted, then the flow becomes lbproxy's own.
-//!    A redirected packet never needed the entry; a packet that passes to netfilter in the
-//!    microseconds between the two writes finds neither the entry nor a rule, and is lost
-//!    once (TCP sends it again). Deleting first is what keeps the backend: the other order
-//!    would let lbproxy's translated tuple meet the entry's reply tuple in netfilter, which
-//!    then moves the connection's source port.
+//!    lbproxy's since step 1; the adopted entries would keep translating without the rules.
+//! 4. The handed-over flows' conntrack entries are deleted, then the flows become lbproxy's
+//!    own, and the untrack rule goes. Each packet meanwhile is translated by lbproxy and
+//!    never meets the entry, so the moment of the delete does not matter. Deleting before
+//!    owning is what keeps the backend: an own flow's packets are tracked again, and its
+//!    translated tuple would meet the entry's reply tuple in netfilter, which would then
+//!    move the connection's source port.
 //!
-//! Without `--takeover`, step 1 alone runs: kube-proxy's flows stay the kernel's until they
-//! end, and one warning says that kube-proxy's rules are present.
+//! Without `--takeover`, step 1 and the second dump run: kube-proxy's flows stay the
+//! kernel's until they end, and one warning says that kube-proxy's rules are present.
 
 pub mod adopt;
 pub mod hand_back;
