@@ -497,21 +497,7 @@ impl Maps for PinnedMaps {
             .is_ok_and(|c| c.flags & lbproxy_common::CONFIG_F_SERVICE_CIDRS != 0)
     }
     fn put_service_cidrs_flag(&mut self, on: bool) -> Result<(), MapWriteError> {
-        let entry = || format!("flag service_cidrs {on}");
-        // As `put_id_cursor`: under `CONFIG_WRITE`.
-        let _held = config_write();
-        let current = self
-            .config
-            .get(&0, 0)
-            .map_err(|e| werr(map_names::CONFIG, "lookup", entry(), e))?;
-        let flags = if on {
-            current.flags | lbproxy_common::CONFIG_F_SERVICE_CIDRS
-        } else {
-            current.flags & !lbproxy_common::CONFIG_F_SERVICE_CIDRS
-        };
-        self.config
-            .set(0, DatapathConfig { flags, ..current }, 0)
-            .map_err(|e| werr(map_names::CONFIG, "update", entry(), e))
+        self.set_config_flags(lbproxy_common::CONFIG_F_SERVICE_CIDRS, on)
     }
     fn put_id_cursor(&mut self, next: u32) -> Result<(), MapWriteError> {
         let entry = || format!("next_id {next}");

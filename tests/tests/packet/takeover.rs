@@ -119,32 +119,33 @@ fn packets_into_the_stack_are_marked_for_the_untrack_rule() {
     );
     assert_eq!(out.mark, KUBE_MASQ | UNTRACK_MARK, "{}: skb mark", out.what);
 
-    let answer = Frame::tcp(BACKEND, c, Tcp::new(BACKEND_TCP, 40121, SYN | ACK));
-    let out = rig.run(
-        "the backend's SYN-ACK from outside",
-        Prog::FromNode,
-        &answer.bytes(),
-    );
-    out.expect_untouched(TC_ACT_UNSPEC, &[]);
-    assert_eq!(out.mark, UNTRACK_MARK, "{}: skb mark", out.what);
-
-    let answer = Frame::tcp(BACKEND, c, Tcp::new(BACKEND_TCP, 40121, ACK));
-    let out = rig.run(
-        "the backend's ACK from a pod",
-        Prog::FromPod,
-        &answer.bytes(),
-    );
-    out.expect_untouched(TC_ACT_UNSPEC, &[]);
-    assert_eq!(out.mark, UNTRACK_MARK, "{}: skb mark", out.what);
-
-    let other = Frame::tcp(ELSEWHERE, c, Tcp::new(BACKEND_TCP, 40121, ACK));
-    let out = rig.run(
-        "a packet of no flow from outside",
-        Prog::FromNode,
-        &other.bytes(),
-    );
-    out.expect_untouched(TC_ACT_UNSPEC, &[]);
-    assert_eq!(out.mark, 0, "{}: skb mark", out.what);
+    let answers = [
+        (
+            "the backend's SYN-ACK from outside",
+            Prog::FromNode,
+            BACKEND,
+            SYN | ACK,
+            UNTRACK_MARK,
+        ),
+        (
+            "the backend's ACK from a pod",
+            Prog::FromPod,
+            BACKEND,
+            ACK,
+            UNTRACK_MARK,
+        ),
+        (
+            "a packet of no flow from outside",
+            Prog::FromNode,
+            ELSEWHERE,
+            ACK,
+            0,
+        ),
+    ];
+    for (what, prog, from, flags, mark) in answers {
+        let f = Frame::tcp(from, c, Tcp::new(BACKEND_TCP, 40121, flags));
+        untouched_with_mark(&rig, what, prog, &f, mark);
+    }
 
     set_flags(&rig, CONFIG_F_UNTRACK, false);
     let udp = Frame::udp(c, WEB_VIP, Udp::new(40122, WEB_UDP));
@@ -156,11 +157,18 @@ fn packets_into_the_stack_are_marked_for_the_untrack_rule() {
     );
     assert_eq!(out.mark, 0, "{}: skb mark", out.what);
     let answer = Frame::tcp(BACKEND, c, Tcp::new(BACKEND_TCP, 40121, ACK));
-    let out = rig.run(
+    untouched_with_mark(
+        &rig,
         "the backend's ACK, flag off",
         Prog::FromNode,
-        &answer.bytes(),
+        &answer,
+        0,
     );
+}
+
+/// Runs `frame` through `prog`: it must come out untouched, with skb mark `mark`.
+fn untouched_with_mark(rig: &Rig, what: &str, prog: Prog, frame: &Frame, mark: u32) {
+    let out = rig.run(what, prog, &frame.bytes());
     out.expect_untouched(TC_ACT_UNSPEC, &[]);
-    assert_eq!(out.mark, 0, "{}: skb mark", out.what);
+    assert_eq!(out.mark, mark, "{}: skb mark", out.what);
 }
