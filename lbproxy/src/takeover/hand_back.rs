@@ -73,12 +73,14 @@ pub fn hand_back(bpffs_dir: &Path) -> anyhow::Result<HandedBack> {
     .context("turning the stack bypass, untracking and new flows to conntrack on")?;
     let mut ct = Conntrack::open().context("opening ctnetlink")?;
     let mut done = HandedBack::default();
-    // A flow a packet made on another CPU as the flags changed is caught by the next pass.
+    // A flow a packet made on another CPU as the flags changed is caught by the next pass;
+    // a flow that failed is tried again, and counted as failed if the last pass failed it.
     for _pass in 0..3 {
-        let before = done.written + done.failed;
+        let before = done.written;
+        done.failed = 0;
         hand_back_family(&mut ct, &mut maps.flows, &mut done)?;
         hand_back_family(&mut ct, &mut maps.flows6, &mut done)?;
-        if done.written + done.failed == before {
+        if done.written == before {
             break;
         }
     }
