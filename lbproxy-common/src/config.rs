@@ -10,13 +10,19 @@ pub const CONFIG_F_STACK_BYPASS: u32 = 1;
 /// such a packet costs one bit test more than before, not a trie lookup.
 pub const CONFIG_F_SERVICE_CIDRS: u32 = 2;
 /// `DatapathConfig::flags`: while a takeover from kube-proxy or a hand-back to it runs, the
-/// datapath sets [`UNTRACK_MARK`] on every packet of one of its flows that it sends into the
-/// node's stack: a client's packet it translated, and a backend's answer it will translate
-/// after the stack. A raw-table rule the controller installs for that time
-/// (`lbproxy/src/takeover/untrack.rs`) keeps such packets out of conntrack, so that
-/// lbproxy's translated tuples never meet the NAT'd entries of the same connections, which
-/// conntrack still holds (docs/migration.md).
+/// datapath sets [`UNTRACK_MARK`] on every packet of a handed-over flow
+/// (`FlowAdopted::Handover`) that it sends into the node's stack: a client's packet it
+/// translated, and a backend's answer it will translate after the stack. A raw-table rule
+/// the controller installs for that time (`lbproxy/src/takeover/untrack.rs`) keeps such
+/// packets out of conntrack, so that lbproxy's translated tuples never meet the NAT'd
+/// entries of the same connections, which conntrack still holds (docs/migration.md).
+/// lbproxy's own flows stay tracked (and so NATed by the node's other rules) unless
+/// [`CONFIG_F_UNTRACK_OWN`] is on too.
 pub const CONFIG_F_UNTRACK: u32 = 4;
+/// `DatapathConfig::flags`, with [`CONFIG_F_UNTRACK`]: lbproxy's own flows' packets are
+/// marked too. Set by a hand-back, which writes own flows into conntrack: netfilter must make
+/// no plain entry for them meanwhile.
+pub const CONFIG_F_UNTRACK_OWN: u32 = 32;
 
 /// `DatapathConfig::flags`: a TCP packet other than a SYN that is of no flow lbproxy knows
 /// passes untranslated, to conntrack. Set at start while kube-proxy's rules are found, from

@@ -221,7 +221,8 @@ pub use affinity::{AffinityKey, AffinityKey6, AffinityKeyOf, AffinityValue, MAX_
 pub use backends::{Backend, Backend6, BackendOf, MAX_BACKENDS};
 pub use config::{
     CONFIG_F_NEW_TO_CONNTRACK, CONFIG_F_SERVICE_CIDRS, CONFIG_F_STACK_BYPASS,
-    CONFIG_F_STRAYS_TO_CONNTRACK, CONFIG_F_UNTRACK, DatapathConfig, UNTRACK_MARK,
+    CONFIG_F_STRAYS_TO_CONNTRACK, CONFIG_F_UNTRACK, CONFIG_F_UNTRACK_OWN, DatapathConfig,
+    UNTRACK_MARK,
 };
 pub use delivery::Delivery;
 pub use dp_events::DatapathEvent;

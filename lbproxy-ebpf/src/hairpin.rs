@@ -61,7 +61,7 @@ pub fn forward<A: Family>(
 #[inline(always)]
 pub fn reply<A: Family>(ctx: &TcContext, pkt: &Packet<A>) -> Result<i32, DropReason> {
     source::check(ctx, pkt)?;
-    let Some(to) = flow::reply(pkt) else {
+    let Some(to) = flow::reply(pkt, false) else {
         return Ok(TC_ACT_UNSPEC);
     };
     nat::snat_l4(ctx, pkt, to).map_err(|v| v.reason())?;

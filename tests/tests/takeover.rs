@@ -44,7 +44,7 @@ use lbproxy_tests::lab::kube_proxy::{self as fixture, NodeNet, ServicePort};
 use lbproxy_tests::lab::takeover_load::{Load, Report, TCP_CONNS, UDP_SOCKETS, show_failures};
 use lbproxy_tests::lab::{
     Backend, Family, Inspect as _, Lab, Lbproxy, METRICS_ADDR, Pod, Proto, Shape, http_get_full,
-    run_in_ns,
+    run_in_ns, wait_for,
 };
 
 /// How long the load runs through kube-proxy's rules before lbproxy starts.
@@ -65,7 +65,11 @@ both_shapes_and_families!(
     without_takeover_rules_stay,
     hand_back,
 );
-lbproxy_tests::both_families!(naive_switch_baseline, load_is_clean_under_kube_proxy);
+lbproxy_tests::both_families!(
+    naive_switch_baseline,
+    load_is_clean_under_kube_proxy,
+    killed_takeover_finished_at_next_start,
+);
 
 /// How kube-proxy's rules are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -407,6 +411,72 @@ fn takeover(shape: Shape, family: Family, rules: Rules) {
             .filter(|l| l.contains("takeover"))
             .collect::<Vec<_>>()
             .join("\n")
+    );
+}
+
+/// A takeover killed half-way on a bridged pod network: its flows handed over (translated,
+/// untracked), kube-proxy's rules and the flows' entries already deleted, the flows not yet
+/// lbproxy's own. A restart resets the datapath's flags, so those flows' packets would pass
+/// to nothing: the next start finishes them first (the flows lbproxy's own), and finds no
+/// kube-proxy left to take over. Zero failed requests from the first start to WATCH after
+/// the second is healthy; the warning says what was finished; nothing of kube-proxy's and
+/// no untrack rule is left. (Killed earlier, at the hold before kube-proxy's rules go, the
+/// next takeover adopts the entries again: also tested by hand, zero failures.)
+fn killed_takeover_finished_at_next_start(family: Family) {
+    let what = format!("bridge {family} takeover killed half-way");
+    let n = Node::new(Shape::Bridge, family, Rules::Iptables);
+    let load = settled_load(&n);
+    let spawned = Instant::now();
+    let mut argv = n.lab.lbproxy_run_args();
+    argv.push("--takeover".into());
+    let mut first = n
+        .lab
+        .start_lbproxy_argv(argv, &[("LBPROXY_TEST_TAKEOVER_HOLD_MS", "3000")]);
+    let held = wait_for(Duration::from_secs(20), Duration::from_millis(20), || {
+        first
+            .stderr()
+            .contains("after deleting kube-proxy's entries")
+            .then_some(())
+    });
+    assert!(
+        held.is_ok(),
+        "[{what}] the first lbproxy never reached its hold after deleting the entries\n{}",
+        first.log()
+    );
+    first.kill();
+    let (mut lb, _, healthy) = start_lbproxy(&n, &load, &["--takeover"]);
+    sleep_until(healthy + WATCH);
+    let vip_ct = n.vip_conntrack();
+    let (save, nft) = (n.iptables_save(), n.nft_tables());
+    let handed: Vec<String> = n
+        .lab
+        .inspect_flows()
+        .into_iter()
+        .filter(|f| f.adopted.is_some())
+        .map(|f| format!("{} -> {} ({:?})", f.client, f.backend, f.adopted))
+        .collect();
+    let running = lb.is_running();
+    let report = load.stop();
+    let log = log_text(&lb);
+    eprintln!("[{what}] {}", report.summary(spawned));
+    assert!(
+        handed.is_empty(),
+        "[{what}] flows still handed over or conntrack's after the restart: {handed:?}"
+    );
+    report.assert_clean(&what, spawned, "the first lbproxy's start", &lb.log());
+    assert!(running, "[{what}] lbproxy kept running\n{}", lb.log());
+    assert!(
+        log.contains("an earlier takeover did not finish"),
+        "[{what}] no warning about the earlier takeover\n{}",
+        lb.log()
+    );
+    assert!(
+        fixture::service_chains(&save).is_empty() && vip_ct.is_empty(),
+        "[{what}] kube-proxy's chains or entries to the VIP left:\n{save}\n{vip_ct:?}"
+    );
+    assert!(
+        !nft.contains(kp_untrack::NFT_TABLE),
+        "[{what}] the untrack rule is left:\n{nft}"
     );
 }
 

@@ -258,10 +258,12 @@ fn established<A: Family>(
 /// Reply direction: the VIP:port a backend's packet to a client must appear to come from
 /// (and the client's own port), or `None` when the packet is not a reply of a load-balanced
 /// flow, or of one adopted from conntrack whose entry still translates it (in every hook:
-/// its answers are that entry's). The first TCP answer from the backend moves the flow from
-/// SYN_SENT to ESTABLISHED.
+/// its answers are that entry's), unless the packet is `untracked`: an answer marked for the
+/// untrack rule (`untrack::marked`, read after the stack) while its flow was lbproxy's, whose
+/// flow a hand-back gave to conntrack as it crossed the stack; conntrack translated none of
+/// it. The first TCP answer from the backend moves the flow from SYN_SENT to ESTABLISHED.
 #[inline(always)]
-pub fn reply<A: Family>(pkt: &Packet<A>) -> Option<NatTarget<A>> {
+pub fn reply<A: Family>(pkt: &Packet<A>, untracked: bool) -> Option<NatTarget<A>> {
     let w = A::work()?;
     w.key = key_of(pkt, FLOW_DIR_REPLY);
     let key = &w.key;
@@ -321,7 +323,7 @@ pub fn reply<A: Family>(pkt: &Packet<A>) -> Option<NatTarget<A>> {
     }
     touch(entry, now);
     note_close(entry, pkt);
-    if r.adopted == FLOW_ADOPTED_CONNTRACK {
+    if r.adopted == FLOW_ADOPTED_CONNTRACK && !untracked {
         // Adopted, and its conntrack entry still translates it: the client's packets pass
         // to that entry, so the answers must too. Translated by lbproxy, past netfilter, they
         // would leave the entry's TCP window behind (it never saw the data they

@@ -110,7 +110,7 @@ stage! {
                 if to.peer_addr == pkt.src_addr {
                     // A backend on this node: up the stack to its pod (marked for the
                     // untrack rule while a takeover or hand-back runs).
-                    if untrack::enabled(&maps::config()) {
+                    if untrack::marks(&maps::config(), to.adopted) {
                         untrack::mark(ctx);
                     }
                     return Ok(TC_ACT_UNSPEC);
@@ -138,12 +138,16 @@ fn snat_reply<A: Datapath>(ctx: &TcContext, pkt: &Packet<A>) -> Result<i32, Drop
         // Not for one of this node's SNAT addresses: not a reply of a source-NATed flow.
         // A pod's flow answered from another node is translated by the pod's interface,
         // after the stack: while a takeover or hand-back runs, marked for the untrack rule.
-        if untrack::enabled(&maps::config()) && flow::reply(pkt).is_some() {
+        let config = maps::config();
+        if untrack::enabled(&config)
+            && let Some(to) = flow::reply(pkt, false)
+            && untrack::marks(&config, to.adopted)
+        {
             untrack::mark(ctx);
         }
         return Ok(TC_ACT_UNSPEC);
     }
-    let Some(to) = flow::reply(pkt) else {
+    let Some(to) = flow::reply(pkt, false) else {
         return Ok(TC_ACT_UNSPEC);
     };
     if to.peer_addr == pkt.dst_addr {

@@ -151,7 +151,7 @@ fn to_stack<A: Datapath>(
     config: &DatapathConfig,
 ) -> Result<i32, Verdict> {
     nat::dnat(ctx, pkt, to)?;
-    if untrack::enabled(config) {
+    if untrack::marks(config, to.adopted) {
         untrack::mark(ctx);
     }
     Ok(TC_ACT_UNSPEC)
@@ -226,7 +226,7 @@ fn bypass_reply<A: Datapath>(
     if !bypass && !untrack::enabled(config) {
         return Ok(TC_ACT_UNSPEC);
     }
-    let Some(to) = flow::reply(pkt) else {
+    let Some(to) = flow::reply(pkt, false) else {
         return Ok(TC_ACT_UNSPEC);
     };
     if bypass && let Some(peer) = deliver::route(ctx, pkt, &pkt.dst_addr, pkt.dst_port_be) {
@@ -239,7 +239,7 @@ fn bypass_reply<A: Datapath>(
         )
         .map_err(|v| v.reason());
     }
-    if untrack::enabled(config) {
+    if untrack::marks(config, to.adopted) {
         untrack::mark(ctx);
     }
     Ok(TC_ACT_UNSPEC)

@@ -7,7 +7,7 @@ use aya_ebpf::programs::TcContext;
 use lbproxy_common::{DropReason, HOOK_TO_NODE};
 
 use super::{Datapath, drop_logged};
-use crate::{flow, nat, packet::L4, stage::TC_ACT_UNSPEC};
+use crate::{flow, nat, packet::L4, stage::TC_ACT_UNSPEC, untrack};
 
 /// The pipeline: ICMP errors to `icmp`; else parse -> flow (reply half) -> translate.
 /// Inlined into the entry point, so that the ICMP stage (a BPF function of its own) and
@@ -40,7 +40,7 @@ fn reverse<A: Datapath>(ctx: &TcContext) -> Result<i32, DropReason> {
         Ok(_) => return Ok(TC_ACT_UNSPEC),
         Err(v) => return Err(v.reason()),
     };
-    let Some(to) = flow::reply(&pkt) else {
+    let Some(to) = flow::reply(&pkt, untrack::marked(ctx)) else {
         return Ok(TC_ACT_UNSPEC);
     };
     if to.peer_addr != pkt.dst_addr {

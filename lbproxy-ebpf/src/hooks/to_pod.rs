@@ -6,7 +6,7 @@ use aya_ebpf::programs::TcContext;
 use lbproxy_common::{DropReason, HOOK_TO_POD};
 
 use super::{Datapath, drop_logged, pass_bad_l4};
-use crate::{flow, nat, packet::L4, stage::TC_ACT_UNSPEC};
+use crate::{flow, nat, packet::L4, stage::TC_ACT_UNSPEC, untrack};
 
 /// The pipeline: ICMP errors to `icmp`; else parse -> flow (reply half) -> translate.
 /// Inlined into the entry point, so that the ICMP stage (a BPF function of its own) and
@@ -47,7 +47,7 @@ fn reverse<A: Datapath>(ctx: &TcContext) -> Result<i32, DropReason> {
         }
         return Ok(TC_ACT_UNSPEC);
     }
-    let Some(to) = flow::reply(&pkt) else {
+    let Some(to) = flow::reply(&pkt, untrack::marked(ctx)) else {
         return Ok(TC_ACT_UNSPEC);
     };
     nat::snat(ctx, &pkt, to).map_err(|v| v.reason())?;

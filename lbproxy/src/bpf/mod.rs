@@ -415,7 +415,10 @@ pub fn write_config(dir: &Path, stack_bypass: bool) -> Result<(), BpfError> {
     };
     let config = DatapathConfig {
         // The ServiceCIDR flag is the programmer's: kept until its first sync rewrites it.
-        flags: (pinned_config.flags & lbproxy_common::CONFIG_F_SERVICE_CIDRS)
+        // Untracking is kept too: an earlier takeover that died with flows handed over
+        // leaves it on, and they need it until `takeover::prepare` finishes them.
+        flags: (pinned_config.flags
+            & (lbproxy_common::CONFIG_F_SERVICE_CIDRS | lbproxy_common::CONFIG_F_UNTRACK))
             | if stack_bypass {
                 CONFIG_F_STACK_BYPASS
             } else {

@@ -5,9 +5,11 @@
 //! namespace track and NAT, so the entries written here take effect, and they serve every
 //! connection made after lbproxy detaches. Then, with lbproxy's programs still attached:
 //! 1. the untrack rule is installed ([`super::untrack`]), and the datapath's stack bypass
-//!    and untracking are turned on: a flow between two pods of this node is translated and
-//!    redirected past netfilter both ways, and every other packet of an lbproxy flow that
-//!    goes through the node's stack is marked and skips conntrack. From then on netfilter
+//!    and untracking of its own flows are turned on: a flow between two pods of this node is
+//!    translated and redirected past netfilter both ways, and every other packet of an
+//!    lbproxy flow that goes through the node's stack is marked and skips conntrack (an
+//!    answer marked on its way in whose flow becomes conntrack's as it crosses the stack is
+//!    still translated on its way out: conntrack saw none of it). From then on netfilter
 //!    makes no plain entry for lbproxy's translated tuples. And lbproxy makes no new flow
 //!    (`CONFIG_F_NEW_TO_CONNTRACK`): a new connection passes untranslated, to kube-proxy's
 //!    rules, so that none is left lbproxy's when it detaches;
@@ -30,7 +32,7 @@ use std::path::Path;
 
 use anyhow::Context as _;
 use lbproxy_common::{
-    Addr, CONFIG_F_NEW_TO_CONNTRACK, CONFIG_F_STACK_BYPASS, CONFIG_F_UNTRACK,
+    Addr, CONFIG_F_NEW_TO_CONNTRACK, CONFIG_F_STACK_BYPASS, CONFIG_F_UNTRACK, CONFIG_F_UNTRACK_OWN,
     FLOW_ADOPTED_CONNTRACK, FLOW_DIR_FORWARD, FLOW_STATE_SYN_SENT, FlowKeyOf, FlowValueOf,
     IPPROTO_TCP,
 };
@@ -67,20 +69,21 @@ pub fn hand_back(bpffs_dir: &Path) -> anyhow::Result<HandedBack> {
     let rule = super::untrack::install()?;
     tracing::info!("hand-back: untrack rule installed ({rule})");
     maps.set_config_flags(
-        CONFIG_F_STACK_BYPASS | CONFIG_F_UNTRACK | CONFIG_F_NEW_TO_CONNTRACK,
+        CONFIG_F_STACK_BYPASS | CONFIG_F_UNTRACK | CONFIG_F_UNTRACK_OWN | CONFIG_F_NEW_TO_CONNTRACK,
         true,
     )
     .context("turning the stack bypass, untracking and new flows to conntrack on")?;
     let mut ct = Conntrack::open().context("opening ctnetlink")?;
     let mut done = HandedBack::default();
-    // A flow a packet made on another CPU as the flags changed is caught by the next pass;
-    // a flow that failed is tried again, and counted as failed if the last pass failed it.
-    for _pass in 0..3 {
+    // A flow a packet made on another CPU as the flags changed is caught by the second
+    // pass; a flow that failed is tried again, and counted as failed if the last pass
+    // failed it.
+    for pass in 0..3 {
         let before = done.written;
         done.failed = 0;
         hand_back_family(&mut ct, &mut maps.flows, &mut done)?;
         hand_back_family(&mut ct, &mut maps.flows6, &mut done)?;
-        if done.written == before {
+        if pass > 0 && done.written == before {
             break;
         }
     }

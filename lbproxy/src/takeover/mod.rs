@@ -46,9 +46,10 @@ use anyhow::Context as _;
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use lbproxy_common::{
     Addr, CONFIG_F_STRAYS_TO_CONNTRACK, CONFIG_F_UNTRACK, FLOW_ADOPTED_CONNTRACK,
-    FLOW_ADOPTED_HANDOVER, FLOW_ADOPTED_OWN, FlowKeyOf, FlowValueOf, IPPROTO_SCTP, IPPROTO_TCP,
-    NODE_ADDR_F_NODEPORT, NODE_ADDR_F_SNAT, NodeAddr, PodAddr, SCOPE_DEFAULT, SCOPE_INTERNAL,
-    SVC_F_SPLIT_SCOPE, SVC_KIND_CLUSTER_IP, ServiceKeyOf, ServiceValue, map_names,
+    FLOW_ADOPTED_HANDOVER, FLOW_ADOPTED_OWN, FLOW_DIR_FORWARD, FlowKeyOf, FlowValueOf,
+    IPPROTO_SCTP, IPPROTO_TCP, NODE_ADDR_F_NODEPORT, NODE_ADDR_F_SNAT, NodeAddr, PodAddr,
+    SCOPE_DEFAULT, SCOPE_INTERNAL, SVC_F_SPLIT_SCOPE, SVC_KIND_CLUSTER_IP, ServiceKeyOf,
+    ServiceValue, map_names,
 };
 
 use self::adopt::{Adopted, Decision, Facts, FromIp, Left};
@@ -136,6 +137,7 @@ pub fn prepare(
     timeouts: &Timeouts,
 ) -> anyhow::Result<Option<Takeover>> {
     let started = Instant::now();
+    finish_earlier(bpffs_dir)?;
     let state = kube_proxy::find().context("looking for kube-proxy's rules")?;
     if state.ipvs && take {
         anyhow::bail!(
@@ -213,7 +215,8 @@ impl Takeover {
             };
         }
         caught?;
-        let rule = untrack::install().context("nothing of kube-proxy's was changed")?;
+        let rule = untrack::install()
+            .map_err(|e| e.context("the takeover changed nothing of kube-proxy's"))?;
         maps.set_config_flags(CONFIG_F_UNTRACK, true)
             .context("turning untracking on")?;
         tracing::info!("takeover: untrack rule installed ({rule})");
@@ -245,6 +248,7 @@ impl Takeover {
         }
         .hand_over(std::mem::take(&mut self.flows.v6), &mut self.flows.left)
         .context("handing IPv6 flows over")?;
+        test_hold("after handing the flows over, before kube-proxy's rules and entries go");
         let removed =
             kube_proxy::remove(&self.kube_proxy).context("removing kube-proxy's rules")?;
         let mut ct = Conntrack::open().context("opening ctnetlink")?;
@@ -256,12 +260,17 @@ impl Takeover {
             .into_iter()
             .filter(|d| *d)
             .count();
-        test_hold();
+        test_hold("after deleting kube-proxy's entries, before owning the flows");
         own(&mut maps.flows, &v4)?;
         own(&mut maps.flows6, &v6)?;
         maps.set_config_flags(CONFIG_F_UNTRACK, false)
             .context("turning untracking off")?;
-        untrack::remove().context("removing the untrack rule")?;
+        if let Err(e) = untrack::remove() {
+            // It untracks nothing from now on (no packet is marked): left, not fatal.
+            tracing::warn!(
+                "takeover: removing the untrack rule: {e:#}; `lbproxy cleanup` removes it"
+            );
+        }
         count(metrics, &v4, "ipv4");
         count(metrics, &v6, "ipv6");
         for (l, n) in &self.flows.left {
@@ -413,6 +422,96 @@ where
     }
 }
 
+/// Finishes a takeover that an earlier run of lbproxy left half done (it died between
+/// handing flows over and owning them; untracking stays on meanwhile, kept across the
+/// restart by `bpf::write_config`): as its step 4 would have, under the untrack rule, each
+/// handed-over flow's conntrack entry is deleted and the flow made lbproxy's own. Nothing to
+/// do, the usual case, costs one walk of the flow tables.
+fn finish_earlier(bpffs_dir: &Path) -> anyhow::Result<()> {
+    let mut maps = PinnedMaps::open(bpffs_dir)?;
+    let v4 = left_handed_over(&maps.flows);
+    let v6 = left_handed_over(&maps.flows6);
+    if v4.is_empty() && v6.is_empty() {
+        // Untracking kept from an earlier run (`bpf::write_config`) that needs it no more.
+        return maps
+            .set_config_flags(CONFIG_F_UNTRACK, false)
+            .context("turning untracking off");
+    }
+    untrack::install().context("finishing an earlier takeover's handed-over flows")?;
+    maps.set_config_flags(CONFIG_F_UNTRACK, true)
+        .context("turning untracking on")?;
+    let mut ct = Conntrack::open().context("opening ctnetlink")?;
+    let mut deleted = 0;
+    for orig in v4.iter().map(tuple_of).chain(v6.iter().map(tuple_of)) {
+        if ct
+            .delete(&orig, 0)
+            .with_context(|| format!("deleting conntrack entry {orig}"))?
+        {
+            deleted += 1;
+        }
+    }
+    own_keys(&mut maps.flows, &v4)?;
+    own_keys(&mut maps.flows6, &v6)?;
+    maps.set_config_flags(CONFIG_F_UNTRACK, false)
+        .context("turning untracking off")?;
+    if let Err(e) = untrack::remove() {
+        tracing::warn!("takeover: removing the untrack rule: {e:#}; `lbproxy cleanup` removes it");
+    }
+    tracing::warn!(
+        "takeover: an earlier takeover did not finish: its {} handed-over flows are lbproxy's \
+         own now ({deleted} conntrack entries of theirs deleted)",
+        v4.len() + v6.len()
+    );
+    Ok(())
+}
+
+/// The forward keys of the handed-over flows in `flows`.
+fn left_handed_over<A: Addr>(flows: &FlowMap<A>) -> Vec<FlowKeyOf<A>>
+where
+    FlowKeyOf<A>: aya::Pod,
+    FlowValueOf<A>: aya::Pod,
+{
+    flows
+        .iter()
+        .flatten()
+        .filter(|(k, v)| k.dir == FLOW_DIR_FORWARD && v.adopted == FLOW_ADOPTED_HANDOVER)
+        .map(|(k, _)| k)
+        .collect()
+}
+
+/// The conntrack tuple a flow's forward key was adopted from: client -> frontend.
+fn tuple_of<A: Addr>(k: &FlowKeyOf<A>) -> crate::conntrack::Tuple {
+    crate::conntrack::Tuple {
+        src: k.src_addr.ip(),
+        dst: k.dst_addr.ip(),
+        src_port: u16::from_be(k.src_port_be),
+        dst_port: u16::from_be(k.dst_port_be),
+        proto: k.proto,
+    }
+}
+
+/// Both halves of each handed-over flow with forward key in `keys` made lbproxy's own.
+fn own_keys<A: Addr>(flows: &mut FlowMap<A>, keys: &[FlowKeyOf<A>]) -> anyhow::Result<()>
+where
+    FlowKeyOf<A>: aya::Pod,
+    FlowValueOf<A>: aya::Pod,
+{
+    for k in keys {
+        let Ok(v) = flows.get(k, 0) else { continue };
+        for key in [*k, k.partner(&v)] {
+            if let Ok(mut half) = flows.get(&key, 0)
+                && half.adopted == FLOW_ADOPTED_HANDOVER
+            {
+                half.adopted = FLOW_ADOPTED_OWN;
+                flows
+                    .insert(key, half, 0)
+                    .context("flow of an earlier takeover")?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Step 4, first half, for one family: each handed-over flow's conntrack entry deleted.
 /// Returns the entries that were still there to delete. Its packets are untracked, or
 /// redirected past netfilter, meanwhile: none needs the entry any more, and none meets it.
@@ -453,19 +552,19 @@ where
     Ok(())
 }
 
-/// `LBPROXY_TEST_TAKEOVER_HOLD_MS`, for tests only: how long step 4 waits between deleting
-/// the entries and owning the flows. The lab tests set it so that the load's packets surely
-/// fall between the two, which must cost none of them (`tests/tests/takeover.rs`).
+/// `LBPROXY_TEST_TAKEOVER_HOLD_MS`, for tests only: how long the takeover waits at the two
+/// moments a packet could fall between paths: once the flows are handed over (translated,
+/// untracked) while their NAT'd entries still exist, and between deleting the entries and
+/// owning the flows. The lab tests set it so that the load's packets surely meet both,
+/// which must cost none of them (`tests/tests/takeover.rs`).
 const TEST_HOLD_ENV: &str = "LBPROXY_TEST_TAKEOVER_HOLD_MS";
 
-fn test_hold() {
+fn test_hold(at: &str) {
     if let Some(ms) = std::env::var(TEST_HOLD_ENV)
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
     {
-        tracing::info!(
-            "takeover: holding {ms} ms between deleting the entries and owning the flows ({TEST_HOLD_ENV})"
-        );
+        tracing::info!("takeover: holding {ms} ms {at} ({TEST_HOLD_ENV})");
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }
 }

@@ -36,17 +36,19 @@ impl Untrack {
         if let Some(nft) = which("nft") {
             return Ok(Untrack::Nft(nft));
         }
-        let tools: Vec<PathBuf> = ["iptables", "ip6tables"]
-            .iter()
-            .filter_map(|t| which(t))
-            .collect();
-        if tools.is_empty() {
-            anyhow::bail!(
-                "the untrack rule needs nft, or iptables and ip6tables: none is on PATH or in \
-                 /usr/sbin, /sbin"
-            );
+        match (which("iptables"), which("ip6tables")) {
+            (Some(v4), Some(v6)) => Ok(Untrack::Iptables(vec![v4, v6])),
+            (v4, _) => anyhow::bail!(
+                "the untrack rule needs nft, or both iptables and ip6tables (one family \
+                 without it would stay tracked): nft is not on PATH or in /usr/sbin, /sbin, \
+                 and {} is not either",
+                if v4.is_none() {
+                    "iptables"
+                } else {
+                    "ip6tables"
+                }
+            ),
         }
-        Ok(Untrack::Iptables(tools))
     }
 
     fn mark() -> String {

@@ -6,7 +6,8 @@
 
 use lbproxy::bpf::PinnedMaps;
 use lbproxy_common::{
-    CONFIG_F_NEW_TO_CONNTRACK, CONFIG_F_STRAYS_TO_CONNTRACK, CONFIG_F_UNTRACK, UNTRACK_MARK,
+    CONFIG_F_NEW_TO_CONNTRACK, CONFIG_F_STRAYS_TO_CONNTRACK, CONFIG_F_UNTRACK,
+    CONFIG_F_UNTRACK_OWN, UNTRACK_MARK,
 };
 
 use super::*;
@@ -99,71 +100,76 @@ fn new_flows_pass_to_conntrack_during_a_hand_back() {
     set_flags(&rig, CONFIG_F_NEW_TO_CONNTRACK, false);
 }
 
-/// While a takeover or hand-back runs, a client packet translated into the stack gets
-/// `UNTRACK_MARK` (its other mark bits kept), and so does a backend's answer on its way
-/// to be translated after the stack, from outside the node or from a pod's interface. A
-/// packet of no flow is not marked, and with the flag off nothing is.
+/// During a hand-back (untracking of own flows on), a client packet translated into the
+/// stack gets `UNTRACK_MARK` (its other mark bits kept), and so does a backend's answer on
+/// its way to be translated after the stack, from outside the node or from a pod's
+/// interface. During a takeover (untracking alone) lbproxy's own flows are not marked: they
+/// stay tracked, NATed by the node's other rules. A packet of no flow is never marked, and
+/// with the flags off nothing is.
 #[test]
 fn packets_into_the_stack_are_marked_for_the_untrack_rule() {
     let rig = Rig::new();
     let c = rig.client_ip();
-    set_flags(&rig, CONFIG_F_UNTRACK, true);
     const KUBE_MASQ: u32 = 0x4000;
+    let syn_marked = |port: u16, mark: u32| {
+        let syn = Frame::tcp(c, WEB_VIP, Tcp::linux_syn(port, WEB_TCP));
+        let out = rig.run_marked("TCP SYN", Prog::FromPod, &syn.bytes(), KUBE_MASQ);
+        out.expect(
+            TC_ACT_UNSPEC,
+            &syn.with_dest(BACKEND, BACKEND_TCP).bytes(),
+            &[],
+        );
+        assert_eq!(
+            out.mark,
+            KUBE_MASQ | mark,
+            "{} from port {port}: skb mark",
+            out.what
+        );
+    };
+    let answers_marked = |port: u16, mark: u32| {
+        let answers = [
+            (
+                "the backend's SYN-ACK from outside",
+                Prog::FromNode,
+                BACKEND,
+                SYN | ACK,
+                mark,
+            ),
+            (
+                "the backend's ACK from a pod",
+                Prog::FromPod,
+                BACKEND,
+                ACK,
+                mark,
+            ),
+            (
+                "a packet of no flow from outside",
+                Prog::FromNode,
+                ELSEWHERE,
+                ACK,
+                0,
+            ),
+        ];
+        for (what, prog, from, flags, mark) in answers {
+            let f = Frame::tcp(from, c, Tcp::new(BACKEND_TCP, port, flags));
+            untouched_with_mark(&rig, &format!("{what} to port {port}"), prog, &f, mark);
+        }
+    };
 
-    let syn = Frame::tcp(c, WEB_VIP, Tcp::linux_syn(40121, WEB_TCP));
-    let out = rig.run_marked("TCP SYN", Prog::FromPod, &syn.bytes(), KUBE_MASQ);
-    out.expect(
-        TC_ACT_UNSPEC,
-        &syn.with_dest(BACKEND, BACKEND_TCP).bytes(),
-        &[],
-    );
-    assert_eq!(out.mark, KUBE_MASQ | UNTRACK_MARK, "{}: skb mark", out.what);
+    // A takeover: own flows stay unmarked.
+    set_flags(&rig, CONFIG_F_UNTRACK, true);
+    syn_marked(40121, 0);
+    answers_marked(40121, 0);
 
-    let answers = [
-        (
-            "the backend's SYN-ACK from outside",
-            Prog::FromNode,
-            BACKEND,
-            SYN | ACK,
-            UNTRACK_MARK,
-        ),
-        (
-            "the backend's ACK from a pod",
-            Prog::FromPod,
-            BACKEND,
-            ACK,
-            UNTRACK_MARK,
-        ),
-        (
-            "a packet of no flow from outside",
-            Prog::FromNode,
-            ELSEWHERE,
-            ACK,
-            0,
-        ),
-    ];
-    for (what, prog, from, flags, mark) in answers {
-        let f = Frame::tcp(from, c, Tcp::new(BACKEND_TCP, 40121, flags));
-        untouched_with_mark(&rig, what, prog, &f, mark);
-    }
+    // A hand-back: own flows are marked too.
+    set_flags(&rig, CONFIG_F_UNTRACK_OWN, true);
+    syn_marked(40122, UNTRACK_MARK);
+    answers_marked(40122, UNTRACK_MARK);
 
-    set_flags(&rig, CONFIG_F_UNTRACK, false);
-    let udp = Frame::udp(c, WEB_VIP, Udp::new(40122, WEB_UDP));
-    let out = rig.run("UDP datagram, flag off", Prog::FromPod, &udp.bytes());
-    out.expect(
-        TC_ACT_UNSPEC,
-        &udp.with_dest(BACKEND, BACKEND_UDP).bytes(),
-        &[],
-    );
-    assert_eq!(out.mark, 0, "{}: skb mark", out.what);
-    let answer = Frame::tcp(BACKEND, c, Tcp::new(BACKEND_TCP, 40121, ACK));
-    untouched_with_mark(
-        &rig,
-        "the backend's ACK, flag off",
-        Prog::FromNode,
-        &answer,
-        0,
-    );
+    // Both off: nothing is marked.
+    set_flags(&rig, CONFIG_F_UNTRACK | CONFIG_F_UNTRACK_OWN, false);
+    syn_marked(40123, 0);
+    answers_marked(40123, 0);
 }
 
 /// Runs `frame` through `prog`: it must come out untouched, with skb mark `mark`.
