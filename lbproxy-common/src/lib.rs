@@ -200,6 +200,7 @@ pub mod flows;
 pub mod frags;
 pub mod hairpin;
 pub mod labels;
+pub mod maglev;
 pub mod members;
 pub mod monitor;
 pub mod node_addrs;
@@ -238,6 +239,7 @@ pub use flows::{
 pub use frags::{FragKey, FragKey6, FragPorts, MAX_FRAG_DATAGRAMS};
 pub use hairpin::{HAIRPIN_ADDR, HAIRPIN_ADDR6};
 pub use labels::{ServiceLabel, nul_padded};
+pub use maglev::{MAGLEV_CHUNK, MAX_MAGLEV_CHUNKS, MaglevChunk, MaglevConfig, MaglevKey};
 pub use members::{MEMBER_DRAINING, MEMBER_SERVING, MemberKey, Membership};
 pub use monitor::{
     DEFAULT_EVENTS_PER_CPU_PER_SEC, HOOK_FROM_NODE, HOOK_FROM_POD, HOOK_TO_NODE, HOOK_TO_POD, Hook,
@@ -254,10 +256,10 @@ pub use service_cidrs::{
     MAX_SERVICE_CIDR_ENTRIES,
 };
 pub use services::{
-    MAX_SERVICES, SCOPE_DEFAULT, SCOPE_INTERNAL, SVC_F_LOCAL_ONLY, SVC_F_SNAT, SVC_F_SOURCE_RANGES,
-    SVC_F_SPLIT_SCOPE, SVC_F_TERMINATING_FALLBACK, SVC_KIND_CLUSTER_IP, SVC_KIND_EXTERNAL_IP,
-    SVC_KIND_LOAD_BALANCER, SVC_KIND_NODE_PORT, Scope, ServiceKey, ServiceKey6, ServiceKeyOf,
-    ServiceValue, ServiceValueV1, SvcFlags, SvcKind,
+    MAX_SERVICES, SCOPE_DEFAULT, SCOPE_INTERNAL, SVC_F_LOCAL_ONLY, SVC_F_MAGLEV, SVC_F_SNAT,
+    SVC_F_SOURCE_RANGES, SVC_F_SPLIT_SCOPE, SVC_F_TERMINATING_FALLBACK, SVC_KIND_CLUSTER_IP,
+    SVC_KIND_EXTERNAL_IP, SVC_KIND_LOAD_BALANCER, SVC_KIND_NODE_PORT, Scope, ServiceKey,
+    ServiceKey6, ServiceKeyOf, ServiceValue, ServiceValueV1, SvcFlags, SvcKind,
 };
 pub use slots::{MAX_SLOTS, SlotKey};
 pub use sock::{
@@ -317,6 +319,9 @@ pod!(
     MonitorEvent,
     CidrKey,
     CidrKey6,
+    MaglevKey,
+    MaglevChunk,
+    MaglevConfig,
 );
 
 /// Every map the controller pins, and the datapath declares.
@@ -360,6 +365,8 @@ pub const MAPS: &[MapSpec] = &[
     dp_events::SPEC,
     service_cidrs::SPEC,
     service_cidrs::SPEC6,
+    maglev::SPEC,
+    maglev::CONFIG_SPEC,
 ];
 
 /// Earlier layouts a controller reads once at start, copies into their successor, then
@@ -463,6 +470,10 @@ pub mod map_names {
     pub const MONITOR_RATE: &str = crate::monitor::RATE_SPEC.name;
     /// The ring buffer of drop and reject events (`MonitorEvent`).
     pub const EVENTS: &str = crate::monitor::EVENTS_SPEC.name;
+    /// The frontends' Maglev tables, in chunks (`MaglevKey` -> `MaglevChunk`).
+    pub const MAGLEV: &str = crate::maglev::SPEC.name;
+    /// The Maglev tables' size (`MaglevConfig`, one entry).
+    pub const MAGLEV_CONFIG: &str = crate::maglev::CONFIG_SPEC.name;
     /// Every map the controller pins: the names of [`MAPS`], in its order.
     pub const PINNED: [&str; MAPS.len()] = {
         let mut out = [""; MAPS.len()];

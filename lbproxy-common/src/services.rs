@@ -90,6 +90,10 @@ wire_flags! {
         const HINTS_NO_ZONE_LABEL = 1 << 10;
         /// Not read by the datapath: hints not used, the traffic policy is `Local`.
         const HINTS_LOCAL_POLICY = 1 << 11;
+        /// New flows take entry `hash % m` of this frontend's Maglev table
+        /// (`LB_MAGLEV_V1`, keyed by its `svc_id`) instead of the jump hash over its slots
+        /// (`--lb-algorithm maglev`).
+        const MAGLEV = 1 << 12;
     }
 }
 
@@ -98,6 +102,7 @@ pub const SVC_F_SPLIT_SCOPE: u16 = SvcFlags::SPLIT_SCOPE.bits();
 pub const SVC_F_LOCAL_ONLY: u16 = SvcFlags::LOCAL_ONLY.bits();
 pub const SVC_F_SNAT: u16 = SvcFlags::SNAT.bits();
 pub const SVC_F_SOURCE_RANGES: u16 = SvcFlags::SOURCE_RANGES.bits();
+pub const SVC_F_MAGLEV: u16 = SvcFlags::MAGLEV.bits();
 pub const SVC_F_TERMINATING_FALLBACK: u16 = SvcFlags::TERMINATING_FALLBACK.bits();
 
 /// Key of `LB_SERVICES_V2` (and of the retired `LB_SERVICES_V1`): one frontend, a

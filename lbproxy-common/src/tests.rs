@@ -57,7 +57,7 @@ fn sizes<K, V>() -> (u32, u32) {
 
 #[test]
 fn spec_sizes_are_their_types() {
-    let cases: [(MapSpec, (u32, u32)); 42] = [
+    let cases: [(MapSpec, (u32, u32)); 44] = [
         (services::SPEC, sizes::<ServiceKey, ServiceValue>()),
         (services::SPEC_V1, sizes::<ServiceKey, ServiceValueV1>()),
         (slots::SPEC, sizes::<SlotKey, u32>()),
@@ -100,6 +100,8 @@ fn spec_sizes_are_their_types() {
         (dp_events::SPEC, sizes::<u32, u64>()),
         (service_cidrs::SPEC, sizes::<CidrKey, CidrValue>()),
         (service_cidrs::SPEC6, sizes::<CidrKey6, CidrValue>()),
+        (maglev::SPEC, sizes::<MaglevKey, MaglevChunk>()),
+        (maglev::CONFIG_SPEC, sizes::<u32, MaglevConfig>()),
     ];
     for (spec, (k, v)) in cases {
         assert_eq!((spec.key_size, spec.value_size), (k, v), "{}", spec.name);
@@ -119,7 +121,7 @@ fn spec_sizes_are_their_types() {
 #[test]
 fn layouts_are_unchanged() {
     use MapKind::*;
-    let expected: [(&str, &str, MapKind, u32, u32, u32); 39] = [
+    let expected: [(&str, &str, MapKind, u32, u32, u32); 41] = [
         ("LB_BACKENDS_V1", "backends", Hash, 4, 8, 262_144),
         ("LB_SLOTS_V1", "slots", Hash, 8, 4, 262_144),
         ("LB_SERVICES_V2", "services", Hash, 8, 16, 65_536),
@@ -159,6 +161,8 @@ fn layouts_are_unchanged() {
         ("LB_DPEVENTS_V1", "datapath_events", PerCpuArray, 4, 8, 16),
         ("LB_SVCCIDRS_V1", "service_cidrs", LpmTrie, 8, 4, 65_536),
         ("LB_SVCCIDR6_V1", "service_cidrs6", LpmTrie, 20, 4, 65_536),
+        ("LB_MAGLEV_V1", "maglev", Hash, 8, 16_384, 262_144),
+        ("LB_MAGCFG_V1", "maglev_config", Array, 4, 8, 1),
     ];
     let got: Vec<_> = MAPS
         .iter()
@@ -275,13 +279,14 @@ fn zero_is_todays_behaviour() {
 /// what it holds, and the LPM tries (source ranges, ServiceCIDRs: the kernel allows no other
 /// kind of LPM trie).
 #[test]
-fn only_the_unserved_list_and_the_tries_are_not_preallocated() {
+fn only_the_unserved_list_the_tries_and_maglev_are_not_preallocated() {
     for s in MAPS {
         let want = if s.name == unserved::SPEC.name
             || s.name == src_ranges::SPEC.name
             || s.name == src_ranges::SPEC6.name
             || s.name == service_cidrs::SPEC.name
             || s.name == service_cidrs::SPEC6.name
+            || s.name == maglev::SPEC.name
         {
             spec::BPF_F_NO_PREALLOC
         } else {

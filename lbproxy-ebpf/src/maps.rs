@@ -11,12 +11,13 @@ use aya_ebpf::btf_maps::{
 };
 use lbproxy_common::{
     AffinityKey, AffinityKey6, AffinityValue, Backend, Backend6, DatapathConfig, FlowKey, FlowKey6,
-    FlowValue, FlowValue6, FlowWork, FragKey, FragKey6, FragPorts, MemberKey, MonitorCtl,
-    MonitorEvent, MonitorRate, NodeAddr, NodeIf, NodeIf6, PodAddr, PodIf, ServiceKey, ServiceKey6,
-    ServiceLabel, ServiceValue, SlotKey, SockConfig, SockRevKey, SockRevKey6, SockRevValue,
-    SockRevValue6, SrcCheck, SrcRangeData, SrcRangeData6, UnservedKey, UnservedValue, affinity,
-    backends, config, delivery, drops, flows, frags, labels, members, monitor, node_addrs,
-    node_ifs, pod_addrs, pod_ifs, service_cidrs, services, slots, snat_tries, sock,
+    FlowValue, FlowValue6, FlowWork, FragKey, FragKey6, FragPorts, MaglevChunk, MaglevConfig,
+    MaglevKey, MemberKey, MonitorCtl, MonitorEvent, MonitorRate, NodeAddr, NodeIf, NodeIf6,
+    PodAddr, PodIf, ServiceKey, ServiceKey6, ServiceLabel, ServiceValue, SlotKey, SockConfig,
+    SockRevKey, SockRevKey6, SockRevValue, SockRevValue6, SrcCheck, SrcRangeData, SrcRangeData6,
+    UnservedKey, UnservedValue, affinity, backends, config, delivery, drops, flows, frags, labels,
+    members, monitor, node_addrs, node_ifs, pod_addrs, pod_ifs, service_cidrs, services, slots,
+    snat_tries, sock,
     spec::{MapKind, MapSpec, size_u32, str_eq},
     src_check, src_ranges, unserved,
 };
@@ -223,6 +224,11 @@ map! {
     LB_SVCCIDRS_V1: LpmTrie<[u8; 4], u32> = service_cidrs::SPEC;
     /// [`LB_SVCCIDRS_V1`] for IPv6.
     LB_SVCCIDR6_V1: LpmTrie<[u8; 16], u32> = service_cidrs::SPEC6;
+    /// The Maglev tables of the frontends flagged `SVC_F_MAGLEV`, in chunks. Read by
+    /// `lb::select`, once per new flow of such a frontend.
+    LB_MAGLEV_V1: HashMap<MaglevKey, MaglevChunk> = lbproxy_common::maglev::SPEC;
+    /// The Maglev tables' size, one entry. Read by `lb::select` with [`LB_MAGLEV_V1`].
+    LB_MAGCFG_V1: Array<MaglevConfig> = lbproxy_common::maglev::CONFIG_SPEC;
 }
 
 /// The controller's settings (`LB_CONFIG_V1`, entry 0): the stack bypass flag (for

@@ -206,6 +206,9 @@ async fn run(
     let mut ctl = Controller::new(PinnedMaps::open(&settings.bpffs_dir)?, report)
         .with_health_checks(started.hc_addresses)
         .with_node_addresses(started.node_ips);
+    if settings.lb_algorithm == config::LbAlgorithm::Maglev {
+        ctl = ctl.with_maglev(settings.maglev_table_size, started.seed);
+    }
     if started.sock_lb {
         let (tx, rx) = tokio::sync::watch::channel(0);
         bpf::sock::spawn_reaper(settings.bpffs_dir.clone(), rx, metrics.clone());
@@ -274,6 +277,8 @@ struct Started {
     node_ips: tokio::sync::watch::Receiver<Vec<std::net::IpAddr>>,
     /// The socket-level programs are attached (their sockets are reaped after syncs).
     sock_lb: bool,
+    /// The flow-hash seed in effect, which Maglev tables are built with.
+    seed: u64,
 }
 
 /// The datapath: loaded, configured, and attached to every pod interface before the first
@@ -284,6 +289,17 @@ async fn start_datapath(
     globs: GlobSet,
     metrics: &Arc<Metrics>,
 ) -> anyhow::Result<Started> {
+    // Read before anything is loaded: a bad seed file changes nothing on the node.
+    let seed_file = settings
+        .hash_seed_file
+        .as_deref()
+        .map(|path| {
+            let bytes = std::fs::read(path)
+                .with_context(|| format!("hashSeedFile {}: cannot be read", path.display()))?;
+            crate::program::maglev::seed_from_bytes(&bytes)
+                .map_err(|why| anyhow::anyhow!("hashSeedFile {}: {why}", path.display()))
+        })
+        .transpose()?;
     let mut dp =
         Datapath::load(&settings.bpffs_dir, settings.flow_map_size).with_context(|| {
             format!(
@@ -292,8 +308,19 @@ async fn start_datapath(
             )
         })?;
     spawn_datapath_logs(&mut dp);
-    bpf::write_config(&settings.bpffs_dir, settings.stack_bypass)?;
-    tracing::info!(stack_bypass = settings.stack_bypass, "datapath configured");
+    let seed = bpf::write_config(&settings.bpffs_dir, settings.stack_bypass, seed_file)?;
+    let maglev_m = match settings.lb_algorithm {
+        config::LbAlgorithm::Maglev => settings.maglev_table_size,
+        config::LbAlgorithm::Jump => 0,
+    };
+    bpf::write_maglev_config(&settings.bpffs_dir, maglev_m)?;
+    tracing::info!(
+        stack_bypass = settings.stack_bypass,
+        lb_algorithm = settings.lb_algorithm.as_str(),
+        maglev_table_size = maglev_m,
+        seed_from_file = seed_file.is_some(),
+        "datapath configured"
+    );
     let sock_cgroup = bpf::sock::attach(&mut dp, &settings.cgroup_root, settings.socket_lb)
         .context("socket-level load balancing (cgroupRoot, socketLb)")?;
     let (hc_tx, hc_addresses) = tokio::sync::watch::channel(Vec::new());
@@ -318,6 +345,7 @@ async fn start_datapath(
         hc_addresses,
         node_ips,
         sock_lb: sock_cgroup.is_some(),
+        seed,
     })
 }
 

@@ -50,6 +50,10 @@ pub struct ProgramsArgs {
     /// Print the results as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// lbproxy's `--lb-algorithm`: `maglev` measures the new-flow cases with the Maglev
+    /// table lookup in place of the jump hash.
+    #[arg(long, default_value = "jump")]
+    pub lb_algorithm: String,
 }
 
 /// One packet and where it is run.
@@ -216,8 +220,13 @@ fn run(args: &ProgramsArgs, bin: &std::path::Path) -> Result<Value> {
         bail!("the programs benchmark runs over IPv4");
     };
     lab.write_manifest_text(&services.manifest_yaml());
-    eprintln!("[{TAG}] {} with N = {}", bin.display(), args.services);
-    let mut lb = lab.start_lbproxy_with(&[]);
+    eprintln!(
+        "[{TAG}] {} with N = {}, --lb-algorithm {}",
+        bin.display(),
+        args.services,
+        args.lb_algorithm
+    );
+    let mut lb = lab.start_lbproxy_with(&["--lb-algorithm", &args.lb_algorithm]);
     let addr = lbproxy_tests::lab::HEALTHZ_ADDR
         .parse()
         .expect("healthz address");
@@ -231,6 +240,8 @@ fn run(args: &ProgramsArgs, bin: &std::path::Path) -> Result<Value> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+    let healthy_after = t.elapsed();
+    eprintln!("[{TAG}] healthy after {} ms", healthy_after.as_millis());
     let att = lab.tcx_attachments();
     let prog = |pod: &Pod, name: &str| -> Result<(u32, u32)> {
         att.iter()
@@ -296,6 +307,8 @@ fn run(args: &ProgramsArgs, bin: &std::path::Path) -> Result<Value> {
     Ok(json!({
         "lbproxy": bin.display().to_string(),
         "services": args.services,
+        "lb_algorithm": args.lb_algorithm,
+        "healthy_after_ms": healthy_after.as_millis() as u64,
         "runs_per_round": args.runs,
         "rounds": args.rounds,
         "cases": rows,
@@ -304,9 +317,11 @@ fn run(args: &ProgramsArgs, bin: &std::path::Path) -> Result<Value> {
 
 fn table(r: &Value) -> String {
     let mut out = format!(
-        "lbproxy {} over {} services: each case {} runs × {} rounds\n\n",
+        "lbproxy {} over {} services, --lb-algorithm {} (healthy after {} ms): each case {} runs × {} rounds\n\n",
         r["lbproxy"].as_str().unwrap_or("?"),
         r["services"],
+        r["lb_algorithm"].as_str().unwrap_or("?"),
+        r["healthy_after_ms"],
         r["runs_per_round"],
         r["rounds"]
     );
@@ -346,14 +361,24 @@ mod tests {
             runs: 20,
             rounds: 2,
             json: true,
+            lb_algorithm: "jump".into(),
         };
-        let r = run(&args, &bin).expect("bench programs");
-        let cases = r["cases"].as_array().expect("cases");
-        assert_eq!(cases.len(), 9, "{r:#}");
-        for c in cases {
-            assert_eq!(c["runs"], 40, "{c}");
-            assert_eq!(c["tc_action"], -1, "{c}");
-            assert!(c["median_ns"].as_f64().is_some_and(|m| m > 0.0), "{c}");
+        for algorithm in ["jump", "maglev"] {
+            let args = ProgramsArgs {
+                lb_algorithm: algorithm.into(),
+                ..args.clone()
+            };
+            let r = run(&args, &bin).expect("bench programs");
+            let cases = r["cases"].as_array().expect("cases");
+            assert_eq!(cases.len(), 9, "{r:#}");
+            for c in cases {
+                assert_eq!(c["runs"], 40, "{algorithm}: {c}");
+                assert_eq!(c["tc_action"], -1, "{algorithm}: {c}");
+                assert!(
+                    c["median_ns"].as_f64().is_some_and(|m| m > 0.0),
+                    "{algorithm}: {c}"
+                );
+            }
         }
     }
 }

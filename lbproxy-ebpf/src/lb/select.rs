@@ -2,13 +2,13 @@
 
 use lbproxy_common::select::{flow_hash, jump};
 use lbproxy_common::{
-    BackendOf, DropReason, IPPROTO_TCP, MEMBER_SERVING, MemberKey, SVC_F_LOCAL_ONLY, ServiceValue,
-    SlotKey,
+    BackendOf, DropReason, IPPROTO_TCP, MEMBER_SERVING, MaglevKey, MemberKey, SVC_F_LOCAL_ONLY,
+    SVC_F_MAGLEV, ServiceValue, SlotKey, maglev,
 };
 
 use crate::{
     family::Family,
-    maps::{LB_MEMBERS_V1, LB_SLOTS_V1},
+    maps::{LB_MAGCFG_V1, LB_MAGLEV_V1, LB_MEMBERS_V1, LB_SLOTS_V1},
     packet::Packet,
     stage::Verdict,
 };
@@ -60,7 +60,16 @@ pub fn select_by_hash<A: Family>(
     svc: &ServiceValue,
     hash: u64,
 ) -> Result<(u32, BackendOf<A>), DropReason> {
-    let backend_id = slot_backend(svc.svc_id, svc.count, hash);
+    // A Maglev frontend's table entry; where the table has none (its size changed at a
+    // restart and the table is not rewritten yet), the jump hash over its slots, which are
+    // always complete.
+    let mut backend_id = 0;
+    if svc.flags & SVC_F_MAGLEV != 0 {
+        backend_id = maglev_backend(svc.svc_id, hash);
+    }
+    if backend_id == 0 {
+        backend_id = slot_backend(svc.svc_id, svc.count, hash);
+    }
     if backend_id == 0 {
         return Err(DropReason::SlotMissing);
     }
@@ -80,6 +89,24 @@ fn slot_backend(svc_id: u32, count: u32, hash: u64) -> u32 {
     };
     // SAFETY: the value is copied out at once.
     unsafe { LB_SLOTS_V1.get(key) }.copied().unwrap_or(0)
+}
+
+/// The backend id in entry `hash % m` of service `svc_id`'s Maglev table, or 0 when the
+/// table or its size is missing. Its own BPF function, as [`slot_backend`].
+#[inline(never)]
+fn maglev_backend(svc_id: u32, hash: u64) -> u32 {
+    let m = LB_MAGCFG_V1.get(0).map_or(0, |c| c.m);
+    if m == 0 {
+        return 0;
+    }
+    let (chunk, pos) = maglev::position(hash, m);
+    // SAFETY: the value is read at once.
+    unsafe { LB_MAGLEV_V1.get(MaglevKey { svc_id, chunk }) }.map_or(0, |c| {
+        c.backend_ids
+            .get(pos as usize & (maglev::MAGLEV_CHUNK as usize - 1))
+            .copied()
+            .unwrap_or(0)
+    })
 }
 
 /// Whether `backend_id` is in one of the service's slots, i.e. still eligible for new flows

@@ -395,7 +395,14 @@ fn migrate_flow_map<V: aya::Pod>(
 /// restart or an upgrade moves no flow: new flows get the backends they would have got
 /// before it. A config without one (a fresh bpffs dir, after `lbproxy cleanup`, or written
 /// by a version before seeds) gets a new seed from the kernel's randomness, never 0.
-pub fn write_config(dir: &Path, stack_bypass: bool) -> Result<(), BpfError> {
+///
+/// With `seed_file`'s seed (`--hash-seed-file`), that seed is written instead, whatever was
+/// pinned: the cluster's nodes then share it. Returns the seed in effect.
+pub fn write_config(
+    dir: &Path,
+    stack_bypass: bool,
+    seed_file: Option<u64>,
+) -> Result<u64, BpfError> {
     let path = dir.join(map_names::CONFIG);
     let map_error = |source| BpfError::Map {
         name: map_names::CONFIG,
@@ -405,7 +412,14 @@ pub fn write_config(dir: &Path, stack_bypass: bool) -> Result<(), BpfError> {
     let mut map: Array<MapData, DatapathConfig> = open_pinned(dir, map_names::CONFIG, Map::Array)?;
     let pinned_config = map.get(&0, 0).map_err(map_error)?;
     let pinned = pinned_config.hash_seed();
-    let seed = if pinned != 0 {
+    let seed = if let Some(seed) = seed_file {
+        if pinned != 0 && pinned != seed {
+            tracing::info!("flow hash seed taken from the seed file, replacing the pinned one");
+        } else {
+            tracing::info!("flow hash seed taken from the seed file");
+        }
+        seed
+    } else if pinned != 0 {
         tracing::info!("flow hash seed kept from the pinned LB_CONFIG_V1");
         pinned
     } else {
@@ -428,7 +442,23 @@ pub fn write_config(dir: &Path, stack_bypass: bool) -> Result<(), BpfError> {
         ..pinned_config
     }
     .with_hash_seed(seed);
-    map.set(0, config, 0).map_err(map_error)
+    map.set(0, config, 0).map_err(map_error)?;
+    Ok(seed)
+}
+
+/// Writes the Maglev tables' size (`LB_MAGCFG_V1`): `m` under `--lb-algorithm maglev`, 0
+/// under `jump`. Written before the first sync builds any table; the datapath falls back to
+/// the jump hash over the slots wherever a table has no entry for it.
+pub fn write_maglev_config(dir: &Path, m: u32) -> Result<(), BpfError> {
+    let path = dir.join(map_names::MAGLEV_CONFIG);
+    let mut map: Array<MapData, lbproxy_common::MaglevConfig> =
+        open_pinned(dir, map_names::MAGLEV_CONFIG, Map::Array)?;
+    map.set(0, lbproxy_common::MaglevConfig { m, _reserved: 0 }, 0)
+        .map_err(|source| BpfError::Map {
+            name: map_names::MAGLEV_CONFIG,
+            path,
+            source,
+        })
 }
 
 /// A new flow-hash seed: 8 bytes from the kernel's randomness (`getrandom(2)`, which blocks

@@ -47,6 +47,9 @@ pub struct PinnedMaps {
     pub sock_rev6: BpfHashMap<MapData, lbproxy_common::SockRevKey6, lbproxy_common::SockRevValue6>,
     /// The ServiceCIDR tries of both families.
     pub service_cidrs: super::service_cidrs::CidrTries,
+    /// The Maglev tables; `None` under maps an older lbproxy pinned, until this version's
+    /// `run` creates it.
+    pub maglev: Option<BpfHashMap<MapData, lbproxy_common::MaglevKey, lbproxy_common::MaglevChunk>>,
 }
 
 /// Held by every read-modify-write of `LB_CONFIG_V1` in this process: the controller's
@@ -114,6 +117,11 @@ impl PinnedMaps {
             service_cidrs: super::service_cidrs::CidrTries {
                 v4: open_if_pinned(dir, map_names::SERVICE_CIDRS)?,
                 v6: open_if_pinned(dir, map_names::SERVICE_CIDRS6)?,
+            },
+            maglev: if dir.join(map_names::MAGLEV).exists() {
+                Some(open_pinned(dir, map_names::MAGLEV, Map::HashMap)?)
+            } else {
+                None
             },
         })
     }
@@ -323,6 +331,7 @@ impl Maps for PinnedMaps {
             self.members.iter().flatten(),
             self.all_services(),
             src_ranges_in(&self.src_ranges).chain(src_ranges_in(&self.src_ranges6)),
+            self.maglev.iter().flat_map(|m| m.iter().flatten()),
             |svc_id| {
                 self.labels
                     .get(&svc_id, 0)
@@ -371,6 +380,31 @@ impl Maps for PinnedMaps {
                 e,
             )
         })
+    }
+    fn put_maglev_chunk(
+        &mut self,
+        key: lbproxy_common::MaglevKey,
+        chunk: &lbproxy_common::MaglevChunk,
+    ) -> Result<(), MapWriteError> {
+        let entry = || format!("svc {} chunk {}", key.svc_id, key.chunk);
+        let Some(map) = self.maglev.as_mut() else {
+            let e = MapError::InvalidName {
+                name: format!(
+                    "{} is not pinned (maps of an older lbproxy: restart `run`)",
+                    map_names::MAGLEV
+                ),
+            };
+            return Err(werr(map_names::MAGLEV, "update", entry(), e));
+        };
+        map.insert(key, *chunk, 0)
+            .map_err(|e| werr(map_names::MAGLEV, "update", entry(), e))
+    }
+    fn del_maglev_chunk(&mut self, key: lbproxy_common::MaglevKey) -> Result<(), MapWriteError> {
+        let entry = || format!("svc {} chunk {}", key.svc_id, key.chunk);
+        let Some(map) = self.maglev.as_mut() else {
+            return Ok(());
+        };
+        del_ok(map.remove(&key)).map_err(|e| werr(map_names::MAGLEV, "delete", entry(), e))
     }
     fn put_service(&mut self, key: FrontendKey, value: ServiceValue) -> Result<(), MapWriteError> {
         let name = Frontend::from_key(&key).map_or_else(String::new, |f| f.to_string());

@@ -24,6 +24,9 @@ pub struct LbproxyDoc {
     pub snat_port_range: Option<String>,
     pub cgroup_root: Option<String>,
     pub socket_lb: Option<String>,
+    pub lb_algorithm: Option<String>,
+    pub maglev_table_size: Option<u32>,
+    pub hash_seed_file: Option<String>,
     /// How long an unanswered SYN keeps its flow (kube-proxy has no such field).
     pub tcp_syn_sent_timeout: Option<String>,
 }

@@ -116,6 +116,20 @@ pub struct Flags {
     /// pods'), or `off` [default: host]
     #[arg(long)]
     pub socket_lb: Option<String>,
+    /// How a new flow picks its backend: `jump` (jump consistent hash over the Service's
+    /// backends, the node's own seed) or `maglev` (a Maglev table per frontend, the same on
+    /// every node with the same --hash-seed-file) [default: jump]
+    #[arg(long)]
+    pub lb_algorithm: Option<String>,
+    /// Entries of each frontend's Maglev table, a prime; more than 100 per backend keeps a
+    /// backend change from moving more than 1% of other flows [default: 16381]
+    #[arg(long)]
+    pub maglev_table_size: Option<u32>,
+    /// A file whose whole content (at least 8 bytes, e.g. a mounted Secret) gives the flow
+    /// hash seed: every node with the same file picks the same backend for the same flow
+    /// under `maglev` [default: a random seed per node, kept across restarts]
+    #[arg(long)]
+    pub hash_seed_file: Option<PathBuf>,
 }
 
 impl RunArgs {

@@ -114,6 +114,24 @@ impl LogFormat {
     }
 }
 
+/// How a new flow picks its backend (`--lb-algorithm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LbAlgorithm {
+    /// Jump consistent hashing over the frontend's slots, with the node's seed.
+    Jump,
+    /// A Maglev table per frontend, built from the backends' addresses and the seed.
+    Maglev,
+}
+
+impl LbAlgorithm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LbAlgorithm::Jump => "jump",
+            LbAlgorithm::Maglev => "maglev",
+        }
+    }
+}
+
 /// Where socket-level load balancing applies (`--socket-lb`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SocketLb {
@@ -207,6 +225,12 @@ pub struct Settings {
     pub snat_port_range: (u16, u16),
     pub cgroup_root: CgroupRoot,
     pub socket_lb: SocketLb,
+    /// `--lb-algorithm`, and the Maglev tables' size (`--maglev-table-size`, a prime).
+    pub lb_algorithm: LbAlgorithm,
+    pub maglev_table_size: u32,
+    /// `--hash-seed-file`: the flow-hash seed comes from this file's content, not from the
+    /// node's own random seed.
+    pub hash_seed_file: Option<PathBuf>,
     /// kube-proxy's `bindAddress`: validated; lbproxy serves IPv4 and needs no node IP hint.
     pub bind_address: Option<IpAddr>,
     /// The API client's request rate limit (`clientConnection.qps`; negative: none) and burst.
@@ -285,6 +309,9 @@ impl Settings {
                 CgroupRoot::Path(p) => p.display().to_string(),
             },
             "socketLb": self.socket_lb.as_str(),
+            "lbAlgorithm": self.lb_algorithm.as_str(),
+            "maglevTableSize": self.maglev_table_size,
+            "hashSeedFile": self.hash_seed_file.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
             "tcpSynSentTimeout": go_duration(t.tcp_syn_sent),
         });
         (kube, own)

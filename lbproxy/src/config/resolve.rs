@@ -74,6 +74,14 @@ pub fn resolve(file: Option<(&Path, FileConfig)>, flags: Flags) -> Result<Settin
         ("socketLb", SocketLb::Host),
         SOCKET_LB,
     )?;
+    let lb_algorithm = src.one_of(
+        flags.lb_algorithm,
+        own.lb_algorithm.clone(),
+        ("lbAlgorithm", LbAlgorithm::Jump),
+        LB_ALGORITHMS,
+    )?;
+    let maglev_table_size = src.maglev_table_size(flags.maglev_table_size)?;
+    let hash_seed_file = src.hash_seed_file(flags.hash_seed_file);
     let log_format = src.one_of(
         flags.logging_format,
         k.logging_format.clone(),
@@ -88,6 +96,9 @@ pub fn resolve(file: Option<(&Path, FileConfig)>, flags: Flags) -> Result<Settin
     Ok(Settings {
         cgroup_root,
         socket_lb,
+        lb_algorithm,
+        maglev_table_size,
+        hash_seed_file,
         node_port_addresses,
         snat_port_range,
         flow_timeouts,
@@ -125,6 +136,8 @@ const SOCKET_LB: &[(&str, SocketLb)] = &[
     ("host", SocketLb::Host),
     ("pods", SocketLb::Pods),
 ];
+const LB_ALGORITHMS: &[(&str, LbAlgorithm)] =
+    &[("jump", LbAlgorithm::Jump), ("maglev", LbAlgorithm::Maglev)];
 const LOG_FORMATS: &[(&str, LogFormat)] = &[("text", LogFormat::Text), ("json", LogFormat::Json)];
 
 /// The file's side of [`resolve`]: its two documents, and its name (the origin its errors
@@ -338,6 +351,18 @@ impl<'a> Sources<'a> {
                     format!("{size} is not in 1024..=4294967295"),
                 )
             })
+    }
+
+    /// The Maglev tables' size: a prime in the range `program::maglev` accepts.
+    fn maglev_table_size(&self, flag: Option<u32>) -> Result<u32, ConfigError> {
+        let (size, o) = self.pick(flag, self.own.maglev_table_size);
+        crate::program::maglev::check_size(size.unwrap_or(crate::program::maglev::DEFAULT_M))
+            .map_err(|e| err(o, "maglevTableSize", e.to_string()))
+    }
+
+    /// The seed file's path (the file itself is read at start, by `bpf::seed_from_file`).
+    fn hash_seed_file(&self, flag: Option<PathBuf>) -> Option<PathBuf> {
+        self.pick(flag, non_empty_path(&self.own.hash_seed_file)).0
     }
 
     /// The API client's rate limit and burst; 0 for either is the default.

@@ -66,6 +66,9 @@ const PRECEDENCE: &[Precedence] = &[
     Precedence { flag: |f| f.snat_port_range = s("2000-3000"), kube: "", own: "snatPortRange: 4000-5000\n", get: |s| format!("{:?}", s.snat_port_range), want: ["(2000, 3000)", "(4000, 5000)", "(1024, 29999)"] },
     Precedence { flag: |f| f.cgroup_root = Some("/f".into()), kube: "", own: "cgroupRoot: /o\n", get: |s| format!("{:?}", s.cgroup_root), want: ["Path(\"/f\")", "Path(\"/o\")", "Default"] },
     Precedence { flag: |f| f.socket_lb = s("off"), kube: "", own: "socketLb: pods\n", get: |s| s.socket_lb.as_str().into(), want: ["off", "pods", "host"] },
+    Precedence { flag: |f| f.lb_algorithm = s("jump"), kube: "", own: "lbAlgorithm: maglev\n", get: |s| s.lb_algorithm.as_str().into(), want: ["jump", "maglev", "jump"] },
+    Precedence { flag: |f| f.maglev_table_size = Some(251), kube: "", own: "maglevTableSize: 65521\n", get: |s| s.maglev_table_size.to_string(), want: ["251", "65521", "16381"] },
+    Precedence { flag: |f| f.hash_seed_file = Some("/f".into()), kube: "", own: "hashSeedFile: /o\n", get: |s| format!("{:?}", s.hash_seed_file), want: ["Some(\"/f\")", "Some(\"/o\")", "None"] },
 ];
 
 /// Every setting: the flag wins over the file, the file over the default.
@@ -285,6 +288,18 @@ fn lbproxy_refusals_name_field_and_reason() {
         (
             "socketLb: x\n",
             "socketLb: \"x\" is not one of off, host, pods",
+        ),
+        (
+            "lbAlgorithm: random\n",
+            "lbAlgorithm: \"random\" is not one of jump, maglev",
+        ),
+        (
+            "maglevTableSize: 16383\n",
+            "maglevTableSize: the Maglev table size must be a prime (each backend's permutation must reach every entry), and 16383 is not; 16381, 32749 and 65521 are",
+        ),
+        (
+            "maglevTableSize: 100\n",
+            "maglevTableSize: the Maglev table size must be between 251 and 131071, not 100",
         ),
         (
             "snatPortRange: 80-90\nsocketLb: x\n",

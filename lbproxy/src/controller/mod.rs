@@ -122,6 +122,13 @@ impl<M: Maps> Controller<M> {
         self
     }
 
+    /// Builds a Maglev table of `m` entries with `seed` for every frontend
+    /// (`--lb-algorithm maglev`).
+    pub fn with_maglev(mut self, m: u32, seed: u64) -> Self {
+        self.sync.use_maglev(m, seed);
+        self
+    }
+
     /// Moves `tx` on after every sync that deleted map entries.
     pub fn with_sync_notify(mut self, tx: tokio::sync::watch::Sender<u64>) -> Self {
         self.synced_deletes = Some(tx);

@@ -194,6 +194,11 @@ impl<M: Maps> Sync<M> {
         }
     }
 
+    /// Builds a Maglev table of `m` entries with `seed` for every frontend.
+    pub fn use_maglev(&mut self, m: u32, seed: u64) {
+        self.programmer = std::mem::take(&mut self.programmer).with_maglev(m, seed);
+    }
+
     /// `svc`'s frontends, none served when it is over the per-service limit (logged when
     /// that starts, changes or ends).
     fn frontends(&mut self, model: &Model, svc: &Service, node: &str) -> desired::ServiceFrontends {

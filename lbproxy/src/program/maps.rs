@@ -3,8 +3,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use lbproxy_common::{MemberKey, ServiceValue, SlotKey, UnservedKey, UnservedValue};
+use lbproxy_common::{
+    MaglevChunk, MaglevKey, MemberKey, ServiceValue, SlotKey, UnservedKey, UnservedValue,
+};
 
+use super::maglev::MaglevTable;
 use super::{Programmed, ProgrammedFrontend};
 use crate::desired::{BackendAddr, Frontend};
 use crate::model::Family;
@@ -99,6 +102,13 @@ pub trait Maps {
     fn del_backend(&mut self, id: u32, family: Family) -> Result<(), MapWriteError>;
     fn put_slot(&mut self, key: SlotKey, backend_id: u32) -> Result<(), MapWriteError>;
     fn del_slot(&mut self, key: SlotKey) -> Result<(), MapWriteError>;
+    /// Writes one chunk of a frontend's Maglev table (`LB_MAGLEV_V1`).
+    fn put_maglev_chunk(
+        &mut self,
+        key: MaglevKey,
+        chunk: &MaglevChunk,
+    ) -> Result<(), MapWriteError>;
+    fn del_maglev_chunk(&mut self, key: MaglevKey) -> Result<(), MapWriteError>;
     /// Writes backend `backend_id` as a member of service `svc_id`, with `how`
     /// (`MEMBER_SERVING` or `MEMBER_DRAINING`).
     fn put_member(&mut self, svc_id: u32, backend_id: u32, how: u32) -> Result<(), MapWriteError>;
@@ -146,8 +156,13 @@ pub fn assemble(
     members: impl Iterator<Item = (MemberKey, u32)>,
     services: impl Iterator<Item = (FrontendKey, ServiceValue)>,
     src_ranges: impl Iterator<Item = (u32, ipnet::IpNet)>,
+    maglev: impl Iterator<Item = (MaglevKey, MaglevChunk)>,
     label: impl Fn(u32) -> String,
 ) -> Programmed {
+    let mut tables_of: HashMap<u32, BTreeMap<u32, MaglevChunk>> = HashMap::new();
+    for (k, c) in maglev {
+        tables_of.entry(k.svc_id).or_default().insert(k.chunk, c);
+    }
     let mut ranges_of: HashMap<u32, BTreeSet<ipnet::IpNet>> = HashMap::new();
     for (svc_id, r) in src_ranges {
         ranges_of.entry(svc_id).or_default().insert(r);
@@ -194,6 +209,10 @@ pub fn assemble(
                 draining: Vec::new(),
                 src_ranges: ranges_of.remove(&v.svc_id).unwrap_or_default(),
                 members: members_of.remove(&v.svc_id).unwrap_or_default(),
+                maglev: tables_of
+                    .remove(&v.svc_id)
+                    .map(MaglevTable::from_chunks)
+                    .unwrap_or_default(),
             },
         );
     }
@@ -217,6 +236,9 @@ pub mod mem {
         pub src_ranges: std::collections::BTreeSet<(u32, ipnet::IpNet)>,
         pub service_cidrs: BTreeMap<ipnet::IpNet, u32>,
         pub service_cidrs_flag: bool,
+        pub maglev: BTreeMap<MaglevKey, MaglevChunk>,
+        /// The Maglev table size the datapath would read (`LB_MAGCFG_V1`), for [`check`].
+        pub maglev_m: u32,
         /// The persisted id cursor (`LB_CONFIG_V1`'s `next_id` in the real maps).
         pub id_cursor: u32,
         pub ops: usize,
@@ -283,6 +305,25 @@ pub mod mem {
                         "slot {key:?} points at missing backend {id}"
                     );
                 }
+                if v.flags & lbproxy_common::SVC_F_MAGLEV != 0 {
+                    assert!(v.count > 0, "service {k:?} flagged Maglev with no backend");
+                    for i in 0..self.maglev_m {
+                        let (chunk, pos) =
+                            lbproxy_common::maglev::position(u64::from(i), self.maglev_m);
+                        let key = MaglevKey {
+                            svc_id: v.svc_id,
+                            chunk,
+                        };
+                        let c = self.maglev.get(&key).unwrap_or_else(|| {
+                            panic!("service {k:?} flagged Maglev but chunk {chunk} missing")
+                        });
+                        let id = c.backend_ids[pos as usize];
+                        assert!(
+                            self.backends.contains_key(&id),
+                            "Maglev entry {i} of {k:?} points at missing backend {id}"
+                        );
+                    }
+                }
             }
         }
     }
@@ -303,6 +344,7 @@ pub mod mem {
                 }),
                 self.services.iter().map(|(k, v)| (*k, *v)),
                 self.src_ranges.iter().copied(),
+                self.maglev.iter().map(|(k, v)| (*k, *v)),
                 |id| self.labels.get(&id).cloned().unwrap_or_default(),
             )
         }
@@ -333,6 +375,22 @@ pub mod mem {
         fn del_slot(&mut self, key: SlotKey) -> Result<(), MapWriteError> {
             self.step("slots")?;
             self.slots.remove(&key);
+            self.check();
+            Ok(())
+        }
+        fn put_maglev_chunk(
+            &mut self,
+            key: MaglevKey,
+            chunk: &MaglevChunk,
+        ) -> Result<(), MapWriteError> {
+            self.step("maglev")?;
+            self.maglev.insert(key, *chunk);
+            self.check();
+            Ok(())
+        }
+        fn del_maglev_chunk(&mut self, key: MaglevKey) -> Result<(), MapWriteError> {
+            self.step("maglev")?;
+            self.maglev.remove(&key);
             self.check();
             Ok(())
         }

@@ -4,6 +4,7 @@
 
 pub mod cidrs;
 pub mod encode;
+pub mod maglev;
 mod maps;
 mod programmer;
 

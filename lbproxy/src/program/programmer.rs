@@ -10,8 +10,11 @@
 //! Within a frontend (`apply_frontend`, whose steps are in `steps`): its backends; its
 //! membership in `LB_MEMBERS_V1`, leavers deleted first, then the members serving (in a
 //! slot) or draining, all before the slots; the slots that change; the source ranges it
-//! gains; the service entry, compared with the one written as a whole [`ServiceValue`];
-//! the source ranges it loses; the slots past the new count.
+//! gains; under `--lb-algorithm maglev`, the chunks of its Maglev table that change (the
+//! table holds a reference on every backend it names); the service entry, compared with the
+//! one written as a whole [`ServiceValue`]; the source ranges it loses; the table's chunks
+//! it no longer has (all of them when it has no backend, or Maglev is off); the slots past
+//! the new count.
 //!
 //! The map writes go through the [`Maps`] trait; `bpf::PinnedMaps` is the real one.
 
@@ -20,6 +23,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use lbproxy_common::{ServiceValue, SlotKey};
 
 use super::encode;
+use super::maglev::{Built, MaglevTable};
 use super::maps::{MapWriteError, Maps};
 use crate::desired::{BackendAddr, Desired, Frontend, FrontendSpec};
 
@@ -47,6 +51,8 @@ pub struct ProgrammedFrontend {
     pub members: BTreeMap<u32, u32>,
     /// Backends kept live for existing flows only (not in any slot).
     pub draining: Vec<u32>,
+    /// Its Maglev table (`--lb-algorithm maglev`), empty under the jump hash.
+    pub maglev: MaglevTable,
 }
 
 /// Counts of what one apply wrote.
@@ -78,6 +84,9 @@ pub struct Programmer {
     /// The frontends whose write failed in the last apply, with the errno of the failure
     /// (`None`: not a kernel refusal), so the caller can name their services.
     failed: Vec<(Frontend, Option<i32>)>,
+    /// `--lb-algorithm maglev`: the tables' size and the seed they are built with. `None`:
+    /// the jump hash over the slots, and no table.
+    maglev: Option<(u32, u64)>,
 }
 
 /// How many ids one write of the persisted cursor covers. A restart skips what is left of
@@ -139,7 +148,7 @@ impl Programmer {
             p.refs.insert(*id, 0);
         }
         for f in state.frontends.values() {
-            for id in &f.slots {
+            for id in f.slots.iter().chain(&f.maglev.held) {
                 *p.refs.entry(*id).or_default() += 1;
             }
         }
@@ -158,10 +167,20 @@ impl Programmer {
     /// sooner.
     pub fn readopt(&mut self, state: Programmed) {
         let (next, start, end) = (self.next_id, self.lease_start, self.lease_end);
+        let maglev = self.maglev;
         *self = Self::adopt(state, next);
+        self.maglev = maglev;
         self.next_id = next;
         self.lease_start = start;
         self.lease_end = end;
+    }
+
+    /// New flows of every frontend with a backend pick it from a Maglev table of `m`
+    /// entries built with `seed` (`--lb-algorithm maglev`), instead of the jump hash. Each
+    /// frontend's table is written by its next apply.
+    pub fn with_maglev(mut self, m: u32, seed: u64) -> Self {
+        self.maglev = Some((m, seed));
+        self
     }
 
     /// Sets the next id to hand out, to test what happens near a wrap.
@@ -354,6 +373,7 @@ impl Programmer {
                 f.slots = left.clone();
             }
         }
+        self.trim_maglev(maps, fe, cur.svc_id, 0, stats)?;
         maps.del_label(cur.svc_id)?;
         for id in cur.draining {
             self.release(id);
@@ -397,7 +417,15 @@ impl Programmer {
         // 2. The new slot arrangement, membership and entry.
         let slots = arrange(existing.map_or(&[][..], |c| &c.slots), &want);
         let count = u32::try_from(slots.len()).unwrap_or(u32::MAX);
-        let value = encode::service_value(svc_id, count, spec);
+        let mut value = encode::service_value(svc_id, count, spec);
+        let built = self.maglev.filter(|_| !slots.is_empty()).map(|(m, seed)| {
+            let mut ids = slots.clone();
+            ids.sort_unstable();
+            Built { m, seed, ids }
+        });
+        if built.is_some() {
+            value.flags |= lbproxy_common::SVC_F_MAGLEV;
+        }
         let members = members_of(&slots, &draining);
         if existing.is_some_and(|c| {
             c.slots == slots
@@ -405,6 +433,8 @@ impl Programmer {
                 && c.value == Some(value)
                 && c.src_ranges.iter().eq(spec.src_ranges.iter())
                 && c.members == members
+                && c.maglev.built == built
+                && (built.is_some() || c.maglev.chunks.is_empty())
         }) {
             return Ok(());
         }
@@ -418,10 +448,16 @@ impl Programmer {
         // 3. Slots that change, while the count still hides any slot beyond the old end.
         let current = self.write_slots(maps, fe, svc_id, &slots, stats)?;
         self.add_ranges(maps, fe, svc_id, spec, stats)?;
+        // The Maglev table's chunks that change, before the entry names the table.
+        let keep_chunks = match &built {
+            Some(b) => self.write_maglev(maps, fe, svc_id, b, stats)?,
+            None => 0,
+        };
         // 4. The entry (its count): from here on new flows use the new arrangement.
         self.write_entry(maps, fe, value, stats)?;
         self.del_ranges(maps, fe, svc_id, spec, stats)?;
-        // 5. Slots beyond the new end.
+        // 5. Slots beyond the new end, and chunks past the table (all of them without one).
+        self.trim_maglev(maps, fe, svc_id, keep_chunks, stats)?;
         self.trim_slots(maps, fe, svc_id, current, slots.len(), stats)
     }
 }

@@ -43,6 +43,10 @@ pub struct ServiceRow {
     /// Why the endpoints' hints are not used, when they have some; empty otherwise.
     #[serde(default)]
     pub topology_note: String,
+    /// How new flows pick among `backends`: `maglev` (the frontend's Maglev table) or
+    /// `jump`; empty for a frontend not served.
+    #[serde(default)]
+    pub selection: String,
 }
 
 pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
@@ -127,6 +131,12 @@ pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
                 Topology::Ignored(why) => why.reason().to_string(),
                 _ => String::new(),
             },
+            selection: if v.flags & lbproxy_common::SVC_F_MAGLEV != 0 {
+                "maglev"
+            } else {
+                "jump"
+            }
+            .to_string(),
         });
     }
     rows.extend(unserved_rows(maps));
@@ -171,6 +181,7 @@ fn unserved_rows(maps: &PinnedMaps) -> Vec<ServiceRow> {
             not_served: label_bytes(&v.reason),
             topology: String::new(),
             topology_note: String::new(),
+            selection: String::new(),
         });
     }
     rows

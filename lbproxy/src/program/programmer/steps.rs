@@ -3,10 +3,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-use lbproxy_common::{MEMBER_DRAINING, MEMBER_SERVING, ServiceValue, SlotKey};
+use lbproxy_common::{MEMBER_DRAINING, MEMBER_SERVING, MaglevKey, ServiceValue, SlotKey};
 
 use super::{ApplyStats, ProgrammedFrontend, Programmer};
 use crate::desired::{Frontend, FrontendSpec};
+use crate::program::maglev::Built;
 use crate::program::maps::{MapWriteError, Maps};
 
 impl Programmer {
@@ -75,6 +76,7 @@ impl Programmer {
                 src_ranges: BTreeSet::new(),
                 members: BTreeMap::new(),
                 draining,
+                maglev: Default::default(),
             },
         );
         Ok(())
@@ -245,6 +247,107 @@ impl Programmer {
         stats.writes += 1;
         if let Some(f) = self.programmed_mut(fe) {
             f.value = Some(value);
+        }
+        Ok(())
+    }
+
+    /// Writes the chunks of the table `built` describes that differ from those written, and
+    /// returns how many chunks it has. The table holds a reference on each backend it
+    /// names: the new ones are taken before the first write, the old ones given back after
+    /// the last, so a write that fails half-way leaves every named backend in place.
+    pub(super) fn write_maglev<M: Maps>(
+        &mut self,
+        maps: &mut M,
+        fe: Frontend,
+        svc_id: u32,
+        built: &Built,
+        stats: &mut ApplyStats,
+    ) -> Result<u32, MapWriteError> {
+        let Some(cur) = self.state.frontends.get(&fe) else {
+            return Ok(0);
+        };
+        let backends = &self.state.backends;
+        let chunks = crate::program::maglev::chunks(
+            &built.ids,
+            |id| backends.get(&id).copied(),
+            built.m,
+            built.seed,
+        );
+        let n = u32::try_from(chunks.len()).unwrap_or(u32::MAX);
+        if cur.maglev.built.as_ref() == Some(built) {
+            return Ok(n);
+        }
+        let new_held: BTreeSet<u32> = built.ids.iter().copied().collect();
+        let old_held = cur.maglev.held.clone();
+        for id in new_held.difference(&old_held) {
+            *self.refs.entry(*id).or_default() += 1;
+        }
+        if let Some(f) = self.programmed_mut(fe) {
+            f.maglev.held = old_held.union(&new_held).copied().collect();
+            f.maglev.built = None;
+        }
+        for (no, chunk) in &chunks {
+            let same = self
+                .state
+                .frontends
+                .get(&fe)
+                .and_then(|f| f.maglev.chunks.get(no))
+                == Some(chunk);
+            if same {
+                continue;
+            }
+            maps.put_maglev_chunk(MaglevKey { svc_id, chunk: *no }, chunk)?;
+            stats.writes += 1;
+            if let Some(f) = self.programmed_mut(fe) {
+                f.maglev.chunks.insert(*no, *chunk);
+            }
+        }
+        if let Some(f) = self.programmed_mut(fe) {
+            f.maglev.built = Some(built.clone());
+            f.maglev.held = new_held.clone();
+        }
+        for id in old_held.difference(&new_held) {
+            self.release(*id);
+        }
+        Ok(n)
+    }
+
+    /// Deletes the chunks of the frontend's Maglev table from chunk `keep` on, last first;
+    /// with `keep` 0, the whole table and the references it holds.
+    pub(super) fn trim_maglev<M: Maps>(
+        &mut self,
+        maps: &mut M,
+        fe: Frontend,
+        svc_id: u32,
+        keep: u32,
+        stats: &mut ApplyStats,
+    ) -> Result<(), MapWriteError> {
+        let extra: Vec<u32> = self.state.frontends.get(&fe).map_or_else(Vec::new, |f| {
+            f.maglev
+                .chunks
+                .range(keep..)
+                .map(|(no, _)| *no)
+                .rev()
+                .collect()
+        });
+        for no in extra {
+            maps.del_maglev_chunk(MaglevKey { svc_id, chunk: no })?;
+            stats.deletes += 1;
+            if let Some(f) = self.programmed_mut(fe) {
+                f.maglev.chunks.remove(&no);
+            }
+        }
+        if keep == 0 {
+            let held = self
+                .programmed_mut(fe)
+                .map(|f| {
+                    f.maglev.built = None;
+                    std::mem::take(&mut f.maglev.held)
+                })
+                .unwrap_or_default();
+            for id in held {
+                self.release(id);
+            }
         }
         Ok(())
     }

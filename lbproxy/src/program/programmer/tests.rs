@@ -535,3 +535,148 @@ fn a_change_of_the_entry_alone_rewrites_the_entry_only() {
         "re-applying an adopted entry wrote something"
     );
 }
+
+/// A small prime table for the tests (2 chunks, the last one partial).
+const TEST_M: u32 = 8191;
+
+fn maglev_maps() -> MemMaps {
+    MemMaps {
+        maglev_m: TEST_M,
+        ..MemMaps::default()
+    }
+}
+
+/// The backend of every entry of `f`'s Maglev table, by address.
+fn maglev_owners(m: &MemMaps, f: Frontend) -> Vec<BackendAddr> {
+    let svc_id = m.services[&f.key()].svc_id;
+    (0..TEST_M)
+        .map(|i| {
+            let (chunk, pos) = lbproxy_common::maglev::position(u64::from(i), TEST_M);
+            let id =
+                m.maglev[&lbproxy_common::MaglevKey { svc_id, chunk }].backend_ids[pos as usize];
+            BackendAddr::from_value(&m.backends[&id]).unwrap()
+        })
+        .collect()
+}
+
+/// Under Maglev every frontend with a backend is flagged and has a whole table (MemMaps
+/// checks it after every write); the table follows the backend set, not the ids or the order
+/// they were learnt in; a frontend without backends, or removed, has none.
+#[test]
+fn maglev_tables_follow_the_backend_set() {
+    let mut m = maglev_maps();
+    let mut p = Programmer::default().with_maglev(TEST_M, 9);
+    let mut d = Desired::new();
+    d.insert(fe(10, 80), spec(&[2, 3, 4]));
+    // Learnt in another order, on another node with other ids.
+    let mut m2 = maglev_maps();
+    let mut p2 = Programmer::default()
+        .with_next_id(500)
+        .with_maglev(TEST_M, 9);
+    let mut d2 = Desired::new();
+    d2.insert(fe(11, 80), spec(&[7]));
+    d2.insert(fe(10, 80), spec(&[4, 2, 3]));
+    p.apply(&mut m, &d).unwrap();
+    p2.apply(&mut m2, &d2).unwrap();
+    let v = m.services[&fe(10, 80).key()];
+    assert_ne!(v.flags & lbproxy_common::SVC_F_MAGLEV, 0);
+    assert_eq!(
+        maglev_owners(&m, fe(10, 80)),
+        maglev_owners(&m2, fe(10, 80))
+    );
+    assert_eq!(m.maglev.len(), 2, "8191 entries take 2 chunks");
+
+    // The same desired state again writes nothing.
+    let st = p.apply(&mut m, &d).unwrap();
+    assert_eq!((st.writes, st.deletes), (0, 0));
+
+    // One backend leaves: its entries change hands, and few others (Maglev's ~1%).
+    let before = maglev_owners(&m, fe(10, 80));
+    d.insert(fe(10, 80), spec(&[2, 4]));
+    p.apply(&mut m, &d).unwrap();
+    let after = maglev_owners(&m, fe(10, 80));
+    let stayers_moved = before
+        .iter()
+        .zip(&after)
+        .filter(|(b, a)| **b != be(3) && b != a)
+        .count();
+    assert!(
+        stayers_moved * 50 <= TEST_M as usize,
+        "{stayers_moved} of {TEST_M} entries of staying backends moved"
+    );
+    assert!(!after.contains(&be(3)));
+    assert_eq!(m.backends.len(), 2, "the leaver's backend entry goes");
+
+    // No backend: no flag, no table. Then the frontend goes: nothing left.
+    d.insert(fe(10, 80), spec(&[]));
+    p.apply(&mut m, &d).unwrap();
+    assert_eq!(
+        m.services[&fe(10, 80).key()].flags & lbproxy_common::SVC_F_MAGLEV,
+        0
+    );
+    assert!(m.maglev.is_empty());
+    d.insert(fe(10, 80), spec(&[5]));
+    p.apply(&mut m, &d).unwrap();
+    assert_eq!(m.maglev.len(), 2);
+    d.remove(&fe(10, 80));
+    p.apply(&mut m, &d).unwrap();
+    assert!(m.maglev.is_empty() && m.services.is_empty() && m.backends.is_empty());
+}
+
+/// A restart adopts the tables it finds and rewrites nothing that is right; a restart
+/// without Maglev removes them (after the entries lose the flag); one with another seed
+/// rewrites them.
+#[test]
+fn maglev_tables_are_adopted_removed_or_rebuilt_at_restart() {
+    let mut m = maglev_maps();
+    let mut d = Desired::new();
+    d.insert(fe(10, 80), spec(&[2, 3, 4]));
+    d.insert(fe(11, 80), spec(&[3]));
+    Programmer::default()
+        .with_maglev(TEST_M, 9)
+        .apply(&mut m, &d)
+        .unwrap();
+    let mut again = Programmer::adopt(m.read_programmed(), m.id_cursor).with_maglev(TEST_M, 9);
+    let st = again.apply(&mut m, &d).unwrap();
+    assert_eq!((st.writes, st.deletes), (0, 0));
+
+    let before = maglev_owners(&m, fe(10, 80));
+    let mut reseeded = Programmer::adopt(m.read_programmed(), m.id_cursor).with_maglev(TEST_M, 10);
+    reseeded.apply(&mut m, &d).unwrap();
+    assert_ne!(maglev_owners(&m, fe(10, 80)), before);
+
+    let mut jump = Programmer::adopt(m.read_programmed(), m.id_cursor);
+    jump.apply(&mut m, &d).unwrap();
+    assert!(m.maglev.is_empty());
+    assert!(
+        m.services
+            .values()
+            .all(|v| v.flags & lbproxy_common::SVC_F_MAGLEV == 0)
+    );
+    assert_eq!(m.backends.len(), 3);
+}
+
+/// A write that fails anywhere leaves every table whole and naming live backends (checked
+/// by MemMaps after each write), and the next apply finishes the job.
+#[test]
+fn a_failed_maglev_write_leaves_the_maps_consistent() {
+    for fail in 0..24 {
+        let mut m = maglev_maps();
+        let mut p = Programmer::default().with_maglev(TEST_M, 9);
+        let mut d = Desired::new();
+        d.insert(fe(10, 80), spec(&[2, 3, 4]));
+        p.apply(&mut m, &d).unwrap();
+        d.insert(fe(10, 80), spec(&[3, 5]));
+        d.insert(fe(11, 53), spec(&[6]));
+        m.fail_at = Some(fail);
+        let _ = p.apply(&mut m, &d);
+        m.check();
+        p.apply(&mut m, &d).unwrap();
+        let owners: std::collections::BTreeSet<BackendAddr> =
+            maglev_owners(&m, fe(10, 80)).into_iter().collect();
+        assert_eq!(owners, [be(3), be(5)].into(), "fail at {fail}");
+        assert_eq!(m.backends.len(), 3, "fail at {fail}: {:?}", m.backends);
+        let st = p.apply(&mut m, &d).unwrap();
+        assert_eq!((st.writes, st.deletes), (0, 0), "fail at {fail}");
+    }
+}
