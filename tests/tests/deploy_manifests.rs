@@ -408,6 +408,12 @@ struct LbproxyConfig {
     snat_port_range: Option<String>,
     #[serde(default)]
     tcp_syn_sent_timeout: Option<String>,
+    #[serde(default)]
+    lb_algorithm: Option<String>,
+    #[serde(default)]
+    maglev_table_size: Option<u32>,
+    #[serde(default)]
+    hash_seed_file: Option<String>,
 }
 
 // ---------------------------------------------------------------------------------------------

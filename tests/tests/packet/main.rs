@@ -11,8 +11,8 @@
 //!
 //! The cases, by subject: [`nat`] (DNAT and reverse NAT), [`rejects`], [`service_cidrs`],
 //! [`edges`] (IPv4), [`ipv6`] and [`sctp`] (both families, both hooks, the CRC32c),
-//! [`takeover`] (the flags of a takeover from kube-proxy and a hand-back); [`rig`]
-//! runs them.
+//! [`takeover`] (the flags of a takeover from kube-proxy and a hand-back), [`maglev`] (the
+//! table lookup of `--lb-algorithm maglev`); [`rig`] runs them.
 //!
 //! The stack bypass stays off (its FIB lookups would depend on the lab's routes), so a
 //! translated packet always goes on to the stack: `TC_ACT_UNSPEC`.
@@ -21,6 +21,7 @@
 mod common;
 mod edges;
 mod ipv6;
+mod maglev;
 mod nat;
 mod rejects;
 mod rig;

@@ -149,6 +149,11 @@ impl Rig {
     /// [`Rig::new`], with `extra` (YAML documents, each starting with `---`) beside the
     /// rig's own services.
     pub(crate) fn with_extra(extra: &str) -> Rig {
+        Rig::with_args(extra, &[])
+    }
+
+    /// [`Rig::with_extra`], lbproxy started with `args` added to the lab's command line.
+    pub(crate) fn with_args(extra: &str, args: &[&str]) -> Rig {
         let lab = Lab::new(Shape::Routed);
         let client = lab.add_pod("client");
         let own = merge([
@@ -158,7 +163,7 @@ impl Rig {
         ]);
         let own = own.to_yaml();
         lab.write_manifest_text(&format!("{own}{extra}"));
-        let mut lb = lab.start_lbproxy();
+        let mut lb = lab.start_lbproxy_with(args);
         lb.expect_healthy(HEALTHY_WITHIN);
         let found = wait_for(Duration::from_secs(5), Duration::from_millis(20), || {
             let att = lab.tcx_attachments();
