@@ -331,7 +331,8 @@ impl Maps for PinnedMaps {
             self.members.iter().flatten(),
             self.all_services(),
             src_ranges_in(&self.src_ranges).chain(src_ranges_in(&self.src_ranges6)),
-            self.maglev.iter().flat_map(|m| m.iter().flatten()),
+            // The chunks' keys only: their content is not read back (see `MaglevTable`).
+            self.maglev.iter().flat_map(|m| m.keys().flatten()),
             |svc_id| {
                 self.labels
                     .get(&svc_id, 0)

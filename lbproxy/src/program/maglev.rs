@@ -175,33 +175,50 @@ pub struct Built {
     pub ids: Vec<u32>,
 }
 
-/// A frontend's Maglev table as the maps hold it (`LB_MAGLEV_V1`, by chunk).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// A frontend's Maglev table as the maps hold it (`LB_MAGLEV_V1`, by chunk). Only a
+/// fingerprint of each chunk is kept, not its 16 KiB: at 10,000 frontends the tables are
+/// over half a GiB, which the controller neither holds nor reads back.
+#[derive(Clone, Debug, Default, Eq)]
 pub struct MaglevTable {
-    pub chunks: BTreeMap<u32, MaglevChunk>,
+    /// The chunks written, by number, with a fingerprint of their content ([`fingerprint`]);
+    /// 0 when read back from the maps (the content is not read), so the next write of that
+    /// chunk happens whatever it holds.
+    pub chunks: BTreeMap<u32, u64>,
     /// What the chunks were built from; `None` when read back at start-up (or when a write
     /// failed half-way), so the next apply builds it again and writes what differs.
     pub built: Option<Built>,
-    /// The backend ids the table holds a reference on: every id in its chunks, and after a
-    /// failed write also those it was about to write, so none is deleted while an entry
+    /// The backend ids the table holds a reference on: those it was built from, and after
+    /// a failed write also those it was about to write, so none is deleted while an entry
     /// may name it.
     pub held: BTreeSet<u32>,
 }
 
+/// Tables are compared by the chunks present only: that is what reading the maps back
+/// sees, and a chunk deleted by hand is the drift it can find.
+impl PartialEq for MaglevTable {
+    fn eq(&self, other: &Self) -> bool {
+        self.chunks.keys().eq(other.chunks.keys())
+    }
+}
+
 impl MaglevTable {
-    /// A table read back from the maps.
-    pub fn from_chunks(chunks: BTreeMap<u32, MaglevChunk>) -> MaglevTable {
-        let held = chunks
-            .values()
-            .flat_map(|c| c.backend_ids.iter().copied())
-            .filter(|id| *id != 0)
-            .collect();
+    /// A table read back from the maps: the numbers of its chunks.
+    pub fn from_chunk_numbers(numbers: impl IntoIterator<Item = u32>) -> MaglevTable {
         MaglevTable {
-            chunks,
+            chunks: numbers.into_iter().map(|n| (n, 0)).collect(),
             built: None,
-            held,
+            held: BTreeSet::new(),
         }
     }
+}
+
+/// A fingerprint of a chunk's content, never 0.
+pub fn fingerprint(c: &MaglevChunk) -> u64 {
+    let mut h: u64 = 0x9e37_79b9_7f4a_7c15;
+    for id in &c.backend_ids {
+        h = fmix64(h ^ u64::from(*id));
+    }
+    h | 1
 }
 
 /// The chunks of the table for the backends `ids` (with their addresses `addr_of`), `m`
@@ -227,15 +244,20 @@ pub fn chunks(
     }
     let members: Vec<Member> = by_member.keys().copied().collect();
     let (sorted, table) = build(&members, m, seed);
-    let mut out: BTreeMap<u32, MaglevChunk> = BTreeMap::new();
-    for (i, owner) in table.iter().enumerate() {
-        let i = i as u32;
-        let c = out.entry(i / MAGLEV_CHUNK).or_insert(MaglevChunk {
-            backend_ids: [0; MAGLEV_CHUNK as usize],
-        });
-        c.backend_ids[(i % MAGLEV_CHUNK) as usize] = by_member[&sorted[*owner as usize]];
-    }
-    out
+    let id_of: Vec<u32> = sorted.iter().map(|s| by_member[s]).collect();
+    table
+        .chunks(MAGLEV_CHUNK as usize)
+        .enumerate()
+        .map(|(no, entries)| {
+            let mut c = MaglevChunk {
+                backend_ids: [0; MAGLEV_CHUNK as usize],
+            };
+            for (slot, owner) in c.backend_ids.iter_mut().zip(entries) {
+                *slot = id_of[*owner as usize];
+            }
+            (no as u32, c)
+        })
+        .collect()
 }
 
 #[cfg(test)]

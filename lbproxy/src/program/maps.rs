@@ -156,12 +156,12 @@ pub fn assemble(
     members: impl Iterator<Item = (MemberKey, u32)>,
     services: impl Iterator<Item = (FrontendKey, ServiceValue)>,
     src_ranges: impl Iterator<Item = (u32, ipnet::IpNet)>,
-    maglev: impl Iterator<Item = (MaglevKey, MaglevChunk)>,
+    maglev: impl Iterator<Item = MaglevKey>,
     label: impl Fn(u32) -> String,
 ) -> Programmed {
-    let mut tables_of: HashMap<u32, BTreeMap<u32, MaglevChunk>> = HashMap::new();
-    for (k, c) in maglev {
-        tables_of.entry(k.svc_id).or_default().insert(k.chunk, c);
+    let mut tables_of: HashMap<u32, BTreeSet<u32>> = HashMap::new();
+    for k in maglev {
+        tables_of.entry(k.svc_id).or_default().insert(k.chunk);
     }
     let mut ranges_of: HashMap<u32, BTreeSet<ipnet::IpNet>> = HashMap::new();
     for (svc_id, r) in src_ranges {
@@ -211,7 +211,7 @@ pub fn assemble(
                 members: members_of.remove(&v.svc_id).unwrap_or_default(),
                 maglev: tables_of
                     .remove(&v.svc_id)
-                    .map(MaglevTable::from_chunks)
+                    .map(MaglevTable::from_chunk_numbers)
                     .unwrap_or_default(),
             },
         );
@@ -344,7 +344,7 @@ pub mod mem {
                 }),
                 self.services.iter().map(|(k, v)| (*k, *v)),
                 self.src_ranges.iter().copied(),
-                self.maglev.iter().map(|(k, v)| (*k, *v)),
+                self.maglev.keys().copied(),
                 |id| self.labels.get(&id).cloned().unwrap_or_default(),
             )
         }

@@ -287,19 +287,20 @@ impl Programmer {
             f.maglev.built = None;
         }
         for (no, chunk) in &chunks {
+            let print = crate::program::maglev::fingerprint(chunk);
             let same = self
                 .state
                 .frontends
                 .get(&fe)
                 .and_then(|f| f.maglev.chunks.get(no))
-                == Some(chunk);
+                == Some(&print);
             if same {
                 continue;
             }
             maps.put_maglev_chunk(MaglevKey { svc_id, chunk: *no }, chunk)?;
             stats.writes += 1;
             if let Some(f) = self.programmed_mut(fe) {
-                f.maglev.chunks.insert(*no, *chunk);
+                f.maglev.chunks.insert(*no, print);
             }
         }
         if let Some(f) = self.programmed_mut(fe) {

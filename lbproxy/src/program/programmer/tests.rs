@@ -623,9 +623,9 @@ fn maglev_tables_follow_the_backend_set() {
     assert!(m.maglev.is_empty() && m.services.is_empty() && m.backends.is_empty());
 }
 
-/// A restart adopts the tables it finds and rewrites nothing that is right; a restart
-/// without Maglev removes them (after the entries lose the flag); one with another seed
-/// rewrites them.
+/// A restart adopts the tables it finds (their chunks, not their content: each chunk is
+/// written once more, then nothing); a restart without Maglev removes them (after the
+/// entries lose the flag); one with another seed rewrites them.
 #[test]
 fn maglev_tables_are_adopted_removed_or_rebuilt_at_restart() {
     let mut m = maglev_maps();
@@ -636,7 +636,15 @@ fn maglev_tables_are_adopted_removed_or_rebuilt_at_restart() {
         .with_maglev(TEST_M, 9)
         .apply(&mut m, &d)
         .unwrap();
+    let before = maglev_owners(&m, fe(10, 80));
     let mut again = Programmer::adopt(m.read_programmed(), m.id_cursor).with_maglev(TEST_M, 9);
+    let st = again.apply(&mut m, &d).unwrap();
+    assert_eq!(
+        (st.writes, st.deletes),
+        (4, 0),
+        "2 frontends, 2 chunks each, rewritten"
+    );
+    assert_eq!(maglev_owners(&m, fe(10, 80)), before);
     let st = again.apply(&mut m, &d).unwrap();
     assert_eq!((st.writes, st.deletes), (0, 0));
 
