@@ -256,7 +256,10 @@ fn a_short_seed_file_is_refused_before_anything_is_loaded() {
         "a 3-byte seed file: exit {st:?}\n{log}"
     );
     let want = format!("hashSeedFile {file}: holds 3 bytes; at least 8 are needed");
-    assert!(log.contains(&want), "the error names the file and why ({want:?}):\n{log}");
+    assert!(
+        log.contains(&want),
+        "the error names the file and why ({want:?}):\n{log}"
+    );
     let dir = &lab.node(NodeId::A).bpffs_dir;
     let pinned: Vec<_> = std::fs::read_dir(dir)
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
