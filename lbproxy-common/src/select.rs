@@ -61,9 +61,9 @@ pub fn flow_hash<A: Addr>(
     fmix64(fmix64(a ^ seed) ^ b.wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
-/// MurmurHash3's 64-bit finalizer.
+/// MurmurHash3's 64-bit finalizer (also the controller's, for Maglev tables).
 #[inline(always)]
-fn fmix64(mut k: u64) -> u64 {
+pub fn fmix64(mut k: u64) -> u64 {
     k ^= k >> 33;
     k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
     k ^= k >> 33;

@@ -146,16 +146,23 @@ fn moved(a: &BTreeMap<u16, String>, b: &BTreeMap<u16, String>) -> Vec<(u16, Stri
         .collect()
 }
 
-/// The same 5-tuples through nodeA, then through nodeB: the same backend each (20/20).
-#[test]
-fn same_seed_file_same_backend_through_either_node() {
-    let s = Setup::new(4, ["0123456789abcdef\n"; 2]);
+/// The backend of each of 20 UDP tuples from an external client to the LB IP routed
+/// through nodeA, then of the same tuples routed through nodeB.
+fn through_either_node(s: &Setup) -> (BTreeMap<u16, String>, BTreeMap<u16, String>) {
     let client = s.lab.add_client("ext");
     let ports = ports(20);
     client.route_via(&format!("{LB_IP}/32"), s.lab.node(NodeId::A));
     let via_a = s.backends(&client.netns, &ports, "via nodeA");
     client.route_via(&format!("{LB_IP}/32"), s.lab.node(NodeId::B));
     let via_b = s.backends(&client.netns, &ports, "via nodeB");
+    (via_a, via_b)
+}
+
+/// The same 5-tuples through nodeA, then through nodeB: the same backend each (20/20).
+#[test]
+fn same_seed_file_same_backend_through_either_node() {
+    let s = Setup::new(4, ["0123456789abcdef\n"; 2]);
+    let (via_a, via_b) = through_either_node(&s);
     eprintln!("via nodeA: {via_a:?}\nvia nodeB: {via_b:?}");
     let spread: std::collections::BTreeSet<&String> = via_a.values().collect();
     assert!(
@@ -175,12 +182,7 @@ fn same_seed_file_same_backend_through_either_node() {
 #[test]
 fn different_seed_files_pick_differently() {
     let s = Setup::new(4, ["0123456789abcdef\n", "fedcba9876543210\n"]);
-    let client = s.lab.add_client("ext");
-    let ports = ports(20);
-    client.route_via(&format!("{LB_IP}/32"), s.lab.node(NodeId::A));
-    let via_a = s.backends(&client.netns, &ports, "via nodeA");
-    client.route_via(&format!("{LB_IP}/32"), s.lab.node(NodeId::B));
-    let via_b = s.backends(&client.netns, &ports, "via nodeB");
+    let (via_a, via_b) = through_either_node(&s);
     let m = moved(&via_a, &via_b);
     eprintln!("{} of 20 tuples differ: {m:?}", m.len());
     assert!(

@@ -18,6 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+use lbproxy_common::select::fmix64;
 use lbproxy_common::{MAGLEV_CHUNK, MaglevChunk};
 
 use crate::desired::BackendAddr;
@@ -156,14 +157,6 @@ fn hash(seed: u64, bytes: &[u8], salt: u64) -> u64 {
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
     fmix64(h ^ seed ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15))
-}
-
-fn fmix64(mut k: u64) -> u64 {
-    k ^= k >> 33;
-    k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    k ^= k >> 33;
-    k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    k ^ (k >> 33)
 }
 
 /// What a frontend's table was built from: the table size, the seed and the backend ids of
