@@ -1,8 +1,8 @@
 //! One hash for the cluster (issue 30 §2): `--lb-algorithm maglev` with `--hash-seed-file`,
 //! on two nodes, each lbproxy started as other harnesses start it plus these two flags.
 //!
-//! - [`same_seed_file_same_backend_through_either_node`]: an external client's UDP flows to
-//!   the LB IP, from 20 fixed source ports, first routed through nodeA, then through nodeB
+//! - [`same_seed_file_same_backend_through_either_node`] (both families): an external
+//!   client's UDP flows to the LB IP, from 20 fixed source ports, first routed through nodeA, then through nodeB
 //!   (the same 5-tuples, as after an upstream ECMP change): with one seed file on both
 //!   nodes every tuple reaches the same backend both times.
 //! - [`different_seed_files_pick_differently`]: with a file per node, some do not.
@@ -17,16 +17,18 @@
 mod north_south_common;
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use lbproxy_tests::lab::Inspect as _;
-use lbproxy_tests::lab::multinode::{MultiNodeLab, NodeId, WEB_LB_IP as LB_IP, web_manifest};
+use lbproxy_tests::lab::multinode::{
+    MultiNodeLab, NodeId, WEB_LB_IP as LB_IP, WEB_LB_IP6, dual_stack_web_manifest, web_manifest,
+};
 use lbproxy_tests::lab::multinode::{
     WEB_BACKEND_TCP as BACKEND_TCP, WEB_BACKEND_UDP as BACKEND_UDP,
 };
-use lbproxy_tests::lab::{Backend, Lbproxy, Pod, bpf, udp_request};
+use lbproxy_tests::lab::{Backend, Family, Lbproxy, Pod, bpf, udp_request};
 
 use north_south_common::{HEALTHY_WITHIN, TIMEOUT};
 
@@ -39,6 +41,9 @@ const APPLY_WITHIN: Duration = Duration::from_secs(10);
 
 struct Setup {
     lab: MultiNodeLab,
+    /// IPv4: `web` single-stack, the tuples to its LB IP; IPv6: `web` dual-stack, the tuples
+    /// to its IPv6 LB IP.
+    family: Family,
     pods: Vec<Pod>,
     _servers: Vec<Backend>,
     lbs: Vec<Lbproxy>,
@@ -49,6 +54,11 @@ impl Setup {
     /// lbproxy on each node with `--lb-algorithm maglev` and the seed file of that node
     /// (`seeds[0]` for nodeA, `seeds[1]` for nodeB: their contents).
     fn new(n: usize, seeds: [&str; 2]) -> Setup {
+        Setup::in_family(Family::V4, n, seeds)
+    }
+
+    /// [`Setup::new`], the tuples in `family`.
+    fn in_family(family: Family, n: usize, seeds: [&str; 2]) -> Setup {
         let lab = MultiNodeLab::new();
         let pods: Vec<Pod> = (1..=n)
             .map(|i| {
@@ -62,6 +72,7 @@ impl Setup {
             .collect();
         let s = Setup {
             lab,
+            family,
             pods,
             _servers: servers,
             lbs: Vec::new(),
@@ -100,8 +111,18 @@ impl Setup {
             .iter()
             .map(|p| (p.ip, Some(self.lab.node_of(&p.name).name())))
             .collect();
-        self.lab
-            .write_manifest_text(&web_manifest(&eps, "Cluster", ""));
+        self.lab.write_manifest_text(&match self.family {
+            Family::V4 => web_manifest(&eps, "Cluster", ""),
+            Family::V6 => dual_stack_web_manifest(&self.lab, pods, "Cluster", ""),
+        });
+    }
+
+    /// `web`'s LB IP in the setup's family.
+    fn lb_ip(&self) -> IpAddr {
+        match self.family {
+            Family::V4 => LB_IP.into(),
+            Family::V6 => WEB_LB_IP6.into(),
+        }
     }
 
     /// The backend each source port's UDP request to the LB IP reaches, from `client`.
@@ -109,7 +130,7 @@ impl Setup {
         ports
             .iter()
             .map(|p| {
-                let r = udp_request(client, LB_IP, WEB_UDP, TIMEOUT, Some(*p))
+                let r = udp_request(client, self.lb_ip(), WEB_UDP, TIMEOUT, Some(*p))
                     .map(|(r, _)| r.backend)
                     .unwrap_or_else(|e| panic!("{ctx}: UDP from port {p}: {e}\n{}", self.logs()));
                 (*p, r)
@@ -151,17 +172,23 @@ fn moved(a: &BTreeMap<u16, String>, b: &BTreeMap<u16, String>) -> Vec<(u16, Stri
 fn through_either_node(s: &Setup) -> (BTreeMap<u16, String>, BTreeMap<u16, String>) {
     let client = s.lab.add_client("ext");
     let ports = ports(20);
-    client.route_via(&format!("{LB_IP}/32"), s.lab.node(NodeId::A));
+    let via = |node: NodeId| match s.family {
+        Family::V4 => client.route_via(&format!("{LB_IP}/32"), s.lab.node(node)),
+        Family::V6 => client.route_via6(&format!("{WEB_LB_IP6}/128"), s.lab.node(node)),
+    };
+    via(NodeId::A);
     let via_a = s.backends(&client.netns, &ports, "via nodeA");
-    client.route_via(&format!("{LB_IP}/32"), s.lab.node(NodeId::B));
+    via(NodeId::B);
     let via_b = s.backends(&client.netns, &ports, "via nodeB");
     (via_a, via_b)
 }
 
-/// The same 5-tuples through nodeA, then through nodeB: the same backend each (20/20).
-#[test]
-fn same_seed_file_same_backend_through_either_node() {
-    let s = Setup::new(4, ["0123456789abcdef\n"; 2]);
+lbproxy_tests::both_families!(same_seed_file_same_backend_through_either_node);
+
+/// The same 5-tuples through nodeA, then through nodeB: the same backend each (20/20), in
+/// each family.
+fn same_seed_file_same_backend_through_either_node(family: Family) {
+    let s = Setup::in_family(family, 4, ["0123456789abcdef\n"; 2]);
     let (via_a, via_b) = through_either_node(&s);
     eprintln!("via nodeA: {via_a:?}\nvia nodeB: {via_b:?}");
     let spread: std::collections::BTreeSet<&String> = via_a.values().collect();
