@@ -266,6 +266,12 @@ impl Programmer {
         let Some(cur) = self.state.frontends.get(&fe) else {
             return Ok(0);
         };
+        // The table's chunk count follows from its size alone: a table already built from
+        // the same inputs is not built again just to count them.
+        let n = built.m.div_ceil(lbproxy_common::MAGLEV_CHUNK);
+        if cur.maglev.built.as_ref() == Some(built) {
+            return Ok(n);
+        }
         let backends = &self.state.backends;
         let chunks = crate::program::maglev::chunks(
             &built.ids,
@@ -273,10 +279,7 @@ impl Programmer {
             built.m,
             built.seed,
         );
-        let n = u32::try_from(chunks.len()).unwrap_or(u32::MAX);
-        if cur.maglev.built.as_ref() == Some(built) {
-            return Ok(n);
-        }
+        debug_assert_eq!(chunks.len(), n as usize);
         let new_held: BTreeSet<u32> = built.ids.iter().copied().collect();
         let old_held = cur.maglev.held.clone();
         for id in new_held.difference(&old_held) {
