@@ -25,6 +25,16 @@ counter_enum! {
         /// A packet of a pod's flow to itself through a frontend (hairpin, either
         /// direction), translated and sent straight back into the pod.
         RedirectHairpin = 7 => "redirect_hairpin",
+        /// North-south at XDP (`--xdp-acceleration`): a client's packet of an established
+        /// flow to a backend on another node, translated (source-NATed) and sent back out
+        /// of the interface it came in on (`XDP_TX`).
+        XdpToBackend = 8 => "xdp_to_backend",
+        /// North-south at XDP: a remote backend's reply of a source-NATed flow, translated
+        /// back and sent out to the client (`XDP_TX`).
+        XdpToClient = 9 => "xdp_to_client",
+        /// North-south at XDP: a client's packet of an established flow to a backend on
+        /// this node, translated and passed up the stack to its pod.
+        XdpToLocalBackend = 10 => "xdp_to_local_backend",
     }
 }
 

@@ -496,6 +496,9 @@ pub mod program_names {
     pub const FROM_NODE: &str = "lb_from_node";
     /// tcx egress on a node interface: traffic leaving the node.
     pub const TO_NODE: &str = "lb_to_node";
+    /// XDP on a node interface (`--xdp-acceleration`): north-south packets of established
+    /// flows, translated before an skb exists; everything else passes to `lb_from_node`.
+    pub const XDP: &str = "lb_xdp";
     /// cgroup `connect4`: a socket of the node connecting to a frontend.
     pub const CONNECT4: &str = "lb_connect4";
     /// cgroup `sendmsg4`: a datagram of an unconnected UDP socket of the node.

@@ -57,8 +57,9 @@ impl Peer {
     }
 }
 
+/// Counts one packet under `d` (per CPU).
 #[inline(always)]
-fn count(d: Delivery) {
+pub fn count(d: Delivery) {
     if let Some(c) = LB_DELIVERY_V1.get_ptr_mut(d as u32) {
         // Per-CPU slot: no other writer.
         unsafe { *c += 1 };
@@ -158,20 +159,37 @@ pub fn fib<A: Family>(
     let skb = ctx.skb.skb;
     // SAFETY: the context pointer is valid for the whole program run.
     let in_ifindex = unsafe { (*skb).ifindex };
+    let (rc, p) = fib_from(
+        skb.cast(),
+        in_ifindex,
+        proto,
+        (src, sport_be),
+        (dst, dport_be),
+    );
+    (rc, p, in_ifindex)
+}
+
+/// [`fib`] for any program's context (`ctx`, the raw pointer `bpf_fib_lookup` takes: a TC
+/// program's skb or an XDP program's `xdp_md`), for a packet that arrived on `in_ifindex`.
+#[inline(always)]
+pub fn fib_from<A: Family>(
+    ctx: *mut core::ffi::c_void,
+    in_ifindex: u32,
+    proto: u8,
+    src: (&A, u16),
+    dst: (&A, u16),
+) -> (i64, FibParams) {
     // The input, as bpf_fib_lookup's little-endian words: family, l4_protocol, sport, dport,
-    // tot_len 0 (the MTU check then uses the skb, which understands GSO); ifindex, tos or
-    // flow label 0; the source; the destination ([`Family::fib_addrs`]). The other words
-    // are ignored without flags (tbid/VLAN, mark, and for IPv4 the rest of the IPv6
-    // addresses) or outputs (MACs). They get a filler known only at run time: constant
-    // bytes there would be merged into a call to a BPF-to-BPF memset subprogram, which
-    // costs more than the lookup's own setup.
+    // tot_len 0 (the MTU check then uses the skb, which understands GSO; an XDP frame is
+    // not checked); ifindex, tos or flow label 0; the source; the destination
+    // ([`Family::fib_addrs`]). The other words are ignored without flags (tbid/VLAN, mark,
+    // and for IPv4 the rest of the IPv6 addresses) or outputs (MACs). They get a filler
+    // known only at run time: constant bytes there would be merged into a call to a
+    // BPF-to-BPF memset subprogram, which costs more than the lookup's own setup.
     let filler = u64::from(in_ifindex);
-    let a = A::fib_addrs(src, dst, filler);
+    let a = A::fib_addrs(src.0, dst.0, filler);
     let words: [u64; 8] = [
-        u64::from(A::AF)
-            | u64::from(proto) << 8
-            | u64::from(sport_be) << 16
-            | u64::from(dport_be) << 32,
+        u64::from(A::AF) | u64::from(proto) << 8 | u64::from(src.1) << 16 | u64::from(dst.1) << 32,
         u64::from(in_ifindex),
         a[0],
         a[1],
@@ -183,8 +201,8 @@ pub fn fib<A: Family>(
     // SAFETY: bpf_fib_lookup is 64 bytes of plain integers (asserted at the top).
     let mut p: FibParams = unsafe { core::mem::transmute::<[u64; 8], FibParams>(words) };
     // SAFETY: `p` is a properly sized, initialized bpf_fib_lookup on our stack.
-    let rc = unsafe { bpf_fib_lookup(skb.cast(), &raw mut p, size_of::<FibParams>() as i32, 0) };
-    (rc, p, in_ifindex)
+    let rc = unsafe { bpf_fib_lookup(ctx, &raw mut p, size_of::<FibParams>() as i32, 0) };
+    (rc, p)
 }
 
 /// Finishes a translation's L3 half (the addresses become `addrs`, source then destination)

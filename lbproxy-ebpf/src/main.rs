@@ -34,7 +34,9 @@
 //! North-south (`north`): `lb_from_node` (tcx ingress on the node's own interfaces) serves
 //! NodePorts, externalIPs and load-balancer IPs to traffic from outside the node, and takes
 //! back the replies of source-NATed flows; `lb_to_node` (tcx egress there) reverse-NATs the
-//! replies of backends on this node to clients outside it.
+//! replies of backends on this node to clients outside it. With `--xdp-acceleration`,
+//! `lb_xdp` (XDP on the same interfaces, `xdp`) translates the packets of established
+//! north-south flows before an skb exists, and passes everything else to `lb_from_node`.
 #![no_std]
 #![no_main]
 
@@ -60,10 +62,11 @@ mod sock;
 mod source;
 mod stage;
 mod untrack;
+mod xdp;
 
 use aya_ebpf::{
-    macros::{cgroup_sock_addr, classifier},
-    programs::{SockAddrContext, TcContext},
+    macros::{cgroup_sock_addr, classifier, xdp},
+    programs::{SockAddrContext, TcContext, XdpContext},
 };
 use lbproxy_common::{IPPROTO_UDP, SockEvent};
 
@@ -110,6 +113,11 @@ pub fn lb_to_node(ctx: TcContext) -> i32 {
     } else {
         hooks::to_node::run::<V4>(ctx)
     }
+}
+
+#[xdp]
+pub fn lb_xdp(ctx: XdpContext) -> u32 {
+    xdp::run(&ctx)
 }
 
 #[cgroup_sock_addr(connect4)]

@@ -333,10 +333,9 @@ async fn start_datapath(
         settings.snat_port_range,
         hc_tx,
         node_ips_tx,
-    )?;
-    bpf::ifaces::spawn_attach(dp, attacher, metrics.clone())
-        .await
-        .context("opening rtnetlink")?;
+    )?
+    .with_xdp(settings.xdp_acceleration);
+    bpf::ifaces::spawn_attach(dp, attacher, metrics.clone()).await?;
     let capacities = bpf::capacities(&settings.bpffs_dir);
     spawn_flow_gc(settings, &capacities, metrics.clone());
     bpf::spawn_counters(PinnedMaps::open(&settings.bpffs_dir)?, metrics.clone());

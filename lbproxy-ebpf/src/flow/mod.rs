@@ -194,8 +194,7 @@ fn established<A: Family>(
     // A flow adopted from conntrack and still translated by its entry is live whatever
     // lbproxy's model says (its ids are not known before the first sync): its packets pass
     // untranslated (the hook sees `FlowAdopted::Conntrack` in the target).
-    let live = f.adopted == FLOW_ADOPTED_CONNTRACK
-        || (f.svc_id == svc.svc_id && select::is_member(svc.svc_id, f.backend_id));
+    let live = f.adopted == FLOW_ADOPTED_CONNTRACK || serves(f, svc);
     w.rkey = key.partner(f);
     let rkey = &w.rkey;
     let partner = A::flow(rkey);
@@ -253,6 +252,48 @@ fn established<A: Family>(
         count(DropReason::FlowHalfRecreated);
     }
     Ok(None)
+}
+
+/// Whether flow half `f` still translates for frontend `svc`: its backend is still a member
+/// (serving or draining) of this very service.
+#[inline(always)]
+fn serves<A: Family>(f: &FlowValueOf<A>, svc: &ServiceValue) -> bool {
+    f.svc_id == svc.svc_id && select::is_member(svc.svc_id, f.backend_id)
+}
+
+/// [`forward`]'s fast path alone, for the XDP program (`xdp`): the translation of a packet
+/// whose flow is established and needs nothing decided, or `None` for any other (a SYN, a
+/// flow not lbproxy's own or not live, a missing or foreign partner, another ingress
+/// interface), which is left untouched for the TC program's whole flow stage. What it
+/// writes is what every packet of such a flow writes there (`touch`, `note_close`), so a
+/// packet it answered `None` for can go through [`forward`] as if it had never run.
+#[inline(always)]
+pub fn established_only<A: Family>(
+    pkt: &Packet<A>,
+    svc: &ServiceValue,
+    ingress: u32,
+) -> Option<NatTarget<A>> {
+    if pkt.is_syn() {
+        return None;
+    }
+    let w = A::work()?;
+    w.key = key_of(pkt, FLOW_DIR_FORWARD);
+    let entry = A::flow(&w.key)?;
+    // SAFETY: a successful lookup; see `established`.
+    let f = unsafe { &*entry };
+    if f.ifindex != ingress || f.adopted != 0 || !serves(f, svc) {
+        return None;
+    }
+    w.rkey = w.key.partner(f);
+    let r = A::flow(&w.rkey)?;
+    // SAFETY: as above.
+    if !pairs(&w.key, f, unsafe { &*r }) {
+        return None;
+    }
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    touch(entry, now);
+    note_close(entry, pkt);
+    Some(NatTarget::of(f))
 }
 
 /// Reply direction: the VIP:port a backend's packet to a client must appear to come from

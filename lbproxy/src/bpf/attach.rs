@@ -10,11 +10,12 @@ use std::path::{Path, PathBuf};
 
 use aya::programs::links::{FdLink, LinkOrder, PinnedLink};
 use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
-use aya::programs::{SchedClassifier, TcAttachType};
+use aya::programs::xdp::XdpLink;
+use aya::programs::{SchedClassifier, TcAttachType, Xdp, XdpMode};
 use globset::GlobSet;
 use lbproxy_common::program_names;
 
-use crate::config::NodePortAddresses;
+use crate::config::{NodePortAddresses, XdpAcceleration};
 
 use super::ifaces::Link;
 pub use super::node::Role;
@@ -45,6 +46,9 @@ fn directions(role: Role) -> [(&'static str, &'static str, TcAttachType); 2] {
         ],
     }
 }
+
+/// The pin suffix of a node interface's XDP link (`lb_xdp`, `--xdp-acceleration`).
+pub const XDP_PIN: &str = "xdp";
 
 fn link_pin(dir: &Path, iface: &Interface, direction: &str) -> PathBuf {
     dir.join("links").join(format!(
@@ -105,6 +109,11 @@ pub struct Attacher {
     /// either.
     absent: BTreeSet<Interface>,
     stack_bypass: bool,
+    /// `--xdp-acceleration`, the node interfaces `lb_xdp` runs on, and those whose driver
+    /// refused it under `best-effort` (said once, not tried again while they exist).
+    xdp: XdpAcceleration,
+    xdp_attached: BTreeSet<Interface>,
+    xdp_refused: BTreeSet<Interface>,
 }
 
 impl Attacher {
@@ -129,7 +138,58 @@ impl Attacher {
             attached: BTreeSet::new(),
             absent: BTreeSet::new(),
             stack_bypass,
+            xdp: XdpAcceleration::Disabled,
+            xdp_attached: BTreeSet::new(),
+            xdp_refused: BTreeSet::new(),
         })
+    }
+
+    /// Runs `lb_xdp` on the node interfaces as `xdp` says (`--xdp-acceleration`; without
+    /// this, `disabled`).
+    pub fn with_xdp(self, xdp: XdpAcceleration) -> Self {
+        Self { xdp, ..self }
+    }
+
+    /// Whether an interface that refuses XDP stops lbproxy (`--xdp-acceleration native`).
+    pub fn xdp_required(&self) -> bool {
+        self.xdp == XdpAcceleration::Native
+    }
+
+    /// Keeps `lb_xdp` on node interface `iface` as `--xdp-acceleration` says: attached in
+    /// native (driver) mode, or detached (`disabled`, also detaching what an earlier run
+    /// attached). An interface that refuses it is an error under `native`
+    /// ([`BpfError::XdpRefused`]); under `best-effort` it keeps the TC programs alone, said
+    /// once.
+    fn sync_xdp(&mut self, dp: &mut Datapath, iface: &Interface) -> Result<(), BpfError> {
+        let pin = link_pin(&dp.dir, iface, XDP_PIN);
+        if self.xdp == XdpAcceleration::Disabled {
+            if pin.exists() {
+                super::cleanup::detach_and_unpin(&pin)?;
+                tracing::info!(interface = %iface.name, ifindex = iface.index, "XDP detached (xdpAcceleration: disabled)");
+            }
+            return Ok(());
+        }
+        if self.xdp_attached.contains(iface) || self.xdp_refused.contains(iface) {
+            return Ok(());
+        }
+        match attach_xdp(dp, iface, &pin) {
+            Ok(adopted) => {
+                tracing::info!(interface = %iface.name, ifindex = iface.index, adopted, mode = "native", "XDP attached");
+                self.xdp_attached.insert(iface.clone());
+                Ok(())
+            }
+            Err(e) if self.xdp == XdpAcceleration::BestEffort => {
+                tracing::warn!(
+                    interface = %iface.name,
+                    ifindex = iface.index,
+                    reason = %super::error_chain(&e),
+                    "XDP refused (xdpAcceleration: best-effort): this interface keeps the TC programs alone"
+                );
+                self.xdp_refused.insert(iface.clone());
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
     }
 
     pub fn attached(&self) -> &BTreeSet<Interface> {
@@ -160,6 +220,8 @@ impl Attacher {
         }
         self.attached
             .retain(|i| want.contains(i) || self.absent.contains(i));
+        self.xdp_attached.retain(|i| want.contains(i));
+        self.xdp_refused.retain(|i| want.contains(i));
         // Source checks are written before the programs are attached, so no packet of a new
         // interface passes unchecked. Those of interfaces missing from one listing stay, as
         // their pins do.
@@ -187,6 +249,19 @@ impl Attacher {
                     self.attached.insert(iface.clone());
                 }
                 Err(e) => errors.push(e),
+            }
+        }
+        // XDP after the TC programs: what `lb_xdp` passes, `lb_from_node` must be there to
+        // take.
+        let nodes: Vec<Interface> = view
+            .roles
+            .iter()
+            .filter(|(i, r)| **r == Role::Node && self.attached.contains(*i))
+            .map(|(i, _)| i.clone())
+            .collect();
+        for iface in &nodes {
+            if let Err(e) = self.sync_xdp(dp, iface) {
+                errors.push(e);
             }
         }
         // The bypass itself is gated by its own flag; `LB_PODIFS_V1` is listed either way.
@@ -280,6 +355,57 @@ fn attach_interface(dp: &mut Datapath, iface: &Interface, role: Role) -> Result<
             .map_err(|e| err(format!("pinning {}", pin.display()), Box::new(e)))?;
     }
     Ok(adopted)
+}
+
+/// Attaches `lb_xdp` to `iface` in native (driver) mode, pinned at `pin`; or, when an
+/// earlier run's link is pinned there, swaps this run's program into it atomically. Returns
+/// whether the link was adopted.
+fn attach_xdp(dp: &mut Datapath, iface: &Interface, pin: &Path) -> Result<bool, BpfError> {
+    let err =
+        |step: String, source: Box<dyn std::error::Error + Send + Sync>| BpfError::XdpRefused {
+            ifname: iface.name.clone(),
+            ifindex: iface.index,
+            step,
+            source,
+        };
+    let name = program_names::XDP;
+    let prog: &mut Xdp = dp
+        .ebpf
+        .program_mut(name)
+        .ok_or_else(|| err(format!("program {name}"), "missing from the object".into()))?
+        .try_into()
+        .map_err(|e| err(format!("program {name}"), Box::new(e)))?;
+    if pin.exists() {
+        let replaced = PinnedLink::from_pin(pin)
+            .map_err(|e| error_chain(&e))
+            .and_then(|old| XdpLink::try_from(FdLink::from(old)).map_err(|e| error_chain(&e)))
+            .and_then(|link| prog.attach_to_link(link).map_err(|e| error_chain(&e)));
+        match replaced {
+            Ok(id) => {
+                drop(prog.take_link(id));
+                return Ok(true);
+            }
+            Err(reason) => {
+                tracing::warn!(pin = %pin.display(), %reason, "stale XDP link pin; attaching anew");
+                let _ = std::fs::remove_file(pin);
+            }
+        }
+    }
+    let id = prog
+        .attach_to_if_index(iface.index, XdpMode::Driver)
+        .map_err(|e| err("attaching in native (driver) mode".into(), Box::new(e)))?;
+    let link = prog
+        .take_link(id)
+        .map_err(|e| err("taking the link".into(), Box::new(e)))?;
+    let fd: FdLink = link.try_into().map_err(|e| {
+        err(
+            "not a BPF link (the kernel attached it through netlink)".into(),
+            Box::new(e),
+        )
+    })?;
+    fd.pin(pin)
+        .map_err(|e| err(format!("pinning {}", pin.display()), Box::new(e)))?;
+    Ok(false)
 }
 
 /// Of the `pinned` interfaces not in `want`: those already missing from the previous listing

@@ -301,8 +301,27 @@ pub async fn spawn_attach(
     mut dp: super::Datapath,
     mut attacher: super::Attacher,
     metrics: std::sync::Arc<crate::telemetry::Metrics>,
-) -> std::io::Result<()> {
-    let (handle, mut link_events) = watch()?;
+) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let (handle, mut link_events) = watch().context("opening rtnetlink")?;
+    // The first listing decides whether lbproxy starts: under `xdpAcceleration: native`, a
+    // node interface that refuses XDP stops it, with the interface and the kernel's reason.
+    if attacher.xdp_required() {
+        let list = list(&handle).await.context("listing interfaces")?;
+        let refused: Vec<String> = attacher
+            .sync(&mut dp, &list)
+            .iter()
+            .inspect(|e| tracing::error!("attach failed (will retry): {}", super::error_chain(e)))
+            .filter(|e| matches!(e, super::BpfError::XdpRefused { .. }))
+            .map(|e| super::error_chain(e))
+            .collect();
+        if !refused.is_empty() {
+            anyhow::bail!(
+                "xdpAcceleration native: {} (use best-effort to keep TC alone on such interfaces)",
+                refused.join("; ")
+            );
+        }
+    }
     let sync =
         async move |dp: &mut super::Datapath, attacher: &mut super::Attacher| match list(&handle)
             .await

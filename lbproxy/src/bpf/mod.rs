@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use aya::Ebpf;
 use aya::EbpfLoader;
 use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError};
-use aya::programs::{CgroupSockAddr, SchedClassifier};
+use aya::programs::{CgroupSockAddr, SchedClassifier, Xdp};
 use lbproxy_common::{
     CONFIG_F_STACK_BYPASS, DatapathConfig, ServiceKey, ServiceValue, map_names, program_names,
 };
@@ -80,6 +80,14 @@ pub enum BpfError {
         ifindex: u32,
         direction: &'static str,
         /// The step that failed: "tcx attach", "pinning the link", ...
+        step: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("interface {ifname} ({ifindex}) refuses XDP (xdpAcceleration): {step}")]
+    XdpRefused {
+        ifname: String,
+        ifindex: u32,
         step: String,
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
@@ -218,6 +226,8 @@ impl Datapath {
         upgrade::restore_draining_members(dir)?;
         load_programs::<SchedClassifier>(&mut ebpf, &program_names::TC, SchedClassifier::load)?;
         load_programs::<CgroupSockAddr>(&mut ebpf, &program_names::SOCK, CgroupSockAddr::load)?;
+        // Loaded (and so verified) at every start, attached only with `--xdp-acceleration`.
+        load_programs::<Xdp>(&mut ebpf, &[program_names::XDP], Xdp::load)?;
         Ok(Self {
             ebpf,
             dir: dir.to_path_buf(),

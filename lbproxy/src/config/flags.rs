@@ -130,6 +130,12 @@ pub struct Flags {
     /// under `maglev` [default: a random seed per node, kept across restarts]
     #[arg(long)]
     pub hash_seed_file: Option<PathBuf>,
+    /// North-south translation at XDP on the node's interfaces: `native` (every node
+    /// interface must take XDP in driver mode, or lbproxy does not start), `best-effort`
+    /// (TC alone where the driver refuses, said per interface) or `disabled` [default:
+    /// disabled]
+    #[arg(long)]
+    pub xdp_acceleration: Option<String>,
 }
 
 impl RunArgs {

@@ -132,6 +132,30 @@ impl LbAlgorithm {
     }
 }
 
+/// Where north-south translation runs at XDP (`--xdp-acceleration`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XdpAcceleration {
+    /// `lb_xdp` in native (driver) mode on every node interface; an interface that refuses
+    /// it is an error, and lbproxy does not start.
+    Native,
+    /// Native where the driver takes it; an interface that refuses it keeps the TC programs
+    /// alone, said once per interface.
+    BestEffort,
+    /// No XDP program: the TC programs alone (the default). Any XDP program an earlier run
+    /// attached is detached.
+    Disabled,
+}
+
+impl XdpAcceleration {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            XdpAcceleration::Native => "native",
+            XdpAcceleration::BestEffort => "best-effort",
+            XdpAcceleration::Disabled => "disabled",
+        }
+    }
+}
+
 /// Where socket-level load balancing applies (`--socket-lb`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SocketLb {
@@ -231,6 +255,8 @@ pub struct Settings {
     /// `--hash-seed-file`: the flow-hash seed comes from this file's content, not from the
     /// node's own random seed.
     pub hash_seed_file: Option<PathBuf>,
+    /// `--xdp-acceleration`: whether `lb_xdp` runs on the node's interfaces.
+    pub xdp_acceleration: XdpAcceleration,
     /// kube-proxy's `bindAddress`: validated; lbproxy serves IPv4 and needs no node IP hint.
     pub bind_address: Option<IpAddr>,
     /// The API client's request rate limit (`clientConnection.qps`; negative: none) and burst.
@@ -312,6 +338,7 @@ impl Settings {
             "lbAlgorithm": self.lb_algorithm.as_str(),
             "maglevTableSize": self.maglev_table_size,
             "hashSeedFile": self.hash_seed_file.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+            "xdpAcceleration": self.xdp_acceleration.as_str(),
             "tcpSynSentTimeout": go_duration(t.tcp_syn_sent),
         });
         (kube, own)

@@ -81,6 +81,12 @@ pub fn resolve(file: Option<(&Path, FileConfig)>, flags: Flags) -> Result<Settin
         LB_ALGORITHMS,
     )?;
     let maglev_table_size = src.maglev_table_size(flags.maglev_table_size)?;
+    let xdp_acceleration = src.one_of(
+        flags.xdp_acceleration,
+        own.xdp_acceleration.clone(),
+        ("xdpAcceleration", XdpAcceleration::Disabled),
+        XDP_ACCELERATIONS,
+    )?;
     let hash_seed_file = src.hash_seed_file(flags.hash_seed_file);
     let log_format = src.one_of(
         flags.logging_format,
@@ -99,6 +105,7 @@ pub fn resolve(file: Option<(&Path, FileConfig)>, flags: Flags) -> Result<Settin
         lb_algorithm,
         maglev_table_size,
         hash_seed_file,
+        xdp_acceleration,
         node_port_addresses,
         snat_port_range,
         flow_timeouts,
@@ -138,6 +145,11 @@ const SOCKET_LB: &[(&str, SocketLb)] = &[
 ];
 const LB_ALGORITHMS: &[(&str, LbAlgorithm)] =
     &[("jump", LbAlgorithm::Jump), ("maglev", LbAlgorithm::Maglev)];
+const XDP_ACCELERATIONS: &[(&str, XdpAcceleration)] = &[
+    ("native", XdpAcceleration::Native),
+    ("best-effort", XdpAcceleration::BestEffort),
+    ("disabled", XdpAcceleration::Disabled),
+];
 const LOG_FORMATS: &[(&str, LogFormat)] = &[("text", LogFormat::Text), ("json", LogFormat::Json)];
 
 /// The file's side of [`resolve`]: its two documents, and its name (the origin its errors

@@ -277,6 +277,8 @@ struct State {
     lbproxy_used: BTreeSet<NodeId>,
     /// pidfds of every lbproxy started, to kill them on drop without risking a reused pid.
     lbproxy_pidfds: Vec<OwnedFd>,
+    /// Links of the XDP pass programs on the fabric ports ([`MultiNodeLab::enable_xdp_tx`]).
+    xdp_links: Vec<OwnedFd>,
 }
 
 /// See the [module docs](self).
@@ -404,6 +406,22 @@ impl MultiNodeLab {
             wait_lower_up(fab, node.id.fabric_port());
         }
         let _ = self.cgroup.set(CgroupGroup::new(&self.id));
+    }
+
+    /// Makes the fabric's side of both nodes' uplinks behave as a wire does under XDP
+    /// (lbproxy's `--xdp-acceleration`): an XDP pass program on it, so that it takes the
+    /// frames a node sends back out with `XDP_TX` ([`super::net::attach_xdp_pass`], kept
+    /// while the lab lives), and checksum offload off, so that every frame a node receives
+    /// carries a complete checksum ([`super::net::tx_checksum_off`]).
+    pub fn enable_xdp_tx(&self) {
+        for node in NodeId::ALL {
+            let port = node.fabric_port();
+            super::net::tx_checksum_off(&self.fabric, port)
+                .unwrap_or_else(|e| panic!("lab: the fabric port of {node}: {e}"));
+            let link = super::net::attach_xdp_pass(&self.fabric, port)
+                .unwrap_or_else(|e| panic!("lab: the fabric port of {node}: {e}"));
+            self.state.lock().unwrap().xdp_links.push(link);
+        }
     }
 
     /// The cgroup2 group given to every lbproxy of the lab as `--cgroup-root`.

@@ -658,3 +658,115 @@ pub fn wait_for<T>(
         std::thread::sleep(interval);
     }
 }
+
+/// `tx-checksumming` off for interface `ifname` of network namespace `ns` (the ethtool
+/// ioctl `ETHTOOL_STXCSUM`, as `ethtool -K IF tx off` does; the machines have no `ethtool`).
+/// A packet sent through the interface then leaves with its checksum complete, as one from
+/// a wire always has. With it on (a veth's default), a packet a local socket sent may keep a
+/// partial checksum that only the skb's metadata completes, and an XDP frame carries no
+/// such metadata.
+pub fn tx_checksum_off(ns: &str, ifname: &str) -> io::Result<()> {
+    const SIOCETHTOOL: libc::c_ulong = 0x8946;
+    const ETHTOOL_STXCSUM: u32 = 0x17;
+    #[repr(C)]
+    struct EthtoolValue {
+        cmd: u32,
+        data: u32,
+    }
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; libc::IFNAMSIZ],
+        data: *mut EthtoolValue,
+        _pad: [u8; 16],
+    }
+    if ifname.len() >= libc::IFNAMSIZ {
+        return Err(io::Error::other(format!(
+            "interface name {ifname} too long"
+        )));
+    }
+    run_in_ns(ns, || {
+        let mut value = EthtoolValue {
+            cmd: ETHTOOL_STXCSUM,
+            data: 0,
+        };
+        let mut req = IfReq {
+            name: [0; libc::IFNAMSIZ],
+            data: &raw mut value,
+            _pad: [0; 16],
+        };
+        req.name[..ifname.len()].copy_from_slice(ifname.as_bytes());
+        let sock = UdpSocket::bind("0.0.0.0:0")?;
+        // SAFETY: `req` and `value` outlive the call; the kernel reads `req`, and `value`
+        // through `req.data`.
+        let rc = unsafe { libc::ioctl(sock.as_raw_fd(), SIOCETHTOOL, &raw mut req) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            return Err(io::Error::other(format!(
+                "[{ns}] ETHTOOL_STXCSUM {ifname}: {e}"
+            )));
+        }
+        Ok(())
+    })
+}
+
+/// Attaches an XDP program that passes every frame (`XDP_PASS`) to interface `ifname` of
+/// network namespace `ns`, in native mode, and returns its link: the program stays
+/// attached while the returned fd is open.
+///
+/// A veth takes the frames its peer sends back with `XDP_TX` (or redirects to it) only when
+/// it has an XDP program of its own (its NAPI is then on); a physical NIC needs nothing of
+/// the kind. The program is two instructions, loaded with `BPF_PROG_LOAD` and attached with
+/// `BPF_LINK_CREATE`: no object file, nothing pinned.
+pub fn attach_xdp_pass(ns: &str, ifname: &str) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd as _;
+    const BPF_PROG_LOAD: libc::c_long = 5;
+    const BPF_LINK_CREATE: libc::c_long = 28;
+    const BPF_PROG_TYPE_XDP: u32 = 6;
+    const BPF_XDP: u32 = 37;
+    const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
+    let bpf = |cmd: libc::c_long, attr: &mut [u8; 128]| -> io::Result<std::os::fd::OwnedFd> {
+        // SAFETY: `attr` is a zero-padded `union bpf_attr` of the size given.
+        let fd = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len()) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a new fd the kernel returned, owned from here on.
+        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+    };
+    let put = |attr: &mut [u8; 128], at: usize, bytes: &[u8]| {
+        attr[at..at + bytes.len()].copy_from_slice(bytes);
+    };
+    run_in_ns(ns, || {
+        // r0 = XDP_PASS (2); exit.
+        let insns: [u64; 2] = [0x0000_0002_0000_00b7, 0x0000_0000_0000_0095];
+        let license = c"GPL";
+        let mut load = [0u8; 128];
+        // prog_type, insn_cnt, insns, license; expected_attach_type (at 68) BPF_XDP.
+        put(&mut load, 0, &BPF_PROG_TYPE_XDP.to_ne_bytes());
+        put(&mut load, 4, &2u32.to_ne_bytes());
+        put(&mut load, 8, &(insns.as_ptr() as u64).to_ne_bytes());
+        put(&mut load, 16, &(license.as_ptr() as u64).to_ne_bytes());
+        put(&mut load, 68, &BPF_XDP.to_ne_bytes());
+        let prog = bpf(BPF_PROG_LOAD, &mut load)
+            .map_err(|e| io::Error::other(format!("[{ns}] loading an XDP pass program: {e}")))?;
+        let index = {
+            let name = std::ffi::CString::new(ifname).map_err(io::Error::other)?;
+            // SAFETY: a NUL-terminated name.
+            unsafe { libc::if_nametoindex(name.as_ptr()) }
+        };
+        if index == 0 {
+            return Err(io::Error::other(format!("[{ns}] no interface {ifname}")));
+        }
+        let mut link = [0u8; 128];
+        // prog_fd, target_ifindex, attach_type, flags.
+        put(&mut link, 0, &(prog.as_raw_fd() as u32).to_ne_bytes());
+        put(&mut link, 4, &index.to_ne_bytes());
+        put(&mut link, 8, &BPF_XDP.to_ne_bytes());
+        put(&mut link, 12, &XDP_FLAGS_DRV_MODE.to_ne_bytes());
+        bpf(BPF_LINK_CREATE, &mut link).map_err(|e| {
+            io::Error::other(format!(
+                "[{ns}] attaching an XDP pass program to {ifname}: {e}"
+            ))
+        })
+    })
+}

@@ -29,6 +29,8 @@ pub struct InterfaceRow {
     pub name: String,
     pub ifindex: u32,
     pub links: Vec<String>,
+    /// `native` when `lb_xdp` runs on this interface (`--xdp-acceleration`), else `none`.
+    pub xdp: String,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -55,13 +57,22 @@ pub fn render(maps: &PinnedMaps, dir: &Path, out: Output, healthz: &str) -> anyh
     };
     let interfaces: Vec<InterfaceRow> = crate::bpf::attach::pinned_interfaces(dir)
         .into_iter()
-        .map(|(iface, links)| InterfaceRow {
-            name: iface.name.clone(),
-            ifindex: iface.index,
-            links: links
+        .map(|(iface, links)| {
+            let links: Vec<String> = links
                 .iter()
                 .filter_map(|p| p.file_name().map(|f| f.to_string_lossy().to_string()))
-                .collect(),
+                .collect();
+            let xdp_pin = format!(":{}", crate::bpf::attach::XDP_PIN);
+            InterfaceRow {
+                name: iface.name.clone(),
+                ifindex: iface.index,
+                xdp: if links.iter().any(|l| l.ends_with(&xdp_pin)) {
+                    "native".into()
+                } else {
+                    "none".into()
+                },
+                links,
+            }
         })
         .collect();
     // The hash maps, whose entries come and go (arrays are always full).
@@ -122,9 +133,16 @@ pub fn render(maps: &PinnedMaps, dir: &Path, out: Output, healthz: &str) -> anyh
     let cells: Vec<Vec<String>> = st
         .interfaces
         .iter()
-        .map(|i| vec![i.name.clone(), i.ifindex.to_string(), i.links.join(", ")])
+        .map(|i| {
+            vec![
+                i.name.clone(),
+                i.ifindex.to_string(),
+                i.xdp.clone(),
+                i.links.join(", "),
+            ]
+        })
         .collect();
-    text.push_str(&table(&["INTERFACE", "IFINDEX", "LINKS"], &cells));
+    text.push_str(&table(&["INTERFACE", "IFINDEX", "XDP", "LINKS"], &cells));
     text.push_str("\nmaps:\n");
     let cells: Vec<Vec<String>> = st
         .maps
