@@ -8,6 +8,11 @@
 //! | iptables | kube-proxy's iptables layout with the target's NodePort (`KUBE-NODEPORTS` -> `KUBE-EXT-*` -> masquerade mark -> `KUBE-SVC-*`), after the N ClusterIP rules of `KUBE-SERVICES`, as kube-proxy orders them |
 //! | nftables | kube-proxy's nftables layout with `nodeport-ips` and the `service-nodeports` verdict map |
 //! | lbproxy | `lbproxy run` on node A (the same N services as manifests, the target of type NodePort), started with the harness command line of `tests/tests/north_south.rs` |
+//! | lbproxy-xdp | the same, plus `--xdp-acceleration native`: established flows translated at XDP on node A's uplink |
+//!
+//! Every path runs on the same fabric, set up as a wire behaves under XDP
+//! (`MultiNodeLab::enable_xdp_tx`: an XDP pass program on the fabric's side of each uplink,
+//! which a veth needs to take `XDP_TX` frames, and checksums completed there).
 //!
 //! The direct path is one hop shorter and has no NAT: it is the ceiling, not a peer. The
 //! backend answers 1 byte per TCP connection (`bench_datapath::load`), and runs `iperf3 -s`
@@ -53,7 +58,7 @@ pub struct NorthSouthArgs {
     /// Output directory [default: <target>/bench/northsouth].
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Only these paths (comma-separated: iptables, nftables, lbproxy); direct, the
+    /// Only these paths (comma-separated: iptables, nftables, lbproxy, lbproxy-xdp); direct, the
     /// baseline, is always measured [default: all].
     #[arg(long, value_delimiter = ',')]
     pub paths: Option<Vec<String>>,
@@ -65,10 +70,17 @@ enum Path {
     Iptables,
     Nftables,
     Lbproxy,
+    LbproxyXdp,
 }
 
 impl Path {
-    const ALL: [Path; 4] = [Path::Direct, Path::Iptables, Path::Nftables, Path::Lbproxy];
+    const ALL: [Path; 5] = [
+        Path::Direct,
+        Path::Iptables,
+        Path::Nftables,
+        Path::Lbproxy,
+        Path::LbproxyXdp,
+    ];
 
     fn key(self) -> &'static str {
         match self {
@@ -76,6 +88,16 @@ impl Path {
             Path::Iptables => "iptables",
             Path::Nftables => "nftables",
             Path::Lbproxy => "lbproxy",
+            Path::LbproxyXdp => "lbproxy-xdp",
+        }
+    }
+
+    /// The flags lbproxy runs with on this path (none for the baselines).
+    fn lbproxy_flags(self) -> Option<&'static [&'static str]> {
+        match self {
+            Path::Lbproxy => Some(&[]),
+            Path::LbproxyXdp => Some(&["--xdp-acceleration", "native"]),
+            Path::Direct | Path::Iptables | Path::Nftables => None,
         }
     }
 }
@@ -129,10 +151,11 @@ impl Bench {
                 c.args(["-f", "-"]);
                 Ok((Some(pipe(c, &self.nft)?), None))
             }
-            Path::Lbproxy => {
+            Path::Lbproxy | Path::LbproxyXdp => {
+                let flags = p.lbproxy_flags().unwrap_or_default();
                 self.lab.write_manifest_text(&self.yaml);
                 let t = Instant::now();
-                let mut lb = self.lab.start_lbproxy(NodeId::A, &[]);
+                let mut lb = self.lab.start_lbproxy(NodeId::A, flags);
                 let addr: SocketAddr = lbproxy_tests::lab::HEALTHZ_ADDR.parse().unwrap();
                 let ns = self.lab.node_ns(NodeId::A).to_owned();
                 loop {
@@ -279,6 +302,7 @@ fn bench_n(
     workers: usize,
 ) -> Result<BTreeMap<Path, Vec<Sample>>> {
     let lab = MultiNodeLab::new();
+    lab.enable_xdp_tx();
     let b1 = lab.add_pod(NodeId::B, "b1");
     let _server = Server::start(&b1.netns, b'1', TCP_TARGET, 5353)?;
     let _iperf = IperfServer(
@@ -366,8 +390,12 @@ fn table(n: usize, r: &Value) -> String {
         (Some(x), Some(b)) if b > 0.0 => format!(" ({:.2}×)", x / b),
         _ => String::new(),
     };
-    let mut out =
-        format!("| N = {n} | direct | iptables | nftables | lbproxy |\n|---|---|---|---|---|\n");
+    let keys: Vec<&str> = Path::ALL.iter().map(|p| p.key()).collect();
+    let mut out = format!(
+        "| N = {n} | {} |\n|---|{}\n",
+        keys.join(" | "),
+        "---|".repeat(keys.len())
+    );
     let row = |name: &str, cell: &dyn Fn(&Value) -> String| {
         let cells: Vec<String> = Path::ALL.iter().map(|p| cell(&r[p.key()])).collect();
         format!("| {name} | {} |\n", cells.join(" | "))

@@ -20,6 +20,14 @@
 //! - `lb_to_pod` on the client's interface: that reply, reverse-translated; on the backend's:
 //!   the forward packet after translation, which is no reply.
 //!
+//! And north-south, on the node's uplink (the target is also a NodePort of the uplink's
+//! address, its backend on this node), with `--xdp-acceleration native`:
+//! - `lb_xdp` and `lb_from_node` on the same packet of an existing flow: what XDP costs
+//!   against TC for the packet it translates (XDP's run ends with `XDP_PASS` up to the pod,
+//!   TC's with the stack);
+//! - `lb_xdp` on a packet to the node that is not for a frontend: what every other packet on
+//!   the uplink pays for XDP before it goes on.
+//!
 //! With `LBPROXY_BIN` set, that binary is measured instead of this tree's release build:
 //! the way to compare two builds on one machine, one after the other.
 
@@ -27,11 +35,15 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use lbproxy_tests::lab::{Lab, Pod, Shape, bpf, http_get};
+use lbproxy_tests::lab::{
+    Lab, Pod, Shape, UPLINK_IF, UPLINK_NODE_ADDR, UPLINK_PEER_ADDR, bpf, http_get,
+};
 use serde_json::{Value, json};
 
 use crate::bench_datapath::median;
-use crate::bench_datapath::rules::{Services, TCP_PORT, TCP_TARGET, UDP_PORT, UDP_TARGET};
+use crate::bench_datapath::rules::{
+    Services, TCP_NODE_PORT, TCP_PORT, TCP_TARGET, UDP_PORT, UDP_TARGET,
+};
 use crate::{setup, util};
 
 const TAG: &str = "bench programs";
@@ -60,7 +72,7 @@ pub struct ProgramsArgs {
 struct Case {
     name: &'static str,
     prog: &'static str,
-    /// The pod whose host-side interface the program runs on.
+    /// The pod whose host-side interface the program runs on, or `uplink`.
     on: &'static str,
     frame: Vec<u8>,
     /// Each run from another client port (`NEW_FLOW_PORTS`): a new flow every time.
@@ -86,6 +98,11 @@ impl Case {
 const CLIENT_PORT: u16 = 40_000;
 const SYN_PORT: u16 = 40_001;
 const UDP_CLIENT_PORT: u16 = 40_002;
+/// The external client's port of the north-south flow.
+const NS_CLIENT_PORT: u16 = 40_003;
+/// XDP's verdict for a packet that goes on to the stack, and TC's.
+const XDP_PASS: i32 = 2;
+const TC_ACT_UNSPEC: i32 = -1;
 
 const TCP_SYN: u8 = 0x02;
 const TCP_ACK: u8 = 0x10;
@@ -186,7 +203,58 @@ fn cases(client: &Pod, backend: &Pod, vip: Ipv4Addr) -> Vec<Case> {
             frame: frame(b, UDP_TARGET, c, UDP_CLIENT_PORT, None),
             new_flow: false,
         },
+        Case {
+            name: "NodePort TCP, flow exists (local)",
+            prog: "lb_xdp",
+            on: "uplink",
+            frame: frame(
+                UPLINK_PEER_ADDR,
+                NS_CLIENT_PORT,
+                UPLINK_NODE_ADDR,
+                TCP_NODE_PORT,
+                Some(TCP_ACK),
+            ),
+            new_flow: false,
+        },
+        Case {
+            name: "NodePort TCP, flow exists (local)",
+            prog: "lb_from_node",
+            on: "uplink",
+            frame: frame(
+                UPLINK_PEER_ADDR,
+                NS_CLIENT_PORT,
+                UPLINK_NODE_ADDR,
+                TCP_NODE_PORT,
+                Some(TCP_ACK),
+            ),
+            new_flow: false,
+        },
+        Case {
+            name: "TCP to the node, not a frontend",
+            prog: "lb_xdp",
+            on: "uplink",
+            frame: frame(
+                UPLINK_PEER_ADDR,
+                NS_CLIENT_PORT,
+                UPLINK_NODE_ADDR,
+                22,
+                Some(TCP_ACK),
+            ),
+            new_flow: false,
+        },
     ]
+}
+
+impl Case {
+    /// The action every run of this case must end with: XDP_PASS for `lb_xdp`, on to the
+    /// stack for the TC programs (no bypass).
+    fn action(&self) -> i32 {
+        if self.prog == "lb_xdp" {
+            XDP_PASS
+        } else {
+            TC_ACT_UNSPEC
+        }
+    }
 }
 
 pub fn programs(args: &ProgramsArgs) -> Result<()> {
@@ -215,7 +283,8 @@ fn run(args: &ProgramsArgs, bin: &std::path::Path) -> Result<Value> {
         args.services.max(2),
         &[backend.ip.into()],
         backend.ip.into(),
-    );
+    )
+    .with_node_ports(&[UPLINK_NODE_ADDR.into()]);
     let std::net::IpAddr::V4(vip) = services.target_vip() else {
         bail!("the programs benchmark runs over IPv4");
     };
@@ -226,7 +295,12 @@ fn run(args: &ProgramsArgs, bin: &std::path::Path) -> Result<Value> {
         args.services,
         args.lb_algorithm
     );
-    let mut lb = lab.start_lbproxy_with(&["--lb-algorithm", &args.lb_algorithm]);
+    let mut lb = lab.start_lbproxy_with(&[
+        "--lb-algorithm",
+        &args.lb_algorithm,
+        "--xdp-acceleration",
+        "native",
+    ]);
     let addr = lbproxy_tests::lab::HEALTHZ_ADDR
         .parse()
         .expect("healthz address");
@@ -251,8 +325,24 @@ fn run(args: &ProgramsArgs, bin: &std::path::Path) -> Result<Value> {
     };
     let node = lab.node_ns().to_owned();
     let cases = cases(&client, &backend, vip);
+    let uplink = bpf::interfaces(&node)
+        .into_iter()
+        .find(|(_, name)| name == UPLINK_IF)
+        .map(|(i, _)| i)
+        .ok_or_else(|| anyhow!("no {UPLINK_IF} in {node}"))?;
+    let xdp = bpf::xdp_prog_id(&node, UPLINK_IF)
+        .ok_or_else(|| anyhow!("lb_xdp is not attached to {UPLINK_IF}\n{}", lb.log()))?;
     let target = |c: &Case| -> Result<(u32, u32)> {
-        prog(if c.on == "client" { &client } else { &backend }, c.prog)
+        match (c.on, c.prog) {
+            ("uplink", "lb_xdp") => Ok((xdp, uplink)),
+            ("uplink", name) => att
+                .iter()
+                .find(|a| a.ifindex == uplink && a.prog_name == name)
+                .map(|a| (a.prog_id, a.ifindex))
+                .ok_or_else(|| anyhow!("{name} is not attached to {UPLINK_IF}")),
+            ("client", name) => prog(&client, name),
+            (_, name) => prog(&backend, name),
+        }
     };
     // The flows the cases meet: a SYN of each, so the packets that follow find their flow.
     for (sport, dport, tcp) in [
@@ -269,6 +359,25 @@ fn run(args: &ProgramsArgs, bin: &std::path::Path) -> Result<Value> {
             );
         }
     }
+    // The north-south flow, from the uplink's peer through the NodePort to the backend on
+    // this node: its SYN through lb_from_node.
+    {
+        let (id, ifindex) = target(&cases[cases.len() - 2])?;
+        let f = frame(
+            UPLINK_PEER_ADDR,
+            NS_CLIENT_PORT,
+            UPLINK_NODE_ADDR,
+            TCP_NODE_PORT,
+            Some(TCP_SYN),
+        );
+        let r = bpf::prog_test_run(&node, id, ifindex, &f).context("BPF_PROG_TEST_RUN")?;
+        if r.data.get(30..34) != Some(&backend.ip.octets()[..]) {
+            bail!(
+                "the north-south flow's SYN was not translated to {}",
+                backend.ip
+            );
+        }
+    }
     let mut samples: Vec<Vec<u32>> = vec![Vec::new(); cases.len()];
     let mut retvals = vec![0; cases.len()];
     for round in 0..args.rounds {
@@ -277,8 +386,16 @@ fn run(args: &ProgramsArgs, bin: &std::path::Path) -> Result<Value> {
             let (id, ifindex) = target(c)?;
             let first = round * args.runs;
             let frame = |n: usize| c.frame(first + n);
-            let (rc, d) = bpf::prog_test_run_durations(&node, id, ifindex, frame, args.runs)
-                .with_context(|| format!("BPF_PROG_TEST_RUN of {} ({})", c.prog, c.name))?;
+            let run = if c.prog == "lb_xdp" {
+                bpf::xdp_test_run_durations(&node, id, ifindex, frame, args.runs)
+            } else {
+                bpf::prog_test_run_durations(&node, id, ifindex, frame, args.runs)
+            };
+            let (rc, d) =
+                run.with_context(|| format!("BPF_PROG_TEST_RUN of {} ({})", c.prog, c.name))?;
+            if rc != c.action() {
+                bail!("{} ({}): action {rc}, want {}", c.prog, c.name, c.action());
+            }
             retvals[i] = rc;
             samples[i].extend(d);
         }
@@ -300,7 +417,7 @@ fn run(args: &ProgramsArgs, bin: &std::path::Path) -> Result<Value> {
                 "median_ns": median(v),
                 "p90_ns": p90,
                 "runs": s.len(),
-                "tc_action": rc,
+                "action": rc,
             })
         })
         .collect();
@@ -351,8 +468,8 @@ mod tests {
     use super::*;
 
     /// The harness itself on 3 services, a few runs: every case ran its program, which let
-    /// the packet go on to the stack (no bypass, so TC_ACT_UNSPEC), and has a median. Timings
-    /// are not checked. Needs root and LBPROXY_BIN (as `cargo xtask test` provides).
+    /// the packet go on to the stack (no bypass, so TC_ACT_UNSPEC; XDP_PASS for lb_xdp), and
+    /// has a median. Timings are not checked. Needs root and LBPROXY_BIN (as `cargo xtask test` provides).
     #[test]
     fn programs_harness_smoke() {
         let bin = lbproxy_tests::lab::lbproxy_bin();
@@ -370,10 +487,11 @@ mod tests {
             };
             let r = run(&args, &bin).expect("bench programs");
             let cases = r["cases"].as_array().expect("cases");
-            assert_eq!(cases.len(), 9, "{r:#}");
+            assert_eq!(cases.len(), 12, "{r:#}");
             for c in cases {
                 assert_eq!(c["runs"], 40, "{algorithm}: {c}");
-                assert_eq!(c["tc_action"], -1, "{algorithm}: {c}");
+                let want = if c["program"] == "lb_xdp" { 2 } else { -1 };
+                assert_eq!(c["action"], want, "{algorithm}: {c}");
                 assert!(
                     c["median_ns"].as_f64().is_some_and(|m| m > 0.0),
                     "{algorithm}: {c}"

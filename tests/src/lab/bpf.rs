@@ -262,7 +262,7 @@ pub fn prog_test_run_marked(
     run_in_ns(ns, || {
         let fd = prog_fd(prog_id)?;
         let mut out = vec![0u8; TEST_RUN_OUT_LEN];
-        let r = test_run_once(&fd, (ifindex, mark), frame, &mut out)?;
+        let r = test_run_once(&fd, Ctx::Skb { ifindex, mark }, frame, &mut out)?;
         out.truncate(r.len);
         Ok(TestRun {
             retval: r.retval,
@@ -289,13 +289,79 @@ pub fn prog_test_run_durations(
         let mut durations = Vec::with_capacity(n);
         let mut retval = 0;
         for i in 0..n {
-            let r = test_run_once(&fd, (ifindex, 0), &frame(i), &mut out)?;
+            let r = test_run_once(&fd, Ctx::Skb { ifindex, mark: 0 }, &frame(i), &mut out)?;
             retval = r.retval;
             durations.push(r.duration_ns);
         }
         Ok((retval, durations))
     })
 }
+
+/// [`prog_test_run`] of an XDP program (`prog_id`, attached to interface `ifindex` of `ns`):
+/// the frame arrives as if on that interface (`xdp_md.ingress_ifindex`, its first receive
+/// queue). The return value is the XDP action.
+pub fn xdp_test_run(ns: &str, prog_id: u32, ifindex: u32, frame: &[u8]) -> io::Result<TestRun> {
+    run_in_ns(ns, || {
+        let fd = prog_fd(prog_id)?;
+        let mut out = vec![0u8; TEST_RUN_OUT_LEN];
+        let r = test_run_once(&fd, Ctx::Xdp { ifindex }, frame, &mut out)?;
+        out.truncate(r.len);
+        Ok(TestRun {
+            retval: r.retval,
+            data: out,
+            mark: 0,
+        })
+    })
+}
+
+/// [`prog_test_run_durations`] of an XDP program, as [`xdp_test_run`] runs it. Returns the
+/// last run's XDP action and each run's duration in ns.
+pub fn xdp_test_run_durations(
+    ns: &str,
+    prog_id: u32,
+    ifindex: u32,
+    frame: impl Fn(usize) -> Vec<u8> + Sync,
+    n: usize,
+) -> io::Result<(i32, Vec<u32>)> {
+    run_in_ns(ns, || {
+        let fd = prog_fd(prog_id)?;
+        let mut out = vec![0u8; TEST_RUN_OUT_LEN];
+        let mut durations = Vec::with_capacity(n);
+        let mut retval = 0;
+        for i in 0..n {
+            let r = test_run_once(&fd, Ctx::Xdp { ifindex }, &frame(i), &mut out)?;
+            retval = r.retval;
+            durations.push(r.duration_ns);
+        }
+        Ok((retval, durations))
+    })
+}
+
+/// The id of the XDP program attached to `ifname` of namespace `ns` (`ip -j -d link`), if
+/// any.
+pub fn xdp_prog_id(ns: &str, ifname: &str) -> Option<u32> {
+    let out = super::ns_run(ns, &["ip", "-j", "-d", "link", "show", "dev", ifname]).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+    let xdp = &v.get(0)?["xdp"];
+    let id = xdp["prog"]["id"]
+        .as_u64()
+        .or_else(|| xdp["attached"].get(0)?["prog"]["id"].as_u64())?;
+    u32::try_from(id).ok()
+}
+
+/// The context a test run gives its program.
+#[derive(Clone, Copy)]
+enum Ctx {
+    /// A sched_cls program's `__sk_buff`: its device and mark.
+    Skb { ifindex: u32, mark: u32 },
+    /// An XDP program's `xdp_md`: the interface the frame arrives on.
+    Xdp { ifindex: u32 },
+}
+
+/// `sizeof(struct xdp_md)` and `offsetof(struct xdp_md, data_end)`, `ingress_ifindex`.
+const XDP_MD_LEN: usize = 24;
+const XDP_MD_DATA_END_OFF: usize = 4;
+const XDP_MD_INGRESS_OFF: usize = 12;
 
 /// What [`test_run_once`] gave.
 struct Once {
@@ -308,14 +374,30 @@ struct Once {
     mark: u32,
 }
 
-/// One `BPF_PROG_TEST_RUN` (repeat 1) of program `fd` on `frame` with `__sk_buff.ifindex`
-/// and `.mark` = `skb`, the output frame into `out`.
-fn test_run_once(fd: &OwnedFd, skb: (u32, u32), frame: &[u8], out: &mut [u8]) -> io::Result<Once> {
-    let (ifindex, mark) = skb;
+/// One `BPF_PROG_TEST_RUN` (repeat 1) of program `fd` on `frame` with the context `given`
+/// (`__sk_buff.ifindex` and `.mark`, or `xdp_md.ingress_ifindex`), the output frame into
+/// `out`.
+fn test_run_once(fd: &OwnedFd, given: Ctx, frame: &[u8], out: &mut [u8]) -> io::Result<Once> {
     let mut ctx = [0u8; SK_BUFF_LEN];
-    ctx[SK_BUFF_IFINDEX_OFF..SK_BUFF_IFINDEX_OFF + 4].copy_from_slice(&ifindex.to_ne_bytes());
-    ctx[SK_BUFF_MARK_OFF..SK_BUFF_MARK_OFF + 4].copy_from_slice(&mark.to_ne_bytes());
+    let put = |ctx: &mut [u8; SK_BUFF_LEN], at: usize, v: u32| {
+        ctx[at..at + 4].copy_from_slice(&v.to_ne_bytes());
+    };
+    let ctx_len = match given {
+        Ctx::Skb { ifindex, mark } => {
+            put(&mut ctx, SK_BUFF_IFINDEX_OFF, ifindex);
+            put(&mut ctx, SK_BUFF_MARK_OFF, mark);
+            SK_BUFF_LEN
+        }
+        Ctx::Xdp { ifindex } => {
+            // data 0, data_end the frame's length, no metadata, queue 0.
+            put(&mut ctx, XDP_MD_DATA_END_OFF, frame.len() as u32);
+            put(&mut ctx, XDP_MD_INGRESS_OFF, ifindex);
+            XDP_MD_LEN
+        }
+    };
+    let ctx = &ctx[..ctx_len];
     let mut ctx_out = [0u8; SK_BUFF_LEN];
+    let ctx_out = &mut ctx_out[..ctx_len];
     // The `test` member of union bpf_attr.
     let mut attr = [0u8; 80];
     attr[0..4].copy_from_slice(&(fd.as_raw_fd() as u32).to_ne_bytes());
@@ -334,7 +416,10 @@ fn test_run_once(fd: &OwnedFd, skb: (u32, u32), frame: &[u8], out: &mut [u8]) ->
         retval: word(&attr, 4) as i32,
         len: (word(&attr, 12) as usize).min(out.len()),
         duration_ns: word(&attr, 36),
-        mark: word(&ctx_out, SK_BUFF_MARK_OFF),
+        mark: match given {
+            Ctx::Skb { .. } => word(ctx_out, SK_BUFF_MARK_OFF),
+            Ctx::Xdp { .. } => 0,
+        },
     })
 }
 
