@@ -414,6 +414,8 @@ struct LbproxyConfig {
     maglev_table_size: Option<u32>,
     #[serde(default)]
     hash_seed_file: Option<String>,
+    #[serde(default)]
+    xdp_acceleration: Option<String>,
 }
 
 // ---------------------------------------------------------------------------------------------
