@@ -34,6 +34,12 @@ pub const CONFIG_F_STRAYS_TO_CONNTRACK: u32 = 8;
 /// conntrack and kube-proxy's rules: set by `lbproxy cleanup --hand-back`, whose rules take
 /// the new connections while lbproxy's own are written into conntrack.
 pub const CONFIG_F_NEW_TO_CONNTRACK: u32 = 16;
+/// `DatapathConfig::flags`: north-south TCP flows to a backend on another node are
+/// dispatched with direct server return, not source-NATed (`--load-balancer-mode dsr` and
+/// `hybrid`); and this node records the flows other nodes dispatch to its pods that way.
+pub const CONFIG_F_DSR_TCP: u32 = 64;
+/// The same for UDP (`--load-balancer-mode dsr`).
+pub const CONFIG_F_DSR_UDP: u32 = 128;
 
 /// The skb mark bit of [`CONFIG_F_UNTRACK`]: `mark & UNTRACK_MARK == UNTRACK_MARK` is
 /// untracked while the rule is installed. Outside kube-proxy's bits (0x4000 masquerade,

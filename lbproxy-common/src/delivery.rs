@@ -35,6 +35,19 @@ counter_enum! {
         /// North-south at XDP: a client's packet of an established flow to a backend on
         /// this node, translated and passed up the stack to its pod.
         XdpToLocalBackend = 10 => "xdp_to_local_backend",
+        /// Direct server return, on the receiving node: a client's packet translated to a
+        /// backend on another node, keeping the client's address, sent towards it.
+        DsrToBackend = 11 => "dsr_to_backend",
+        /// One of those that needed the frontend option (a SYN, a UDP datagram) but went
+        /// without it: it would no longer fit the interface's MTU, or the IPv4 header had
+        /// no room left for options.
+        DsrNoRoomForOption = 12 => "dsr_no_room_for_option",
+        /// Direct server return, on the backend's node: a flow another node dispatched here
+        /// recorded (or refreshed) from the frontend option of its packet.
+        DsrRecorded = 13 => "dsr_recorded",
+        /// On the backend's node: a backend's reply of such a flow translated to come from
+        /// the frontend, sent straight to the client.
+        DsrReplyToClient = 14 => "dsr_reply_to_client",
     }
 }
 

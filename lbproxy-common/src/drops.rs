@@ -79,6 +79,10 @@ counter_enum! {
         /// UDP to an allocated ClusterIP on a port no Service port defines: answered with
         /// ICMP port unreachable.
         ClusterIpPortUdpUnreachable = 25 => "cluster_ip_port_icmp_unreachable",
+        /// A packet to a pod of this node carried the direct-server-return option (`dsr`)
+        /// naming a frontend this node does not serve: passed, no flow recorded, so its
+        /// replies leave untranslated.
+        DsrUnknownFrontend = 26 => "dsr_unknown_frontend_passed",
     }
 }
 

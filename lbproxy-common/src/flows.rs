@@ -64,6 +64,16 @@ pub const FLOW_ADOPTED_OWN: u8 = FlowAdopted::Own as u8;
 pub const FLOW_ADOPTED_CONNTRACK: u8 = FlowAdopted::Conntrack as u8;
 pub const FLOW_ADOPTED_HANDOVER: u8 = FlowAdopted::Handover as u8;
 
+/// `FlowValue::dispatch`: how a north-south flow's packets reach a backend on another node.
+/// Source-NATed, the replies come back through this node (0, every flow before DSR).
+pub const FLOW_DISPATCH_SNAT: u8 = 0;
+/// Direct server return (`--load-balancer-mode dsr|hybrid`): on the receiving node, the
+/// forward half of a flow whose packets keep the client's address and carry the frontend to
+/// the backend's node (an IPv4 option or IPv6 destination option, `lbproxy_common::dsr`); on
+/// the backend's node, both halves of the flow it recorded from that option, whose replies
+/// it sends to the client itself.
+pub const FLOW_DISPATCH_DSR: u8 = 1;
+
 wire_flags! {
     /// `FlowValue::flags`: what this half's direction sent.
     pub struct FlowFlags: u8 {
@@ -186,8 +196,10 @@ pub struct FlowValueOf<A: Addr> {
     pub peer_addr: A,
     /// A [`FlowAdopted`]: whose translation this flow is. Both halves carry the same value.
     pub adopted: u8,
+    /// [`FLOW_DISPATCH_SNAT`] or [`FLOW_DISPATCH_DSR`]. Both halves carry the same value.
+    pub dispatch: u8,
     /// Zero; room for more without a new layout.
-    pub _reserved: [u8; 3],
+    pub _reserved: [u8; 2],
     /// Makes an IPv6 entry's size a multiple of 8 explicitly (no bytes for IPv4).
     pub _pad_b: A::Pad,
 }

@@ -221,9 +221,9 @@ pub mod unserved;
 pub use affinity::{AffinityKey, AffinityKey6, AffinityKeyOf, AffinityValue, MAX_AFFINITY};
 pub use backends::{Backend, Backend6, BackendOf, MAX_BACKENDS};
 pub use config::{
-    CONFIG_F_NEW_TO_CONNTRACK, CONFIG_F_SERVICE_CIDRS, CONFIG_F_STACK_BYPASS,
-    CONFIG_F_STRAYS_TO_CONNTRACK, CONFIG_F_UNTRACK, CONFIG_F_UNTRACK_OWN, DatapathConfig,
-    UNTRACK_MARK,
+    CONFIG_F_DSR_TCP, CONFIG_F_DSR_UDP, CONFIG_F_NEW_TO_CONNTRACK, CONFIG_F_SERVICE_CIDRS,
+    CONFIG_F_STACK_BYPASS, CONFIG_F_STRAYS_TO_CONNTRACK, CONFIG_F_UNTRACK, CONFIG_F_UNTRACK_OWN,
+    DatapathConfig, UNTRACK_MARK,
 };
 pub use delivery::Delivery;
 pub use dp_events::DatapathEvent;
@@ -231,10 +231,10 @@ pub use drops::DropReason;
 pub use family::Addr;
 pub use flows::{
     DEFAULT_FLOW_MAP_SIZE, DEFAULT_FLOW6_MAP_SIZE, FLOW_ADOPTED_CONNTRACK, FLOW_ADOPTED_HANDOVER,
-    FLOW_ADOPTED_OWN, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_F_FIN, FLOW_F_RST,
-    FLOW_STATE_CLOSING_V1, FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE, FLOW_STATE_SYN_SENT,
-    FlowAdopted, FlowDir, FlowFlags, FlowKey, FlowKey6, FlowKeyOf, FlowState, FlowValue,
-    FlowValue6, FlowValueOf, FlowValueV1, FlowValueV2, FlowWork,
+    FLOW_ADOPTED_OWN, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_DISPATCH_DSR, FLOW_DISPATCH_SNAT,
+    FLOW_F_FIN, FLOW_F_RST, FLOW_STATE_CLOSING_V1, FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE,
+    FLOW_STATE_SYN_SENT, FlowAdopted, FlowDir, FlowFlags, FlowKey, FlowKey6, FlowKeyOf, FlowState,
+    FlowValue, FlowValue6, FlowValueOf, FlowValueV1, FlowValueV2, FlowWork,
 };
 pub use frags::{FragKey, FragKey6, FragPorts, MAX_FRAG_DATAGRAMS};
 pub use hairpin::{HAIRPIN_ADDR, HAIRPIN_ADDR6};

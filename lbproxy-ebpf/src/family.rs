@@ -162,6 +162,7 @@ impl Family for [u8; 4] {
         // SAFETY: a plain lookup; the value is copied out at once.
         let nif = unsafe { LB_NODEIFS_V1.get(ifindex) }.copied()?;
         Some(Source {
+            dsr: false,
             snat: true,
             addr: nif.snat_addr,
             min: nif.snat_port_min,
@@ -213,6 +214,7 @@ impl Family for [u8; 16] {
         // SAFETY: a plain lookup; the value is copied out at once.
         let nif = unsafe { LB_NODEIFS6_V1.get(ifindex) }.copied()?;
         Some(Source {
+            dsr: false,
             snat: true,
             addr: nif.snat_addr,
             min: nif.snat_port_min,

@@ -42,6 +42,7 @@
 
 mod csum;
 mod deliver;
+mod dsr;
 mod family;
 mod flow;
 mod hairpin;

@@ -47,9 +47,11 @@ pub struct NatTarget<A = [u8; 4]> {
     /// The flow's `FlowValue::adopted`: whether netfilter's conntrack entry still
     /// translates it (`lbproxy_common::FlowAdopted`).
     pub adopted: u8,
-    /// Always 0: no implicit padding, whose undefined bytes LLVM may copy in a register the
-    /// verifier then refuses to read.
-    pub _pad: u8,
+    /// The flow's `FlowValue::dispatch`: `FLOW_DISPATCH_DSR` for a flow dispatched with
+    /// direct server return (`dsr`), else 0. A field of its own, not padding: no implicit
+    /// padding, whose undefined bytes LLVM may copy in a register the verifier then refuses
+    /// to read.
+    pub dispatch: u8,
 }
 
 impl<A: Addr> NatTarget<A> {
@@ -64,7 +66,7 @@ impl<A: Addr> NatTarget<A> {
             peer_port_be: 0,
             peer_addr: A::ZERO,
             adopted: lbproxy_common::FLOW_ADOPTED_CONNTRACK,
-            _pad: 0,
+            dispatch: 0,
         }
     }
 
@@ -76,7 +78,7 @@ impl<A: Addr> NatTarget<A> {
             peer_port_be: v.peer_port_be,
             peer_addr: v.peer_addr,
             adopted: v.adopted,
-            _pad: 0,
+            dispatch: v.dispatch,
         }
     }
 }
@@ -94,6 +96,9 @@ impl<A: Addr> NatTarget<A> {
 #[derive(Clone, Copy)]
 pub struct Source<A = [u8; 4]> {
     pub snat: bool,
+    /// Direct server return: the client's own address, the packets dispatched to the
+    /// backend's node carrying the frontend (`dsr`).
+    pub dsr: bool,
     /// The source address the backend sees; the unspecified address: the client's own.
     pub addr: A,
     pub min: u16,
@@ -103,6 +108,15 @@ pub struct Source<A = [u8; 4]> {
 impl<A: Addr> Source<A> {
     pub const CLIENT: Source<A> = Source {
         snat: false,
+        dsr: false,
+        addr: A::ZERO,
+        min: 0,
+        max: 0,
+    };
+    /// The client's own address and port, dispatched with direct server return.
+    pub const DSR: Source<A> = Source {
+        snat: false,
+        dsr: true,
         addr: A::ZERO,
         min: 0,
         max: 0,

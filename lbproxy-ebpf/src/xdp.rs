@@ -3,8 +3,9 @@
 //!
 //! It is a fast path in front of `lb_from_node`, not a second load balancer. It handles
 //! three kinds of packet, each of a flow the TC program already made:
-//! - a client's packet to a backend on another node (source-NATed): translated and sent back
-//!   out of the interface it came in on (`XDP_TX`), as `lb_from_node` would redirect it;
+//! - a client's packet to a backend on another node (source-NATed, or a TCP segment after
+//!   the SYN of a flow dispatched with direct server return): translated and sent back out
+//!   of the interface it came in on (`XDP_TX`), as `lb_from_node` would redirect it;
 //! - that backend's reply, to this node's SNAT address: translated back and sent to the
 //!   client (`XDP_TX`);
 //! - a client's packet to a backend on this node: translated and passed up the stack to the
@@ -29,7 +30,8 @@ use aya_ebpf::{
 };
 use lbproxy_common::{
     CONFIG_F_NEW_TO_CONNTRACK, CONFIG_F_STRAYS_TO_CONNTRACK, CONFIG_F_UNTRACK,
-    CONFIG_F_UNTRACK_OWN, Delivery, IPPROTO_TCP, IPPROTO_UDP, SVC_KIND_CLUSTER_IP, ServiceValue,
+    CONFIG_F_UNTRACK_OWN, Delivery, FLOW_DISPATCH_DSR, IPPROTO_TCP, IPPROTO_UDP,
+    SVC_KIND_CLUSTER_IP, ServiceValue,
 };
 
 use crate::{
@@ -254,6 +256,14 @@ fn forward<A: Frame>(ctx: &XdpContext, pkt: &Packet<A>, svc: &ServiceValue, ingr
         return PASS;
     };
     let (src, dst) = ((&to.peer_addr, to.peer_port_be), (&to.addr, to.port_be));
+    if to.dispatch == FLOW_DISPATCH_DSR {
+        // Direct server return: a TCP segment after the SYN needs no option, and goes to
+        // the backend's node as it is, translated. A UDP datagram may need one: TC's.
+        if pkt.proto != IPPROTO_TCP {
+            return PASS;
+        }
+        return send_back(ctx, pkt, ingress, src, dst, Delivery::XdpToBackend);
+    }
     if to.peer_addr == pkt.src_addr {
         // A backend on this node: up the stack to its pod, as `lb_from_node` sends it.
         if translate(ctx, pkt, src, dst, None).is_some() {

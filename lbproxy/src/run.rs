@@ -308,7 +308,12 @@ async fn start_datapath(
             )
         })?;
     spawn_datapath_logs(&mut dp);
-    let seed = bpf::write_config(&settings.bpffs_dir, settings.stack_bypass, seed_file)?;
+    let seed = bpf::write_config(
+        &settings.bpffs_dir,
+        settings.stack_bypass,
+        settings.load_balancer_mode,
+        seed_file,
+    )?;
     let maglev_m = match settings.lb_algorithm {
         config::LbAlgorithm::Maglev => settings.maglev_table_size,
         config::LbAlgorithm::Jump => 0,
@@ -316,6 +321,7 @@ async fn start_datapath(
     bpf::write_maglev_config(&settings.bpffs_dir, maglev_m)?;
     tracing::info!(
         stack_bypass = settings.stack_bypass,
+        load_balancer_mode = settings.load_balancer_mode.as_str(),
         lb_algorithm = settings.lb_algorithm.as_str(),
         maglev_table_size = maglev_m,
         seed_from_file = seed_file.is_some(),

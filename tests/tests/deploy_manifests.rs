@@ -416,6 +416,8 @@ struct LbproxyConfig {
     hash_seed_file: Option<String>,
     #[serde(default)]
     xdp_acceleration: Option<String>,
+    #[serde(default)]
+    load_balancer_mode: Option<String>,
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -9,6 +9,8 @@
 //! | nftables | kube-proxy's nftables layout with `nodeport-ips` and the `service-nodeports` verdict map |
 //! | lbproxy | `lbproxy run` on node A (the same N services as manifests, the target of type NodePort), started with the harness command line of `tests/tests/north_south.rs` |
 //! | lbproxy-xdp | the same, plus `--xdp-acceleration native`: established flows translated at XDP on node A's uplink |
+//! | lbproxy-dsr | `lbproxy run` on both nodes with `--load-balancer-mode dsr`: node B answers the client directly |
+//! | lbproxy-xdp-dsr | both nodes with `--load-balancer-mode dsr --xdp-acceleration native` |
 //!
 //! Every path runs on the same fabric, set up as a wire behaves under XDP
 //! (`MultiNodeLab::enable_xdp_tx`: an XDP pass program on the fabric's side of each uplink,
@@ -58,7 +60,8 @@ pub struct NorthSouthArgs {
     /// Output directory [default: <target>/bench/northsouth].
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Only these paths (comma-separated: iptables, nftables, lbproxy, lbproxy-xdp); direct, the
+    /// Only these paths (comma-separated: iptables, nftables, lbproxy, lbproxy-xdp,
+    /// lbproxy-dsr, lbproxy-xdp-dsr); direct, the
     /// baseline, is always measured [default: all].
     #[arg(long, value_delimiter = ',')]
     pub paths: Option<Vec<String>>,
@@ -71,15 +74,19 @@ enum Path {
     Nftables,
     Lbproxy,
     LbproxyXdp,
+    LbproxyDsr,
+    LbproxyXdpDsr,
 }
 
 impl Path {
-    const ALL: [Path; 5] = [
+    const ALL: [Path; 7] = [
         Path::Direct,
         Path::Iptables,
         Path::Nftables,
         Path::Lbproxy,
         Path::LbproxyXdp,
+        Path::LbproxyDsr,
+        Path::LbproxyXdpDsr,
     ];
 
     fn key(self) -> &'static str {
@@ -89,6 +96,8 @@ impl Path {
             Path::Nftables => "nftables",
             Path::Lbproxy => "lbproxy",
             Path::LbproxyXdp => "lbproxy-xdp",
+            Path::LbproxyDsr => "lbproxy-dsr",
+            Path::LbproxyXdpDsr => "lbproxy-xdp-dsr",
         }
     }
 
@@ -97,6 +106,13 @@ impl Path {
         match self {
             Path::Lbproxy => Some(&[]),
             Path::LbproxyXdp => Some(&["--xdp-acceleration", "native"]),
+            Path::LbproxyDsr => Some(&["--load-balancer-mode", "dsr"]),
+            Path::LbproxyXdpDsr => Some(&[
+                "--load-balancer-mode",
+                "dsr",
+                "--xdp-acceleration",
+                "native",
+            ]),
             Path::Direct | Path::Iptables | Path::Nftables => None,
         }
     }
@@ -141,47 +157,61 @@ impl Bench {
         }
     }
 
-    fn activate(&self, p: Path) -> Result<(Option<Duration>, Option<Lbproxy>)> {
+    /// Loads path `p`: how long programming took, and the lbproxys it runs (node A's
+    /// first).
+    fn activate(&self, p: Path) -> Result<(Option<Duration>, Vec<Lbproxy>)> {
         let node = |prog: &str| self.lab.node_command(NodeId::A, prog);
         match p {
-            Path::Direct => Ok((None, None)),
-            Path::Iptables => Ok((Some(pipe(node("iptables-restore"), &self.ipt)?), None)),
+            Path::Direct => Ok((None, Vec::new())),
+            Path::Iptables => Ok((Some(pipe(node("iptables-restore"), &self.ipt)?), Vec::new())),
             Path::Nftables => {
                 let mut c = node("nft");
                 c.args(["-f", "-"]);
-                Ok((Some(pipe(c, &self.nft)?), None))
+                Ok((Some(pipe(c, &self.nft)?), Vec::new()))
             }
-            Path::Lbproxy | Path::LbproxyXdp => {
+            Path::Lbproxy | Path::LbproxyXdp | Path::LbproxyDsr | Path::LbproxyXdpDsr => {
                 let flags = p.lbproxy_flags().unwrap_or_default();
                 self.lab.write_manifest_text(&self.yaml);
-                let t = Instant::now();
-                let mut lb = self.lab.start_lbproxy(NodeId::A, flags);
-                let addr: SocketAddr = lbproxy_tests::lab::HEALTHZ_ADDR.parse().unwrap();
-                let ns = self.lab.node_ns(NodeId::A).to_owned();
-                loop {
-                    if let Some(st) = lb.try_exit() {
-                        bail!("lbproxy exited with {st}\n{}", lb.log());
-                    }
-                    if let Ok(200) = http_get(&ns, addr, "/healthz") {
-                        break;
-                    }
-                    if t.elapsed() > Duration::from_secs(120) {
-                        bail!("lbproxy not healthy after 120 s\n{}", lb.log());
-                    }
-                    std::thread::sleep(Duration::from_millis(5));
+                let mut lbs = Vec::new();
+                if matches!(p, Path::LbproxyDsr | Path::LbproxyXdpDsr) {
+                    // Node B records the dispatched flows and answers the client itself:
+                    // running before node A takes the first SYN.
+                    lbs.push(self.start_healthy(NodeId::B, flags)?.1);
                 }
-                Ok((Some(t.elapsed()), Some(lb)))
+                let (took, lb) = self.start_healthy(NodeId::A, flags)?;
+                lbs.insert(0, lb);
+                Ok((Some(took), lbs))
             }
         }
     }
 
-    fn deactivate(&self, p: Path, lb: Option<Lbproxy>) -> Result<()> {
-        if let Some(mut lb) = lb {
-            let dir = self.lab.node(NodeId::A).bpffs_dir.clone();
+    /// lbproxy on `node` with `flags`, once its /healthz answers 200, and how long that took.
+    fn start_healthy(&self, node: NodeId, flags: &[&str]) -> Result<(Duration, Lbproxy)> {
+        let t = Instant::now();
+        let mut lb = self.lab.start_lbproxy(node, flags);
+        let addr: SocketAddr = lbproxy_tests::lab::HEALTHZ_ADDR.parse().unwrap();
+        let ns = self.lab.node_ns(node).to_owned();
+        loop {
+            if let Some(st) = lb.try_exit() {
+                bail!("lbproxy on {node} exited with {st}\n{}", lb.log());
+            }
+            if let Ok(200) = http_get(&ns, addr, "/healthz") {
+                return Ok((t.elapsed(), lb));
+            }
+            if t.elapsed() > Duration::from_secs(120) {
+                bail!("lbproxy on {node} not healthy after 120 s\n{}", lb.log());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn deactivate(&self, p: Path, lbs: Vec<Lbproxy>) -> Result<()> {
+        for (mut lb, node) in lbs.into_iter().zip(NodeId::ALL) {
+            let dir = self.lab.node(node).bpffs_dir.clone();
             let bin = lbproxy_tests::lab::lbproxy_bin();
             // What the datapath dropped or rejected during the path's load, so a connection
             // error has a reason beside it.
-            let drops = ns_command(self.lab.node_ns(NodeId::A), &bin)
+            let drops = ns_command(self.lab.node_ns(node), &bin)
                 .args(["inspect", "drops", "--json", "--bpffs-dir"])
                 .arg(&dir)
                 .output()?;
@@ -191,13 +221,13 @@ impl Bench {
                     .filter(|(_, v)| v.as_u64().is_some_and(|n| n > 0))
                     .map(|(k, v)| format!("{k}={v}"))
                     .collect();
-                eprintln!("[{TAG}] lbproxy drop counters after the load: {moved:?}");
+                eprintln!("[{TAG}] {node}: lbproxy drop counters after the load: {moved:?}");
             }
             // The controller's own CPU over the path, and what its flow collector did: a
             // collection competes with the load for the same cores.
             if let Some(cpu) = process_cpu(lb.pid()) {
                 eprintln!(
-                    "[{TAG}] lbproxy CPU over the path: {:.2} s; flow gc: {:?}",
+                    "[{TAG}] {node}: lbproxy CPU over the path: {:.2} s; flow gc: {:?}",
                     cpu.as_secs_f64(),
                     lb.stdout()
                         .lines()
@@ -208,7 +238,7 @@ impl Bench {
                 );
             }
             lb.terminate(Duration::from_secs(20));
-            let out = ns_command(self.lab.node_ns(NodeId::A), &bin)
+            let out = ns_command(self.lab.node_ns(node), &bin)
                 .args(["cleanup", "--bpffs-dir"])
                 .arg(&dir)
                 .output()?;
@@ -270,7 +300,7 @@ impl Bench {
     }
 
     fn measure(&self, p: Path) -> Result<Sample> {
-        let (programming, lb) = self.activate(p)?;
+        let (programming, lbs) = self.activate(p)?;
         let r = (|| -> Result<Sample> {
             self.wait_reachable(p)?;
             // Warm-up, not counted.
@@ -287,7 +317,7 @@ impl Bench {
                 gbps: Some(self.iperf(p)?),
             })
         })();
-        let d = self.deactivate(p, lb);
+        let d = self.deactivate(p, lbs);
         let s = r?;
         d?;
         Ok(s)

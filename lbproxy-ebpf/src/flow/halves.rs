@@ -136,7 +136,8 @@ pub(super) fn recreate_partner<A: Family>(
     v.last_seen_ns = now;
     v.peer_addr = peer.0;
     v.adopted = e.adopted;
-    v._reserved = [0; 3];
+    v.dispatch = e.dispatch;
+    v._reserved = [0; 2];
     v._pad_b = A::PAD;
     if insert(key, v, BPF_NOEXIST).is_ok() {
         count(DropReason::FlowHalfRecreated);

@@ -35,11 +35,13 @@
 //! of fields no translation reads: a new flow that makes the same choice as the tuple's
 //! previous one (same service, backend and reply tuple) is started in place that way.
 
+use aya_ebpf::bindings::BPF_ANY;
 use aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns;
 use lbproxy_common::{
-    CONFIG_F_NEW_TO_CONNTRACK, CONFIG_F_STRAYS_TO_CONNTRACK, DropReason, FLOW_ADOPTED_CONNTRACK,
-    FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE, FLOW_STATE_SYN_SENT,
-    FlowKeyOf, FlowValueOf, FlowWork, IPPROTO_TCP, IPPROTO_UDP, ServiceValue,
+    Addr, CONFIG_F_NEW_TO_CONNTRACK, CONFIG_F_STRAYS_TO_CONNTRACK, DropReason,
+    FLOW_ADOPTED_CONNTRACK, FLOW_DIR_FORWARD, FLOW_DIR_REPLY, FLOW_DISPATCH_DSR,
+    FLOW_STATE_ESTABLISHED, FLOW_STATE_NONE, FLOW_STATE_SYN_SENT, FlowKeyOf, FlowValueOf, FlowWork,
+    IPPROTO_TCP, IPPROTO_UDP, ServiceValue,
 };
 
 mod halves;
@@ -211,6 +213,7 @@ fn established<A: Family>(
     if live && !syn_retry && (ours || partner.is_none()) {
         touch(entry, now);
         note_close(entry, pkt);
+        dsr_established(entry, partner, pkt);
         if partner.is_none() {
             // The reply half was evicted alone: recreate it from this one, or the
             // backend's answers would leave untranslated.
@@ -293,7 +296,111 @@ pub fn established_only<A: Family>(
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     touch(entry, now);
     note_close(entry, pkt);
+    dsr_established(entry, Some(r), pkt);
     Some(NatTarget::of(f))
+}
+
+/// A TCP flow dispatched with direct server return never shows this node the backend's
+/// answer: the client's first packet after its SYN (the handshake's ACK) says the backend
+/// answered, and moves the flow from SYN_SENT to ESTABLISHED, both halves, as the answer
+/// does for any other flow ([`reply`]).
+#[inline(always)]
+fn dsr_established<A: Addr>(
+    entry: *mut FlowValueOf<A>,
+    partner: Option<*mut FlowValueOf<A>>,
+    pkt: &Packet<A>,
+) {
+    // SAFETY: entries from successful lookups in this run; single-byte writes.
+    unsafe {
+        if (*entry).dispatch != FLOW_DISPATCH_DSR
+            || (*entry).state != FLOW_STATE_SYN_SENT
+            || pkt.proto != IPPROTO_TCP
+            || pkt.is_syn()
+        {
+            return;
+        }
+        (*entry).state = FLOW_STATE_ESTABLISHED;
+        if let Some(r) = partner {
+            (*r).state = FLOW_STATE_ESTABLISHED;
+        }
+    }
+}
+
+/// On the backend's node: records the flow of `pkt` (client -> backend, translated by the
+/// node that received it) that another node dispatched here with direct server return,
+/// carrying frontend `fe` (`dsr`). Both halves are written as this node would write a flow
+/// of its own to a backend on this node, so the backend's replies are translated back to
+/// come from `fe` as they leave the node (`lb_to_node`), and so are ICMP errors about the
+/// client's packets; `inspect flows` lists it. The backend is known by its address (its id
+/// here is 0: the receiving node chose it). A packet of a flow already recorded with the
+/// same frontend only touches it. Returns whether the flow is recorded.
+#[inline(always)]
+pub fn record_dispatched<A: Family>(pkt: &Packet<A>, fe: (&A, u16), svc_id: u32) -> bool {
+    let Some(w) = A::work() else {
+        return false;
+    };
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    w.rkey = reply_key(
+        pkt.dst_addr,
+        pkt.dst_port_be,
+        pkt.src_addr,
+        pkt.src_port_be,
+        pkt.proto,
+    );
+    if let Some(r) = A::flow(&w.rkey) {
+        // SAFETY: a successful lookup.
+        let v = unsafe { &*r };
+        if v.dispatch == FLOW_DISPATCH_DSR
+            && v.nat_addr == *fe.0
+            && v.nat_port_be == fe.1
+            && v.peer_addr == pkt.src_addr
+            && v.peer_port_be == pkt.src_port_be
+            && !pkt.is_syn()
+        {
+            touch(r, now);
+            return true;
+        }
+    }
+    let v = &mut w.value;
+    v.nat_addr = *fe.0;
+    v.nat_port_be = fe.1;
+    v.peer_port_be = pkt.src_port_be;
+    v.state = if pkt.proto != IPPROTO_TCP {
+        FLOW_STATE_NONE
+    } else if pkt.is_syn() {
+        FLOW_STATE_SYN_SENT
+    } else {
+        FLOW_STATE_ESTABLISHED
+    };
+    v.flags = 0;
+    v._pad = [0; 2];
+    v.svc_id = svc_id;
+    v.backend_id = 0;
+    v.ifindex = 0;
+    v._pad_a = A::PAD;
+    v.created_ns = now;
+    v.last_seen_ns = now;
+    v.peer_addr = pkt.src_addr;
+    v.adopted = 0;
+    v.dispatch = FLOW_DISPATCH_DSR;
+    v._reserved = [0; 2];
+    v._pad_b = A::PAD;
+    if A::flow_insert(&w.rkey, v, u64::from(BPF_ANY)).is_err() {
+        return false;
+    }
+    // The forward half: client -> frontend, naming the backend.
+    w.key = FlowKeyOf {
+        src_addr: pkt.src_addr,
+        dst_addr: *fe.0,
+        src_port_be: pkt.src_port_be,
+        dst_port_be: fe.1,
+        proto: pkt.proto,
+        dir: FLOW_DIR_FORWARD,
+        _pad: [0; 2],
+    };
+    v.nat_addr = pkt.dst_addr;
+    v.nat_port_be = pkt.dst_port_be;
+    A::flow_insert(&w.key, v, u64::from(BPF_ANY)).is_ok()
 }
 
 /// Reply direction: the VIP:port a backend's packet to a client must appear to come from

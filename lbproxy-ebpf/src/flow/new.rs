@@ -4,7 +4,8 @@
 
 use aya_ebpf::bindings::{BPF_ANY, BPF_NOEXIST};
 use lbproxy_common::{
-    Addr, BackendOf, DropReason, FLOW_ADOPTED_OWN, FlowKeyOf, FlowValueOf, FlowWork, ServiceValue,
+    Addr, BackendOf, DropReason, FLOW_ADOPTED_OWN, FLOW_DISPATCH_DSR, FLOW_DISPATCH_SNAT,
+    FlowKeyOf, FlowValueOf, FlowWork, ServiceValue,
     select::{CLASH_PORT_ATTEMPTS, clash_port},
 };
 
@@ -101,7 +102,7 @@ pub(super) fn create<A: Family>(
         // The same service, backend and reply tuple as the tuple's previous flow (a SYN
         // retransmitted, a port reused towards the same backend): every field a translation
         // reads is already right, so only the flow's state is reset, in place.
-        reopen(old, state, now);
+        reopen(old, state, now, u8::from(nat_source.dsr));
         if nat_source.snat {
             // The previous flow's SNAT port, kept: one try.
             count_snat_tries(1);
@@ -112,7 +113,7 @@ pub(super) fn create<A: Family>(
             peer_port_be: rkey.dst_port_be,
             peer_addr: *peer_addr,
             adopted: FLOW_ADOPTED_OWN,
-            _pad: 0,
+            dispatch: u8::from(nat_source.dsr),
         });
     }
     let reply = &mut w.value;
@@ -130,7 +131,12 @@ pub(super) fn create<A: Family>(
     reply.last_seen_ns = now;
     reply.peer_addr = pkt.src_addr;
     reply.adopted = 0;
-    reply._reserved = [0; 3];
+    reply.dispatch = if nat_source.dsr {
+        FLOW_DISPATCH_DSR
+    } else {
+        FLOW_DISPATCH_SNAT
+    };
+    reply._reserved = [0; 2];
     reply._pad_b = A::PAD;
     if prev.has_old && !same_reply {
         A::flow_remove(o);
@@ -228,7 +234,7 @@ pub(super) struct Reusable<A: Addr> {
 /// one; and no entry is freed or allocated (two LRU updates, about half of a new flow's cost
 /// on a reused port, measured with `cargo xtask bench programs`).
 #[inline(always)]
-pub(super) fn reopen<A: Addr>(old: &Reusable<A>, state: u8, now: u64) {
+pub(super) fn reopen<A: Addr>(old: &Reusable<A>, state: u8, now: u64, dispatch: u8) {
     for half in [old.reply, old.forward] {
         // SAFETY: both came from successful lookups in this run of the program; each write
         // is one aligned field.
@@ -239,6 +245,7 @@ pub(super) fn reopen<A: Addr>(old: &Reusable<A>, state: u8, now: u64) {
             (*half).flags = 0;
             // A new flow on an adopted flow's tuple is lbproxy's own.
             (*half).adopted = FLOW_ADOPTED_OWN;
+            (*half).dispatch = dispatch;
         }
     }
 }

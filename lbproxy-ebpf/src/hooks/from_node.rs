@@ -8,13 +8,15 @@ use core::{ffi::c_void, mem::MaybeUninit};
 
 use aya_ebpf::programs::TcContext;
 use lbproxy_common::{
-    DropReason, FLOW_ADOPTED_CONNTRACK, FLOW_ADOPTED_HANDOVER, HOOK_FROM_NODE, SVC_KIND_CLUSTER_IP,
+    Delivery, DropReason, FLOW_ADOPTED_CONNTRACK, FLOW_ADOPTED_HANDOVER, FLOW_DISPATCH_DSR,
+    HOOK_FROM_NODE, SVC_KIND_CLUSTER_IP,
 };
 
 use super::{Datapath, action, drop_logged, parse_into, pass_bad_l4, reject};
 use crate::{
-    flow, lb, maps, nat, north,
+    deliver, dsr, flow, lb, maps, nat, north,
     packet::{L4, Packet},
+    reason::count,
     stage::{Forwarded, Parsed, StagedPacket, TC_ACT_SHOT, TC_ACT_UNSPEC},
     untrack,
 };
@@ -58,6 +60,9 @@ fn balance<A: Datapath>(raw: *mut c_void) -> i32 {
         Forwarded::NoFrontend => {
             if staged.pkt.l4 == L4::Bad {
                 return pass_bad_l4();
+            }
+            if dsr::receiving(&maps::config()) {
+                dispatched(ctx, &staged.pkt);
             }
             reply(ctx, &staged.pkt)
         }
@@ -104,6 +109,10 @@ stage! {
     /// to its pod; to one on another node (source-NATed), redirected out towards it.
     fn translate<A: Datapath>(ctx: &TcContext, staged: &StagedPacket<A>) -> i32 {
         let (pkt, to) = (&staged.pkt, staged.to);
+        if to.dispatch == FLOW_DISPATCH_DSR {
+            // Direct server return: to the backend's node with the client's own address.
+            return action(ctx, HOOK_FROM_NODE, dsr::forward(ctx, pkt, to));
+        }
         let r = nat::dnat(ctx, pkt, to)
             .map_err(|v| v.reason())
             .and_then(|()| {
@@ -119,6 +128,27 @@ stage! {
                 north::redirect(ctx, pkt, from, dst)
             });
         action(ctx, HOOK_FROM_NODE, r)
+    }
+}
+
+stage! {
+    /// A packet from outside that is not for a frontend, while this node takes direct server
+    /// return: one that another node dispatched to a pod here carries the frontend in an
+    /// option (`dsr`), and its flow is recorded, to translate the backend's replies as they
+    /// leave the node. The frontend must be one this node serves too (a NodePort of any
+    /// node's address, or the same externalIP, LB IP). Apart (IPv6), as the other stages.
+    fn dispatched<A: Datapath>(ctx: &TcContext, pkt: &Packet<A>) -> u32 {
+        let Some((fe, port_be)) = A::frontend_of(ctx) else {
+            return 0;
+        };
+        let Some(svc) = lb::service::lookup_dispatched(fe, port_be, pkt.proto) else {
+            count(DropReason::DsrUnknownFrontend);
+            return 0;
+        };
+        if flow::record_dispatched(pkt, (&fe, port_be), svc.svc_id) {
+            deliver::count(Delivery::DsrRecorded);
+        }
+        0
     }
 }
 

@@ -53,6 +53,7 @@ use aya_log_ebpf::debug;
 use lbproxy_common::{DropReason, ServiceValue};
 
 use crate::{
+    dsr,
     family::Family,
     flow, icmp, lb, maps,
     packet::Packet,
@@ -64,9 +65,9 @@ use crate::{
 /// What a hook's pipeline needs of a family: its header and maps ([`Family`]), its ICMP
 /// error formats ([`icmp::Errors`]) and its answers to a rejected packet
 /// ([`reject::Answer`]).
-pub trait Datapath: Family + icmp::Errors + reject::Answer {}
+pub trait Datapath: Family + icmp::Errors + reject::Answer + dsr::Dispatch {}
 
-impl<A: Family + icmp::Errors + reject::Answer> Datapath for A {}
+impl<A: Family + icmp::Errors + reject::Answer + dsr::Dispatch> Datapath for A {}
 
 /// Where a hook's stages keep the [`StagedPacket`]: for a family whose stages are apart
 /// (`A::STAGES_APART`), this CPU's scratch entry; otherwise `local`, on the caller's stack,

@@ -4,10 +4,10 @@
 //! packet is translated.
 
 use aya_ebpf::programs::TcContext;
-use lbproxy_common::{DropReason, HOOK_TO_NODE};
+use lbproxy_common::{Delivery, DropReason, FLOW_DISPATCH_DSR, HOOK_TO_NODE};
 
 use super::{Datapath, drop_logged};
-use crate::{flow, nat, packet::L4, stage::TC_ACT_UNSPEC, untrack};
+use crate::{deliver, flow, nat, packet::L4, stage::TC_ACT_UNSPEC, untrack};
 
 /// The pipeline: ICMP errors to `icmp`; else parse -> flow (reply half) -> translate.
 /// Inlined into the entry point, so that the ICMP stage (a BPF function of its own) and
@@ -48,5 +48,9 @@ fn reverse<A: Datapath>(ctx: &TcContext) -> Result<i32, DropReason> {
         return Ok(TC_ACT_UNSPEC);
     }
     nat::snat(ctx, &pkt, to).map_err(|v| v.reason())?;
+    if to.dispatch == FLOW_DISPATCH_DSR {
+        // A flow another node dispatched here (direct server return): straight to the client.
+        deliver::count(Delivery::DsrReplyToClient);
+    }
     Ok(TC_ACT_UNSPEC)
 }

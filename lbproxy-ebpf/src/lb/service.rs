@@ -62,6 +62,25 @@ pub fn lookup_local<A: Family>(addr: A, port_be: u16, proto: u8) -> Option<Servi
     Some(A::service(&key).unwrap_or(svc))
 }
 
+/// The frontend a packet dispatched by another node with direct server return was addressed
+/// to (`dsr`): an exact frontend (an externalIP, LB IP), or a NodePort at any address (the
+/// receiving node's). `None`: not a frontend this node serves.
+#[inline(always)]
+pub fn lookup_dispatched<A: Family>(addr: A, port_be: u16, proto: u8) -> Option<ServiceValue> {
+    let key = ServiceKeyOf {
+        addr,
+        port_be,
+        proto,
+        scope: SCOPE_DEFAULT,
+    };
+    A::service(&key).or_else(|| {
+        A::service(&ServiceKeyOf {
+            addr: A::ZERO,
+            ..key
+        })
+    })
+}
+
 /// The frontend entry `(addr, port_be, proto)` names and the key it was found under.
 #[inline(always)]
 fn lookup_keyed<A: Family>(

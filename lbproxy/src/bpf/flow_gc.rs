@@ -293,7 +293,8 @@ mod tests {
             last_seen_ns: NOW - idle_s * S,
             peer_addr: [198, 18, 0, 2],
             adopted: 0,
-            _reserved: [0; 3],
+            dispatch: 0,
+            _reserved: [0; 2],
             _pad_b: [],
         };
         let pk = key.partner(&value);

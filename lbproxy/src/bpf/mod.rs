@@ -340,7 +340,8 @@ fn migrate_flows(dir: &Path) -> Result<(), BpfError> {
             last_seen_ns: v.last_seen_ns,
             peer_addr,
             adopted: 0,
-            _reserved: [0; 3],
+            dispatch: 0,
+            _reserved: [0; 2],
             _pad_b: [],
         }
     })?;
@@ -359,7 +360,8 @@ fn migrate_flows(dir: &Path) -> Result<(), BpfError> {
         last_seen_ns: v.last_seen_ns,
         peer_addr: peer(k).0,
         adopted: 0,
-        _reserved: [0; 3],
+        dispatch: 0,
+        _reserved: [0; 2],
         _pad_b: [],
     })
 }
@@ -411,6 +413,7 @@ fn migrate_flow_map<V: aya::Pod>(
 pub fn write_config(
     dir: &Path,
     stack_bypass: bool,
+    mode: crate::config::LoadBalancerMode,
     seed_file: Option<u64>,
 ) -> Result<u64, BpfError> {
     let path = dir.join(map_names::CONFIG);
@@ -447,7 +450,8 @@ pub fn write_config(
                 CONFIG_F_STACK_BYPASS
             } else {
                 0
-            },
+            }
+            | mode.config_flags(),
         // The controller's id cursor is kept too (see `DatapathConfig::next_id`).
         ..pinned_config
     }

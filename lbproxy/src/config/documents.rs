@@ -28,6 +28,7 @@ pub struct LbproxyDoc {
     pub maglev_table_size: Option<u32>,
     pub hash_seed_file: Option<String>,
     pub xdp_acceleration: Option<String>,
+    pub load_balancer_mode: Option<String>,
     /// How long an unanswered SYN keeps its flow (kube-proxy has no such field).
     pub tcp_syn_sent_timeout: Option<String>,
 }

@@ -136,6 +136,12 @@ pub struct Flags {
     /// disabled]
     #[arg(long)]
     pub xdp_acceleration: Option<String>,
+    /// How north-south flows reach a backend on another node: `snat` (source-NATed to this
+    /// node's address, replies back through it), `dsr` (direct server return: the backend
+    /// sees the client's address and its node answers the client itself) or `hybrid` (DSR
+    /// for TCP, SNAT for UDP). Every node must run the same mode [default: snat]
+    #[arg(long)]
+    pub load_balancer_mode: Option<String>,
 }
 
 impl RunArgs {

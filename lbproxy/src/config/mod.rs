@@ -132,6 +132,39 @@ impl LbAlgorithm {
     }
 }
 
+/// How north-south flows reach a backend on another node (`--load-balancer-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadBalancerMode {
+    /// Source-NATed to the receiving node's address; replies come back through it.
+    Snat,
+    /// Direct server return for TCP and UDP: the backend sees the client's address and its
+    /// node answers the client itself, from the frontend.
+    Dsr,
+    /// Direct server return for TCP, SNAT for UDP.
+    Hybrid,
+}
+
+impl LoadBalancerMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoadBalancerMode::Snat => "snat",
+            LoadBalancerMode::Dsr => "dsr",
+            LoadBalancerMode::Hybrid => "hybrid",
+        }
+    }
+
+    /// The `DatapathConfig` flags of the mode (`CONFIG_F_DSR_TCP`, `CONFIG_F_DSR_UDP`).
+    pub fn config_flags(self) -> u32 {
+        match self {
+            LoadBalancerMode::Snat => 0,
+            LoadBalancerMode::Dsr => {
+                lbproxy_common::CONFIG_F_DSR_TCP | lbproxy_common::CONFIG_F_DSR_UDP
+            }
+            LoadBalancerMode::Hybrid => lbproxy_common::CONFIG_F_DSR_TCP,
+        }
+    }
+}
+
 /// Where north-south translation runs at XDP (`--xdp-acceleration`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum XdpAcceleration {
@@ -255,6 +288,9 @@ pub struct Settings {
     /// `--hash-seed-file`: the flow-hash seed comes from this file's content, not from the
     /// node's own random seed.
     pub hash_seed_file: Option<PathBuf>,
+    /// `--load-balancer-mode`: SNAT or direct server return for north-south flows to
+    /// backends on other nodes.
+    pub load_balancer_mode: LoadBalancerMode,
     /// `--xdp-acceleration`: whether `lb_xdp` runs on the node's interfaces.
     pub xdp_acceleration: XdpAcceleration,
     /// kube-proxy's `bindAddress`: validated; lbproxy serves IPv4 and needs no node IP hint.
@@ -339,6 +375,7 @@ impl Settings {
             "maglevTableSize": self.maglev_table_size,
             "hashSeedFile": self.hash_seed_file.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
             "xdpAcceleration": self.xdp_acceleration.as_str(),
+            "loadBalancerMode": self.load_balancer_mode.as_str(),
             "tcpSynSentTimeout": go_duration(t.tcp_syn_sent),
         });
         (kube, own)

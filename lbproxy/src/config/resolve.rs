@@ -81,6 +81,12 @@ pub fn resolve(file: Option<(&Path, FileConfig)>, flags: Flags) -> Result<Settin
         LB_ALGORITHMS,
     )?;
     let maglev_table_size = src.maglev_table_size(flags.maglev_table_size)?;
+    let load_balancer_mode = src.one_of(
+        flags.load_balancer_mode,
+        own.load_balancer_mode.clone(),
+        ("loadBalancerMode", LoadBalancerMode::Snat),
+        LOAD_BALANCER_MODES,
+    )?;
     let xdp_acceleration = src.one_of(
         flags.xdp_acceleration,
         own.xdp_acceleration.clone(),
@@ -106,6 +112,7 @@ pub fn resolve(file: Option<(&Path, FileConfig)>, flags: Flags) -> Result<Settin
         maglev_table_size,
         hash_seed_file,
         xdp_acceleration,
+        load_balancer_mode,
         node_port_addresses,
         snat_port_range,
         flow_timeouts,
@@ -145,6 +152,11 @@ const SOCKET_LB: &[(&str, SocketLb)] = &[
 ];
 const LB_ALGORITHMS: &[(&str, LbAlgorithm)] =
     &[("jump", LbAlgorithm::Jump), ("maglev", LbAlgorithm::Maglev)];
+const LOAD_BALANCER_MODES: &[(&str, LoadBalancerMode)] = &[
+    ("snat", LoadBalancerMode::Snat),
+    ("dsr", LoadBalancerMode::Dsr),
+    ("hybrid", LoadBalancerMode::Hybrid),
+];
 const XDP_ACCELERATIONS: &[(&str, XdpAcceleration)] = &[
     ("native", XdpAcceleration::Native),
     ("best-effort", XdpAcceleration::BestEffort),

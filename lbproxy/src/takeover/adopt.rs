@@ -289,7 +289,8 @@ fn value<A: Addr>(
         last_seen_ns: now_ns,
         peer_addr: peer,
         adopted: FLOW_ADOPTED_CONNTRACK,
-        _reserved: [0; 3],
+        dispatch: 0,
+        _reserved: [0; 2],
         _pad_b: A::PAD,
     }
 }

@@ -38,6 +38,12 @@ pub struct FlowRow {
     /// not have made that way) or `handover` (during a takeover). Absent for lbproxy's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adopted: Option<String>,
+    /// `dsr` for a flow dispatched with direct server return (`--load-balancer-mode`): on
+    /// the node that received it, its packets went to the backend's node keeping the
+    /// client's address; on the backend's node, its replies go straight to the client from
+    /// the frontend. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dispatch: Option<String>,
     pub age_seconds: f64,
     /// Since the later of the two halves was last used.
     pub idle_seconds: f64,
@@ -138,6 +144,8 @@ where
                     lbproxy_common::FLOW_ADOPTED_HANDOVER => Some("handover".to_string()),
                     _ => None,
                 },
+                dispatch: (v.dispatch == lbproxy_common::FLOW_DISPATCH_DSR)
+                    .then(|| "dsr".to_string()),
                 age_seconds: secs(v.created_ns),
                 idle_seconds: secs(last_seen),
             }
@@ -165,10 +173,11 @@ pub fn render(maps: &PinnedMaps, out: Output, filter: &Filter) -> anyhow::Result
                     },
                     r.frontend.clone(),
                     r.backend.clone(),
-                    match (&r.adopted, r.reply_half) {
-                        (Some(a), _) => format!("{} ({a})", r.state),
-                        (None, true) => r.state.clone(),
-                        (None, false) => format!("{} (reply half missing)", r.state),
+                    match (&r.adopted, &r.dispatch, r.reply_half) {
+                        (Some(a), _, _) => format!("{} ({a})", r.state),
+                        (None, Some(d), _) => format!("{} ({d})", r.state),
+                        (None, None, true) => r.state.clone(),
+                        (None, None, false) => format!("{} (reply half missing)", r.state),
                     },
                     format!("{:.0}s", r.age_seconds),
                     format!("{:.0}s", r.idle_seconds),
