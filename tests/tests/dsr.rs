@@ -20,19 +20,20 @@
 mod north_south_common;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead as _, Write as _};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use lbproxy_tests::lab::Inspect as _;
 use lbproxy_tests::lab::multinode::{
-    MultiNodeLab, NodeId, WEB_BACKEND_TCP as BACKEND_TCP, WEB_BACKEND_UDP as BACKEND_UDP,
+    Client, MultiNodeLab, NodeId, WEB_BACKEND_TCP as BACKEND_TCP, WEB_BACKEND_UDP as BACKEND_UDP,
     WEB_NODE_PORT_TCP as NODE_PORT_TCP, WEB_NODE_PORT_UDP as NODE_PORT_UDP,
     dual_stack_web_manifest, web_manifest,
 };
 use lbproxy_tests::lab::{Backend, Family, Lbproxy, Pod, TcpConn, udp_request};
 
-use north_south_common::{HEALTHY_WITHIN, TIMEOUT};
+use north_south_common::{
+    HEALTHY_WITHIN, TIMEOUT, big_request, client_addr, delivered, ip_of, lab_logs, node_addr,
+};
 
 struct Setup {
     lab: MultiNodeLab,
@@ -79,44 +80,19 @@ impl Setup {
     }
 
     fn node_a(&self) -> IpAddr {
-        match self.family {
-            Family::V4 => self.lab.node(NodeId::A).ip.into(),
-            Family::V6 => self.lab.node(NodeId::A).ip6.into(),
-        }
+        node_addr(&self.lab, NodeId::A, self.family)
     }
 
-    fn client_ip(&self, c: &lbproxy_tests::lab::multinode::Client) -> String {
-        match self.family {
-            Family::V4 => c.ip.to_string(),
-            Family::V6 => c.ip6.to_string(),
-        }
+    fn client_ip(&self, c: &Client) -> String {
+        client_addr(c, self.family).to_string()
     }
 
     fn logs(&self) -> String {
-        let mut out = self.lab.diagnostics();
-        for node in NodeId::ALL {
-            for what in ["delivery", "flows", "drops"] {
-                out.push_str(&format!(
-                    "\n--- {node}: inspect {what}\n{:#}",
-                    self.lab.node(node).inspect_json(what)
-                ));
-            }
-        }
-        for lb in &self.lbs {
-            out.push_str(&format!("\n--- lbproxy {:?}\n{}", lb.argv(), lb.log()));
-        }
-        out
+        lab_logs(&self.lab, &self.lbs, &["delivery", "flows", "drops"])
     }
 
-    /// `node`'s delivery counter `what`.
     fn delivered(&self, node: NodeId, what: &str) -> u64 {
-        self.lab
-            .node(node)
-            .inspect_delivery()
-            .packets
-            .get(what)
-            .copied()
-            .unwrap_or(0)
+        delivered(&self.lab, node, what)
     }
 
     /// Packets `node`'s uplink (eth0) received so far.
@@ -169,12 +145,6 @@ impl Setup {
         }
         seen
     }
-}
-
-fn ip_of(client_seen: &str) -> String {
-    client_seen
-        .parse::<SocketAddr>()
-        .map_or(client_seen.to_string(), |a| a.ip().to_string())
 }
 
 fn dsr_backend_sees_the_client(family: Family) {
@@ -315,29 +285,11 @@ fn dsr_pmtu(family: Family) {
             &["ip", "link", "set", "dev", &s.b1.host_if, "mtu", "1280"],
         )
         .unwrap();
-    let a = s.node_a();
-    let stream = client
-        .run(|| {
-            std::net::TcpStream::connect_timeout(&SocketAddr::from((a, NODE_PORT_TCP)), TIMEOUT)
-        })
-        .unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    stream
-        .set_write_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let mut line = vec![b'x'; 256 * 1024];
-    line.push(b'\n');
-    let started = Instant::now();
-    let w = (&stream).write_all(&line);
-    let mut answer = String::new();
-    let r = std::io::BufReader::new(&stream).read_line(&mut answer);
+    let answer = big_request(&client, s.node_a(), NODE_PORT_TCP);
     assert!(
-        w.is_ok() && r.is_ok() && answer.starts_with("b1 "),
+        answer.as_ref().is_ok_and(|a| a.starts_with("b1 ")),
         "a 256 KiB request through nodeA's {family} NodePort to b1 over a 1280-byte hop: \
-         write {w:?}, read {r:?}, answer {answer:?} after {:?}\n{}",
-        started.elapsed(),
+         {answer:?}\n{}",
         s.logs()
     );
 }

@@ -113,7 +113,6 @@ lbproxy_tests::both_families!(icmp_errors_about_node_port_flows_reach_the_client
 ///   needed" (Packet Too Big) to nodeA's address; translated and sent on, the client lowers
 ///   its path MTU and a 256 KiB request through the NodePort is answered.
 fn icmp_errors_about_node_port_flows_reach_the_client(family: Family) {
-    use std::io::{BufRead as _, Write as _};
     let s = Setup::for_family(family, "Cluster");
     let client = s.lab.add_client("ext");
     let (a, v6): (IpAddr, bool) = match family {
@@ -205,28 +204,11 @@ fn icmp_errors_about_node_port_flows_reach_the_client(family: Family) {
             &["ip", "link", "set", "dev", &s.b1.host_if, "mtu", "1280"],
         )
         .unwrap();
-    let stream = client
-        .run(|| {
-            std::net::TcpStream::connect_timeout(&SocketAddr::from((a, NODE_PORT_TCP)), TIMEOUT)
-        })
-        .unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    stream
-        .set_write_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let mut line = vec![b'x'; 256 * 1024];
-    line.push(b'\n');
-    let started = Instant::now();
-    let w = (&stream).write_all(&line);
-    let mut answer = String::new();
-    let r = std::io::BufReader::new(&stream).read_line(&mut answer);
+    let answer = big_request(&client, a, NODE_PORT_TCP);
     assert!(
-        w.is_ok() && r.is_ok() && answer.starts_with("b1 "),
+        answer.as_ref().is_ok_and(|a| a.starts_with("b1 ")),
         "a 256 KiB request through nodeA's {family} NodePort to b1 over a 1280-byte hop: \
-         write {w:?}, read {r:?}, answer {answer:?} after {:?}\n{}",
-        started.elapsed(),
+         {answer:?}\n{}",
         s.logs()
     );
 }

@@ -37,7 +37,7 @@ use lbproxy_tests::lab::multinode::{
 };
 use lbproxy_tests::lab::{Backend, Family, Lbproxy, Pod, TcpConn, udp_request};
 
-use north_south_common::{HEALTHY_WITHIN, TIMEOUT};
+use north_south_common::{HEALTHY_WITHIN, TIMEOUT, client_addr, ip_of, lab_logs, node_addr};
 
 /// Requests per connection (and datagrams per UDP flow): all but the first packets of each
 /// are an established flow's.
@@ -87,34 +87,20 @@ impl Setup {
     }
 
     fn node_a(&self) -> IpAddr {
-        match self.family {
-            Family::V4 => self.lab.node(NodeId::A).ip.into(),
-            Family::V6 => self.lab.node(NodeId::A).ip6.into(),
-        }
+        node_addr(&self.lab, NodeId::A, self.family)
     }
 
     /// A client's address in the setup's family.
     fn client_ip(&self, c: &lbproxy_tests::lab::multinode::Client) -> IpAddr {
-        match self.family {
-            Family::V4 => c.ip.into(),
-            Family::V6 => c.ip6.into(),
-        }
+        client_addr(c, self.family)
     }
 
     fn logs(&self) -> String {
-        let mut out = self.lab.diagnostics();
-        for node in NodeId::ALL {
-            for what in ["status", "delivery", "flows", "drops"] {
-                out.push_str(&format!(
-                    "\n--- {node}: inspect {what}\n{:#}",
-                    self.lab.node(node).inspect_json(what)
-                ));
-            }
-        }
-        for lb in &self.lbs {
-            out.push_str(&format!("\n--- lbproxy {:?}\n{}", lb.argv(), lb.log()));
-        }
-        out
+        lab_logs(
+            &self.lab,
+            &self.lbs,
+            &["status", "delivery", "flows", "drops"],
+        )
     }
 
     /// nodeA's XDP delivery counters.
@@ -183,12 +169,6 @@ impl Setup {
         }
         seen
     }
-}
-
-fn ip_of(client_seen: &str) -> String {
-    client_seen
-        .parse::<std::net::SocketAddr>()
-        .map_or(client_seen.to_string(), |a| a.ip().to_string())
 }
 
 /// The XDP program on `ifname` of `node`, as the kernel lists it: `Some("xdp")` in driver

@@ -283,13 +283,24 @@ pub fn prog_test_run_durations(
     frame: impl Fn(usize) -> Vec<u8> + Sync,
     n: usize,
 ) -> io::Result<(i32, Vec<u32>)> {
+    test_run_durations(ns, prog_id, Ctx::Skb { ifindex, mark: 0 }, frame, n)
+}
+
+/// [`prog_test_run_durations`] with the context `given`.
+fn test_run_durations(
+    ns: &str,
+    prog_id: u32,
+    given: Ctx,
+    frame: impl Fn(usize) -> Vec<u8> + Sync,
+    n: usize,
+) -> io::Result<(i32, Vec<u32>)> {
     run_in_ns(ns, || {
         let fd = prog_fd(prog_id)?;
         let mut out = vec![0u8; TEST_RUN_OUT_LEN];
         let mut durations = Vec::with_capacity(n);
         let mut retval = 0;
         for i in 0..n {
-            let r = test_run_once(&fd, Ctx::Skb { ifindex, mark: 0 }, &frame(i), &mut out)?;
+            let r = test_run_once(&fd, given, &frame(i), &mut out)?;
             retval = r.retval;
             durations.push(r.duration_ns);
         }
@@ -323,18 +334,7 @@ pub fn xdp_test_run_durations(
     frame: impl Fn(usize) -> Vec<u8> + Sync,
     n: usize,
 ) -> io::Result<(i32, Vec<u32>)> {
-    run_in_ns(ns, || {
-        let fd = prog_fd(prog_id)?;
-        let mut out = vec![0u8; TEST_RUN_OUT_LEN];
-        let mut durations = Vec::with_capacity(n);
-        let mut retval = 0;
-        for i in 0..n {
-            let r = test_run_once(&fd, Ctx::Xdp { ifindex }, &frame(i), &mut out)?;
-            retval = r.retval;
-            durations.push(r.duration_ns);
-        }
-        Ok((retval, durations))
-    })
+    test_run_durations(ns, prog_id, Ctx::Xdp { ifindex }, frame, n)
 }
 
 /// The id of the XDP program attached to `ifname` of namespace `ns` (`ip -j -d link`), if

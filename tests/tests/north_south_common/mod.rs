@@ -116,19 +116,7 @@ impl Setup {
     }
 
     pub fn logs(&self) -> String {
-        let mut out = self.lab.diagnostics();
-        for node in NodeId::ALL {
-            for what in ["services", "flows", "drops"] {
-                out.push_str(&format!(
-                    "\n--- {node}: inspect {what}\n{:#}",
-                    self.lab.node(node).inspect_json(what)
-                ));
-            }
-        }
-        for lb in &self.lbs {
-            out.push_str(&format!("\n--- lbproxy {:?}\n{}", lb.argv(), lb.log()));
-        }
-        out
+        lab_logs(&self.lab, &self.lbs, &["services", "flows", "drops"])
     }
 }
 
@@ -297,4 +285,84 @@ pub fn closed_manifest(lab: &MultiNodeLab, web_eps: &[&Pod], backend: &Pod) -> S
         manifest(lab, web_eps, "Cluster"),
         lab.closed_service(backend, false)
     )
+}
+
+/// A failure message's context: the lab's diagnostics, `inspect WHAT --json` of each node for
+/// each of `whats`, and the logs of `lbs`.
+pub fn lab_logs(lab: &MultiNodeLab, lbs: &[Lbproxy], whats: &[&str]) -> String {
+    let mut out = lab.diagnostics();
+    for node in NodeId::ALL {
+        for what in whats {
+            out.push_str(&format!(
+                "\n--- {node}: inspect {what}\n{:#}",
+                lab.node(node).inspect_json(what)
+            ));
+        }
+    }
+    for lb in lbs {
+        out.push_str(&format!("\n--- lbproxy {:?}\n{}", lb.argv(), lb.log()));
+    }
+    out
+}
+
+/// `node`'s fabric address in `family`.
+pub fn node_addr(lab: &MultiNodeLab, node: NodeId, family: Family) -> IpAddr {
+    match family {
+        Family::V4 => lab.node(node).ip.into(),
+        Family::V6 => lab.node(node).ip6.into(),
+    }
+}
+
+/// `client`'s fabric address in `family`.
+pub fn client_addr(client: &Client, family: Family) -> IpAddr {
+    match family {
+        Family::V4 => client.ip.into(),
+        Family::V6 => client.ip6.into(),
+    }
+}
+
+/// `node`'s delivery counter `what` (`inspect delivery`), 0 when it is not listed.
+pub fn delivered(lab: &MultiNodeLab, node: NodeId, what: &str) -> u64 {
+    lab.node(node)
+        .inspect_delivery()
+        .packets
+        .get(what)
+        .copied()
+        .unwrap_or(0)
+}
+
+/// The IP address of a backend's `client_seen` (`addr:port`).
+pub fn ip_of(client_seen: &str) -> String {
+    client_seen
+        .parse::<SocketAddr>()
+        .map_or(client_seen.to_string(), |a| a.ip().to_string())
+}
+
+/// A 256 KiB request on a new TCP connection from `client` to `addr:port`, read and write
+/// timeouts 5 s: the answer line, or what failed and after how long. Crossing a narrower
+/// hop, it needs path MTU discovery to work.
+pub fn big_request(client: &Client, addr: IpAddr, port: u16) -> Result<String, String> {
+    use std::io::{BufRead as _, Write as _};
+    let stream = client
+        .run(|| std::net::TcpStream::connect_timeout(&SocketAddr::from((addr, port)), TIMEOUT))
+        .map_err(|e| format!("connect: {e}"))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    stream
+        .set_write_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut line = vec![b'x'; 256 * 1024];
+    line.push(b'\n');
+    let started = Instant::now();
+    let w = (&stream).write_all(&line);
+    let mut answer = String::new();
+    let r = std::io::BufReader::new(&stream).read_line(&mut answer);
+    match (w, r) {
+        (Ok(()), Ok(_)) => Ok(answer),
+        (w, r) => Err(format!(
+            "write {w:?}, read {r:?}, answer {answer:?} after {:?}",
+            started.elapsed()
+        )),
+    }
 }
