@@ -64,9 +64,8 @@ fn next_hop<A: Family>(
 /// Whether a new flow from outside to the backend `addr:port_be` keeps the client's source
 /// address (the backend's route leads out of a pod interface of this node) or is
 /// source-NATed to the address of the node interface it leads out of, with that interface's
-/// port range; or, with direct server return on for the packet's protocol (`dsr`), keeps
-/// the client's address there too, dispatched. A route out of any other interface is
-/// `NorthSouthNoRoute`.
+/// port range (which the hook turns into direct server return where that is on, `dsr`). A
+/// route out of any other interface is `NorthSouthNoRoute`.
 #[inline(always)]
 pub fn source_for<A: Family>(
     ctx: &TcContext,
@@ -86,11 +85,7 @@ pub fn source_for<A: Family>(
     if unsafe { LB_PODIFS_V1.get(out) }.is_some() {
         return Ok(Source::CLIENT);
     }
-    let snat = A::node_if_source(out).ok_or(NO_ROUTE)?;
-    if crate::dsr::enabled_for(&crate::maps::config(), pkt.proto) {
-        return Ok(Source::DSR);
-    }
-    Ok(snat)
+    A::node_if_source(out).ok_or(NO_ROUTE)
 }
 
 /// Sends a packet already translated to `src -> to` out of the interface the FIB gives for

@@ -17,7 +17,7 @@ use crate::{
     deliver, dsr, flow, lb, maps, nat, north,
     packet::{L4, Packet},
     reason::count,
-    stage::{Forwarded, Parsed, StagedPacket, TC_ACT_SHOT, TC_ACT_UNSPEC},
+    stage::{Forwarded, Parsed, Source, StagedPacket, TC_ACT_SHOT, TC_ACT_UNSPEC},
     untrack,
 };
 
@@ -83,7 +83,15 @@ stage! {
             return Forwarded::NoFrontend;
         }
         let r = super::source_and_flow(ctx, pkt, &svc, || Ok(()), |addr, port_be| {
-            north::source_for(ctx, pkt, &addr, port_be)
+            north::source_for(ctx, pkt, &addr, port_be).map(|s| {
+                // A backend on another node: source-NATed, or dispatched with direct server
+                // return where that is on for the protocol.
+                if s.snat && dsr::enabled_for(&maps::config(), pkt.proto) {
+                    Source::DSR
+                } else {
+                    s
+                }
+            })
         });
         Forwarded::record(staged, r)
     }
