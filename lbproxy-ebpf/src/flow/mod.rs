@@ -48,7 +48,7 @@ mod halves;
 mod new;
 
 use self::{
-    halves::{key_of, note_close, pairs, recreate_partner, reply_key, touch},
+    halves::{insert, key_of, note_close, pairs, recreate_partner, reply_key, touch},
     new::{Previous, Reusable, create},
 };
 use crate::{
@@ -333,11 +333,16 @@ fn dsr_established<A: Addr>(
 /// come from `fe` as they leave the node (`lb_to_node`), and so are ICMP errors about the
 /// client's packets; `inspect flows` lists it. The backend is known by its address (its id
 /// here is 0: the receiving node chose it). A packet of a flow already recorded with the
-/// same frontend only touches it. Returns whether the flow is recorded.
+/// same frontend only touches it. `Err(FlowInsertFailed)` when a half could not be
+/// written, as for any new flow (`halves::insert`).
 #[inline(always)]
-pub fn record_dispatched<A: Family>(pkt: &Packet<A>, fe: (&A, u16), svc_id: u32) -> bool {
+pub fn record_dispatched<A: Family>(
+    pkt: &Packet<A>,
+    fe: (&A, u16),
+    svc_id: u32,
+) -> Result<(), DropReason> {
     let Some(w) = A::work() else {
-        return false;
+        return Err(DropReason::FlowInsertFailed);
     };
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     w.rkey = reply_key(
@@ -358,7 +363,7 @@ pub fn record_dispatched<A: Family>(pkt: &Packet<A>, fe: (&A, u16), svc_id: u32)
             && !pkt.is_syn()
         {
             touch(r, now);
-            return true;
+            return Ok(());
         }
     }
     let v = &mut w.value;
@@ -385,9 +390,7 @@ pub fn record_dispatched<A: Family>(pkt: &Packet<A>, fe: (&A, u16), svc_id: u32)
     v.dispatch = FLOW_DISPATCH_DSR;
     v._reserved = [0; 2];
     v._pad_b = A::PAD;
-    if A::flow_insert(&w.rkey, v, u64::from(BPF_ANY)).is_err() {
-        return false;
-    }
+    insert(&w.rkey, v, BPF_ANY).map_err(|v| v.reason())?;
     // The forward half: client -> frontend, naming the backend.
     w.key = FlowKeyOf {
         src_addr: pkt.src_addr,
@@ -400,7 +403,7 @@ pub fn record_dispatched<A: Family>(pkt: &Packet<A>, fe: (&A, u16), svc_id: u32)
     };
     v.nat_addr = pkt.dst_addr;
     v.nat_port_be = pkt.dst_port_be;
-    A::flow_insert(&w.key, v, u64::from(BPF_ANY)).is_ok()
+    insert(&w.key, v, BPF_ANY).map_err(|v| v.reason())
 }
 
 /// Reply direction: the VIP:port a backend's packet to a client must appear to come from

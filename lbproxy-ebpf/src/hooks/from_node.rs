@@ -153,8 +153,11 @@ stage! {
             count(DropReason::DsrUnknownFrontend);
             return 0;
         };
-        if flow::record_dispatched(pkt, (&fe, port_be), svc.svc_id) {
-            deliver::count(Delivery::DsrRecorded);
+        match flow::record_dispatched(pkt, (&fe, port_be), svc.svc_id) {
+            Ok(()) => deliver::count(Delivery::DsrRecorded),
+            // Counted; the packet still goes on to the pod, whose replies then leave
+            // untranslated, as when the flow table is full for any new flow.
+            Err(reason) => count(reason),
         }
         0
     }
