@@ -31,15 +31,21 @@
 //!   "items":[...]}`; items carry no `kind`/`apiVersion` (as the real server writes them).
 //!   `limit` + `continue` paginate (the continue token encodes the list's RV and the last
 //!   key served, so each page costs O(page) however long the list; `remainingItemCount` only
-//!   without selectors, as the real server);
+//!   without selectors, as the real server), except a list with `resourceVersion=0`
+//!   (`resourceVersionMatch` unset or `NotOlderThan`): that one is served as from the real
+//!   server's watch cache, the whole list in one response, `limit` ignored;
 //!   `labelSelector` (`k`, `!k`, `k=v`, `k==v`, `k!=v`, `k in (a,b)`, `k notin (a,b)`) and
 //!   `fieldSelector` (`path=v`, `path==v`, `path!=v` on any dotted path, e.g. `metadata.name`).
 //! * Watch (`watch=true|1`): HTTP 200, `Transfer-Encoding: chunked`, one JSON event per line
 //!   (`ADDED`, `MODIFIED`, `DELETED`, `BOOKMARK`, `ERROR`), one chunk per event. From
 //!   `resourceVersion=N` (N > 0) it first replays the retained events after N, then streams
 //!   live ones. With `resourceVersion` unset or `0` it starts with synthetic `ADDED` events for
-//!   every current object; with `sendInitialEvents=true` these are followed by a `BOOKMARK`
-//!   annotated `k8s.io/initial-events-end: "true"`. Selectors apply to watches the way the
+//!   every current object. A watch-list (KEP-3157: `sendInitialEvents=true`, which needs
+//!   `resourceVersionMatch=NotOlderThan` and `allowWatchBookmarks=true`, else `422 Invalid`)
+//!   starts with `ADDED` for every current object whatever its `resourceVersion`, then a
+//!   `BOOKMARK` annotated `k8s.io/initial-events-end: "true"`; or, after
+//!   [`ApiServer::refuse_watch_lists`], `422 Invalid`, as a server with the `WatchList`
+//!   feature gate off. Selectors apply to watches the way the
 //!   watch cache applies them: an object moving into the selector is `ADDED`, out of it
 //!   `DELETED`. `BOOKMARK`s are sent every [`ApiServer::set_bookmark_interval`] when the client
 //!   asked (`allowWatchBookmarks=true`). The stream ends cleanly (terminating chunk) when
@@ -113,6 +119,9 @@ pub struct Request {
     /// When the response's last byte was written; for watches, when the stream ended
     /// (cleanly or not).
     pub ended_at: Option<Instant>,
+    /// For a watch-list (`sendInitialEvents=true`): when the bookmark that ends the initial
+    /// events was written (the end of the "list" part).
+    pub initial_end_at: Option<Instant>,
 }
 
 impl Request {
@@ -367,6 +376,9 @@ struct Store {
     unknown: Vec<String>,
     /// Resources (plurals) answered with 404, as a server that does not have them.
     hidden: Vec<&'static str>,
+    /// Watch-lists (`sendInitialEvents=true`) answered `422 Invalid`, as a server with the
+    /// `WatchList` feature gate off (Kubernetes 1.33's default).
+    refuse_watch_lists: bool,
 }
 
 struct Conn {
@@ -434,6 +446,7 @@ impl ApiServer {
                 down: false,
                 unknown: Vec::new(),
                 hidden: Vec::new(),
+                refuse_watch_lists: false,
             }),
             cv: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -459,6 +472,13 @@ impl ApiServer {
     /// before Kubernetes 1.33, or with the API disabled).
     pub fn hide_resource(&self, plural: &'static str) {
         self.lock().hidden.push(plural);
+    }
+
+    /// Answers every watch-list (`sendInitialEvents=true`) with `422 Invalid` from now on, as
+    /// an API server with the `WatchList` feature gate off (off by default in Kubernetes
+    /// 1.27-1.31 and again in 1.33); other watches and lists are served as before.
+    pub fn refuse_watch_lists(&self) {
+        self.lock().refuse_watch_lists = true;
     }
 
     /// The port it listens on (127.0.0.1 in its namespace).
@@ -1124,10 +1144,33 @@ fn write_chunk(w: &mut TcpStream, data: &[u8]) -> io::Result<()> {
     w.flush()
 }
 
+/// One watch event, serialized straight from the stored object (`json!` around it would
+/// first clone the whole object, which doubled the cost of a watch-list's initial events).
 fn event_line(ty: &str, obj: &Value) -> Vec<u8> {
-    let mut v = serde_json::to_vec(&json!({"type": ty, "object": obj})).unwrap();
-    v.push(b'\n');
+    let mut v = Vec::with_capacity(512);
+    v.extend_from_slice(b"{\"type\":");
+    serde_json::to_writer(&mut v, ty).unwrap();
+    v.extend_from_slice(b",\"object\":");
+    serde_json::to_writer(&mut v, obj).unwrap();
+    v.extend_from_slice(b"}\n");
     v
+}
+
+/// Writes `events` as chunks, about 64 KiB to a write: a watch-list's initial events are
+/// tens of thousands of small chunks.
+fn write_chunks(w: &mut TcpStream, events: &[Vec<u8>]) -> io::Result<()> {
+    let mut out = Vec::with_capacity(1 << 16);
+    for e in events {
+        out.extend_from_slice(format!("{:x}\r\n", e.len()).as_bytes());
+        out.extend_from_slice(e);
+        out.extend_from_slice(b"\r\n");
+        if out.len() >= 1 << 16 {
+            w.write_all(&out)?;
+            out.clear();
+        }
+    }
+    w.write_all(&out)?;
+    w.flush()
 }
 
 /// Handles one request. Ok(true): the connection may be reused.
@@ -1150,6 +1193,7 @@ fn handle(inner: &Arc<Inner>, conn: u64, req: &HttpReq, w: &mut TcpStream) -> io
             status: None,
             answered_at: None,
             ended_at: None,
+            initial_end_at: None,
         };
         if inner.print_log {
             eprintln!("apiserver[{}]: {}", inner.port, r.line());
@@ -1358,10 +1402,38 @@ fn route(inner: &Inner, req: &HttpReq, params: &BTreeMap<String, String>) -> Res
                     }
                 }
             }
+            // `resourceVersion=0` ("any version", `resourceVersionMatch` unset or
+            // NotOlderThan): the real server answers from its watch cache, the whole list in
+            // one response, and ignores `limit`. With `Exact` it refuses, as the real one.
+            let from_cache =
+                params.get("resourceVersion").map(String::as_str) == Some("0") && after.is_none();
+            match params.get("resourceVersionMatch").map(String::as_str) {
+                Some("Exact") if from_cache => {
+                    return Resp {
+                        status: 422,
+                        body: status_obj(
+                            422,
+                            "Invalid",
+                            "resourceVersionMatch \"Exact\" is forbidden for resourceVersion \"0\"",
+                        ),
+                    };
+                }
+                None | Some("" | "NotOlderThan" | "Exact") => {}
+                Some(m) => {
+                    return Resp {
+                        status: 422,
+                        body: status_obj(
+                            422,
+                            "Invalid",
+                            &format!("resourceVersionMatch: Unsupported value: \"{m}\""),
+                        ),
+                    };
+                }
+            }
             let limit = params
                 .get("limit")
                 .and_then(|l| l.parse::<usize>().ok())
-                .filter(|l| *l > 0);
+                .filter(|l| *l > 0 && !from_cache);
             // One page costs O(page), whatever the list's length: the walk starts after the
             // previous page's last key (as the real server's etcd continue key does) and only
             // the items returned are cloned.
@@ -1626,6 +1698,29 @@ fn serve_watch(
         write_json(w, 400, &status_obj(400, "BadRequest", &msg))?;
         Ok(true)
     };
+    // A hidden resource is not there for watches either (a watch-list is a start-up's first
+    // request).
+    if inner
+        .st
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .hidden
+        .contains(&r.plural)
+    {
+        wait_delay();
+        set(&|r| {
+            r.status = Some(404);
+            r.answered_at = Some(Instant::now());
+            r.ended_at = Some(Instant::now());
+        });
+        let body = status_obj(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        );
+        write_json(w, 404, &body)?;
+        return Ok(true);
+    }
     let label = match params.get("labelSelector").map(|s| LabelSelector::parse(s)) {
         Some(Err(e)) => return bad(w, format!("unable to parse requirement: {e}")),
         Some(Ok(s)) => Some(s),
@@ -1655,6 +1750,41 @@ fn serve_watch(
         .map(Duration::from_secs)
         .unwrap_or(Duration::from_secs(1800));
     let rv_param = params.get("resourceVersion").cloned().unwrap_or_default();
+    // A watch-list (KEP-3157) as the real server validates it: `sendInitialEvents=true`
+    // needs `resourceVersionMatch=NotOlderThan` and bookmarks; the initial events are the
+    // state at least as new as `resourceVersion` (the current state here, for any value).
+    let rv_match = params.get("resourceVersionMatch").map(String::as_str);
+    let refused = initial_end
+        && inner
+            .st
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .refuse_watch_lists;
+    if initial_end && (refused || rv_match != Some("NotOlderThan") || !bookmarks) {
+        wait_delay();
+        set(&|r| {
+            r.status = Some(422);
+            r.answered_at = Some(Instant::now());
+            r.ended_at = Some(Instant::now());
+        });
+        let msg = if refused {
+            "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the \
+             WatchList feature gate is enabled"
+        } else if bookmarks {
+            "resourceVersionMatch: Forbidden: sendInitialEvents requires setting \
+             resourceVersionMatch to NotOlderThan"
+        } else {
+            "allowWatchBookmarks: Required value: allowWatchBookmarks required when \
+             sendInitialEvents is set"
+        };
+        write_json(w, 422, &status_obj(422, "Invalid", msg))?;
+        return Ok(true);
+    }
+    let rv_param = if initial_end && rv_param.parse::<u64>().is_ok() {
+        String::new()
+    } else {
+        rv_param
+    };
 
     // Decide the start under the lock.
     let mut initial: Vec<Vec<u8>> = Vec::new();
@@ -1742,8 +1872,9 @@ fn serve_watch(
     });
     let result = (|| -> io::Result<bool> {
         write_watch_head(w)?;
-        for e in &initial {
-            write_chunk(w, e)?;
+        write_chunks(w, &initial)?;
+        if initial_end {
+            set(&|r| r.initial_end_at = Some(Instant::now()));
         }
         let start = Instant::now();
         let mut last_bookmark = Instant::now();

@@ -223,6 +223,154 @@ fn a_paginated_list_looks_at_each_object_about_once() {
     );
 }
 
+/// A list with `resourceVersion=0` is served as the real server's watch cache serves it: the
+/// whole list in one response, `limit` ignored, no `continue`. `resourceVersionMatch`
+/// NotOlderThan is the same; `Exact` with "0" is refused; without `resourceVersion` the same
+/// `limit` paginates as before.
+#[test]
+fn a_list_from_the_watch_cache_is_one_response() {
+    let api = ApiServer::start_here();
+    let n = 1200usize;
+    for i in 0..n {
+        api.apply(Service::cluster_ip(&format!("s{i:05}"), "198.19.0.10").to_json());
+    }
+    api.apply(ApiServer::node("lab-node"));
+    let mut c = Client::connect(api.addr()).unwrap();
+    for q in [
+        "limit=500&resourceVersion=0",
+        "limit=500&resourceVersion=0&resourceVersionMatch=NotOlderThan",
+        "resourceVersion=0",
+    ] {
+        let (st, l) = c.call("GET", &format!("/api/v1/services?{q}"), None);
+        assert_eq!(st, 200, "{q}: {l}");
+        assert_eq!(
+            l["items"].as_array().unwrap().len(),
+            n,
+            "{q}: every item at once"
+        );
+        assert!(
+            l["metadata"].get("continue").is_none(),
+            "{q}: {}",
+            l["metadata"]
+        );
+        assert!(
+            l["metadata"].get("remainingItemCount").is_none(),
+            "{q}: {}",
+            l["metadata"]
+        );
+        assert_eq!(
+            rv_of(&json!({"metadata": l["metadata"]})),
+            api.resource_version()
+        );
+    }
+    let (st, l) = c.call(
+        "GET",
+        "/api/v1/services?limit=500&resourceVersion=0&resourceVersionMatch=Exact",
+        None,
+    );
+    assert_eq!((st, l["reason"].as_str()), (422, Some("Invalid")), "{l}");
+    let (st, l) = c.call("GET", "/api/v1/services?limit=500", None);
+    assert_eq!(st, 200, "{l}");
+    assert_eq!(
+        l["items"].as_array().unwrap().len(),
+        500,
+        "a consistent list pages"
+    );
+    assert!(l["metadata"]["continue"].is_string(), "{}", l["metadata"]);
+    // Selectors apply as usual.
+    let (st, l) = c.call(
+        "GET",
+        "/api/v1/nodes?resourceVersion=0&resourceVersionMatch=NotOlderThan&fieldSelector=metadata.name%3Dlab-node&limit=500",
+        None,
+    );
+    assert_eq!(st, 200, "{l}");
+    assert_eq!(l["items"].as_array().unwrap().len(), 1, "{l}");
+}
+
+/// A watch-list (KEP-3157, `sendInitialEvents=true`) as the real server validates and serves
+/// it: ADDED for every object (whatever `resourceVersion` names), then one BOOKMARK annotated
+/// `k8s.io/initial-events-end`, then live events; without `resourceVersionMatch=NotOlderThan`
+/// or without bookmarks it is refused (422), and so is every watch-list once the server
+/// plays one with the `WatchList` gate off.
+#[test]
+fn a_watch_list_sends_the_state_then_the_end_bookmark() {
+    let api = ApiServer::start_here();
+    for i in 0..700usize {
+        api.apply(Service::cluster_ip(&format!("s{i:05}"), "198.19.0.10").to_json());
+    }
+    let mut c = Client::connect(api.addr()).unwrap();
+    for q in [
+        "watch=1&sendInitialEvents=true&allowWatchBookmarks=true",
+        "watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan",
+        "watch=1&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=Exact&resourceVersion=0",
+    ] {
+        let (st, l) = c.call("GET", &format!("/api/v1/services?{q}"), None);
+        assert_eq!(
+            (st, l["reason"].as_str()),
+            (422, Some("Invalid")),
+            "{q}: {l}"
+        );
+    }
+    for rv in ["0", "", "1"] {
+        let now = api.resource_version();
+        let mut c = Client::connect(api.addr()).unwrap();
+        let h = c.watch(&format!(
+            "/api/v1/services?watch=1&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&resourceVersion={rv}&timeoutSeconds=30"
+        ));
+        assert_eq!(h.status, 200);
+        let mut added = 0;
+        let end = loop {
+            let e = c.next_event(T).unwrap().expect("the stream goes on");
+            match e["type"].as_str() {
+                Some("ADDED") => added += 1,
+                Some("BOOKMARK") => break e,
+                _ => panic!("rv {rv:?}: {e}"),
+            }
+        };
+        assert_eq!(
+            added, 700,
+            "rv {rv:?}: every object once before the bookmark"
+        );
+        assert_eq!(
+            end["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+            "true"
+        );
+        assert_eq!(rv_of(&end["object"]), now, "rv {rv:?}");
+        // Then live.
+        api.apply(Service::cluster_ip(&format!("late-{rv}"), "198.19.0.11").to_json());
+        let e = c.next_event(T).unwrap().unwrap();
+        assert_eq!(e["type"], "ADDED", "{e}");
+        assert_eq!(e["object"]["metadata"]["name"], format!("late-{rv}"));
+        api.delete("Service", "default", &format!("late-{rv}"));
+    }
+    // A server with the WatchList gate off refuses watch-lists, and only them.
+    api.refuse_watch_lists();
+    let (st, l) = c.call(
+        "GET",
+        "/api/v1/services?watch=1&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&resourceVersion=0",
+        None,
+    );
+    assert_eq!((st, l["reason"].as_str()), (422, Some("Invalid")), "{l}");
+    let (st, l) = c.call("GET", "/api/v1/services?resourceVersion=0", None);
+    assert_eq!(st, 200, "{l}");
+    assert_eq!(l["items"].as_array().unwrap().len(), 700);
+    let mut c = Client::connect(api.addr()).unwrap();
+    assert_eq!(
+        c.watch("/api/v1/services?watch=1&resourceVersion=0").status,
+        200
+    );
+    assert_eq!(c.next_event(T).unwrap().unwrap()["type"], "ADDED");
+    // A hidden resource is 404 for watches too.
+    api.hide_resource("servicecidrs");
+    let mut c = Client::connect(api.addr()).unwrap();
+    let (st, l) = c.call(
+        "GET",
+        "/apis/networking.k8s.io/v1/servicecidrs?watch=1&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan",
+        None,
+    );
+    assert_eq!((st, l["reason"].as_str()), (404, Some("NotFound")), "{l}");
+}
+
 #[test]
 fn list_get_selectors_pagination() {
     let api = ApiServer::start_here();

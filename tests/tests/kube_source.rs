@@ -27,7 +27,7 @@ use serde_json::json;
 /// Objects that exist before lbproxy starts are programmed by the first sync: two slices of
 /// one service are merged and de-duplicated, a named targetPort resolves per slice, other
 /// namespaces count. lbproxy lists all three resources with the right selectors and token,
-/// then watches from the list's resourceVersion.
+/// each with one watch-list (`sendInitialEvents=true`) that then goes on as its watch.
 #[test]
 fn initial_list() {
     let mut k = Kube::new(Shape::Routed, &[]);
@@ -49,7 +49,6 @@ fn initial_list() {
             .endpoint(Endpoint::ready(ip(9)))
             .to_json(),
     );
-    let rv = k.api.resource_version();
     k.start_healthy();
     let want = union([
         web_fes("web", WEB_VIP, &[ip(3), ip(4), ip(5)]),
@@ -73,40 +72,52 @@ fn initial_list() {
             r.line()
         );
     }
-    let svc_lists = lists_since(&reqs, "services");
-    assert!(!svc_lists.is_empty(), "no list of services\n{}", k.diag());
-    assert_eq!(svc_lists[0].path, "/api/v1/services", "cluster-wide list");
-    let slice_lists = lists_since(&reqs, "endpointslices");
-    assert!(
-        !slice_lists.is_empty(),
-        "no list of endpointslices\n{}",
-        k.diag()
-    );
+    // Start-up lists are streamed (watch-lists): each resource's first request.
+    let first = |plural: &str| -> Request {
+        reqs.iter()
+            .find(|r| (r.is_list() || r.is_watch()) && r.resource() == Some(plural))
+            .cloned()
+            .unwrap_or_else(|| panic!("no list or watch of {plural}\n{}", k.diag()))
+    };
+    for plural in ["services", "endpointslices", "nodes"] {
+        let r = first(plural);
+        assert!(
+            r.is_watch()
+                && r.param("sendInitialEvents") == Some("true")
+                && r.param("resourceVersionMatch") == Some("NotOlderThan")
+                && r.param("allowWatchBookmarks") == Some("true")
+                && r.param("resourceVersion") == Some("0"),
+            "{plural}: the start-up list is a watch-list: {}",
+            r.line()
+        );
+    }
     assert_eq!(
-        slice_lists[0].path,
-        "/apis/discovery.k8s.io/v1/endpointslices"
+        first("services").path,
+        "/api/v1/services",
+        "cluster-wide list"
     );
+    let slices = first("endpointslices");
+    assert_eq!(slices.path, "/apis/discovery.k8s.io/v1/endpointslices");
     assert_eq!(
-        slice_lists[0].param("labelSelector"),
+        slices.param("labelSelector"),
         Some("kubernetes.io/service-name"),
         "slices are selected by the existence of kubernetes.io/service-name"
     );
-    let node_lists = lists_since(&reqs, "nodes");
-    assert!(!node_lists.is_empty(), "no list of nodes\n{}", k.diag());
     assert_eq!(
-        node_lists[0].param("fieldSelector"),
+        first("nodes").param("fieldSelector"),
         Some("metadata.name=lab-node")
     );
+    // The watch-list goes on as the watch: no list, no second watch.
     for plural in ["services", "endpointslices", "nodes"] {
-        let w = watches_since(&reqs, plural);
-        assert!(!w.is_empty(), "no watch on {plural}");
+        let (l, w) = (lists_since(&reqs, plural), watches_since(&reqs, plural));
         assert_eq!(
-            w[0].param("resourceVersion"),
-            Some(rv.to_string().as_str()),
-            "the first watch on {plural} starts at the list's resourceVersion: {}",
-            w[0].line()
+            (l.len(), w.len()),
+            (0, 1),
+            "{plural}: one watch-list, then nothing: {:?}",
+            l.iter().chain(&w).map(Request::line).collect::<Vec<_>>()
         );
     }
+
     assert_eq!(k.api.unknown_requests(), Vec::<String>::new());
 }
 
@@ -524,48 +535,132 @@ fn slow_apiserver() {
     );
 }
 
-/// More objects than kube-rs's list page (500): the initial list is paginated with
-/// `limit`/`continue`, and every service is programmed.
+/// Start-up makes a handful of requests whatever the size, as kube-proxy's informers: at
+/// 5,000 Services and 5,000 EndpointSlices (ten of kube-rs's 500-object pages each) lbproxy
+/// streams each resource once (a watch-list, `sendInitialEvents=true`), and every service is
+/// programmed at `/healthz` 200. Before issue 31 it listed consistently in pages: 10 list
+/// requests per resource (this test then fails). A re-list after `410 Gone` reads
+/// consistently (no `resourceVersion`), in pages, and converges.
 #[test]
-fn initial_list_paginated() {
+fn start_up_lists_each_resource_once() {
+    start_up_requests(false);
+}
+
+/// The same against an API server that refuses watch-lists (the `WatchList` gate off, as
+/// Kubernetes 1.33 by default): each refused once, then listed once from the watch cache
+/// (`resourceVersion=0`, one response).
+#[test]
+fn start_up_lists_each_resource_once_without_watch_lists() {
+    start_up_requests(true);
+}
+
+fn start_up_requests(refuse_watch_lists: bool) {
     let mut k = Kube::new(Shape::Routed, &[]);
-    let n = 600u32;
+    if refuse_watch_lists {
+        k.api.refuse_watch_lists();
+    }
+    let n = 5000u32;
     let vip_of = |i: u32| Ipv4Addr::new(198, 19, 1 + (i / 250) as u8, 1 + (i % 250) as u8);
     let be_of = |i: u32| Ipv4Addr::new(198, 18, 1 + (i / 250) as u8, 1 + (i % 250) as u8);
+    let slice_of = |i: u32, be: Ipv4Addr| {
+        EndpointSlice::new(&format!("s{i}-1"), &format!("s{i}"))
+            .port("http", 8080, Protocol::Tcp)
+            .endpoint(Endpoint::ready(be))
+            .to_json()
+    };
     for i in 0..n {
-        let name = format!("s{i}");
         k.api.apply(
-            Service::cluster_ip(&name, vip_of(i))
+            Service::cluster_ip(&format!("s{i}"), vip_of(i))
                 .port("http", 80, Protocol::Tcp, 8080)
                 .to_json(),
         );
-        k.api.apply(
-            EndpointSlice::new(&format!("{name}-1"), &name)
-                .port("http", 8080, Protocol::Tcp)
-                .endpoint(Endpoint::ready(be_of(i)))
-                .to_json(),
-        );
+        k.api.apply(slice_of(i, be_of(i)));
     }
     k.start_with(&[]);
     let d = k.expect_healthy(Duration::from_secs(60));
     eprintln!("{n} services: healthy {d:?} after start");
     let f = k.frontends();
     assert_eq!(f.len(), n as usize, "frontends programmed at healthy");
-    for i in [0, 1, 499, 500, 599] {
+    for i in [0, 1, 499, 500, 4999] {
         let fe = &f[&format!("{}:80/TCP", vip_of(i))];
         assert_eq!(fe.service, format!("default/s{i}"));
         assert_eq!(fe.backends, vec![format!("{}:8080", be_of(i))]);
     }
+    k.wait_watching(Duration::from_secs(10));
     let reqs = k.api.requests();
-    for plural in ["services", "endpointslices"] {
-        assert!(
-            lists_since(&reqs, plural)
+    let mut counts = Vec::new();
+    for plural in ["services", "endpointslices", "servicecidrs", "nodes"] {
+        let lists = lists_since(&reqs, plural);
+        let watch_lists: Vec<Request> = watches_since(&reqs, plural)
+            .into_iter()
+            .filter(|r| r.param("sendInitialEvents") == Some("true"))
+            .collect();
+        let lines = || {
+            lists
                 .iter()
-                .any(|r| r.param("continue").is_some_and(|c| !c.is_empty())),
-            "no paginated (continue) list of {plural}:\n{}",
-            k.api.request_log()
+                .chain(&watch_lists)
+                .map(Request::line)
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        counts.push(format!(
+            "{plural}: {} lists, {} watch-lists",
+            lists.len(),
+            watch_lists.len()
+        ));
+        let served = |r: &&Request| r.status == Some(200);
+        assert_eq!(
+            lists.iter().filter(served).count() + watch_lists.iter().filter(served).count(),
+            1,
+            "{plural}: start-up should list once, whatever the size:\n{}",
+            lines()
         );
+        let (want_lists, want_watch_lists) = if refuse_watch_lists { (1, 1) } else { (0, 1) };
+        assert_eq!(
+            (lists.len(), watch_lists.len()),
+            (want_lists, want_watch_lists),
+            "{plural}: lists and watch-lists at start-up:\n{}",
+            lines()
+        );
+        for r in &lists {
+            assert_eq!(
+                (r.param("resourceVersion"), r.param("limit")),
+                (Some("0"), None),
+                "{plural}: a start-up list from the watch cache: {}",
+                r.line()
+            );
+        }
     }
+    eprintln!("start-up requests: {counts:?}");
+
+    // 410 Gone: the re-list is consistent (no resourceVersion) and paginated.
+    k.api.go_down();
+    let mark = k.api.request_count();
+    k.api.apply(slice_of(7, Ipv4Addr::new(198, 18, 99, 7)));
+    k.api.expire_history();
+    k.api.come_back();
+    let want = format!("{}:8080", Ipv4Addr::new(198, 18, 99, 7));
+    let key = format!("{}:80/TCP", vip_of(7));
+    k.wait_until("the change only a re-list shows", RECOVER, |f| {
+        f.get(&key)
+            .is_some_and(|fe| fe.backends == vec![want.clone()])
+            && f.len() == n as usize
+    });
+    let relists = lists_since(&k.api.requests_since(mark), "endpointslices");
+    assert!(
+        relists
+            .first()
+            .is_some_and(|r| r.param("resourceVersion").is_none()),
+        "the re-list after 410 reads consistently: {:?}",
+        relists.iter().map(Request::line).collect::<Vec<_>>()
+    );
+    assert!(
+        relists
+            .iter()
+            .any(|r| r.param("continue").is_some_and(|c| !c.is_empty())),
+        "the consistent re-list is paginated: {:?}",
+        relists.iter().map(Request::line).collect::<Vec<_>>()
+    );
 }
 
 /// Watches that the API server ends on its own (cleanly, as it does after its

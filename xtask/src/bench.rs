@@ -43,16 +43,21 @@ pub struct SyncArgs {
     /// Where to write sync.json.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// The API server refuses watch-lists (`sendInitialEvents`), as Kubernetes 1.33 does by
+    /// default: lbproxy's start-up then lists from the watch cache, one response each.
+    #[arg(long)]
+    refuse_watch_lists: bool,
 }
 
 /// Where the start-up time went, from the API server's request log and lbproxy's own log.
 struct Split {
     /// lbproxy spawned to its first list request (BPF load, pins, attach, client set-up).
     to_first_list: Duration,
-    /// The first list request to the last list page written (services and slices are
-    /// listed at the same time, by two watchers).
+    /// The first list request to the last list page (or a watch-list's initial state)
+    /// written (services and slices are listed at the same time, by two watchers).
     listing: Duration,
-    /// List pages served, over both kinds.
+    /// List responses served (one per list request, per page of a paginated list, or per
+    /// watch-list), over both kinds.
     pages: usize,
     /// The API server's own work over every page: selecting, paging and serializing
     /// (request read to first byte written).
@@ -66,13 +71,19 @@ struct Split {
 
 impl Split {
     fn of(api: &ApiServer, started: Instant, healthy_after: Duration) -> Option<Split> {
+        // Lists, and watch-lists (streamed start-up lists) up to the bookmark that ends
+        // their initial state.
         let lists: Vec<_> = api
             .requests()
             .into_iter()
-            .filter(|r| r.is_list() && matches!(r.resource(), Some("services" | "endpointslices")))
+            .filter(|r| {
+                matches!(r.resource(), Some("services" | "endpointslices"))
+                    && (r.is_list() || (r.is_watch() && r.initial_end_at.is_some()))
+            })
             .collect();
+        let end = |r: &lbproxy_tests::apiserver::Request| r.initial_end_at.or(r.ended_at);
         let first = lists.iter().map(|r| r.at).min()?;
-        let last = lists.iter().filter_map(|r| r.ended_at).max()?;
+        let last = lists.iter().filter_map(end).max()?;
         let sum = |f: &dyn Fn(&lbproxy_tests::apiserver::Request) -> Option<Duration>| {
             lists.iter().filter_map(f).sum::<Duration>()
         };
@@ -81,7 +92,7 @@ impl Split {
             listing: last.saturating_duration_since(first),
             pages: lists.len(),
             server: sum(&|r| r.answered_at.map(|a| a.saturating_duration_since(r.at))),
-            transfer: sum(&|r| Some(r.ended_at?.saturating_duration_since(r.answered_at?))),
+            transfer: sum(&|r| Some(end(r)?.saturating_duration_since(r.answered_at?))),
             after_listing: (started + healthy_after).saturating_duration_since(last),
         })
     }
@@ -95,14 +106,19 @@ fn vip(i: u32) -> String {
 }
 
 fn endpoint_ip(j: u32) -> String {
-    // 198.18.0.0/15 holds 131,072 addresses; nothing is ever sent to them.
+    // 198.18.0.0/15 holds 131,072 addresses, then 100.64.0.0/14 (shared address space) the
+    // rest; nothing is ever sent to them.
     let j = j + 1;
-    format!(
-        "198.{}.{}.{}",
-        18 + ((j >> 16) & 1),
-        (j >> 8) & 0xff,
-        j & 0xff
-    )
+    if j < 131_072 {
+        return format!(
+            "198.{}.{}.{}",
+            18 + ((j >> 16) & 1),
+            (j >> 8) & 0xff,
+            j & 0xff
+        );
+    }
+    let k = j - 131_072;
+    format!("100.{}.{}.{}", 64 + (k >> 16), (k >> 8) & 0xff, k & 0xff)
 }
 
 fn service(i: u32) -> Value {
@@ -240,11 +256,23 @@ impl Drop for Running {
 }
 
 pub fn sync(args: &SyncArgs) -> Result<()> {
+    // The datapath's capacities bound the run: its services map holds 65,536 frontends
+    // (MAX_SERVICES, one per service here: one VIP each in 198.19.0.0/16), its backends and
+    // slots maps 262,144 entries (MAX_BACKENDS, MAX_SLOTS: one each per endpoint here, and
+    // the changes need a little room). Beyond them a full map refuses the writes and
+    // /healthz stays 503.
     if args.services == 0 || args.services > 65_536 {
-        bail!("--services must be in 1..=65536 (one VIP each in 198.19.0.0/16)");
+        bail!(
+            "--services must be in 1..=65536 (the datapath's services map holds 65,536 \
+             frontends; one VIP each in 198.19.0.0/16)"
+        );
     }
-    if args.endpoints < args.services || args.endpoints > 131_000 {
-        bail!("--endpoints must be at least --services and at most 131000");
+    if args.endpoints < args.services || args.endpoints > 262_000 {
+        bail!(
+            "--endpoints must be at least --services and at most 262000 (the datapath's \
+             backends map holds 262,144, and a change writes its new backend before it \
+             deletes the old one)"
+        );
     }
     setup::setup()?;
     let bin = util::bench_lbproxy("bench")?;
@@ -265,6 +293,9 @@ pub fn sync(args: &SyncArgs) -> Result<()> {
     );
     let lab = Lab::new(Shape::Routed);
     let api = ApiServer::start_in_ns(lab.node_ns());
+    if args.refuse_watch_lists {
+        api.refuse_watch_lists();
+    }
     api.apply(ApiServer::node(NODE));
     let mut next_ip = 0u32;
     let mut addrs_of: Vec<Vec<String>> = Vec::with_capacity(args.services as usize);
@@ -400,12 +431,12 @@ pub fn sync(args: &SyncArgs) -> Result<()> {
     let mib = |k: Option<u64>| k.map_or(f64::NAN, |k| k as f64 / 1024.0);
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     // Issue 3's targets are for 10,000 services; issue 10's for 50,000 services and 130,000
-    // endpoints, where the start-up time has one too.
-    let large = args.services > 10_000;
-    let (sync_max_ms, rss_max_mib, healthy_max_s) = if large {
-        (2000.0, 300.0, Some(30.0))
-    } else {
-        (1000.0, 150.0, None)
+    // endpoints (first sync, RSS); issue 31's start-up to /healthz 200 within 10 s above
+    // 10,000 services, and RSS within 500 MiB at 100,000 (above 50,000 here).
+    let (sync_max_ms, rss_max_mib, healthy_max_s) = match args.services {
+        0..=10_000 => (1000.0, 150.0, None),
+        10_001..=50_000 => (2000.0, 300.0, Some(10.0)),
+        _ => (2000.0, 500.0, Some(10.0)),
     };
     let rows: Vec<(&str, String, String)> = vec![
         (
@@ -424,8 +455,8 @@ pub fn sync(args: &SyncArgs) -> Result<()> {
             String::new(),
         ),
         (
-            "  listing: first request to last page written",
-            format!("{:.0} ms ({} pages)", ms(split.listing), split.pages),
+            "  listing: first request to last list response written",
+            format!("{:.0} ms ({} responses)", ms(split.listing), split.pages),
             String::new(),
         ),
         (
@@ -434,7 +465,7 @@ pub fn sync(args: &SyncArgs) -> Result<()> {
             String::new(),
         ),
         (
-            "  last page written to /healthz 200 (decode, ingest, sync)",
+            "  last list response written to /healthz 200 (decode, ingest, sync)",
             format!("{:.0} ms", ms(split.after_listing)),
             String::new(),
         ),
@@ -501,6 +532,7 @@ pub fn sync(args: &SyncArgs) -> Result<()> {
     let mut results = BTreeMap::new();
     results.insert("services", json!(args.services));
     results.insert("endpoints", json!(args.endpoints));
+    results.insert("refuse_watch_lists", json!(args.refuse_watch_lists));
     results.insert("initial_sync_ms", json!(initial.took_us as f64 / 1000.0));
     results.insert(
         "healthy_after_ms",

@@ -127,10 +127,11 @@ pub fn url_template(path: &str) -> String {
 }
 
 /// Whether `uri` asks for a later page of a list (a non-empty `continue`). The rate limit
-/// counts a paginated list once, at its first page: kube-proxy's informers list each
-/// resource at start-up in one request (`resourceVersion=0`, from the API server's watch
-/// cache), so its limit never paces a start-up; lbproxy lists consistently, in pages of
-/// 500, and pacing each page (5 a second by default) took 40 s to list 50,000 Services.
+/// counts a paginated list once, at its first page. Start-up lists are one request per
+/// resource (streamed, or from the watch cache in one response: `source::kube::stream_config`),
+/// as kube-proxy's informers list, so its limit never paces a start-up; but a re-list after
+/// `410 Gone` is consistent, in pages of 500, and pacing each page (5 a second by default)
+/// took 40 s to list 50,000 Services.
 fn continues_a_list(uri: &http::Uri) -> bool {
     uri.query().is_some_and(|q| {
         q.split('&')
