@@ -91,3 +91,89 @@ pub fn clash_port<A: Addr>(seed: u64, src: A, backend: A, sport_be: u16, attempt
     let port = CLASH_PORT_MIN + (h % (65536 - u64::from(CLASH_PORT_MIN))) as u16;
     port.to_be()
 }
+
+/// Why a packet to a frontend gets no backend, when the answer needs no map read beyond the
+/// frontend's own entry: a frontend with no usable endpoint. Shared by the datapath's
+/// selection stage and `lbproxy explain`, so that the two cannot disagree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Dropped silently, counted under the reason.
+    Drop(crate::DropReason),
+    /// Answered (TCP RST, ICMP unreachable), counted under the reason.
+    Reject(crate::DropReason),
+}
+
+/// What a new flow of frontend `svc` meets before any backend is looked up: `None` when it
+/// has a usable endpoint; a drop for `externalTrafficPolicy: Local` with every endpoint on
+/// other nodes (`no_local_endpoint`, as kube-proxy drops it); otherwise, with no usable
+/// endpoint, a reject at once (`no_backend_tcp_reset`, `no_backend_udp_unreachable`) rather
+/// than leave the client to time out.
+#[inline(always)]
+pub fn no_endpoint(svc: &crate::ServiceValue, proto: u8) -> Option<Refusal> {
+    if svc.count != 0 {
+        return None;
+    }
+    if svc.flags & crate::SVC_F_LOCAL_ONLY != 0 {
+        return Some(Refusal::Drop(crate::DropReason::NoLocalEndpoint));
+    }
+    Some(Refusal::Reject(if proto == crate::IPPROTO_TCP {
+        crate::DropReason::NoBackendTcpReset
+    } else {
+        crate::DropReason::NoBackendUdpUnreachable
+    }))
+}
+
+/// The map reads a backend selection makes, so that one selection ([`backend_id`]) runs
+/// against the kernel's maps in the datapath and against the pinned maps in `lbproxy
+/// explain`. Each returns a backend id, or 0 (never an id) for an entry that is missing.
+pub trait SelectionMaps {
+    /// The backend id in entry [`maglev::position`](crate::maglev::position) of frontend
+    /// `svc_id`'s Maglev table for `hash`.
+    fn maglev_backend(&self, svc_id: u32, hash: u64) -> u32;
+    /// The backend id in slot [`slot_of`]`(hash, count)` of frontend `svc_id`.
+    fn slot_backend(&self, svc_id: u32, count: u32, hash: u64) -> u32;
+}
+
+/// The slot a flow of hash `hash` gets among a frontend's `count` slots (`count` > 0).
+#[inline(always)]
+pub fn slot_of(hash: u64, count: u32) -> u32 {
+    jump(hash, count)
+}
+
+/// Where entry `pos` of a Maglev chunk is in [`crate::MaglevChunk::backend_ids`] (masked,
+/// so the verifier sees the index in bounds).
+#[inline(always)]
+pub fn maglev_index(pos: u32) -> usize {
+    pos as usize & (crate::MAGLEV_CHUNK as usize - 1)
+}
+
+/// The backend id a new flow of hash `hash` gets at frontend `svc`, which has at least one
+/// slot, or 0 when the maps are inconsistent (`slot_missing`). A Maglev frontend's table
+/// entry; where the table has none (its size changed at a restart and the table is not
+/// rewritten yet), the jump hash over its slots, which are always complete.
+#[inline(always)]
+pub fn backend_id<M: SelectionMaps>(maps: &M, svc: &crate::ServiceValue, hash: u64) -> u32 {
+    let mut id = 0;
+    if svc.flags & crate::SVC_F_MAGLEV != 0 {
+        id = maps.maglev_backend(svc.svc_id, hash);
+    }
+    if id == 0 {
+        id = maps.slot_backend(svc.svc_id, svc.count, hash);
+    }
+    id
+}
+
+/// Whether a service cidr trie's answer `kind` (`CIDR_*`) for a packet to no frontend
+/// rejects or drops it, and why; `None`: the address is in no ServiceCIDR.
+#[inline(always)]
+pub fn cidr_refusal(kind: u32, proto: u8) -> Option<Refusal> {
+    match kind {
+        crate::CIDR_ALLOCATED => Some(Refusal::Reject(if proto == crate::IPPROTO_TCP {
+            crate::DropReason::ClusterIpPortTcpReset
+        } else {
+            crate::DropReason::ClusterIpPortUdpUnreachable
+        })),
+        crate::CIDR_SERVICE_RANGE => Some(Refusal::Drop(crate::DropReason::ServiceCidrUnallocated)),
+        _ => None,
+    }
+}

@@ -10,9 +10,8 @@
 //! nothing; with no ServiceCIDR the controller clears `CONFIG_F_SERVICE_CIDRS` and the
 //! tries are not even looked up ([`enabled`]).
 
-use lbproxy_common::{
-    CIDR_ALLOCATED, CIDR_SERVICE_RANGE, CONFIG_F_SERVICE_CIDRS, DropReason, IPPROTO_TCP,
-};
+use lbproxy_common::CONFIG_F_SERVICE_CIDRS;
+use lbproxy_common::select::{Refusal, cidr_refusal};
 
 use crate::{family::Family, maps, stage::Verdict};
 
@@ -27,13 +26,9 @@ pub fn enabled() -> bool {
 /// is in no ServiceCIDR (the packet is not ours).
 #[inline(always)]
 pub fn verdict<A: Family>(dst: &A, proto: u8) -> Option<Verdict> {
-    match A::service_cidr(dst) {
-        CIDR_ALLOCATED => Some(Verdict::Reject(if proto == IPPROTO_TCP {
-            DropReason::ClusterIpPortTcpReset
-        } else {
-            DropReason::ClusterIpPortUdpUnreachable
-        })),
-        CIDR_SERVICE_RANGE => Some(Verdict::Drop(DropReason::ServiceCidrUnallocated)),
-        _ => None,
+    // The mapping `lbproxy explain` shares (lbproxy_common::select::cidr_refusal).
+    match cidr_refusal(A::service_cidr(dst), proto)? {
+        Refusal::Reject(r) => Some(Verdict::Reject(r)),
+        Refusal::Drop(r) => Some(Verdict::Drop(r)),
     }
 }

@@ -1,9 +1,10 @@
 //! Stage 2: select a backend for a new flow, and look a backend up by id.
 
-use lbproxy_common::select::{flow_hash, jump};
+use lbproxy_common::select::{
+    Refusal, SelectionMaps, backend_id, flow_hash, maglev_index, no_endpoint, slot_of,
+};
 use lbproxy_common::{
-    BackendOf, DropReason, IPPROTO_TCP, MEMBER_SERVING, MaglevKey, MemberKey, SVC_F_LOCAL_ONLY,
-    SVC_F_MAGLEV, ServiceValue, SlotKey, maglev,
+    BackendOf, DropReason, MEMBER_SERVING, MaglevKey, MemberKey, ServiceValue, SlotKey, maglev,
 };
 
 use crate::{
@@ -25,18 +26,12 @@ pub fn select<A: Family>(
     pkt: &Packet<A>,
     seed: u64,
 ) -> Result<(u32, BackendOf<A>), Verdict> {
-    let proto = pkt.proto;
-    if svc.count == 0 && svc.flags & SVC_F_LOCAL_ONLY != 0 {
-        // externalTrafficPolicy: Local, and the endpoints are all on other nodes.
-        return Err(Verdict::Drop(DropReason::NoLocalEndpoint));
-    }
-    if svc.count == 0 {
-        // No usable endpoint: answer at once rather than leave the client to time out.
-        return Err(Verdict::Reject(if proto == IPPROTO_TCP {
-            DropReason::NoBackendTcpReset
-        } else {
-            DropReason::NoBackendUdpUnreachable
-        }));
+    // No usable endpoint (lbproxy_common::select::no_endpoint, which `lbproxy explain`
+    // shares): dropped for externalTrafficPolicy: Local, else answered at once.
+    match no_endpoint(svc, pkt.proto) {
+        None => {}
+        Some(Refusal::Drop(r)) => return Err(Verdict::Drop(r)),
+        Some(Refusal::Reject(r)) => return Err(Verdict::Reject(r)),
     }
     // Consistent in the 5-tuple: the same flow maps to the same slot while the service's
     // slots and the seed stay, and a backend added or removed moves few flows
@@ -60,16 +55,9 @@ pub fn select_by_hash<A: Family>(
     svc: &ServiceValue,
     hash: u64,
 ) -> Result<(u32, BackendOf<A>), DropReason> {
-    // A Maglev frontend's table entry; where the table has none (its size changed at a
-    // restart and the table is not rewritten yet), the jump hash over its slots, which are
-    // always complete.
-    let mut backend_id = 0;
-    if svc.flags & SVC_F_MAGLEV != 0 {
-        backend_id = maglev_backend(svc.svc_id, hash);
-    }
-    if backend_id == 0 {
-        backend_id = slot_backend(svc.svc_id, svc.count, hash);
-    }
+    // A Maglev frontend's table entry, else the jump hash over its slots: the selection
+    // `lbproxy explain` runs too, against the pinned maps (lbproxy_common::select).
+    let backend_id = backend_id(&KernelMaps, svc, hash);
     if backend_id == 0 {
         return Err(DropReason::SlotMissing);
     }
@@ -77,7 +65,21 @@ pub fn select_by_hash<A: Family>(
     Ok((backend_id, backend))
 }
 
-/// The backend id in slot `jump(hash, count)` of service `svc_id`, or 0 (never an id: the
+/// The selection's map reads, from the kernel's maps.
+struct KernelMaps;
+
+impl SelectionMaps for KernelMaps {
+    #[inline(always)]
+    fn maglev_backend(&self, svc_id: u32, hash: u64) -> u32 {
+        maglev_backend(svc_id, hash)
+    }
+    #[inline(always)]
+    fn slot_backend(&self, svc_id: u32, count: u32, hash: u64) -> u32 {
+        slot_backend(svc_id, count, hash)
+    }
+}
+
+/// The backend id in slot `slot_of(hash, count)` of service `svc_id`, or 0 (never an id: the
 /// controller hands out ids from 1) when the slot is missing. Its own BPF function, taking
 /// and returning scalars only, so the hash loop and the slot key stay out of the callers'
 /// frames (the north-south program is close to the 512-byte stack limit).
@@ -85,7 +87,7 @@ pub fn select_by_hash<A: Family>(
 fn slot_backend(svc_id: u32, count: u32, hash: u64) -> u32 {
     let key = SlotKey {
         svc_id,
-        slot: jump(hash, count),
+        slot: slot_of(hash, count),
     };
     // SAFETY: the value is copied out at once.
     unsafe { LB_SLOTS_V1.get(key) }.copied().unwrap_or(0)
@@ -102,10 +104,7 @@ fn maglev_backend(svc_id: u32, hash: u64) -> u32 {
     let (chunk, pos) = maglev::position(hash, m);
     // SAFETY: the value is read at once.
     unsafe { LB_MAGLEV_V1.get(MaglevKey { svc_id, chunk }) }.map_or(0, |c| {
-        c.backend_ids
-            .get(pos as usize & (maglev::MAGLEV_CHUNK as usize - 1))
-            .copied()
-            .unwrap_or(0)
+        c.backend_ids.get(maglev_index(pos)).copied().unwrap_or(0)
     })
 }
 

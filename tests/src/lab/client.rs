@@ -43,6 +43,17 @@ macro_rules! netns_client {
             $crate::lab::net::TcpConn::connect(&self.netns, addr, port, timeout)
         }
 
+        #[doc = concat!("A long-lived TCP connection from this ", $what, ", from source port `src_port`.")]
+        pub fn connect_from(
+            &self,
+            src_port: u16,
+            addr: impl Into<std::net::IpAddr>,
+            port: u16,
+            timeout: std::time::Duration,
+        ) -> std::io::Result<$crate::lab::net::TcpConn> {
+            $crate::lab::net::TcpConn::connect_from(&self.netns, src_port, addr, port, timeout)
+        }
+
         /// See [`crate::lab::net::tally`].
         pub fn tally(
             &self,

@@ -504,6 +504,35 @@ impl TcpConn {
         run_in_ns(ns, || TcpConn::connect_here(addr, port, timeout))
     }
 
+    /// [`TcpConn::connect`] from source port `src_port` (bound with `SO_REUSEADDR`, so a port
+    /// whose last connection is in TIME_WAIT can be taken again).
+    pub fn connect_from(
+        ns: &str,
+        src_port: u16,
+        addr: impl Into<IpAddr>,
+        port: u16,
+        timeout: Duration,
+    ) -> io::Result<TcpConn> {
+        let addr = addr.into();
+        run_in_ns(ns, || {
+            let dst = SocketAddr::from((addr, port));
+            let s = socket2::Socket::new(
+                socket2::Domain::for_address(dst),
+                socket2::Type::STREAM,
+                Some(socket2::Protocol::TCP),
+            )?;
+            s.set_reuse_address(true)?;
+            let any: IpAddr = if addr.is_ipv4() {
+                Ipv4Addr::UNSPECIFIED.into()
+            } else {
+                std::net::Ipv6Addr::UNSPECIFIED.into()
+            };
+            s.bind(&SocketAddr::from((any, src_port)).into())?;
+            s.connect_timeout(&dst.into(), timeout)?;
+            TcpConn::of(s.into(), timeout)
+        })
+    }
+
     /// [`TcpConn::connect`] in the calling thread's namespace, over either family.
     pub fn connect_here(
         addr: impl Into<IpAddr>,
@@ -511,6 +540,11 @@ impl TcpConn {
         timeout: Duration,
     ) -> io::Result<TcpConn> {
         let s = TcpStream::connect_timeout(&SocketAddr::from((addr.into(), port)), timeout)?;
+        TcpConn::of(s, timeout)
+    }
+
+    /// A connection over the connected stream `s`; `timeout` bounds every request.
+    fn of(s: TcpStream, timeout: Duration) -> io::Result<TcpConn> {
         s.set_read_timeout(Some(timeout))?;
         s.set_write_timeout(Some(timeout))?;
         s.set_nodelay(true)?;
