@@ -40,6 +40,9 @@ pub const CONFIG_F_NEW_TO_CONNTRACK: u32 = 16;
 pub const CONFIG_F_DSR_TCP: u32 = 64;
 /// The same for UDP (`--load-balancer-mode dsr`).
 pub const CONFIG_F_DSR_UDP: u32 = 128;
+/// Per-Service traffic counters are off (`--per-service-metrics=false`): new flows, rejects
+/// and drops are not counted by service in `LB_SVCSTATS_V1`.
+pub const CONFIG_F_NO_SERVICE_STATS: u32 = 256;
 
 /// The skb mark bit of [`CONFIG_F_UNTRACK`]: `mark & UNTRACK_MARK == UNTRACK_MARK` is
 /// untracked while the rule is installed. Outside kube-proxy's bits (0x4000 masquerade,

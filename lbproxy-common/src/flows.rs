@@ -123,6 +123,19 @@ const _: () = assert!(core::mem::size_of::<FlowKey>() == 16);
 const _: () = assert!(core::mem::size_of::<FlowKey6>() == 40);
 
 impl<A: Addr> FlowKeyOf<A> {
+    /// Whether the reply entry `r` is the partner of the forward entry `f` keyed `self`:
+    /// it restores this key's frontend to this key's client, for the same service and
+    /// backend.
+    #[inline(always)]
+    pub fn pairs(&self, f: &FlowValueOf<A>, r: &FlowValueOf<A>) -> bool {
+        r.nat_addr == self.dst_addr
+            && r.peer_addr == self.src_addr
+            && r.nat_port_be == self.dst_port_be
+            && r.peer_port_be == self.src_port_be
+            && r.svc_id == f.svc_id
+            && r.backend_id == f.backend_id
+    }
+
     /// The key of the other half of the flow whose entry is `self` -> `v`: the reply key of a
     /// forward entry, the forward key of a reply entry.
     #[inline(always)]

@@ -216,14 +216,15 @@ pub mod snat_tries;
 pub mod sock;
 pub mod src_check;
 pub mod src_ranges;
+pub mod svc_stats;
 pub mod unserved;
 
 pub use affinity::{AffinityKey, AffinityKey6, AffinityKeyOf, AffinityValue, MAX_AFFINITY};
 pub use backends::{Backend, Backend6, BackendOf, MAX_BACKENDS};
 pub use config::{
-    CONFIG_F_DSR_TCP, CONFIG_F_DSR_UDP, CONFIG_F_NEW_TO_CONNTRACK, CONFIG_F_SERVICE_CIDRS,
-    CONFIG_F_STACK_BYPASS, CONFIG_F_STRAYS_TO_CONNTRACK, CONFIG_F_UNTRACK, CONFIG_F_UNTRACK_OWN,
-    DatapathConfig, UNTRACK_MARK,
+    CONFIG_F_DSR_TCP, CONFIG_F_DSR_UDP, CONFIG_F_NEW_TO_CONNTRACK, CONFIG_F_NO_SERVICE_STATS,
+    CONFIG_F_SERVICE_CIDRS, CONFIG_F_STACK_BYPASS, CONFIG_F_STRAYS_TO_CONNTRACK, CONFIG_F_UNTRACK,
+    CONFIG_F_UNTRACK_OWN, DatapathConfig, UNTRACK_MARK,
 };
 pub use delivery::Delivery;
 pub use dp_events::DatapathEvent;
@@ -272,6 +273,7 @@ pub use src_ranges::{
     MAX_SRC_RANGES, SrcRangeData, SrcRangeData6, SrcRangeDataOf, SrcRangeKey, SrcRangeKey6,
     SrcRangeKeyOf, SrcRangeValue,
 };
+pub use svc_stats::{MAX_SVC_STATS, SVC_STAT_DROP, SVC_STAT_NEW_FLOW, SVC_STAT_REJECT, SvcStatKey};
 pub use unserved::{FAMILY_IPV4, FAMILY_IPV6, IpFamily, UnservedKey, UnservedValue};
 
 pod!(
@@ -322,6 +324,7 @@ pod!(
     MaglevKey,
     MaglevChunk,
     MaglevConfig,
+    SvcStatKey,
 );
 
 /// Every map the controller pins, and the datapath declares.
@@ -367,6 +370,7 @@ pub const MAPS: &[MapSpec] = &[
     service_cidrs::SPEC6,
     maglev::SPEC,
     maglev::CONFIG_SPEC,
+    svc_stats::SPEC,
 ];
 
 /// Earlier layouts a controller reads once at start, copies into their successor, then
@@ -474,6 +478,8 @@ pub mod map_names {
     pub const MAGLEV: &str = crate::maglev::SPEC.name;
     /// The Maglev tables' size (`MaglevConfig`, one entry).
     pub const MAGLEV_CONFIG: &str = crate::maglev::CONFIG_SPEC.name;
+    /// Per-CPU traffic counters by service (`SvcStatKey` -> `u64`).
+    pub const SVC_STATS: &str = crate::svc_stats::SPEC.name;
     /// Every map the controller pins: the names of [`MAPS`], in its order.
     pub const PINNED: [&str; MAPS.len()] = {
         let mut out = [""; MAPS.len()];

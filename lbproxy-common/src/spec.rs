@@ -20,6 +20,8 @@ pub enum MapKind {
     LpmTrie,
     /// `BPF_MAP_TYPE_RINGBUF`: no key or value size; `max_entries` is its size in bytes.
     RingBuf,
+    /// `BPF_MAP_TYPE_LRU_PERCPU_HASH`.
+    LruPerCpuHash,
 }
 
 impl MapKind {
@@ -33,6 +35,7 @@ impl MapKind {
             MapKind::PerCpuArray => aya::maps::MapType::PerCpuArray,
             MapKind::LpmTrie => aya::maps::MapType::LpmTrie,
             MapKind::RingBuf => aya::maps::MapType::RingBuf,
+            MapKind::LruPerCpuHash => aya::maps::MapType::LruPerCpuHash,
         }
     }
 }

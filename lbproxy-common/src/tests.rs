@@ -57,7 +57,7 @@ fn sizes<K, V>() -> (u32, u32) {
 
 #[test]
 fn spec_sizes_are_their_types() {
-    let cases: [(MapSpec, (u32, u32)); 44] = [
+    let cases: [(MapSpec, (u32, u32)); 45] = [
         (services::SPEC, sizes::<ServiceKey, ServiceValue>()),
         (services::SPEC_V1, sizes::<ServiceKey, ServiceValueV1>()),
         (slots::SPEC, sizes::<SlotKey, u32>()),
@@ -102,6 +102,7 @@ fn spec_sizes_are_their_types() {
         (service_cidrs::SPEC6, sizes::<CidrKey6, CidrValue>()),
         (maglev::SPEC, sizes::<MaglevKey, MaglevChunk>()),
         (maglev::CONFIG_SPEC, sizes::<u32, MaglevConfig>()),
+        (svc_stats::SPEC, sizes::<SvcStatKey, u64>()),
     ];
     for (spec, (k, v)) in cases {
         assert_eq!((spec.key_size, spec.value_size), (k, v), "{}", spec.name);
@@ -121,7 +122,7 @@ fn spec_sizes_are_their_types() {
 #[test]
 fn layouts_are_unchanged() {
     use MapKind::*;
-    let expected: [(&str, &str, MapKind, u32, u32, u32); 41] = [
+    let expected: [(&str, &str, MapKind, u32, u32, u32); 42] = [
         ("LB_BACKENDS_V1", "backends", Hash, 4, 8, 262_144),
         ("LB_SLOTS_V1", "slots", Hash, 8, 4, 262_144),
         ("LB_SERVICES_V2", "services", Hash, 8, 16, 65_536),
@@ -163,6 +164,7 @@ fn layouts_are_unchanged() {
         ("LB_SVCCIDR6_V1", "service_cidrs6", LpmTrie, 20, 4, 65_536),
         ("LB_MAGLEV_V1", "maglev", Hash, 8, 16_384, 262_144),
         ("LB_MAGCFG_V1", "maglev_config", Array, 4, 8, 1),
+        ("LB_SVCSTATS_V1", "svc_stats", LruPerCpuHash, 8, 8, 65_536),
     ];
     let got: Vec<_> = MAPS
         .iter()

@@ -62,6 +62,7 @@ mod sctp;
 mod sock;
 mod source;
 mod stage;
+mod svc_stats;
 mod untrack;
 mod xdp;
 

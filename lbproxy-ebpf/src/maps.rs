@@ -7,7 +7,7 @@
 //! `lbproxy_common::MAPS` does not build, so userspace and the object always agree.
 
 use aya_ebpf::btf_maps::{
-    Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, lpm_trie::Key,
+    Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf, lpm_trie::Key,
 };
 use lbproxy_common::{
     AffinityKey, AffinityKey6, AffinityValue, Backend, Backend6, DatapathConfig, FlowKey, FlowKey6,
@@ -15,9 +15,9 @@ use lbproxy_common::{
     MaglevKey, MemberKey, MonitorCtl, MonitorEvent, MonitorRate, NodeAddr, NodeIf, NodeIf6,
     PodAddr, PodIf, ServiceKey, ServiceKey6, ServiceLabel, ServiceValue, SlotKey, SockConfig,
     SockRevKey, SockRevKey6, SockRevValue, SockRevValue6, SrcCheck, SrcRangeData, SrcRangeData6,
-    UnservedKey, UnservedValue, affinity, backends, config, delivery, drops, flows, frags, labels,
-    members, monitor, node_addrs, node_ifs, pod_addrs, pod_ifs, service_cidrs, services, slots,
-    snat_tries, sock,
+    SvcStatKey, UnservedKey, UnservedValue, affinity, backends, config, delivery, drops, flows,
+    frags, labels, members, monitor, node_addrs, node_ifs, pod_addrs, pod_ifs, service_cidrs,
+    services, slots, snat_tries, sock,
     spec::{MapKind, MapSpec, size_u32, str_eq},
     src_check, src_ranges, unserved,
 };
@@ -54,6 +54,7 @@ macro_rules! layout {
 }
 layout!(HashMap<K, V>, Hash);
 layout!(LruHashMap<K, V>, LruHash);
+layout!(LruPerCpuHashMap<K, V>, LruPerCpuHash);
 layout!(Array<T>, Array);
 layout!(PerCpuArray<T>, PerCpuArray);
 
@@ -229,6 +230,9 @@ map! {
     LB_MAGLEV_V1: HashMap<MaglevKey, MaglevChunk> = lbproxy_common::maglev::SPEC;
     /// The Maglev tables' size, one entry. Read by `lb::select` with [`LB_MAGLEV_V1`].
     LB_MAGCFG_V1: Array<MaglevConfig> = lbproxy_common::maglev::CONFIG_SPEC;
+    /// Per-CPU traffic counters by service: new flows, rejects and drops. Written by
+    /// `svc_stats`, never for a packet of an established flow.
+    LB_SVCSTATS_V1: LruPerCpuHashMap<SvcStatKey, u64> = lbproxy_common::svc_stats::SPEC;
 }
 
 /// The controller's settings (`LB_CONFIG_V1`, entry 0): the stack bypass flag (for

@@ -40,6 +40,7 @@ use crate::{
     maps::{self, LB_SOCKCFG_V1, LB_SOCKCNT_V1, LB_SOCKREV_V1, LB_SOCKREV6_V1},
     reason,
     stage::Verdict,
+    svc_stats,
 };
 
 /// Let the syscall go on (with the address as the program left it).
@@ -359,8 +360,12 @@ pub fn forward(ctx: &SockAddrContext, v6: bool, translated: SockEvent, refused: 
     // first datagram the entry is already there: a lookup, not an LRU update, per datagram.
     // SAFETY: copied out at once.
     let known = unsafe { LB_SOCKREV_V1.get(key) }.copied();
-    if known != Some(value) && LB_SOCKREV_V1.insert(key, value, 0).is_err() {
-        count(SockEvent::RevWriteFailed);
+    if known != Some(value) {
+        // The socket's first translation to this frontend: a new flow of the service.
+        svc_stats::new_flow(svc.svc_id);
+        if LB_SOCKREV_V1.insert(key, value, 0).is_err() {
+            count(SockEvent::RevWriteFailed);
+        }
     }
     set_destination_of(ctx, v6, backend.addr, backend.port_be);
     count(translated);
@@ -397,8 +402,12 @@ fn forward6(
     };
     // SAFETY: copied out at once.
     let known = unsafe { LB_SOCKREV6_V1.get(key) }.copied();
-    if known != Some(value) && LB_SOCKREV6_V1.insert(key, value, 0).is_err() {
-        count(SockEvent::RevWriteFailed);
+    if known != Some(value) {
+        // The socket's first translation to this frontend: a new flow of the service.
+        svc_stats::new_flow(svc.svc_id);
+        if LB_SOCKREV6_V1.insert(key, value, 0).is_err() {
+            count(SockEvent::RevWriteFailed);
+        }
     }
     set_destination6_native(ctx, &backend.addr, backend.port_be);
     count(translated);

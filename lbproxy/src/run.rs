@@ -71,15 +71,24 @@ fn apply_oom_score_adj(value: Option<i32>) {
     }
 }
 
+/// The Event recorder of the parts that start before the Kubernetes client (the flow
+/// collector): set once the client exists, never with `--manifests`.
+type NodeEvents = Arc<std::sync::OnceLock<kube::runtime::events::Recorder>>;
+
 /// Collects expired flows at start and every 10 s, off the controller's loop, and reports
-/// the flow table's fill from the same scan.
+/// the flow table's fill from the same scan: a table (or a destination's SNAT port space)
+/// past 80% is reported once per crossing in the log and in a Node Event naming the
+/// Services and clients with the most flows ([`bpf::flow_top`]).
 fn spawn_flow_gc(
     settings: &config::Settings,
     capacities: &[(&'static str, i64)],
     metrics: Arc<Metrics>,
+    events: NodeEvents,
 ) {
+    let node = settings.hostname.clone();
     let dir = settings.bpffs_dir.clone();
     let timeouts = settings.flow_timeouts;
+    let per_service = settings.per_service_metrics;
     let snat_range = u32::from(settings.snat_port_range.1 - settings.snat_port_range.0) + 1;
     let capacity = capacities
         .iter()
@@ -97,10 +106,13 @@ fn spawn_flow_gc(
         // The first tick is immediate: a collection at start also fills the flow gauge.
         let mut every = tokio::time::interval(Duration::from_secs(10));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut pressure = bpf::flow_top::Pressure::default();
+        let mut active = telemetry::ActiveFlows::default();
         loop {
             every.tick().await;
-            let dir = dir.clone();
+            let gc_dir = dir.clone();
             let r = tokio::task::spawn_blocking(move || {
+                let dir = gc_dir;
                 let v4 = bpf::flow_gc::collect(&dir, capacity, timeouts, 4096)?;
                 let v6 = bpf::flow_gc::collect_family::<[u8; 16]>(
                     &dir,
@@ -119,6 +131,33 @@ fn spawn_flow_gc(
                     metrics
                         .snat_ports_max_ratio
                         .set(stats.snat_ports_max as f64 / snat_range as f64);
+                    if per_service {
+                        let mut live = stats.live_by_service.clone();
+                        for (id, n) in &v6.live_by_service {
+                            *live.entry(*id).or_default() += n;
+                        }
+                        active.set(&metrics.datapath, &live, &|| bpf::pinned::labels(&dir));
+                    }
+                    // The labels are read (a small map) only when there is something to say.
+                    let warnings = pressure.check(
+                        std::time::Instant::now(),
+                        &[stats.fill("IPv4", capacity), v6.fill("IPv6", capacity6)],
+                        snat_range,
+                        &|| bpf::pinned::labels(&dir),
+                    );
+                    for w in warnings {
+                        tracing::warn!(reason = w.reason, "{}", w.note);
+                        if let Some(recorder) = events.get() {
+                            controller::report::post_node_event(
+                                recorder.clone(),
+                                &node,
+                                None,
+                                w.reason,
+                                "CollectFlows",
+                                w.note,
+                            );
+                        }
+                    }
                 }
                 Ok(Err(e)) => tracing::warn!("flow gc: {e}"),
                 Err(e) => tracing::warn!("flow gc task: {e}"),
@@ -184,7 +223,8 @@ async fn run(
         settings.configz(),
     )
     .await?;
-    let started = start_datapath(&settings, globs, &metrics).await?;
+    let node_events = NodeEvents::default();
+    let started = start_datapath(&settings, globs, &metrics, &node_events).await?;
     // kube-proxy's flows, written before the first sync serves a frontend (`takeover`).
     let takeover = takeover::prepare(
         &settings.bpffs_dir,
@@ -200,7 +240,7 @@ async fn run(
         controller::Report::new(health.clone(), metrics.clone(), settings.hostname.clone());
     report.capacities = started.capacities;
     let (tx, mut events) = mpsc::channel(256);
-    start_source(&settings, &metrics, &mut report, tx).await?;
+    start_source(&settings, &metrics, &mut report, &node_events, tx).await?;
 
     // The controller, until SIGTERM or SIGINT.
     let mut ctl = Controller::new(PinnedMaps::open(&settings.bpffs_dir)?, report)
@@ -288,6 +328,7 @@ async fn start_datapath(
     settings: &config::Settings,
     globs: GlobSet,
     metrics: &Arc<Metrics>,
+    node_events: &NodeEvents,
 ) -> anyhow::Result<Started> {
     // Read before anything is loaded: a bad seed file changes nothing on the node.
     let seed_file = settings
@@ -312,6 +353,7 @@ async fn start_datapath(
         &settings.bpffs_dir,
         settings.stack_bypass,
         settings.load_balancer_mode,
+        settings.per_service_metrics,
         seed_file,
     )?;
     let maglev_m = match settings.lb_algorithm {
@@ -343,8 +385,12 @@ async fn start_datapath(
     .with_xdp(settings.xdp_acceleration);
     bpf::ifaces::spawn_attach(dp, attacher, metrics.clone()).await?;
     let capacities = bpf::capacities(&settings.bpffs_dir);
-    spawn_flow_gc(settings, &capacities, metrics.clone());
-    bpf::spawn_counters(PinnedMaps::open(&settings.bpffs_dir)?, metrics.clone());
+    spawn_flow_gc(settings, &capacities, metrics.clone(), node_events.clone());
+    bpf::spawn_counters(
+        PinnedMaps::open(&settings.bpffs_dir)?,
+        metrics.clone(),
+        settings.per_service_metrics,
+    );
     Ok(Started {
         capacities,
         hc_addresses,
@@ -355,11 +401,12 @@ async fn start_datapath(
 }
 
 /// The source of the desired state, sending to `tx`: the `--manifests` files, or the
-/// Kubernetes API (whose client also gives `report` its Event recorder).
+/// Kubernetes API (whose client also gives `report` and `node_events` their Event recorder).
 async fn start_source(
     settings: &config::Settings,
     metrics: &Metrics,
     report: &mut controller::Report,
+    node_events: &NodeEvents,
     tx: mpsc::Sender<source::SourceEvent>,
 ) -> anyhow::Result<()> {
     match &settings.manifests {
@@ -372,13 +419,15 @@ async fn start_source(
                 settings.burst,
             )
             .await?;
-            report.events = Some(kube::runtime::events::Recorder::new(
+            let recorder = kube::runtime::events::Recorder::new(
                 client.clone(),
                 kube::runtime::events::Reporter {
                     controller: "lbproxy".into(),
                     instance: Some(settings.hostname.clone()),
                 },
-            ));
+            );
+            let _ = node_events.set(recorder.clone());
+            report.events = Some(recorder);
             tracing::info!(node = %settings.hostname, "watching the Kubernetes API");
             source::kube::spawn(&client, &settings.hostname, tx);
         }

@@ -418,6 +418,8 @@ struct LbproxyConfig {
     xdp_acceleration: Option<String>,
     #[serde(default)]
     load_balancer_mode: Option<String>,
+    #[serde(default)]
+    per_service_metrics: Option<bool>,
 }
 
 // ---------------------------------------------------------------------------------------------

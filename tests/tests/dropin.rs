@@ -507,6 +507,7 @@ fn shipped_alerts_and_dashboard_query_exported_metrics() {
     for want in [
         "LbproxySyncOverdue",
         "LbproxySyncFailing",
+        "LbproxyFlowTableFilling",
         "LbproxyFlowTablePressure",
         "LbproxySnatPortsHigh",
     ] {

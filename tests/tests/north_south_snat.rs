@@ -156,6 +156,65 @@ fn a_full_snat_range_drops_and_counts_while_local_backends_work() {
     );
 }
 
+/// A SNAT range of 10 ports, 9 of them held by one client's connections through nodeA's
+/// NodePort to the one backend, on nodeB: 90% of the range towards that destination. The
+/// next collection (every 10 s) on nodeA logs it once, naming the destination, its share
+/// of the range, and the Service and client of its flows with their counts
+/// (docs/operations.md#who-fills-the-flow-table; the Node Event needs the Kubernetes API
+/// source, which `flow_top.rs` tests for the flow table's own warning).
+#[test]
+fn a_filling_snat_range_names_its_service_and_client() {
+    let lab = MultiNodeLab::new();
+    let b1 = lab.add_pod(NodeId::B, "b1");
+    let _server = b1.serve(&[BACKEND_TCP, BACKEND_UDP]);
+    lab.write_manifest_text(&manifest(&lab, &[&b1], "Cluster"));
+    let lbs = lab.start_lbproxy_on_both(&["--snat-port-range", "20000-20009"], HEALTHY_WITHIN);
+    let client = lab.add_client("ext");
+    let node_ip = lab.node(NodeId::A).ip;
+    let said = || -> Vec<String> {
+        lbs[0]
+            .stderr()
+            .lines()
+            .filter(|l| l.contains("SNAT port space"))
+            .map(str::to_string)
+            .collect()
+    };
+    let _held: Vec<_> = (0..9)
+        .map(|i| {
+            client
+                .connect(node_ip, NODE_PORT_TCP, TIMEOUT)
+                .unwrap_or_else(|e| panic!("connection #{i}: {e}\n{}", lbs[0].log()))
+        })
+        .collect();
+    let started = Instant::now();
+    let want = format!(
+        "SNAT port space 90% used towards {}:{BACKEND_TCP}/TCP from {node_ip} (9 of 10 ports): \
+         top services default/web 9; top clients {} 9",
+        b1.ip, client.ip
+    );
+    while said().is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(25),
+            "no SNAT warning within 25 s\n{}",
+            lbs[0].log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "said {:?} after the connections: {:?}",
+        started.elapsed(),
+        said()
+    );
+    assert!(
+        said()[0].contains("WARN") && said()[0].contains(&want),
+        "the warning is not {want:?}: {:?}",
+        said()
+    );
+    // Once per crossing: a collection later (10 s), still one line.
+    std::thread::sleep(Duration::from_secs(11));
+    assert_eq!(said().len(), 1, "{:?}", said());
+}
+
 /// A client that reuses its source port right after closing (as a busy client does within
 /// seconds) towards a source-NATed backend gets the same SNAT port again: the new flow
 /// starts in its predecessor's halves instead of searching the range and allocating both

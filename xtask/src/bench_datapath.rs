@@ -88,8 +88,9 @@ pub struct DatapathArgs {
     #[arg(long, value_parser = clap::value_parser!(u8).range(1..=3))]
     pub target_backends: Option<u8>,
     /// Only these paths (comma-separated: iptables, nftables, lbproxy, lbproxy-bypass,
-    /// lbproxy-socket); direct, the baseline,
-    /// is always measured [default: all].
+    /// lbproxy-socket, lbproxy-no-svc-metrics); direct, the baseline, is always measured
+    /// [default: all but lbproxy-no-svc-metrics, which is `lbproxy` with
+    /// `--per-service-metrics=false`].
     #[arg(long, value_delimiter = ',')]
     pub paths: Option<Vec<String>>,
     /// Address families, comma-separated: ipv4, ipv6 [default: both, IPv4 first].
@@ -199,6 +200,7 @@ impl Config {
         }
         if a.paths.is_none() {
             paths = Path::ALL.to_vec();
+            paths.retain(|p| *p != Path::LbproxyNoSvcMetrics);
         }
         match &a.baseline_bin {
             Some(bin) if !bin.is_file() => {
@@ -264,10 +266,13 @@ enum Path {
     LbproxySocket,
     /// `--baseline-bin`'s build, configured as [`Path::Lbproxy`].
     LbproxyBaseline,
+    /// [`Path::Lbproxy`] with `--per-service-metrics=false`: what the per-Service counters
+    /// cost. Only when `--paths` names it.
+    LbproxyNoSvcMetrics,
 }
 
 impl Path {
-    const ALL: [Path; 7] = [
+    const ALL: [Path; 8] = [
         Path::Direct,
         Path::Iptables,
         Path::Nftables,
@@ -275,6 +280,7 @@ impl Path {
         Path::LbproxyBypass,
         Path::LbproxySocket,
         Path::LbproxyBaseline,
+        Path::LbproxyNoSvcMetrics,
     ];
     /// The lbproxy configurations, judged against issue 5's targets.
     const LBPROXY: [Path; 3] = [Path::Lbproxy, Path::LbproxyBypass, Path::LbproxySocket];
@@ -288,6 +294,7 @@ impl Path {
             Path::LbproxyBypass => "lbproxy-bypass",
             Path::LbproxySocket => "lbproxy-socket",
             Path::LbproxyBaseline => "lbproxy-baseline",
+            Path::LbproxyNoSvcMetrics => "lbproxy-no-svc-metrics",
         }
     }
 
@@ -296,6 +303,7 @@ impl Path {
         match self {
             Path::LbproxyBypass => &["--stack-bypass"],
             Path::LbproxySocket => &["--socket-lb", "pods"],
+            Path::LbproxyNoSvcMetrics => &["--per-service-metrics=false"],
             _ => &[],
         }
     }
@@ -504,7 +512,11 @@ impl Bench<'_> {
                 )?),
                 None,
             )),
-            Path::Lbproxy | Path::LbproxyBypass | Path::LbproxySocket | Path::LbproxyBaseline => {
+            Path::Lbproxy
+            | Path::LbproxyBypass
+            | Path::LbproxySocket
+            | Path::LbproxyBaseline
+            | Path::LbproxyNoSvcMetrics => {
                 self.lab.write_manifest_text(&self.yaml);
                 let t = Instant::now();
                 let mut lb = match (&self.cfg.baseline_bin, p) {
@@ -608,7 +620,11 @@ impl Bench<'_> {
                 let apply = pipe(c, &self.nft_change)?;
                 Ok((self.probe_new_backend(t0)?, apply))
             }
-            Path::Lbproxy | Path::LbproxyBypass | Path::LbproxySocket | Path::LbproxyBaseline => {
+            Path::Lbproxy
+            | Path::LbproxyBypass
+            | Path::LbproxySocket
+            | Path::LbproxyBaseline
+            | Path::LbproxyNoSvcMetrics => {
                 let lb = lb.context("lbproxy handle")?;
                 let off = lb.stderr_len();
                 let off_out = lb.stdout().len();

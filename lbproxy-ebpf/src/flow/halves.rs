@@ -86,15 +86,11 @@ pub(super) fn reply_key<A: Addr>(
     }
 }
 
-/// Whether the reply entry `r` is the partner of the forward entry `f` keyed `fkey`.
+/// Whether the reply entry `r` is the partner of the forward entry `f` keyed `fkey`
+/// (`FlowKeyOf::pairs`, which `lbproxy explain` shares).
 #[inline(always)]
 pub(super) fn pairs<A: Addr>(fkey: &FlowKeyOf<A>, f: &FlowValueOf<A>, r: &FlowValueOf<A>) -> bool {
-    r.nat_addr == fkey.dst_addr
-        && r.peer_addr == fkey.src_addr
-        && r.nat_port_be == fkey.dst_port_be
-        && r.peer_port_be == fkey.src_port_be
-        && r.svc_id == f.svc_id
-        && r.backend_id == f.backend_id
+    fkey.pairs(f, r)
 }
 
 #[inline(always)]

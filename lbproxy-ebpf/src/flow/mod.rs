@@ -58,6 +58,7 @@ use crate::{
     packet::Packet,
     reason::count,
     stage::{NatTarget, Source, Verdict},
+    svc_stats,
 };
 
 // The histogram's slots cover every try count: the client's own port, then these.
@@ -133,7 +134,7 @@ pub fn forward<A: Family>(
     };
     w.backend = backend;
     let nat_source = source(w.backend.addr, w.backend.port_be).map_err(Verdict::Drop)?;
-    create(
+    let target = create(
         pkt,
         svc,
         seed,
@@ -144,7 +145,9 @@ pub fn forward<A: Family>(
         backend_id,
         state,
         &nat_source,
-    )
+    )?;
+    svc_stats::new_flow(svc.svc_id);
+    Ok(target)
 }
 
 /// Whether a packet of no flow is conntrack's, passed untranslated (no flow made): any one

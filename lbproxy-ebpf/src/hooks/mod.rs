@@ -60,6 +60,7 @@ use crate::{
     reason::{count, count_and_drop},
     reject, source,
     stage::{NatTarget, Parsed, Source, StagedPacket, TC_ACT_UNSPEC, Verdict},
+    svc_stats,
 };
 
 /// What a hook's pipeline needs of a family: its header and maps ([`Family`]), its ICMP
@@ -126,7 +127,7 @@ fn source_and_flow<A: Datapath>(
     verify: impl Fn() -> Result<(), DropReason>,
     source: impl Fn(A, u16) -> Result<Source<A>, DropReason>,
 ) -> Result<NatTarget<A>, Verdict> {
-    lb::service::source_allowed(svc, pkt)
+    let r = lb::service::source_allowed(svc, pkt)
         .map_err(Verdict::Drop)
         .and_then(|()| {
             flow::forward(
@@ -137,7 +138,12 @@ fn source_and_flow<A: Datapath>(
                 verify,
                 source,
             )
-        })
+        });
+    if let Err(v) = &r {
+        // A packet to this frontend rejected or dropped, counted for its service.
+        svc_stats::refused(svc.svc_id, v);
+    }
+    r
 }
 
 /// The staged packet once [`parse_into`] answered [`Parsed::Packet`].

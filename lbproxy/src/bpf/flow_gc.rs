@@ -25,6 +25,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::flow_top::{FlowTally, SnatDest, TableFill};
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use lbproxy_common::{
     Addr, FLOW_DIR_FORWARD, FLOW_F_FIN, FLOW_STATE_SYN_SENT, FlowKeyOf, FlowValueOf, HAIRPIN_ADDR,
@@ -113,7 +114,7 @@ pub fn monotonic_ns() -> u64 {
 }
 
 /// What one collection did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GcStats {
     pub scanned: usize,
     pub deleted: usize,
@@ -122,6 +123,29 @@ pub struct GcStats {
     /// The most SNAT ports in use towards one destination (SNAT address, backend address
     /// and port, protocol), counted from the reply halves of source-NATed flows.
     pub snat_ports_max: usize,
+    /// The flows scanned (forward halves, before any was removed) by service and client,
+    /// for the report of a filling table ([`super::flow_top`]).
+    pub tally: FlowTally,
+    /// The destination with [`GcStats::snat_ports_max`] ports in use, and its flows by
+    /// service and client (from the reply halves, which keep the client's own address).
+    pub snat_busiest: Option<SnatDest>,
+    /// The flows left after the collection (forward halves), by service id: each Service's
+    /// active flows (`lbproxy_service_active_flows`).
+    pub live_by_service: std::collections::HashMap<u32, u64>,
+}
+
+impl GcStats {
+    /// The fill of the `family` table of `capacity` entries this collection scanned.
+    pub fn fill<'a>(&'a self, family: &'a str, capacity: u32) -> TableFill<'a> {
+        TableFill {
+            family,
+            entries: self.scanned,
+            capacity,
+            deleted: self.deleted,
+            tally: &self.tally,
+            snat: self.snat_busiest.as_ref(),
+        }
+    }
 }
 
 /// One flow in a snapshot: a half (the forward one when both exist) and its partner.
@@ -213,7 +237,7 @@ where
         under_pressure,
         ..Default::default()
     };
-    let mut snat_in_use: std::collections::HashMap<(A, A, u16, u8), usize> =
+    let mut snat_in_use: std::collections::HashMap<(A, A, u16, u8), (usize, FlowTally)> =
         std::collections::HashMap::new();
     for chunk in keys.chunks(batch.max(1)) {
         let now = monotonic_ns();
@@ -221,24 +245,48 @@ where
             .iter()
             .filter_map(|k| {
                 let v = flows.get(k, 0).ok()?;
+                // Each flow once, by its forward half: the client's own address is its source.
+                if k.dir == FLOW_DIR_FORWARD {
+                    stats.tally.add(v.svc_id, k.src_addr.ip());
+                }
                 // The node's SNAT port use; hairpin flows have a port space of their own.
                 if k.dir != FLOW_DIR_FORWARD && v.snat(k) && !is_hairpin(&k.dst_addr) {
-                    *snat_in_use
+                    let (ports, tally) = snat_in_use
                         .entry((k.dst_addr, k.src_addr, k.src_port_be, k.proto))
-                        .or_default() += 1;
+                        .or_default();
+                    *ports += 1;
+                    tally.add(v.svc_id, v.peer_addr.ip());
                 }
                 flow_of(&flows, *k, v)
             })
             .collect();
-        for k in expired(&snapshot, now, &t) {
-            if flows.remove(&k).is_ok() {
+        let gone = expired(&snapshot, now, &t);
+        let removed: std::collections::HashSet<&FlowKeyOf<A>> = gone.iter().collect();
+        for f in &snapshot {
+            if f.key.dir == FLOW_DIR_FORWARD && !removed.contains(&f.key) {
+                *stats.live_by_service.entry(f.value.svc_id).or_default() += 1;
+            }
+        }
+        for k in &gone {
+            if flows.remove(k).is_ok() {
                 stats.deleted += 1;
             }
         }
         // Let the datapath's writers and the controller breathe between batches.
         std::thread::yield_now();
     }
-    stats.snat_ports_max = snat_in_use.values().copied().max().unwrap_or(0);
+    if let Some(((snat, backend, port_be, proto), (ports, tally))) =
+        snat_in_use.into_iter().max_by_key(|(_, (ports, _))| *ports)
+    {
+        stats.snat_ports_max = ports;
+        stats.snat_busiest = Some(SnatDest {
+            snat: snat.ip(),
+            backend: std::net::SocketAddr::new(backend.ip(), u16::from_be(port_be)),
+            proto,
+            ports,
+            tally,
+        });
+    }
     stats.took = started.elapsed();
     Ok(stats)
 }

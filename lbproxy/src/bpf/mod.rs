@@ -10,6 +10,7 @@
 pub mod attach;
 pub mod cleanup;
 pub mod flow_gc;
+pub mod flow_top;
 pub mod ifaces;
 pub mod node;
 pub mod pinned;
@@ -414,6 +415,7 @@ pub fn write_config(
     dir: &Path,
     stack_bypass: bool,
     mode: crate::config::LoadBalancerMode,
+    per_service_metrics: bool,
     seed_file: Option<u64>,
 ) -> Result<u64, BpfError> {
     let path = dir.join(map_names::CONFIG);
@@ -451,7 +453,12 @@ pub fn write_config(
             } else {
                 0
             }
-            | mode.config_flags(),
+            | mode.config_flags()
+            | if per_service_metrics {
+                0
+            } else {
+                lbproxy_common::CONFIG_F_NO_SERVICE_STATS
+            },
         // The controller's id cursor is kept too (see `DatapathConfig::next_id`).
         ..pinned_config
     }
@@ -544,11 +551,16 @@ pub fn capacities(dir: &Path) -> Vec<(&'static str, i64)> {
 
 /// Reads the datapath's drop, event, delivery, SNAT-tries and socket-level counters every
 /// 2 s into their Prometheus counters, off the controller's loop.
-pub fn spawn_counters(maps: PinnedMaps, metrics: std::sync::Arc<crate::telemetry::Metrics>) {
+pub fn spawn_counters(
+    maps: PinnedMaps,
+    metrics: std::sync::Arc<crate::telemetry::Metrics>,
+    per_service: bool,
+) {
     use crate::telemetry::{EventLabel, PathLabel, ReasonLabel};
     tokio::spawn(async move {
         // What each counter read last time, by label, one map per family.
         let mut seen: [HashMap<&'static str, u64>; 4] = Default::default();
+        let mut services = ServiceCounters::default();
         let [drops, events, delivery, sock] = &mut seen;
         let reason = |l: &str| ReasonLabel { reason: l.into() };
         let event = |l: &str| EventLabel { event: l.into() };
@@ -588,8 +600,65 @@ pub fn spawn_counters(maps: PinnedMaps, metrics: std::sync::Arc<crate::telemetry
                 sock_now.map(|(e, n)| (e.label(), n)),
                 event,
             );
+            if per_service {
+                services.advance(&maps, d);
+            }
         }
     });
+}
+
+/// The per-Service counters' state between reads of `LB_SVCSTATS_V1`.
+#[derive(Default)]
+struct ServiceCounters {
+    /// What each counter entry summed to at the last read.
+    seen: HashMap<lbproxy_common::SvcStatKey, u64>,
+}
+
+impl ServiceCounters {
+    /// Moves the per-Service counters on by what each entry gained since the last read (an
+    /// entry the LRU dropped and that came back counts from 0). The active-flow gauges come
+    /// from the flow collector's walk (`telemetry::ActiveFlows`).
+    fn advance(&mut self, maps: &PinnedMaps, d: &crate::telemetry::Datapath) {
+        use crate::telemetry::{ServiceLabel, ServiceReasonLabel};
+        let mut labels: HashMap<u32, Option<String>> = HashMap::new();
+        let mut label = |id: u32| labels.entry(id).or_insert_with(|| maps.label(id)).clone();
+        let mut seen = HashMap::new();
+        for (key, now) in maps.service_stats() {
+            let before = self.seen.get(&key).copied().unwrap_or(0);
+            let gained = if now >= before { now - before } else { now };
+            seen.insert(key, now);
+            if gained == 0 {
+                continue;
+            }
+            let Some(l) = label(key.svc_id) else {
+                continue;
+            };
+            let svc = ServiceLabel::of(&l);
+            let with_reason = || ServiceReasonLabel {
+                namespace: svc.namespace.clone(),
+                service: svc.service.clone(),
+                reason: lbproxy_common::DropReason::ALL
+                    .iter()
+                    .find(|r| **r as u32 == u32::from(key.reason))
+                    .map_or("unknown", |r| r.label())
+                    .to_string(),
+            };
+            match key.kind {
+                lbproxy_common::SVC_STAT_NEW_FLOW => {
+                    d.service_new_flows.get_or_create(&svc).inc_by(gained);
+                }
+                lbproxy_common::SVC_STAT_REJECT => {
+                    d.service_rejects
+                        .get_or_create(&with_reason())
+                        .inc_by(gained);
+                }
+                _ => {
+                    d.service_drops.get_or_create(&with_reason()).inc_by(gained);
+                }
+            }
+        }
+        self.seen = seen;
+    }
 }
 
 /// Moves each series of `family` (labelled by `label`) on by what its datapath counter

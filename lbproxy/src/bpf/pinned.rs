@@ -50,6 +50,9 @@ pub struct PinnedMaps {
     /// The Maglev tables; `None` under maps an older lbproxy pinned, until this version's
     /// `run` creates it.
     pub maglev: Option<BpfHashMap<MapData, lbproxy_common::MaglevKey, lbproxy_common::MaglevChunk>>,
+    /// The per-Service traffic counters; `None` under maps an older lbproxy pinned, until
+    /// this version's `run` creates it.
+    pub svc_stats: Option<aya::maps::PerCpuHashMap<MapData, lbproxy_common::SvcStatKey, u64>>,
 }
 
 /// Held by every read-modify-write of `LB_CONFIG_V1` in this process: the controller's
@@ -117,6 +120,15 @@ impl PinnedMaps {
             service_cidrs: super::service_cidrs::CidrTries {
                 v4: open_if_pinned(dir, map_names::SERVICE_CIDRS)?,
                 v6: open_if_pinned(dir, map_names::SERVICE_CIDRS6)?,
+            },
+            svc_stats: if dir.join(map_names::SVC_STATS).exists() {
+                Some(open_pinned(
+                    dir,
+                    map_names::SVC_STATS,
+                    Map::PerCpuLruHashMap,
+                )?)
+            } else {
+                None
             },
             maglev: if dir.join(map_names::MAGLEV).exists() {
                 Some(open_pinned(dir, map_names::MAGLEV, Map::HashMap)?)
@@ -225,6 +237,21 @@ impl PinnedMaps {
             .collect()
     }
 
+    /// The per-Service traffic counters (`LB_SVCSTATS_V1`), summed over CPUs, by key;
+    /// empty when the map is not pinned yet.
+    pub fn service_stats(&self) -> Vec<(lbproxy_common::SvcStatKey, u64)> {
+        self.svc_stats
+            .iter()
+            .flat_map(|m| m.iter().flatten())
+            .map(|(k, v)| (k, v.iter().sum()))
+            .collect()
+    }
+
+    /// The service's `namespace/name[:port]` label, if it has one.
+    pub fn label(&self, svc_id: u32) -> Option<String> {
+        self.labels.get(&svc_id, 0).ok().map(|l| label_str(&l))
+    }
+
     /// Whether the stack bypass is on, as the datapath sees it.
     pub fn stack_bypass(&self) -> bool {
         self.config
@@ -236,6 +263,19 @@ impl PinnedMaps {
 /// One per-CPU counter, summed over CPUs (0 if unreadable).
 fn cpu_sum(map: &PerCpuArray<MapData, u64>, index: u32) -> u64 {
     map.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0)
+}
+
+/// Every service id's label (`namespace/name:port-name`) in the `LB_LABELS` map pinned under
+/// `dir`; empty if it cannot be read.
+pub fn labels(dir: &Path) -> std::collections::BTreeMap<u32, String> {
+    open_pinned::<BpfHashMap<MapData, u32, ServiceLabel>>(dir, map_names::LABELS, Map::HashMap)
+        .map(|m| {
+            m.iter()
+                .flatten()
+                .map(|(id, l)| (id, label_str(&l)))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 pub fn label_str(l: &ServiceLabel) -> String {

@@ -11,6 +11,7 @@ use crate::config::DEFAULT_BPFFS_DIR;
 use crate::config::RunArgs;
 use crate::{bpf, config, telemetry};
 
+pub mod explain;
 pub mod flush;
 pub mod inspect;
 pub mod monitor;
@@ -61,6 +62,38 @@ pub enum Command {
         /// Only this backend (`IP` or `IP:port`).
         #[arg(long)]
         backend: Option<String>,
+        /// With `flows`: instead of listing every flow, count them (each once, both
+        /// families) by Service (`namespace/name`) or by client address, the most first,
+        /// each with its own top clients or Services: who fills the flow table.
+        #[arg(long, value_enum, value_name = "BY")]
+        top: Option<inspect::TopBy>,
+        /// With `--top`: how many Services (or clients) to print, and how many clients (or
+        /// Services) to name in each; 0 prints them all.
+        #[arg(long, value_name = "N", default_value_t = 10, requires = "top")]
+        limit: usize,
+    },
+    /// Where a packet of one 5-tuple goes, and why: walks the datapath's stages against the
+    /// live pinned maps (frontend, source ranges, flow, affinity, endpoints, the backend a new
+    /// flow gets, SNAT or DSR) and prints each decision. Reads only: changes no map, no
+    /// counter.
+    Explain {
+        #[arg(long, default_value = DEFAULT_BPFFS_DIR)]
+        bpffs_dir: PathBuf,
+        #[arg(long, value_enum)]
+        proto: explain::Proto,
+        /// The client's address and port, `IP:PORT` (`[IPv6]:PORT`).
+        #[arg(long, value_name = "IP:PORT")]
+        src: std::net::SocketAddr,
+        /// The address and port the client sends to, `IP:PORT` (`[IPv6]:PORT`).
+        #[arg(long, value_name = "IP:PORT")]
+        dst: std::net::SocketAddr,
+        /// Where the packet enters: a pod's interface, the node's own interface
+        /// (north-south), or a process on the node (socket-level).
+        #[arg(long, value_enum, default_value_t = explain::From::Pod)]
+        from: explain::From,
+        /// Output format: the steps as text, or JSON (YAML) for scripts.
+        #[arg(short = 'o', long = "output", value_enum, default_value_t = inspect::Output::Table)]
+        output: inspect::Output,
     },
     /// Act on the datapath's flow table.
     Flows {
@@ -194,14 +227,32 @@ fn tool(command: Command) -> anyhow::Result<()> {
             bpffs_dir,
             service,
             backend,
+            top,
+            limit,
         } => inspect::run(
             &bpffs_dir,
             what,
             if json { inspect::Output::Json } else { output },
             &inspect::Filter { service, backend },
+            top.map(|by| inspect::Top { by, limit }),
             &healthz_address,
             watch,
         ),
+        Command::Explain {
+            bpffs_dir,
+            proto,
+            src,
+            dst,
+            from,
+            output,
+        } => explain::run(&explain::Args {
+            bpffs_dir: &bpffs_dir,
+            proto,
+            src,
+            dst,
+            from,
+            output,
+        }),
         Command::Flows {
             action:
                 FlowsAction::Flush {
@@ -298,4 +349,38 @@ fn cleanup(dir: &Path) -> anyhow::Result<()> {
         println!("removed {}", dir.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("lbproxy").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        <Cli as clap::CommandFactory>::command().debug_assert();
+    }
+
+    #[test]
+    fn top_takes_what_to_count_and_limit_needs_top() {
+        let Ok(Cli {
+            command: Command::Inspect { top, limit, .. },
+        }) = parse(&["inspect", "flows", "--top", "clients", "--limit", "3"])
+        else {
+            panic!("inspect flows --top clients --limit 3 does not parse");
+        };
+        assert_eq!((top, limit), (Some(inspect::TopBy::Clients), 3));
+        let Ok(Cli {
+            command: Command::Inspect { top, limit, .. },
+        }) = parse(&["inspect", "flows"])
+        else {
+            panic!("inspect flows does not parse");
+        };
+        assert_eq!((top, limit), (None, 10));
+        assert!(parse(&["inspect", "flows", "--limit", "3"]).is_err());
+        assert!(parse(&["inspect", "flows", "--top", "backends"]).is_err());
+    }
 }

@@ -29,6 +29,7 @@ pub struct LbproxyDoc {
     pub hash_seed_file: Option<String>,
     pub xdp_acceleration: Option<String>,
     pub load_balancer_mode: Option<String>,
+    pub per_service_metrics: Option<bool>,
     /// How long an unanswered SYN keeps its flow (kube-proxy has no such field).
     pub tcp_syn_sent_timeout: Option<String>,
 }

@@ -142,6 +142,11 @@ pub struct Flags {
     /// for TCP, SNAT for UDP). Every node must run the same mode [default: snat]
     #[arg(long)]
     pub load_balancer_mode: Option<String>,
+    /// Count new flows, rejects and drops by Service in the datapath, and each Service's
+    /// flows in the table, for the `lbproxy_service_*` metrics and `inspect services`
+    /// [default: true]
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub per_service_metrics: Option<bool>,
 }
 
 impl RunArgs {

@@ -291,6 +291,8 @@ pub struct Settings {
     /// `--load-balancer-mode`: SNAT or direct server return for north-south flows to
     /// backends on other nodes.
     pub load_balancer_mode: LoadBalancerMode,
+    /// `--per-service-metrics`: the datapath counts traffic by Service.
+    pub per_service_metrics: bool,
     /// `--xdp-acceleration`: whether `lb_xdp` runs on the node's interfaces.
     pub xdp_acceleration: XdpAcceleration,
     /// kube-proxy's `bindAddress`: validated; lbproxy serves IPv4 and needs no node IP hint.
@@ -376,6 +378,7 @@ impl Settings {
             "hashSeedFile": self.hash_seed_file.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
             "xdpAcceleration": self.xdp_acceleration.as_str(),
             "loadBalancerMode": self.load_balancer_mode.as_str(),
+            "perServiceMetrics": self.per_service_metrics,
             "tcpSynSentTimeout": go_duration(t.tcp_syn_sent),
         });
         (kube, own)

@@ -50,6 +50,10 @@ pub fn resolve(file: Option<(&Path, FileConfig)>, flags: Flags) -> Result<Settin
     let flow_map_size = src.flow_map_size(flags.flow_map_size)?;
     let stack_bypass = flags.stack_bypass.or(own.stack_bypass).unwrap_or(false);
     let takeover = flags.takeover.or(own.takeover).unwrap_or(false);
+    let per_service_metrics = flags
+        .per_service_metrics
+        .or(own.per_service_metrics)
+        .unwrap_or(true);
     let manifests = flags.manifests.or_else(|| non_empty_path(&own.manifests));
     let kubeconfig = flags
         .kubeconfig
@@ -113,6 +117,7 @@ pub fn resolve(file: Option<(&Path, FileConfig)>, flags: Flags) -> Result<Settin
         hash_seed_file,
         xdp_acceleration,
         load_balancer_mode,
+        per_service_metrics,
         node_port_addresses,
         snat_port_range,
         flow_timeouts,

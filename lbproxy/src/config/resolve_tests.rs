@@ -68,6 +68,7 @@ const PRECEDENCE: &[Precedence] = &[
     Precedence { flag: |f| f.socket_lb = s("off"), kube: "", own: "socketLb: pods\n", get: |s| s.socket_lb.as_str().into(), want: ["off", "pods", "host"] },
     Precedence { flag: |f| f.lb_algorithm = s("jump"), kube: "", own: "lbAlgorithm: maglev\n", get: |s| s.lb_algorithm.as_str().into(), want: ["jump", "maglev", "jump"] },
     Precedence { flag: |f| f.load_balancer_mode = s("dsr"), kube: "", own: "loadBalancerMode: hybrid\n", get: |s| s.load_balancer_mode.as_str().into(), want: ["dsr", "hybrid", "snat"] },
+    Precedence { flag: |f| f.per_service_metrics = Some(false), kube: "", own: "perServiceMetrics: false\n", get: |s| s.per_service_metrics.to_string(), want: ["false", "false", "true"] },
     Precedence { flag: |f| f.xdp_acceleration = s("native"), kube: "", own: "xdpAcceleration: best-effort\n", get: |s| s.xdp_acceleration.as_str().into(), want: ["native", "best-effort", "disabled"] },
     Precedence { flag: |f| f.maglev_table_size = Some(251), kube: "", own: "maglevTableSize: 65521\n", get: |s| s.maglev_table_size.to_string(), want: ["251", "65521", "16381"] },
     Precedence { flag: |f| f.hash_seed_file = Some("/f".into()), kube: "", own: "hashSeedFile: /o\n", get: |s| format!("{:?}", s.hash_seed_file), want: ["Some(\"/f\")", "Some(\"/o\")", "None"] },

@@ -14,7 +14,7 @@
 //! The manifests and the Kubernetes sources feed it the same [`SourceEvent`]s.
 
 mod ingest;
-mod report;
+pub mod report;
 mod sync;
 #[cfg(test)]
 mod tests;

@@ -218,25 +218,14 @@ impl Report {
         let Some(recorder) = self.events.clone() else {
             return;
         };
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(self.node.clone()),
-            uid: self.node_uid.clone(),
-            ..Default::default()
-        };
-        tokio::spawn(async move {
-            let ev = kube::runtime::events::Event {
-                type_: kube::runtime::events::EventType::Warning,
-                reason: reason.into(),
-                note: Some(note),
-                action: "Sync".into(),
-                secondary: None,
-            };
-            if let Err(e) = recorder.publish(&ev, &reference).await {
-                tracing::warn!("could not post the Node event: {e}");
-            }
-        });
+        post_node_event(
+            recorder,
+            &self.node,
+            self.node_uid.clone(),
+            reason,
+            "Sync",
+            note,
+        );
     }
 
     /// The services a full map kept from being programmed in the last sync, each with the
@@ -357,4 +346,44 @@ impl Report {
                 .set(*cap);
         }
     }
+}
+
+/// Posts a Warning Event about Node `node` (its `uid` when known) in the background; a
+/// failure to post is logged. `action` says what lbproxy was doing (`Sync`, `CollectFlows`).
+pub fn post_node_event(
+    recorder: kube::runtime::events::Recorder,
+    node: &str,
+    uid: Option<String>,
+    reason: &'static str,
+    action: &'static str,
+    mut note: String,
+) {
+    // The API server refuses a note over 1 kB.
+    if note.len() > 1024 {
+        let mut end = 1021;
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        note.truncate(end);
+        note.push_str("...");
+    }
+    let reference = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.to_string()),
+        uid,
+        ..Default::default()
+    };
+    tokio::spawn(async move {
+        let ev = kube::runtime::events::Event {
+            type_: kube::runtime::events::EventType::Warning,
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&ev, &reference).await {
+            tracing::warn!("could not post the Node event: {e}");
+        }
+    });
 }

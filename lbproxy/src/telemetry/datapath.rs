@@ -26,6 +26,33 @@ pub struct EventLabel {
     pub event: String,
 }
 
+/// A Service, all its ports together.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct ServiceLabel {
+    pub namespace: String,
+    pub service: String,
+}
+
+/// A Service and a reason (`inspect drops`'s name of it).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServiceReasonLabel {
+    pub namespace: String,
+    pub service: String,
+    pub reason: String,
+}
+
+impl ServiceLabel {
+    /// The Service of a frontend's label (`namespace/name` or `namespace/name:port`).
+    pub fn of(label: &str) -> ServiceLabel {
+        let svc = label.split_once(':').map_or(label, |(s, _)| s);
+        let (namespace, service) = svc.split_once('/').unwrap_or(("", svc));
+        ServiceLabel {
+            namespace: namespace.to_string(),
+            service: service.to_string(),
+        }
+    }
+}
+
 /// The version from which the reasons of `lbproxy_datapath_drops_total` that are not drops
 /// are deprecated (counted in `lbproxy_datapath_events_total` too); the next release drops
 /// them.
@@ -44,6 +71,15 @@ pub struct Datapath {
     pub sock_events: Family<EventLabel, Counter>,
     /// `lbproxy_snat_port_tries`, from `LB_SNATTRIES_V1`.
     pub snat_port_tries: SnatTries,
+    /// `lbproxy_service_new_flows_total{namespace,service}`, from `LB_SVCSTATS_V1`.
+    pub service_new_flows: Family<ServiceLabel, Counter>,
+    /// `lbproxy_service_rejects_total{namespace,service,reason}`, from `LB_SVCSTATS_V1`.
+    pub service_rejects: Family<ServiceReasonLabel, Counter>,
+    /// `lbproxy_service_drops_total{namespace,service,reason}`, from `LB_SVCSTATS_V1`.
+    pub service_drops: Family<ServiceReasonLabel, Counter>,
+    /// `lbproxy_service_active_flows{namespace,service}`, from each flow collection
+    /// ([`ActiveFlows`]).
+    pub service_active_flows: Family<ServiceLabel, prometheus_client::metrics::gauge::Gauge>,
 }
 
 impl Datapath {
@@ -55,7 +91,31 @@ impl Datapath {
             delivered: Family::default(),
             sock_events: Family::default(),
             snat_port_tries: SnatTries::default(),
+            service_new_flows: Family::default(),
+            service_rejects: Family::default(),
+            service_drops: Family::default(),
+            service_active_flows: Family::default(),
         };
+        r.register(
+            "lbproxy_service_new_flows",
+            "New flows created for the Service's frontends, all ports, protocols and paths together (a pod's or an outside client's first packet, a node process's socket connected); off with --per-service-metrics=false",
+            d.service_new_flows.clone(),
+        );
+        r.register(
+            "lbproxy_service_rejects",
+            "Packets to the Service's frontends answered with a TCP RST or an ICMP error instead of forwarded, by reason (as lbproxy inspect drops names it)",
+            d.service_rejects.clone(),
+        );
+        r.register(
+            "lbproxy_service_drops",
+            "Packets to the Service's frontends dropped, by reason (e.g. no_local_endpoint, source_range_denied)",
+            d.service_drops.clone(),
+        );
+        r.register(
+            "lbproxy_service_active_flows",
+            "Flows of the Service in the flow table, counted every 10 s",
+            d.service_active_flows.clone(),
+        );
         r.register("lbproxy_datapath_drops", drops_help(), d.drops.clone());
         r.register(
             "lbproxy_datapath_events",
@@ -78,6 +138,46 @@ impl Datapath {
             d.snat_port_tries.clone(),
         );
         d
+    }
+}
+
+/// `lbproxy_service_active_flows`, set from each flow collection (every 10 s): the flows
+/// left in the table by service, summed over each Service's ports. A Service that has no
+/// flow any more loses its series.
+#[derive(Default)]
+pub struct ActiveFlows {
+    /// The Services whose gauge is set.
+    set: std::collections::BTreeSet<ServiceLabel>,
+}
+
+impl ActiveFlows {
+    /// Sets the gauges of `d` from `by_id` (flows by service id); `labels` gives each id's
+    /// label, read only when there is a flow.
+    pub fn set(
+        &mut self,
+        d: &Datapath,
+        by_id: &std::collections::HashMap<u32, u64>,
+        labels: &dyn Fn() -> std::collections::BTreeMap<u32, String>,
+    ) {
+        let names = if by_id.is_empty() {
+            Default::default()
+        } else {
+            labels()
+        };
+        let mut now: std::collections::BTreeMap<ServiceLabel, i64> = Default::default();
+        for (id, n) in by_id {
+            if let Some(l) = names.get(id) {
+                *now.entry(ServiceLabel::of(l)).or_default() +=
+                    i64::try_from(*n).unwrap_or(i64::MAX);
+            }
+        }
+        for gone in self.set.iter().filter(|l| !now.contains_key(*l)) {
+            d.service_active_flows.remove(gone);
+        }
+        for (l, n) in &now {
+            d.service_active_flows.get_or_create(l).set(*n);
+        }
+        self.set = now.into_keys().collect();
     }
 }
 

@@ -61,6 +61,38 @@ pub trait Inspect {
         self.inspect_as(what)
     }
 
+    /// `lbproxy explain --bpffs-dir DIR --proto PROTO --src SRC --dst DST [--from node]
+    /// -o json`, exactly as harnesses run it, parsed. Panics on failure or bad JSON.
+    fn explain(
+        &self,
+        proto: &str,
+        src: std::net::SocketAddr,
+        dst: std::net::SocketAddr,
+        from_node: bool,
+    ) -> serde_json::Value {
+        let dir = self.bpffs_dir().display().to_string();
+        let (src, dst) = (src.to_string(), dst.to_string());
+        let mut args = vec![
+            "explain",
+            "--bpffs-dir",
+            &dir,
+            "--proto",
+            proto,
+            "--src",
+            &src,
+            "--dst",
+            &dst,
+        ];
+        if from_node {
+            args.extend(["--from", "node"]);
+        }
+        args.extend(["-o", "json"]);
+        let what = format!("lbproxy {}", args.join(" "));
+        let text =
+            ns::output_result(&what, self.lbproxy_cmd(&args)).unwrap_or_else(|e| panic!("{e}"));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{what}: bad JSON ({e}): {text}"))
+    }
+
     /// `inspect services --json`: every frontend with its backends.
     #[cfg(feature = "inspect-rows")]
     fn inspect_services(&self) -> Vec<ServiceRow> {

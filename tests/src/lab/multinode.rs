@@ -1056,7 +1056,7 @@ pub const WEB_LB_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xc612, 0xffff, 0, 0, 0, 
 /// The IPv4 EndpointSlice `<name>-1` of Service `name`, with the web ports (8080/TCP
 /// "http", 5353/UDP "dns") and `eps` (address, nodeName) each ready: the YAML document, with
 /// its leading `---`.
-fn slice_yaml(name: &str, eps: &[(Ipv4Addr, Option<&str>)]) -> String {
+pub fn slice_yaml(name: &str, eps: &[(Ipv4Addr, Option<&str>)]) -> String {
     let items: String = eps
         .iter()
         .map(|(ip, node)| {

@@ -30,7 +30,7 @@ pub struct Series {
 }
 
 /// One per path, in `Path::ALL`'s order.
-pub const COLORS: [RGBColor; 7] = [
+pub const COLORS: [RGBColor; 8] = [
     RGBColor(90, 90, 90),
     RGBColor(214, 39, 40),
     RGBColor(255, 127, 14),
@@ -38,6 +38,7 @@ pub const COLORS: [RGBColor; 7] = [
     RGBColor(44, 160, 44),
     RGBColor(148, 103, 189),
     RGBColor(140, 86, 75),
+    RGBColor(23, 190, 207),
 ];
 
 /// Draws `series` against N (log scale) into `path`; `log_y` for a log-scale y axis.

@@ -103,54 +103,68 @@ where
     FlowValueOf<A>: aya::Pod,
 {
     let now = crate::bpf::flow_gc::monotonic_ns();
-    let secs = |ns: u64| (now.saturating_sub(ns) as f64) / 1e9;
     map.iter()
         .flatten()
         .filter(|(k, _)| k.dir == FLOW_DIR_FORWARD)
-        .map(|(k, v)| {
-            let ends = FlowEnds::of(&k, &v);
-            let pk = k.partner(&v);
-            let partner = map.get(&pk, 0).ok().filter(|p| pk.partner(p) == k);
-            let proto = Protocol::from_number(k.proto).map_or("?", Protocol::as_str);
-            let partner_flags = partner.map_or(0, |p| p.flags);
-            let state = if k.proto != lbproxy_common::IPPROTO_TCP {
-                "-"
-            } else if v.closed_with(partner_flags) {
-                "closed"
-            } else if (v.flags | partner_flags) & lbproxy_common::FLOW_F_FIN != 0 {
-                "half_closed"
-            } else if v.state == lbproxy_common::FLOW_STATE_SYN_SENT {
-                "syn_sent"
-            } else {
-                "established"
-            };
-            let last_seen = partner.map_or(v.last_seen_ns, |p| p.last_seen_ns.max(v.last_seen_ns));
-            FlowRow {
-                client: ends.client.to_string(),
-                frontend: format!("{}/{proto}", ends.frontend),
-                backend: ends.backend.to_string(),
-                protocol: proto.to_string(),
-                service: labels.get(&v.svc_id).cloned().unwrap_or_default(),
-                backend_id: v.backend_id,
-                state: state.to_string(),
-                client_port_at_backend: (!v.snat(&k) && v.peer_port_be != k.src_port_be)
-                    .then(|| u16::from_be(v.peer_port_be)),
-                snat: v.snat(&k).then(|| {
-                    SocketAddr::new(v.peer_addr.ip(), u16::from_be(v.peer_port_be)).to_string()
-                }),
-                reply_half: partner.is_some(),
-                adopted: match v.adopted {
-                    lbproxy_common::FLOW_ADOPTED_CONNTRACK => Some("conntrack".to_string()),
-                    lbproxy_common::FLOW_ADOPTED_HANDOVER => Some("handover".to_string()),
-                    _ => None,
-                },
-                dispatch: (v.dispatch == lbproxy_common::FLOW_DISPATCH_DSR)
-                    .then(|| "dsr".to_string()),
-                age_seconds: secs(v.created_ns),
-                idle_seconds: secs(last_seen),
-            }
-        })
+        .map(|(k, v)| row(map, &k, &v, labels, now))
         .collect()
+}
+
+/// The row of the flow whose forward half is `k` -> `v` in `map` (its partner looked up
+/// there), at monotonic time `now`: `inspect flows`'s and `explain`'s.
+pub fn row<A: Addr>(
+    map: &BpfHashMap<MapData, FlowKeyOf<A>, FlowValueOf<A>>,
+    k: &FlowKeyOf<A>,
+    v: &FlowValueOf<A>,
+    labels: &BTreeMap<u32, String>,
+    now: u64,
+) -> FlowRow
+where
+    FlowKeyOf<A>: aya::Pod,
+    FlowValueOf<A>: aya::Pod,
+{
+    let (k, v) = (*k, *v);
+    let secs = |ns: u64| (now.saturating_sub(ns) as f64) / 1e9;
+    let ends = FlowEnds::of(&k, &v);
+    let pk = k.partner(&v);
+    let partner = map.get(&pk, 0).ok().filter(|p| pk.partner(p) == k);
+    let proto = Protocol::from_number(k.proto).map_or("?", Protocol::as_str);
+    let partner_flags = partner.map_or(0, |p| p.flags);
+    let state = if k.proto != lbproxy_common::IPPROTO_TCP {
+        "-"
+    } else if v.closed_with(partner_flags) {
+        "closed"
+    } else if (v.flags | partner_flags) & lbproxy_common::FLOW_F_FIN != 0 {
+        "half_closed"
+    } else if v.state == lbproxy_common::FLOW_STATE_SYN_SENT {
+        "syn_sent"
+    } else {
+        "established"
+    };
+    let last_seen = partner.map_or(v.last_seen_ns, |p| p.last_seen_ns.max(v.last_seen_ns));
+    FlowRow {
+        client: ends.client.to_string(),
+        frontend: format!("{}/{proto}", ends.frontend),
+        backend: ends.backend.to_string(),
+        protocol: proto.to_string(),
+        service: labels.get(&v.svc_id).cloned().unwrap_or_default(),
+        backend_id: v.backend_id,
+        state: state.to_string(),
+        client_port_at_backend: (!v.snat(&k) && v.peer_port_be != k.src_port_be)
+            .then(|| u16::from_be(v.peer_port_be)),
+        snat: v
+            .snat(&k)
+            .then(|| SocketAddr::new(v.peer_addr.ip(), u16::from_be(v.peer_port_be)).to_string()),
+        reply_half: partner.is_some(),
+        adopted: match v.adopted {
+            lbproxy_common::FLOW_ADOPTED_CONNTRACK => Some("conntrack".to_string()),
+            lbproxy_common::FLOW_ADOPTED_HANDOVER => Some("handover".to_string()),
+            _ => None,
+        },
+        dispatch: (v.dispatch == lbproxy_common::FLOW_DISPATCH_DSR).then(|| "dsr".to_string()),
+        age_seconds: secs(v.created_ns),
+        idle_seconds: secs(last_seen),
+    }
 }
 
 /// `inspect flows`.

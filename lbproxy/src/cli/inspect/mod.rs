@@ -12,6 +12,7 @@ pub mod services;
 pub mod snat;
 pub mod sockets;
 pub mod status;
+pub mod top;
 
 use std::path::Path;
 
@@ -29,6 +30,7 @@ pub mod rows {
     pub use super::snat::SnatRow;
     pub use super::sockets::Sockets;
     pub use super::status::{InterfaceRow, MapFill, Status};
+    pub use super::top::{TopClient, TopService};
 }
 
 pub use affinity::{AffinityRow, affinity_rows};
@@ -37,6 +39,7 @@ pub use flows::{FlowEnds, FlowRow, flows};
 pub use services::{ServiceRow, services};
 pub use snat::{SnatRow, snat};
 pub use status::{InterfaceRow, MapFill, Status};
+pub use top::{Top, TopBy};
 
 use crate::bpf::PinnedMaps;
 
@@ -118,12 +121,12 @@ pub enum Output {
 }
 
 impl Output {
-    fn machine(self) -> bool {
+    pub(crate) fn machine(self) -> bool {
         self != Output::Table
     }
 
     /// `v` as JSON (pretty) or YAML, ending in a newline.
-    fn encode<T: Serialize>(self, v: &T) -> anyhow::Result<String> {
+    pub(crate) fn encode<T: Serialize>(self, v: &T) -> anyhow::Result<String> {
         Ok(match self {
             Output::Yaml => serde_saphyr::to_string(v)?,
             _ => format!("{}\n", serde_json::to_string_pretty(v)?),
@@ -132,17 +135,22 @@ impl Output {
 }
 
 /// `lbproxy inspect`: prints `what` once, or with `watch` every `watch` seconds (the screen
-/// cleared between) until interrupted.
+/// cleared between) until interrupted. `top` (`--top`) counts `flows` instead of listing
+/// them.
 pub fn run(
     dir: &Path,
     what: What,
     out: Output,
     filter: &Filter,
+    top: Option<Top>,
     healthz: &str,
     watch: Option<f64>,
 ) -> anyhow::Result<()> {
+    if top.is_some() && !matches!(what, What::Flows) {
+        anyhow::bail!("--top counts flows: it goes with `inspect flows` only");
+    }
     let Some(every) = watch else {
-        print!("{}", render(dir, what, out, filter, healthz)?);
+        print!("{}", render(dir, what, out, filter, top, healthz)?);
         return Ok(());
     };
     let every = std::time::Duration::try_from_secs_f64(every)
@@ -150,7 +158,7 @@ pub fn run(
         .filter(|d| !d.is_zero())
         .ok_or_else(|| anyhow::anyhow!("--watch {every}: give a positive number of seconds"))?;
     loop {
-        let text = render(dir, what, out, filter, healthz)?;
+        let text = render(dir, what, out, filter, top, healthz)?;
         if out == Output::Table {
             // Clear the screen and home the cursor, as watch(1) does.
             print!("\x1b[2J\x1b[H");
@@ -198,12 +206,14 @@ impl Filter {
     }
 }
 
-/// The text of `what`, read from the maps pinned under `dir`.
+/// The text of `what`, read from the maps pinned under `dir` (`flows` counted by `top`
+/// when given).
 pub fn render(
     dir: &Path,
     what: What,
     out: Output,
     filter: &Filter,
+    top: Option<Top>,
     healthz: &str,
 ) -> anyhow::Result<String> {
     if !dir.exists() {
@@ -216,7 +226,10 @@ pub fn render(
     match what {
         What::Services => services::render(&maps, out, filter),
         What::Backends => backends::render(&maps, out, filter),
-        What::Flows => flows::render(&maps, out, filter),
+        What::Flows => match top {
+            Some(t) => top::render(&maps, out, filter, t),
+            None => flows::render(&maps, out, filter),
+        },
         What::Drops => drops::render(&maps, out),
         What::Events => drops::render_events(&maps, out),
         What::Delivery => delivery::render(&maps, out),

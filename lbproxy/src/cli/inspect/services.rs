@@ -47,6 +47,19 @@ pub struct ServiceRow {
     /// `jump`; empty for a frontend not served.
     #[serde(default)]
     pub selection: String,
+    /// This frontend's flows in the flow table now.
+    #[serde(default)]
+    pub active_flows: u64,
+    /// New flows created for it since its counters began (`LB_SVCSTATS_V1`; 0 with
+    /// `--per-service-metrics=false`).
+    #[serde(default)]
+    pub new_flows: u64,
+    /// Packets to it answered with a RST or an ICMP error.
+    #[serde(default)]
+    pub rejects: u64,
+    /// Packets to it dropped.
+    #[serde(default)]
+    pub drops: u64,
 }
 
 pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
@@ -58,6 +71,12 @@ pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
     let mut flows_of: BTreeMap<(u32, u32), usize> = BTreeMap::new();
     for ids in maps.forward_flows() {
         *flows_of.entry(ids).or_default() += 1;
+    }
+    // Each frontend's traffic counters, by service id: (new flows, rejects, drops).
+    let mut stats: BTreeMap<u32, [u64; 3]> = BTreeMap::new();
+    for (key, n) in maps.service_stats() {
+        let i = usize::from(key.kind.min(2));
+        stats.entry(key.svc_id).or_default()[i] += n;
     }
     let mut rows = Vec::new();
     for (k, v) in maps.all_services() {
@@ -137,6 +156,13 @@ pub fn services(maps: &PinnedMaps) -> Vec<ServiceRow> {
                 "jump"
             }
             .to_string(),
+            active_flows: flows_of
+                .range((v.svc_id, 0)..=(v.svc_id, u32::MAX))
+                .map(|(_, n)| *n as u64)
+                .sum(),
+            new_flows: stats.get(&v.svc_id).map_or(0, |s| s[0]),
+            rejects: stats.get(&v.svc_id).map_or(0, |s| s[1]),
+            drops: stats.get(&v.svc_id).map_or(0, |s| s[2]),
         });
     }
     rows.extend(unserved_rows(maps));
@@ -182,6 +208,10 @@ fn unserved_rows(maps: &PinnedMaps) -> Vec<ServiceRow> {
             topology: String::new(),
             topology_note: String::new(),
             selection: String::new(),
+            active_flows: 0,
+            new_flows: 0,
+            rejects: 0,
+            drops: 0,
         });
     }
     rows
@@ -219,6 +249,10 @@ pub fn render(maps: &PinnedMaps, out: Output, filter: &Filter) -> anyhow::Result
                     ("", note) => note.to_string(),
                     (mode, _) => mode.to_string(),
                 },
+                r.active_flows.to_string(),
+                r.new_flows.to_string(),
+                r.rejects.to_string(),
+                r.drops.to_string(),
             ];
             let tails: Vec<[String; 2]> = if !r.served {
                 vec![["-".into(), format!("not served yet: {}", r.not_served)]]
@@ -244,7 +278,8 @@ pub fn render(maps: &PinnedMaps, out: Output, filter: &Filter) -> anyhow::Result
         }
         table(
             &[
-                "SERVICE", "PORT", "KIND", "FRONTEND", "TOPOLOGY", "BACKEND", "STATE",
+                "SERVICE", "PORT", "KIND", "FRONTEND", "TOPOLOGY", "FLOWS", "NEW", "REJECTED",
+                "DROPPED", "BACKEND", "STATE",
             ],
             &cells,
         )
