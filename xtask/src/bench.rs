@@ -144,12 +144,12 @@ fn slice(i: u32, addrs: &[String]) -> Value {
 }
 
 /// One "synced" line of lbproxy's log.
-struct Synced {
-    what: String,
-    took_us: u64,
+pub(crate) struct Synced {
+    pub(crate) what: String,
+    pub(crate) took_us: u64,
 }
 
-fn synced_lines(log: &str) -> Vec<Synced> {
+pub(crate) fn synced_lines(log: &str) -> Vec<Synced> {
     log.lines()
         .filter(|l| l.contains(" synced "))
         .filter_map(|l| {
@@ -187,7 +187,7 @@ pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
 }
 
 /// CPU time (user + system) process `pid` has used so far.
-fn cpu_time(pid: u32) -> Option<Duration> {
+pub(crate) fn cpu_time(pid: u32) -> Option<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name, which is in parentheses and may hold spaces.
     let rest = &stat[stat.rfind(')')? + 2..];
@@ -226,7 +226,7 @@ pub(crate) fn map_memlock_bytes(dir: &Path) -> Option<u64> {
     Some(total)
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }

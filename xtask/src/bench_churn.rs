@@ -29,6 +29,10 @@
 //!   ultimately fail.
 //!
 //! Results: a table on stdout and `<target>/bench/churn.json`.
+//!
+//! `--sustained` runs the cluster-scale mode instead ([`sustained`]): 10,000 Services,
+//! 100,000 endpoints, 100 endpoint changes a second for 60 s, against lbproxy on the test
+//! API server and kube-proxy's iptables and nftables layouts with a model of its sync loop.
 
 use std::collections::BTreeMap;
 use std::io::{self, Write as _};
@@ -46,6 +50,8 @@ use lbproxy_tests::lab::{
 use serde_json::{Value, json};
 
 use crate::{setup, util};
+
+mod sustained;
 
 const TAG: &str = "bench churn";
 
@@ -88,9 +94,11 @@ pub struct ChurnArgs {
     /// Use the bridge-shaped pod network (cni0-like) instead of routed veths (Calico-like).
     #[arg(long)]
     bridge: bool,
-    /// Where to write churn.json (default: <target>/bench).
+    /// Where to write churn.json / churn_sustained.json (default: <target>/bench).
     #[arg(long)]
     out: Option<PathBuf>,
+    #[command(flatten)]
+    big: sustained::SustainedArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -637,6 +645,9 @@ fn secs(d: Duration) -> f64 {
 }
 
 pub fn churn(args: &ChurnArgs) -> Result<()> {
+    if args.big.sustained {
+        return sustained::sustained(&args.big, args);
+    }
     if args.rounds == 0 || args.rounds > 20 {
         bail!("--rounds must be in 1..=20");
     }

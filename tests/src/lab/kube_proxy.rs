@@ -228,20 +228,40 @@ fn iptables_nat_body(family: Family, ports: &[ServicePort], net: &NodeNet, out: 
         writeln!(out, ":{c} - [0:0]").unwrap();
     }
     for p in ports {
-        writeln!(out, ":{} - [0:0]", ipt_svc(p)).unwrap();
-        if p.node_port.is_some() {
-            writeln!(out, ":{} - [0:0]", ipt_ext(p)).unwrap();
-        }
-        for (e, t) in &p.endpoints {
-            writeln!(out, ":{} - [0:0]", ipt_sep(p, *e, *t)).unwrap();
-        }
+        declare_service_chains(p, out);
     }
     out.push_str(NAT_FIXED);
     for p in ports {
+        ipt_services_jump(p, out);
         ipt_service_rules(p, &net.cluster_cidr, out);
     }
+    ipt_nodeports(family, ports, net, |_| true, out);
+    out.push_str("COMMIT\n");
+}
+
+/// The `:CHAIN - [0:0]` lines of a service port's own chains (`KUBE-SVC-*`, `KUBE-EXT-*`,
+/// `KUBE-SEP-*`).
+fn declare_service_chains(p: &ServicePort, out: &mut String) {
+    writeln!(out, ":{} - [0:0]", ipt_svc(p)).unwrap();
+    if p.node_port.is_some() {
+        writeln!(out, ":{} - [0:0]", ipt_ext(p)).unwrap();
+    }
+    for (e, t) in &p.endpoints {
+        writeln!(out, ":{} - [0:0]", ipt_sep(p, *e, *t)).unwrap();
+    }
+}
+
+/// `KUBE-NODEPORTS` -> `KUBE-EXT-*` for every port with a NodePort (the `KUBE-EXT-*` chain's
+/// own rules only where `write_ext` says so), then `KUBE-SERVICES`' last rule.
+fn ipt_nodeports(
+    family: Family,
+    ports: &[ServicePort],
+    net: &NodeNet,
+    write_ext: impl Fn(usize) -> bool,
+    out: &mut String,
+) {
     // NodePorts: KUBE-NODEPORTS -> KUBE-EXT-* (masquerade, then the service chain).
-    for p in ports {
+    for (i, p) in ports.iter().enumerate() {
         let Some(np) = p.node_port else { continue };
         let ext = ipt_ext(p);
         let spn = p.spn();
@@ -251,6 +271,9 @@ fn iptables_nat_body(family: Family, ports: &[ServicePort], net: &NodeNet, out: 
             pr = p.proto()
         )
         .unwrap();
+        if !write_ext(i) {
+            continue;
+        }
         writeln!(
             out,
             "-A {ext} -m comment --comment \"masquerade traffic for {spn} external destinations\" -j KUBE-MARK-MASQ"
@@ -280,20 +303,106 @@ fn iptables_nat_body(family: Family, ports: &[ServicePort], net: &NodeNet, out: 
             .unwrap();
         }
     }
-    out.push_str("COMMIT\n");
 }
 
-/// `KUBE-SERVICES` -> `KUBE-SVC-*` (masquerade from outside the cluster CIDR, then one
-/// `KUBE-SEP-*` at random) -> DNAT.
+/// kube-proxy's partial sync from `old` to `new` (the same service ports, in the same order,
+/// some with other endpoints), for `iptables-restore --noflush`: what kube-proxy writes since
+/// `MinimizeIPTablesRestore` (on by default since 1.27, GA in 1.30). Every sync rewrites the
+/// chains that list every service (filter `KUBE-SERVICES`, `KUBE-EXTERNAL-SERVICES`,
+/// `KUBE-FORWARD`, `KUBE-NODEPORTS`, `KUBE-PROXY-FIREWALL`; nat `KUBE-SERVICES`,
+/// `KUBE-NODEPORTS`, `KUBE-POSTROUTING`, `KUBE-MARK-MASQ`); only the services whose endpoints
+/// changed get their `KUBE-SVC-*`/`KUBE-EXT-*`/`KUBE-SEP-*` chains written; the endpoint
+/// chains that went are flushed (a chain line) and deleted (`-X`) in the same restore, as
+/// kube-proxy does below 1,000 endpoints (above, in its "large cluster mode", it deletes
+/// them at most once per `syncPeriod`, after an `iptables-save` of the nat table). The jumps from the built-in chains are not rewritten
+/// (kube-proxy ensures them once, outside the restore).
+pub fn iptables_partial_input(
+    family: Family,
+    old: &[ServicePort],
+    new: &[ServicePort],
+    net: &NodeNet,
+) -> String {
+    check_family(family, new, net);
+    assert_eq!(old.len(), new.len(), "partial sync: the same service ports");
+    let changed: Vec<bool> = new
+        .iter()
+        .zip(old)
+        .map(|(n, o)| n.endpoints != o.endpoints || n.node_port != o.node_port)
+        .collect();
+    let mut out = String::new();
+    out.push_str("*filter\n");
+    for c in [
+        "KUBE-SERVICES",
+        "KUBE-EXTERNAL-SERVICES",
+        "KUBE-FORWARD",
+        "KUBE-NODEPORTS",
+        "KUBE-PROXY-FIREWALL",
+    ] {
+        writeln!(out, ":{c} - [0:0]").unwrap();
+    }
+    out.push_str(KUBE_FORWARD);
+    out.push_str("COMMIT\n*nat\n");
+    for c in [
+        "KUBE-SERVICES",
+        "KUBE-NODEPORTS",
+        "KUBE-POSTROUTING",
+        "KUBE-MARK-MASQ",
+    ] {
+        writeln!(out, ":{c} - [0:0]").unwrap();
+    }
+    let mut stale = Vec::new();
+    for ((p, o), _) in new.iter().zip(old).zip(&changed).filter(|(_, c)| **c) {
+        declare_service_chains(p, &mut out);
+        for (e, t) in o.endpoints.iter().filter(|e| !p.endpoints.contains(e)) {
+            stale.push(ipt_sep(o, *e, *t));
+        }
+    }
+    // A stale chain gets a chain line (flushing it) before its `-X`, as kube-proxy writes
+    // it; iptables-nft refuses the `-X` of a chain whose referrer is flushed in the same
+    // restore otherwise (CHAIN_DEL: Device or resource busy).
+    for c in &stale {
+        writeln!(out, ":{c} - [0:0]").unwrap();
+    }
+    // NAT_FIXED without the built-in chains' jumps.
+    for l in NAT_FIXED
+        .lines()
+        .filter(|l| !l.starts_with("-A PREROUTING") && !l.starts_with("-A OUTPUT"))
+        .filter(|l| !l.starts_with("-A POSTROUTING"))
+    {
+        writeln!(out, "{l}").unwrap();
+    }
+    for (p, c) in new.iter().zip(&changed) {
+        ipt_services_jump(p, &mut out);
+        if *c {
+            ipt_service_rules(p, &net.cluster_cidr, &mut out);
+        }
+    }
+    ipt_nodeports(family, new, net, |i| changed[i], &mut out);
+    for c in &stale {
+        writeln!(out, "-X {c}").unwrap();
+    }
+    out.push_str("COMMIT\n");
+    out
+}
+
+/// `KUBE-SERVICES`' rule for a service port: its ClusterIP and port to `KUBE-SVC-*`.
+fn ipt_services_jump(p: &ServicePort, out: &mut String) {
+    let spn = p.spn();
+    let (pr, vip, port) = (p.proto(), host(p.vip), p.port);
+    writeln!(
+        out,
+        "-A KUBE-SERVICES -m comment --comment \"{spn} cluster IP\" -m {pr} -p {pr} -d {vip} --dport {port} -j {}",
+        ipt_svc(p)
+    )
+    .unwrap();
+}
+
+/// `KUBE-SVC-*` (masquerade from outside the cluster CIDR, then one `KUBE-SEP-*` at random)
+/// -> `KUBE-SEP-*` (DNAT); [`ipt_services_jump`] writes the jump to it.
 fn ipt_service_rules(p: &ServicePort, cidr: &str, out: &mut String) {
     let spn = p.spn();
     let svc = ipt_svc(p);
     let (pr, vip, port) = (p.proto(), host(p.vip), p.port);
-    writeln!(
-        out,
-        "-A KUBE-SERVICES -m comment --comment \"{spn} cluster IP\" -m {pr} -p {pr} -d {vip} --dport {port} -j {svc}"
-    )
-    .unwrap();
     writeln!(
         out,
         "-A {svc} -m comment --comment \"{spn} cluster IP\" -m {pr} -p {pr} -d {vip} --dport {port} ! -s {cidr} -j KUBE-MARK-MASQ"
@@ -690,6 +799,33 @@ mod tests {
             node_ips: vec![],
         };
         (vec![web, dns], net)
+    }
+
+    /// The partial sync: every service's `KUBE-SERVICES` rule, only the changed service's
+    /// own chains, `-X` of the endpoint chain that went, no jumps from built-in chains.
+    #[test]
+    fn iptables_partial_shape() {
+        let (old, net) = ports(false);
+        let mut new = old.clone();
+        new[0].endpoints.remove(0);
+        let ipt = iptables_partial_input(Family::V4, &old, &new, &net);
+        assert!(!ipt.contains("-A PREROUTING") && !ipt.contains("-A OUTPUT"));
+        assert!(ipt.contains(&format!(
+            "-A KUBE-SERVICES -m comment --comment \"default/dns:dns cluster IP\""
+        )));
+        assert!(ipt.contains(&format!("-j {}", ipt_svc(&new[1]))));
+        assert!(
+            !ipt.contains(&format!(":{} ", ipt_svc(&new[1]))),
+            "unchanged: not flushed"
+        );
+        assert!(ipt.contains(&format!(":{} - [0:0]", ipt_svc(&new[0]))));
+        assert!(ipt.contains(&format!(
+            "-X {}",
+            ipt_sep(&old[0], old[0].endpoints[0].0, 8080)
+        )));
+        assert!(!ipt.contains("DNAT --to-destination 198.18.0.3:8080"));
+        assert!(ipt.contains("DNAT --to-destination 198.18.0.4:8081"));
+        assert!(ipt.ends_with("COMMIT\n"));
     }
 
     #[test]
