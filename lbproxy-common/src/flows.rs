@@ -125,15 +125,19 @@ const _: () = assert!(core::mem::size_of::<FlowKey6>() == 40);
 impl<A: Addr> FlowKeyOf<A> {
     /// Whether the reply entry `r` is the partner of the forward entry `f` keyed `self`:
     /// it restores this key's frontend to this key's client, for the same service and
-    /// backend.
+    /// backend. A takeover hands a flow over half by half, the forward half first, each
+    /// written with the service and backend ids the adopted halves had none of: until the
+    /// reply half follows, a reply half still conntrack's pairs a handed-over forward half
+    /// by its tuple alone (else the flow would be balanced anew, and an established TCP
+    /// connection reset by the backend it moved to).
     #[inline(always)]
     pub fn pairs(&self, f: &FlowValueOf<A>, r: &FlowValueOf<A>) -> bool {
         r.nat_addr == self.dst_addr
             && r.peer_addr == self.src_addr
             && r.nat_port_be == self.dst_port_be
             && r.peer_port_be == self.src_port_be
-            && r.svc_id == f.svc_id
-            && r.backend_id == f.backend_id
+            && ((r.svc_id == f.svc_id && r.backend_id == f.backend_id)
+                || (f.adopted == FLOW_ADOPTED_HANDOVER && r.adopted == FLOW_ADOPTED_CONNTRACK))
     }
 
     /// The key of the other half of the flow whose entry is `self` -> `v`: the reply key of a

@@ -376,7 +376,15 @@ where
             match adopt::decide(a.masqueraded(), &facts) {
                 Decision::Adopt { svc_id, backend_id } => {
                     a.with(FLOW_ADOPTED_HANDOVER, svc_id, backend_id);
-                    write(self.flows, &a).with_context(|| format!("flow {}", a.orig))?;
+                    // Half by half, the forward half first: until the reply half follows,
+                    // the datapath takes the flow as handed over from its forward half.
+                    self.flows
+                        .insert(a.forward_key, a.forward, 0)
+                        .with_context(|| format!("flow {}", a.orig))?;
+                    test_half_hold();
+                    self.flows
+                        .insert(a.reply_key, a.reply, 0)
+                        .with_context(|| format!("flow {}", a.orig))?;
                     handed.push(a);
                 }
                 Decision::Keep(l) => *left.entry(l).or_default() += 1,
@@ -550,6 +558,18 @@ where
         }
     }
     Ok(())
+}
+
+/// `LBPROXY_TEST_TAKEOVER_HALF_HOLD_MS`, for tests only: how long the handover waits
+/// between a flow's forward half and its reply half, so that a test's load surely crosses
+/// a flow whose halves disagree (`takeover::a_flow_handed_over_half_by_half_loses_nothing`).
+fn test_half_hold() {
+    if let Some(ms) = std::env::var("LBPROXY_TEST_TAKEOVER_HALF_HOLD_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
 }
 
 /// `LBPROXY_TEST_TAKEOVER_HOLD_MS`, for tests only: how long the takeover waits at the two
