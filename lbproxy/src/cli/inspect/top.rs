@@ -183,64 +183,69 @@ fn inline(list: impl Iterator<Item = (String, u64)>) -> String {
 /// `inspect flows --top BY`.
 pub fn render(maps: &PinnedMaps, out: Output, filter: &Filter, top: Top) -> anyhow::Result<String> {
     let p = pairs(maps, filter);
-    let total = p.flows();
     Ok(match top.by {
         TopBy::Services => {
             let rows = p.services(top.limit);
-            if out.machine() {
-                out.encode(&rows)?
-            } else {
-                let cells: Vec<Vec<String>> = rows
-                    .iter()
-                    .map(|r| {
-                        vec![
-                            r.service.clone(),
-                            thousands(r.flows),
-                            inline(r.clients.iter().map(|c| (c.client.clone(), c.flows))),
-                        ]
-                    })
-                    .collect();
-                let shown: u64 = rows.iter().map(|r| r.flows).sum();
-                let all = p.services(0).len();
-                footer(
-                    table(&["SERVICE", "FLOWS", "TOP CLIENTS"], &cells),
-                    total,
-                    shown,
-                    all - rows.len(),
-                    "services",
-                )
-            }
+            ranked(
+                out,
+                &rows,
+                p.flows(),
+                p.services(0).len(),
+                |r| {
+                    let clients = r.clients.iter().map(|c| (c.client.clone(), c.flows));
+                    (r.service.clone(), r.flows, inline(clients))
+                },
+                ["SERVICE", "FLOWS", "TOP CLIENTS"],
+                "services",
+            )?
         }
         TopBy::Clients => {
             let rows = p.clients(top.limit);
-            if out.machine() {
-                out.encode(&rows)?
-            } else {
-                let cells: Vec<Vec<String>> = rows
-                    .iter()
-                    .map(|r| {
-                        vec![
-                            r.client.clone(),
-                            thousands(r.flows),
-                            inline(r.services.iter().map(|s| (s.service.clone(), s.flows))),
-                        ]
-                    })
-                    .collect();
-                let shown: u64 = rows.iter().map(|r| r.flows).sum();
-                let all = p.clients(0).len();
-                footer(
-                    table(&["CLIENT", "FLOWS", "TOP SERVICES"], &cells),
-                    total,
-                    shown,
-                    all - rows.len(),
-                    "clients",
-                )
-            }
+            ranked(
+                out,
+                &rows,
+                p.flows(),
+                p.clients(0).len(),
+                |r| {
+                    let services = r.services.iter().map(|s| (s.service.clone(), s.flows));
+                    (r.client.clone(), r.flows, inline(services))
+                },
+                ["CLIENT", "FLOWS", "TOP SERVICES"],
+                "clients",
+            )?
         }
     })
 }
 
-/// The table, then how many flows there are in all and what `--limit` left out.
+/// `rows` (of `all` in all, `total` flows) as JSON, or as a table of `headers` whose cells
+/// `cells` gives (name, flows, the top of the other kind), with a footer naming `what`.
+fn ranked<T: Serialize>(
+    out: Output,
+    rows: &[T],
+    total: u64,
+    all: usize,
+    cells: impl Fn(&T) -> (String, u64, String),
+    headers: [&str; 3],
+    what: &str,
+) -> anyhow::Result<String> {
+    if out.machine() {
+        return out.encode(&rows);
+    }
+    let cells: Vec<(String, u64, String)> = rows.iter().map(cells).collect();
+    let shown: u64 = cells.iter().map(|c| c.1).sum();
+    let text: Vec<Vec<String>> = cells
+        .into_iter()
+        .map(|(name, flows, top)| vec![name, thousands(flows), top])
+        .collect();
+    Ok(footer(
+        table(&headers, &text),
+        total,
+        shown,
+        all - rows.len(),
+        what,
+    ))
+}
+
 fn footer(mut text: String, total: u64, shown: u64, hidden: usize, what: &str) -> String {
     text.push_str(&format!("{} flows in all", thousands(total)));
     if hidden > 0 {
