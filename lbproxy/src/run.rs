@@ -250,7 +250,7 @@ async fn run(
         ctl = ctl.with_maglev(settings.maglev_table_size, started.seed);
     }
     if started.sock_lb {
-        let (tx, rx) = tokio::sync::watch::channel(0);
+        let (tx, rx) = tokio::sync::watch::channel(bpf::sock::SyncCue::default());
         bpf::sock::spawn_reaper(settings.bpffs_dir.clone(), rx, metrics.clone());
         ctl = ctl.with_sync_notify(tx);
     }

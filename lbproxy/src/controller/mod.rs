@@ -74,10 +74,10 @@ pub struct Controller<M: Maps> {
     /// sync wrote (all of them on a full sync), so a sync of one change costs one service's
     /// look, not a scan of every service.
     health_check_wanted: BTreeMap<NamespacedName, (u16, crate::healthcheck::ServiceHealth)>,
-    /// Moved on after every sync that deleted something from the maps (a backend may have
-    /// left) or created a frontend (a node socket may be connected to its bare address):
-    /// the socket reaper's cue (`bpf::sock::spawn_reaper`).
-    synced_deletes: Option<tokio::sync::watch::Sender<u64>>,
+    /// The socket reaper's cue (`bpf::sock::spawn_reaper`): moved on after every sync that
+    /// deleted something from the maps (a backend may have left) or created a frontend (a
+    /// node socket may be connected to its bare address), saying which.
+    synced_deletes: Option<tokio::sync::watch::Sender<crate::bpf::sock::SyncCue>>,
     /// `health_check_wanted` changed since the servers were last brought in line with it.
     health_check_changed: bool,
     /// This node's addresses, from the interface watcher, for the model's `node_ips`.
@@ -129,8 +129,11 @@ impl<M: Maps> Controller<M> {
         self
     }
 
-    /// Moves `tx` on after every sync that deleted map entries.
-    pub fn with_sync_notify(mut self, tx: tokio::sync::watch::Sender<u64>) -> Self {
+    /// Moves `tx` on after every sync that deleted map entries or created a frontend.
+    pub fn with_sync_notify(
+        mut self,
+        tx: tokio::sync::watch::Sender<crate::bpf::sock::SyncCue>,
+    ) -> Self {
         self.synced_deletes = Some(tx);
         self
     }
@@ -321,7 +324,10 @@ impl<M: Maps> Controller<M> {
                 if (stats.deletes > 0 || stats.frontends_created > 0)
                     && let Some(tx) = &self.synced_deletes
                 {
-                    tx.send_modify(|n| *n += 1);
+                    tx.send_modify(|c| {
+                        c.deletes += u64::from(stats.deletes > 0);
+                        c.frontends += u64::from(stats.frontends_created > 0);
+                    });
                 }
                 let triggers = self.ingest.written();
                 self.report.sync_ok(&s, stats, &triggers);
