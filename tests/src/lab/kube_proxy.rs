@@ -810,9 +810,9 @@ mod tests {
         new[0].endpoints.remove(0);
         let ipt = iptables_partial_input(Family::V4, &old, &new, &net);
         assert!(!ipt.contains("-A PREROUTING") && !ipt.contains("-A OUTPUT"));
-        assert!(ipt.contains(&format!(
-            "-A KUBE-SERVICES -m comment --comment \"default/dns:dns cluster IP\""
-        )));
+        assert!(
+            ipt.contains("-A KUBE-SERVICES -m comment --comment \"default/dns:dns cluster IP\"")
+        );
         assert!(ipt.contains(&format!("-j {}", ipt_svc(&new[1]))));
         assert!(
             !ipt.contains(&format!(":{} ", ipt_svc(&new[1]))),
