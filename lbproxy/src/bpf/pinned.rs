@@ -247,6 +247,11 @@ impl PinnedMaps {
             .collect()
     }
 
+    /// Every service id's label (`namespace/name:port-name`).
+    pub fn labels_by_id(&self) -> std::collections::BTreeMap<u32, String> {
+        label_map(&self.labels)
+    }
+
     /// The service's `namespace/name[:port]` label, if it has one.
     pub fn label(&self, svc_id: u32) -> Option<String> {
         self.labels.get(&svc_id, 0).ok().map(|l| label_str(&l))
@@ -269,13 +274,18 @@ fn cpu_sum(map: &PerCpuArray<MapData, u64>, index: u32) -> u64 {
 /// `dir`; empty if it cannot be read.
 pub fn labels(dir: &Path) -> std::collections::BTreeMap<u32, String> {
     open_pinned::<BpfHashMap<MapData, u32, ServiceLabel>>(dir, map_names::LABELS, Map::HashMap)
-        .map(|m| {
-            m.iter()
-                .flatten()
-                .map(|(id, l)| (id, label_str(&l)))
-                .collect()
-        })
+        .map(|m| label_map(&m))
         .unwrap_or_default()
+}
+
+/// Every entry of a labels map, as id -> label.
+fn label_map(
+    m: &BpfHashMap<MapData, u32, ServiceLabel>,
+) -> std::collections::BTreeMap<u32, String> {
+    m.iter()
+        .flatten()
+        .map(|(id, l)| (id, label_str(&l)))
+        .collect()
 }
 
 pub fn label_str(l: &ServiceLabel) -> String {

@@ -35,7 +35,7 @@ use lbproxy_common::{
 use serde::{Deserialize, Serialize};
 
 use super::inspect::{Output, flows::FlowRow, table};
-use crate::bpf::{PinnedMaps, label_str, open_pinned};
+use crate::bpf::{PinnedMaps, open_pinned};
 use crate::model::Protocol;
 
 /// Where the packet enters.
@@ -177,12 +177,7 @@ impl Ctx {
             0
         };
         let slots = open_pinned(dir, map_names::SLOTS, Map::HashMap)?;
-        let labels = maps
-            .labels
-            .iter()
-            .flatten()
-            .map(|(id, l)| (id, label_str(&l)))
-            .collect();
+        let labels = maps.labels_by_id();
         Ok(Ctx {
             maps,
             config,

@@ -11,7 +11,7 @@ use aya::maps::{HashMap as BpfHashMap, MapData};
 use lbproxy_common::{FlowKeyOf, FlowValueOf};
 use serde::Serialize;
 
-use crate::bpf::{PinnedMaps, label_str};
+use crate::bpf::PinnedMaps;
 use crate::cli::inspect::{Filter, FlowEnds};
 use crate::model::Protocol;
 
@@ -82,12 +82,7 @@ pub fn run(dir: &Path, sel: &Selector, dry_run: bool, json: bool) -> anyhow::Res
         );
     }
     let mut maps = PinnedMaps::open(dir)?;
-    let labels: BTreeMap<u32, String> = maps
-        .labels
-        .iter()
-        .flatten()
-        .map(|(id, l)| (id, label_str(&l)))
-        .collect();
+    let labels: BTreeMap<u32, String> = maps.labels_by_id();
     if let Some(want) = &f.service
         && !labels.values().any(|l| f.service_ok(l))
     {

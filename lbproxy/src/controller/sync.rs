@@ -38,15 +38,7 @@ pub const MAX_SLOTS_PER_SERVICE: usize = 32_768;
 
 /// `n` with a comma every three digits, as people write it.
 fn thousands(n: usize) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
+    crate::bpf::flow_top::thousands(n as u64)
 }
 
 /// Why `svc`'s frontends are over the per-service limit, if they are.

@@ -9,7 +9,7 @@ use lbproxy_common::{Addr, FLOW_DIR_FORWARD, FlowKeyOf, FlowValueOf};
 use serde::{Deserialize, Serialize};
 
 use super::{Filter, Output, table};
-use crate::bpf::{PinnedMaps, label_str};
+use crate::bpf::PinnedMaps;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct FlowRow {
@@ -81,12 +81,7 @@ impl FlowEnds {
 }
 
 pub fn flows(maps: &PinnedMaps) -> Vec<FlowRow> {
-    let labels: BTreeMap<u32, String> = maps
-        .labels
-        .iter()
-        .flatten()
-        .map(|(id, l)| (id, label_str(&l)))
-        .collect();
+    let labels: BTreeMap<u32, String> = maps.labels_by_id();
     let mut rows = flow_rows(&maps.flows, &labels);
     rows.extend(flow_rows(&maps.flows6, &labels));
     rows.sort_by(|a, b| (&a.service, &a.client).cmp(&(&b.service, &b.client)));

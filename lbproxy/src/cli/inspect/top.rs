@@ -12,8 +12,8 @@ use lbproxy_common::{Addr, FLOW_DIR_FORWARD, FlowKeyOf, FlowValueOf};
 use serde::{Deserialize, Serialize};
 
 use super::{Filter, Output, table};
+use crate::bpf::PinnedMaps;
 use crate::bpf::flow_top::{rank, service_of, thousands, unlabelled};
-use crate::bpf::{PinnedMaps, label_str};
 
 /// What `--top` counts flows by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -158,12 +158,7 @@ fn count<A: Addr>(
 
 /// Every flow of both families that passes `filter`, by (Service, client).
 pub fn pairs(maps: &PinnedMaps, filter: &Filter) -> Pairs {
-    let labels: BTreeMap<u32, String> = maps
-        .labels
-        .iter()
-        .flatten()
-        .map(|(id, l)| (id, label_str(&l)))
-        .collect();
+    let labels: BTreeMap<u32, String> = maps.labels_by_id();
     let mut p = Pairs::default();
     count(&maps.flows, &labels, filter, &mut p);
     count(&maps.flows6, &labels, filter, &mut p);
