@@ -1,11 +1,15 @@
 //! The periodic full reconcile (`--sync-period`) repairs drift: a service entry deleted by
-//! hand with bpftool comes back, and the service answers again.
+//! hand with bpftool comes back, and the service answers again. It reads the maps back in
+//! batches, and over maps larger than one batch it reads exactly what was written.
 
 mod common;
 
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use common::*;
+use lbproxy_tests::lab::manifest::Endpoint;
 use lbproxy_tests::lab::{Lab, Pod, Shape};
 
 #[test]
@@ -73,4 +77,110 @@ fn entry_deleted_with_bpftool_is_restored_by_the_next_full_sync() {
         lb.stderr().contains("drifted"),
         "restored after {back:?} but the repair was not logged"
     );
+}
+
+/// Entries in the map pinned as `name`, as bpftool counts them.
+fn bpftool_count(lab: &Lab, name: &str) -> usize {
+    let pin = lab.bpffs_dir().join(name);
+    let out = std::process::Command::new("bpftool")
+        .args(["map", "dump", "pinned"])
+        .arg(&pin)
+        .output()
+        .expect("run bpftool");
+    assert!(
+        out.status.success(),
+        "bpftool map dump {}: {}",
+        pin.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let found = text.lines().find_map(|l| {
+        l.strip_prefix("Found ")?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    });
+    found.unwrap_or_else(|| panic!("no `Found N elements` in bpftool's dump of {name}"))
+}
+
+/// (id, backend) of every row of `inspect backends`.
+fn backend_ids(lab: &Lab) -> BTreeSet<(u64, String)> {
+    let rows = lab.inspect_json("backends");
+    rows.as_array()
+        .expect("inspect backends --json is a list")
+        .iter()
+        .map(|r| {
+            (
+                r["id"].as_u64().expect("a backend row has an id"),
+                format!("{}:{}/{}", r["addr"], r["port"], r["protocol"]),
+            )
+        })
+        .collect()
+}
+
+/// The full reconcile and the adoption at a restart read the maps back with
+/// `BPF_MAP_LOOKUP_BATCH`, 4,096 entries a call. Over maps holding more than one batch they
+/// read exactly what was written: no reconcile finds drift, `inspect` counts what bpftool
+/// counts, and a restarted lbproxy adopts every backend under its id and writes nothing.
+#[test]
+fn maps_larger_than_one_batch_read_back_exactly() {
+    let lab = Lab::new(Shape::Routed);
+    let b1: Pod = lab.add_pod("b1");
+    let _server = b1.serve(&[BACKEND_TCP, BACKEND_UDP]);
+    // 3,000 endpoints besides b1, on two ports: 6,002 backends, slots and members.
+    let mut eps = ready(&[&b1]);
+    for i in 0..3000u32 {
+        let ip = Ipv4Addr::new(10, 250, (i / 250) as u8, (i % 250 + 1) as u8);
+        eps.push(Endpoint::ready(ip));
+    }
+    let want = 2 * eps.len();
+    lab.write_manifest(&web_objects("web", WEB_VIP, eps));
+    let env = [(
+        "RUST_LOG",
+        "info,lbproxy::controller=debug,lbproxy::bpf::batch=debug",
+    )];
+    let mut args = lab.lbproxy_run_args();
+    args.extend(["--sync-period".into(), "2s".into()]);
+    let mut lb = lab.start_lbproxy_argv(args.clone(), &env);
+    lb.expect_healthy(HEALTHY_WITHIN);
+    let reconciles = |log: &str| log.matches("reconcile: maps read back").count();
+    let t = Instant::now();
+    while reconciles(&lb.stderr()) < 2 {
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "no two full reconciles within 15 s at --sync-period 2s; log:\n{}",
+            lb.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = lb.stderr();
+    assert!(
+        !log.contains("BPF_MAP_LOOKUP_BATCH refused"),
+        "the batch read was refused; log:\n{log}"
+    );
+    assert!(
+        !log.contains("drifted"),
+        "a full reconcile read back something other than what was written; log:\n{log}"
+    );
+    for map in ["LB_BACKENDS_V1", "LB_SLOTS_V1", "LB_MEMBERS_V1"] {
+        assert_eq!(bpftool_count(&lab, map), want, "entries in {map}");
+    }
+    let before = backend_ids(&lab);
+    assert_eq!(before.len(), want, "inspect backends rows");
+    // A restart adopts what the maps hold: every backend keeps its id, and its first sync
+    // changes nothing.
+    lb.terminate(EXIT_WITHIN);
+    let mut lb = lab.start_lbproxy_argv(args, &env);
+    lb.expect_healthy(HEALTHY_WITHIN);
+    let log = lb.stderr();
+    let first = log
+        .lines()
+        .find(|l| l.contains("sync done") && l.contains("initial list"))
+        .unwrap_or_else(|| panic!("no first sync after the restart; log:\n{log}"));
+    assert!(
+        first.contains("changed=0"),
+        "the restarted lbproxy rewrote frontends it should have adopted: {first}"
+    );
+    assert_eq!(backend_ids(&lab), before, "backends after the restart");
 }

@@ -8,6 +8,7 @@
 //! - `cgroup-links/`: one pinned cgroup link per socket-level program (see [`sock`]).
 
 pub mod attach;
+pub mod batch;
 pub mod cleanup;
 pub mod flow_gc;
 pub mod flow_top;

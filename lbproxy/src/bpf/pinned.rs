@@ -10,6 +10,7 @@ use lbproxy_common::{
     ServiceLabel, ServiceValue, SlotKey, UnservedKey, UnservedValue, map_names,
 };
 
+use super::batch::entries;
 use super::{BpfError, check_pinned_layouts, open_pinned};
 use crate::desired::{BackendAddr, Frontend};
 use crate::model::Family;
@@ -139,29 +140,25 @@ impl PinnedMaps {
     }
 
     /// Every backend of both families, by id.
-    pub fn all_backends(&self) -> impl Iterator<Item = (u32, BackendValue)> + '_ {
-        self.backends
-            .iter()
-            .flatten()
+    pub fn all_backends(&self) -> impl Iterator<Item = (u32, BackendValue)> + use<> {
+        entries(&self.backends)
+            .into_iter()
             .map(|(id, b)| (id, BackendValue::V4(b)))
             .chain(
-                self.backends6
-                    .iter()
-                    .flatten()
+                entries(&self.backends6)
+                    .into_iter()
                     .map(|(id, b)| (id, BackendValue::V6(b))),
             )
     }
 
     /// Every frontend entry of both families.
-    pub fn all_services(&self) -> impl Iterator<Item = (FrontendKey, ServiceValue)> + '_ {
-        self.services
-            .iter()
-            .flatten()
+    pub fn all_services(&self) -> impl Iterator<Item = (FrontendKey, ServiceValue)> + use<> {
+        entries(&self.services)
+            .into_iter()
             .map(|(k, v)| (FrontendKey::V4(k), v))
             .chain(
-                self.services6
-                    .iter()
-                    .flatten()
+                entries(&self.services6)
+                    .into_iter()
                     .map(|(k, v)| (FrontendKey::V6(k), v)),
             )
     }
@@ -282,8 +279,8 @@ pub fn labels(dir: &Path) -> std::collections::BTreeMap<u32, String> {
 fn label_map(
     m: &BpfHashMap<MapData, u32, ServiceLabel>,
 ) -> std::collections::BTreeMap<u32, String> {
-    m.iter()
-        .flatten()
+    entries(m)
+        .into_iter()
         .map(|(id, l)| (id, label_str(&l)))
         .collect()
 }
@@ -375,20 +372,16 @@ where
 
 impl Maps for PinnedMaps {
     fn read_programmed(&self) -> Programmed {
+        let labels = self.labels_by_id();
         assemble(
             self.all_backends(),
-            self.slots.iter().flatten(),
-            self.members.iter().flatten(),
+            entries(&self.slots).into_iter(),
+            entries(&self.members).into_iter(),
             self.all_services(),
             src_ranges_in(&self.src_ranges).chain(src_ranges_in(&self.src_ranges6)),
             // The chunks' keys only: their content is not read back (see `MaglevTable`).
             self.maglev.iter().flat_map(|m| m.keys().flatten()),
-            |svc_id| {
-                self.labels
-                    .get(&svc_id, 0)
-                    .map(|l| label_str(&l))
-                    .unwrap_or_default()
-            },
+            |svc_id| labels.get(&svc_id).cloned().unwrap_or_default(),
         )
     }
 

@@ -42,12 +42,12 @@ pub fn udp_frontends(dir: &Path) -> Result<BTreeSet<UdpFrontend>, SockError> {
     let v6: BpfHashMap<MapData, ServiceKey6, ServiceValue> =
         open_pinned(dir, map_names::SERVICES6, Map::HashMap)?;
     let mut out = BTreeSet::new();
-    for (k, v) in v4.iter().flatten() {
+    for (k, v) in super::batch::entries(&v4) {
         if k.proto == IPPROTO_UDP && k.addr != [0; 4] {
             out.insert(UdpFrontend::V4(k.addr, u16::from_be(k.port_be), v.svc_id));
         }
     }
-    for (k, v) in v6.iter().flatten() {
+    for (k, v) in super::batch::entries(&v6) {
         if k.proto == IPPROTO_UDP && k.addr != [0; 16] {
             out.insert(UdpFrontend::V6(k.addr, u16::from_be(k.port_be), v.svc_id));
         }

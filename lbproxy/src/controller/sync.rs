@@ -492,7 +492,9 @@ impl<M: Maps> Sync<M> {
     /// Reads the maps back and, when they drifted from what was written, adopts what they
     /// hold; then programs the whole model, which repairs the drift.
     pub fn reconcile(&mut self, model: &Model, node: &str) -> ApplyResult {
+        let started = std::time::Instant::now();
         let observed = self.maps.read_programmed();
+        let read = started.elapsed();
         let mut ours = self.programmer.programmed().clone();
         for f in ours.frontends.values_mut() {
             f.draining.clear();
@@ -505,6 +507,14 @@ impl<M: Maps> Sync<M> {
             self.maps.read_service_cidrs(),
             self.maps.read_service_cidrs_flag(),
         );
-        self.all(model, node)
+        let compared = started.elapsed();
+        let result = self.all(model, node);
+        tracing::debug!(
+            read_ms = read.as_millis() as u64,
+            compare_ms = (compared - read).as_millis() as u64,
+            program_ms = (started.elapsed() - compared).as_millis() as u64,
+            "reconcile: maps read back, compared, whole model programmed"
+        );
+        result
     }
 }

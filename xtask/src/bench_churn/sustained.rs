@@ -769,7 +769,10 @@ fn run_path(
             // nothing.
             let mut l = lab.start_lbproxy_argv(
                 argv,
-                &[("RUST_LOG", "info,lbproxy::controller::report=debug")],
+                &[(
+                    "RUST_LOG",
+                    "info,lbproxy::controller::report=debug,lbproxy::controller::sync=debug",
+                )],
             );
             let t = Instant::now();
             l.wait_healthy(Duration::from_secs(180))
@@ -1093,12 +1096,24 @@ fn run_path(
                 .collect()
         })
         .unwrap_or_default();
-    let lb_other_syncs: Vec<(String, u64)> = lb
+    let lb_log = lb
         .as_ref()
-        .map(|l| sync_done_lines(&l.stderr_since(lb_log_from)))
-        .unwrap_or_default()
+        .map(|l| l.stderr_since(lb_log_from))
+        .unwrap_or_default();
+    let mut parts = reconcile_parts(&lb_log).into_iter();
+    let lb_other_syncs: Vec<(String, u64)> = sync_done_lines(&lb_log)
         .into_iter()
         .filter(|(what, _)| what != "changes")
+        // Each full reconcile with where its time went (its debug line comes first).
+        .map(
+            |(what, us)| match (what == "reconcile").then(|| parts.next()).flatten() {
+                Some((read, compare, program)) => (
+                    format!("{what} (read {read} ms, compare {compare} ms, program {program} ms)"),
+                    us,
+                ),
+                None => (what, us),
+            },
+        )
         .collect();
     let (syncs, error) = match &applier {
         Applier::Ref { st, .. } => {
@@ -1153,6 +1168,28 @@ fn sync_done_lines(log: &str) -> Vec<(String, u64)> {
             let what = l.split("what=\"").nth(1)?.split('"').next()?.to_owned();
             let took = l.split("took_us=").nth(1)?.split_whitespace().next()?;
             Some((what, took.trim_matches('"').parse().ok()?))
+        })
+        .collect()
+}
+
+/// (read, compare, program) ms of each debug "reconcile:" line of lbproxy's log.
+fn reconcile_parts(log: &str) -> Vec<(u64, u64, u64)> {
+    let field = |l: &str, name: &str| -> Option<u64> {
+        l.split(&format!("{name}="))
+            .nth(1)?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    log.lines()
+        .filter(|l| l.contains("reconcile: maps read back"))
+        .filter_map(|l| {
+            Some((
+                field(l, "read_ms")?,
+                field(l, "compare_ms")?,
+                field(l, "program_ms")?,
+            ))
         })
         .collect()
 }
