@@ -54,6 +54,8 @@ pub struct PinnedMaps {
     /// The per-Service traffic counters; `None` under maps an older lbproxy pinned, until
     /// this version's `run` creates it.
     pub svc_stats: Option<aya::maps::PerCpuHashMap<MapData, lbproxy_common::SvcStatKey, u64>>,
+    /// Where they are pinned (for [`Maps::read_back`], which opens its own handles).
+    dir: std::path::PathBuf,
 }
 
 /// Held by every read-modify-write of `LB_CONFIG_V1` in this process: the controller's
@@ -136,6 +138,7 @@ impl PinnedMaps {
             } else {
                 None
             },
+            dir: dir.to_path_buf(),
         })
     }
 
@@ -371,6 +374,17 @@ where
 }
 
 impl Maps for PinnedMaps {
+    fn read_back(&self) -> Option<crate::program::ReadBack> {
+        let dir = self.dir.clone();
+        Some(Box::new(move || match PinnedMaps::open(&dir) {
+            Ok(maps) => Some(maps.read_programmed()),
+            Err(e) => {
+                tracing::warn!("cannot open the maps to read them back: {e}");
+                None
+            }
+        }))
+    }
+
     fn read_programmed(&self) -> Programmed {
         let labels = self.labels_by_id();
         assemble(

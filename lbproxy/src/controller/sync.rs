@@ -29,7 +29,7 @@ use lbproxy_common::{UnservedKey, UnservedValue};
 use crate::desired::{self, Frontend, FrontendSpec, Unserved};
 use crate::model::{Model, NamespacedName, Service};
 use crate::program::cidrs::CidrProgrammer;
-use crate::program::{ApplyStats, MapWriteError, Maps, Programmer};
+use crate::program::{ApplyStats, MapWriteError, Maps, Programmed, Programmer, ReadBack};
 
 /// The most backend slots (frontends × endpoints) one service may take: an eighth of the
 /// slot map (`MAX_SLOTS`, 262,144), so no single service can fill it, while a service of
@@ -151,6 +151,9 @@ pub struct Sync<M: Maps> {
     too_large: HashMap<NamespacedName, String>,
     /// Messages of services that went over the limit (or changed numbers) since taken.
     too_large_news: Vec<(NamespacedName, String)>,
+    /// While a read-back runs on another thread: the frontends written since it started,
+    /// which its comparison leaves out (see [`Sync::start_read_back`]).
+    watched: Option<BTreeSet<Frontend>>,
 }
 
 impl<M: Maps> Sync<M> {
@@ -183,6 +186,7 @@ impl<M: Maps> Sync<M> {
             unserved_of: HashMap::new(),
             too_large: HashMap::new(),
             too_large_news: Vec::new(),
+            watched: None,
         }
     }
 
@@ -478,6 +482,9 @@ impl<M: Maps> Sync<M> {
                 upserts.push((*f, spec));
             }
         }
+        if let Some(w) = &mut self.watched {
+            w.extend(touched.iter().copied());
+        }
         self.note_conflicts(touched);
         let result = self.programmer.apply_changes(
             &mut self.maps,
@@ -487,6 +494,42 @@ impl<M: Maps> Sync<M> {
         let result = with_errors(result, self.cidrs.services(&mut self.maps, model, dirty));
         self.write_unserved(&unserved_gone, unserved_new.iter());
         result
+    }
+
+    /// Starts a read of the maps that runs on another thread while syncs go on: returns
+    /// the read, and from now on notes every frontend a sync writes, until
+    /// [`Sync::drifted`] compares. `None`: the maps cannot be read that way.
+    pub fn start_read_back(&mut self) -> Option<ReadBack> {
+        let read = self.maps.read_back()?;
+        self.watched = Some(BTreeSet::new());
+        Some(read)
+    }
+
+    /// Stops noting written frontends (a read-back given up).
+    pub fn stop_read_back(&mut self) {
+        self.watched = None;
+    }
+
+    /// The frontends where `observed`, read by [`Sync::start_read_back`]'s read while syncs
+    /// went on, differs from what was written; left out are those written since the read
+    /// started (the read may have seen them before or after). Compared as the blocking
+    /// [`Sync::reconcile`] compares: each frontend's entries, and the backends they name.
+    pub fn drifted(&mut self, observed: &Programmed) -> Vec<Frontend> {
+        let skip = self.watched.take().unwrap_or_default();
+        drifted_frontends(observed, self.programmer.programmed(), &skip)
+    }
+
+    /// After a read-back found no drift: the ServiceCIDR tables (a few entries) read back
+    /// and written where they differ, as a full sync does.
+    pub fn service_cidrs(&mut self, model: &Model) -> ApplyResult {
+        self.cidrs.readopt(
+            self.maps.read_service_cidrs(),
+            self.maps.read_service_cidrs_flag(),
+        );
+        with_errors(
+            Ok(ApplyStats::default()),
+            self.cidrs.all(&mut self.maps, model),
+        )
     }
 
     /// Reads the maps back and, when they drifted from what was written, adopts what they
@@ -517,4 +560,40 @@ impl<M: Maps> Sync<M> {
         );
         result
     }
+}
+
+/// The frontends, `skip` left out, whose entries differ between `observed` and `ours`, or
+/// that name a backend whose entry differs. A frontend's draining list is the controller's
+/// own (the maps keep it in the members); backends no frontend names are not looked at.
+fn drifted_frontends(
+    observed: &Programmed,
+    ours: &Programmed,
+    skip: &BTreeSet<Frontend>,
+) -> Vec<Frontend> {
+    let keys: BTreeSet<&Frontend> = observed
+        .frontends
+        .keys()
+        .chain(ours.frontends.keys())
+        .filter(|f| !skip.contains(*f))
+        .collect();
+    keys.into_iter()
+        .filter(|f| {
+            let (Some(o), Some(w)) = (observed.frontends.get(f), ours.frontends.get(f)) else {
+                return true;
+            };
+            let same = o.svc_id == w.svc_id
+                && o.label == w.label
+                && o.slots == w.slots
+                && o.value == w.value
+                && o.src_ranges == w.src_ranges
+                && o.members == w.members
+                && o.maglev == w.maglev;
+            !same
+                || w.slots
+                    .iter()
+                    .chain(w.members.keys())
+                    .any(|id| observed.backends.get(id) != ours.backends.get(id))
+        })
+        .copied()
+        .collect()
 }

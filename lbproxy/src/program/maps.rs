@@ -91,11 +91,17 @@ fn meaning(e: &aya::maps::MapError) -> String {
     }
 }
 
+/// A read of what the maps hold that runs on another thread; `None` if it failed.
+pub type ReadBack = Box<dyn FnOnce() -> Option<Programmed> + Send>;
+
 /// The writes the programmer makes. Implemented over the pinned BPF maps, and in memory for
 /// tests.
 pub trait Maps {
     /// What the maps hold, read back: to adopt it at start-up, and to find drift.
     fn read_programmed(&self) -> Programmed;
+    /// The same read, to run on another thread while this one goes on writing; `None`
+    /// when the maps cannot be read that way.
+    fn read_back(&self) -> Option<ReadBack>;
     /// Writes backend `id` into its family's backend map.
     fn put_backend(&mut self, id: u32, b: &BackendValue) -> Result<(), MapWriteError>;
     /// Removes backend `id` from `family`'s backend map.
@@ -329,6 +335,11 @@ pub mod mem {
     }
 
     impl Maps for MemMaps {
+        fn read_back(&self) -> Option<ReadBack> {
+            // What the maps hold now: the read sees no write made after it started.
+            let now = self.read_programmed();
+            Some(Box::new(move || Some(now)))
+        }
         fn read_programmed(&self) -> Programmed {
             assemble(
                 self.backends.iter().map(|(k, v)| (*k, *v)),

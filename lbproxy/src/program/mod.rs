@@ -10,5 +10,5 @@ mod programmer;
 
 #[cfg(test)]
 pub use maps::mem;
-pub use maps::{MapWriteError, Maps, WriteCause, assemble};
+pub use maps::{MapWriteError, Maps, ReadBack, WriteCause, assemble};
 pub use programmer::{ApplyStats, Programmed, ProgrammedFrontend, Programmer};

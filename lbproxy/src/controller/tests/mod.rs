@@ -17,6 +17,7 @@ use crate::telemetry::Metrics;
 
 mod cidrs;
 mod contested;
+mod reconcile;
 
 use contested::{deleted, service_created};
 
