@@ -377,7 +377,11 @@ impl<M: Maps> Controller<M> {
             return;
         };
         let t = Instant::now();
-        let drifted = self.sync.drifted(&observed);
+        let Some(drifted) = self.sync.drifted(&observed) else {
+            tracing::debug!("a full sync ran during the read-back: reconciling the blocking way");
+            self.reconcile();
+            return;
+        };
         drop(observed);
         if !drifted.is_empty() {
             let named: Vec<String> = drifted.iter().take(5).map(ToString::to_string).collect();

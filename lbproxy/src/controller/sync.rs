@@ -329,6 +329,8 @@ impl<M: Maps> Sync<M> {
 
     /// Programs the whole model.
     pub fn all(&mut self, model: &Model, node: &str) -> ApplyResult {
+        // It may write any frontend: a read-back under way cannot be compared.
+        self.watched = None;
         let mut desired = desired::Desired::new();
         let mut unserved = BTreeMap::new();
         self.frontends_of.clear();
@@ -514,9 +516,15 @@ impl<M: Maps> Sync<M> {
     /// went on, differs from what was written; left out are those written since the read
     /// started (the read may have seen them before or after). Compared as the blocking
     /// [`Sync::reconcile`] compares: each frontend's entries, and the backends they name.
-    pub fn drifted(&mut self, observed: &Programmed) -> Vec<Frontend> {
-        let skip = self.watched.take().unwrap_or_default();
-        drifted_frontends(observed, self.programmer.programmed(), &skip)
+    /// `None`: the read cannot be compared (a full sync wrote meanwhile, or no read-back
+    /// was started).
+    pub fn drifted(&mut self, observed: &Programmed) -> Option<Vec<Frontend>> {
+        let skip = self.watched.take()?;
+        Some(drifted_frontends(
+            observed,
+            self.programmer.programmed(),
+            &skip,
+        ))
     }
 
     /// After a read-back found no drift: the ServiceCIDR tables (a few entries) read back
