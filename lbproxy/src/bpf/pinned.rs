@@ -257,6 +257,23 @@ impl PinnedMaps {
         self.labels.get(&svc_id, 0).ok().map(|l| label_str(&l))
     }
 
+    /// What the maps hold, put together ([`assemble`]); entries that do not fit together
+    /// are logged when `report`.
+    fn read_maps(&self, report: bool) -> Programmed {
+        let labels = self.labels_by_id();
+        assemble(
+            report,
+            self.all_backends(),
+            entries(&self.slots).into_iter(),
+            entries(&self.members).into_iter(),
+            self.all_services(),
+            src_ranges_in(&self.src_ranges).chain(src_ranges_in(&self.src_ranges6)),
+            // The chunks' keys only: their content is not read back (see `MaglevTable`).
+            self.maglev.iter().flat_map(|m| m.keys().flatten()),
+            |svc_id| labels.get(&svc_id).cloned().unwrap_or_default(),
+        )
+    }
+
     /// Whether the stack bypass is on, as the datapath sees it.
     pub fn stack_bypass(&self) -> bool {
         self.config
@@ -377,7 +394,7 @@ impl Maps for PinnedMaps {
     fn read_back(&self) -> Option<crate::program::ReadBack> {
         let dir = self.dir.clone();
         Some(Box::new(move || match PinnedMaps::open(&dir) {
-            Ok(maps) => Some(maps.read_programmed()),
+            Ok(maps) => Some(maps.read_maps(false)),
             Err(e) => {
                 tracing::warn!("cannot open the maps to read them back: {e}");
                 None
@@ -386,17 +403,7 @@ impl Maps for PinnedMaps {
     }
 
     fn read_programmed(&self) -> Programmed {
-        let labels = self.labels_by_id();
-        assemble(
-            self.all_backends(),
-            entries(&self.slots).into_iter(),
-            entries(&self.members).into_iter(),
-            self.all_services(),
-            src_ranges_in(&self.src_ranges).chain(src_ranges_in(&self.src_ranges6)),
-            // The chunks' keys only: their content is not read back (see `MaglevTable`).
-            self.maglev.iter().flat_map(|m| m.keys().flatten()),
-            |svc_id| labels.get(&svc_id).cloned().unwrap_or_default(),
-        )
+        self.read_maps(true)
     }
 
     fn put_backend(&mut self, id: u32, b: &BackendValue) -> Result<(), MapWriteError> {

@@ -155,8 +155,11 @@ pub trait Maps {
 
 /// Puts together what the maps hold, entry by entry, as a [`Programmed`] state. Entries that
 /// do not fit together (a slot without its service, a frontend with a missing slot) are
-/// reported, and repaired by the first apply.
+/// repaired by the first apply, and reported when `report` (not for a read made while
+/// syncs write, which sees frontends mid-write).
+#[allow(clippy::too_many_arguments)]
 pub fn assemble(
+    report: bool,
     backends: impl Iterator<Item = (u32, BackendValue)>,
     slots: impl Iterator<Item = (SlotKey, u32)>,
     members: impl Iterator<Item = (MemberKey, u32)>,
@@ -200,7 +203,9 @@ pub fn assemble(
         let mut list = Vec::new();
         for (i, (slot, id)) in svc_slots.iter().enumerate() {
             if usize::try_from(*slot).ok() != Some(i) || !p.backends.contains_key(id) {
-                tracing::warn!(frontend = %fe, slot, "inconsistent slot found at start-up; it will be rewritten");
+                if report {
+                    tracing::warn!(frontend = %fe, slot, "inconsistent slot found in the maps; it will be rewritten");
+                }
                 break;
             }
             list.push(*id);
@@ -342,6 +347,7 @@ pub mod mem {
         }
         fn read_programmed(&self) -> Programmed {
             assemble(
+                true,
                 self.backends.iter().map(|(k, v)| (*k, *v)),
                 self.slots.iter().map(|(k, v)| (*k, *v)),
                 self.members.iter().map(|((svc_id, backend_id), how)| {

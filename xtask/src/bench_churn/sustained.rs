@@ -767,13 +767,8 @@ fn run_path(
             // The controller's debug "sync done" line times every sync, the full reconciles
             // (`syncPeriod`) too, which the info "synced" line leaves out when they change
             // nothing.
-            let mut l = lab.start_lbproxy_argv(
-                argv,
-                &[(
-                    "RUST_LOG",
-                    "info,lbproxy::controller::report=debug,lbproxy::controller::sync=debug",
-                )],
-            );
+            let mut l =
+                lab.start_lbproxy_argv(argv, &[("RUST_LOG", "info,lbproxy::controller=debug")]);
             let t = Instant::now();
             l.wait_healthy(Duration::from_secs(180))
                 .map_err(|e| anyhow::anyhow!("lbproxy not healthy: {e}"))?;
@@ -882,6 +877,9 @@ fn run_path(
     );
 
     let (udp_log, tcp_log, syn, filler_changes, cpu1) = std::thread::scope(|s| -> Result<_> {
+        // The scope waits for every thread it spawned: on an early error too, the clients
+        // and the sync loop must be told to stop, or the run hangs.
+        let _stop = StopOnExit(&sh, &applier);
         let syncer = s.spawn(|| applier.run_syncs(min_sync));
         let udp = s.spawn(|| udp_client(&udp_sock, SocketAddr::from((vip(10), 53)), &sh));
         let tcp = s.spawn(|| tcp_client(&pods.client.netns, SocketAddrV4::new(vip(11), 80), &sh));
@@ -1158,6 +1156,16 @@ fn run_path(
         syncs,
         queue_waits,
     })
+}
+
+/// Stops the probe clients and the references' sync loop when dropped.
+struct StopOnExit<'a>(&'a Shared, &'a Applier);
+
+impl Drop for StopOnExit<'_> {
+    fn drop(&mut self) {
+        self.0.stop.store(true, Ordering::SeqCst);
+        self.1.stop();
+    }
 }
 
 /// (what, took_us) of each debug "sync done" line of lbproxy's log.
