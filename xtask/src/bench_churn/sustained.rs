@@ -1159,9 +1159,9 @@ fn run_path(
 }
 
 /// Stops the probe clients and the references' sync loop when dropped.
-struct StopOnExit<'a>(&'a Shared, &'a Applier);
+struct StopOnExit<'a, 'b>(&'a Shared, &'a Applier<'b>);
 
-impl Drop for StopOnExit<'_> {
+impl Drop for StopOnExit<'_, '_> {
     fn drop(&mut self) {
         self.0.stop.store(true, Ordering::SeqCst);
         self.1.stop();
