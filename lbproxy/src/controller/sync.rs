@@ -573,35 +573,59 @@ impl<M: Maps> Sync<M> {
 /// The frontends, `skip` left out, whose entries differ between `observed` and `ours`, or
 /// that name a backend whose entry differs. A frontend's draining list is the controller's
 /// own (the maps keep it in the members); backends no frontend names are not looked at.
+///
+/// One merge of the two sorted frontend maps, and one look at each backend: at 10,000
+/// frontends and 100,000 backends a lookup per reference took 60 ms of the loop.
 fn drifted_frontends(
     observed: &Programmed,
     ours: &Programmed,
     skip: &BTreeSet<Frontend>,
 ) -> Vec<Frontend> {
-    let keys: BTreeSet<&Frontend> = observed
-        .frontends
-        .keys()
-        .chain(ours.frontends.keys())
-        .filter(|f| !skip.contains(*f))
+    use std::cmp::Ordering;
+    // Backends written whose entry the read did not find as written. A frontend not written
+    // during the read names none written during it, so any it names here drifted.
+    let bad: std::collections::HashSet<u32> = ours
+        .backends
+        .iter()
+        .filter(|(id, addr)| observed.backends.get(id) != Some(addr))
+        .map(|(id, _)| *id)
         .collect();
-    keys.into_iter()
-        .filter(|f| {
-            let (Some(o), Some(w)) = (observed.frontends.get(f), ours.frontends.get(f)) else {
-                return true;
-            };
-            let same = o.svc_id == w.svc_id
-                && o.label == w.label
-                && o.slots == w.slots
-                && o.value == w.value
-                && o.src_ranges == w.src_ranges
-                && o.members == w.members
-                && o.maglev == w.maglev;
-            !same
-                || w.slots
+    let differs = |o: &crate::program::ProgrammedFrontend,
+                   w: &crate::program::ProgrammedFrontend| {
+        o.svc_id != w.svc_id
+            || o.label != w.label
+            || o.slots != w.slots
+            || o.value != w.value
+            || o.src_ranges != w.src_ranges
+            || o.members != w.members
+            || o.maglev != w.maglev
+            || (!bad.is_empty()
+                && w.slots
                     .iter()
                     .chain(w.members.keys())
-                    .any(|id| observed.backends.get(id) != ours.backends.get(id))
-        })
-        .copied()
-        .collect()
+                    .any(|id| bad.contains(id)))
+    };
+    let mut out = Vec::new();
+    let mut o = observed.frontends.iter().peekable();
+    let mut w = ours.frontends.iter().peekable();
+    loop {
+        let (f, drifted) = match (o.peek(), w.peek()) {
+            (None, None) => break,
+            (Some(_), None) => (o.next().expect("peeked").0, true),
+            (None, Some(_)) => (w.next().expect("peeked").0, true),
+            (Some((fo, _)), Some((fw, _))) => match fo.cmp(fw) {
+                Ordering::Less => (o.next().expect("peeked").0, true),
+                Ordering::Greater => (w.next().expect("peeked").0, true),
+                Ordering::Equal => {
+                    let (f, a) = o.next().expect("peeked");
+                    let (_, b) = w.next().expect("peeked");
+                    (f, !skip.contains(f) && differs(a, b))
+                }
+            },
+        };
+        if drifted && !skip.contains(f) {
+            out.push(*f);
+        }
+    }
+    out
 }

@@ -119,3 +119,28 @@ async fn the_sweep_writes_a_change_no_sync_was_marked_for() {
     );
     ctl.maps().check();
 }
+
+/// A backend entry rewritten by hand to another address is drift of every frontend that
+/// names it: found by the read-back, and repaired.
+#[tokio::test(start_paused = true)]
+async fn a_backend_entry_changed_by_hand_is_drift() {
+    let mut ctl = controller(MemMaps::default());
+    drive(&mut ctl, two_services()).await;
+    let (id, other) = {
+        let m = ctl.maps();
+        let id = *m.slots.values().next().unwrap();
+        let other = *m
+            .backends
+            .values()
+            .find(|b| **b != m.backends[&id])
+            .unwrap();
+        (id, other)
+    };
+    ctl.maps_mut().backends.insert(id, other);
+    assert_ne!(served(ctl.maps()), both());
+    let read = ctl.begin_reconcile().expect("MemMaps reads back");
+    ctl.read_back_done(read());
+    assert!(!ctl.sweeping(), "the changed backend entry was not found");
+    assert_eq!(served(ctl.maps()), both());
+    ctl.maps().check();
+}
