@@ -1098,9 +1098,6 @@ fn run_path(
         .as_ref()
         .map(|l| l.stderr_since(lb_log_from))
         .unwrap_or_default();
-    for l in lb_log.lines().filter(|l| l.contains("TEMP")) {
-        eprintln!("{l}");
-    }
     let mut parts = reconcile_parts(&lb_log).into_iter();
     let lb_other_syncs: Vec<(String, u64)> = sync_done_lines(&lb_log)
         .into_iter()
