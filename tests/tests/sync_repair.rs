@@ -83,7 +83,7 @@ fn entry_deleted_with_bpftool_is_restored_by_the_next_full_sync() {
 fn bpftool_count(lab: &Lab, name: &str) -> usize {
     let pin = lab.bpffs_dir().join(name);
     let out = std::process::Command::new("bpftool")
-        .args(["map", "dump", "pinned"])
+        .args(["-j", "map", "dump", "pinned"])
         .arg(&pin)
         .output()
         .expect("run bpftool");
@@ -93,15 +93,12 @@ fn bpftool_count(lab: &Lab, name: &str) -> usize {
         pin.display(),
         String::from_utf8_lossy(&out.stderr)
     );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let found = text.lines().find_map(|l| {
-        l.strip_prefix("Found ")?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()
-    });
-    found.unwrap_or_else(|| panic!("no `Found N elements` in bpftool's dump of {name}"))
+    let entries: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("bpftool -j prints JSON");
+    entries
+        .as_array()
+        .unwrap_or_else(|| panic!("bpftool's dump of {name} is not a list"))
+        .len()
 }
 
 /// (id, backend) of every row of `inspect backends`.
