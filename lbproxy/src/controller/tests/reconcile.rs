@@ -15,6 +15,34 @@ fn both() -> BTreeMap<String, Vec<String>> {
     ])
 }
 
+/// A controller that programmed [`two_services`], one of whose service entries was then
+/// deleted by hand.
+async fn with_an_entry_deleted() -> Controller<MemMaps> {
+    let mut ctl = controller(MemMaps::default());
+    drive(&mut ctl, two_services()).await;
+    let key = *ctl.maps().services.keys().next().unwrap();
+    ctl.maps_mut().services.remove(&key);
+    assert_ne!(served(ctl.maps()), both());
+    ctl
+}
+
+/// A read-back compared at once, nothing synced in between.
+fn read_back_now(ctl: &mut Controller<MemMaps>) {
+    let read = ctl.begin_reconcile().expect("MemMaps reads back");
+    ctl.read_back_done(read());
+}
+
+/// The loop, with no event, for 3 s at a `syncPeriod` of 2 s: one periodic reconcile.
+async fn one_sync_period(ctl: &mut Controller<MemMaps>) {
+    let (_tx, mut rx) = mpsc::channel::<SourceEvent>(16);
+    let timing = Timing {
+        sync_period: Duration::from_secs(2),
+        min_sync_period: Duration::ZERO,
+    };
+    ctl.drive(&mut rx, timing, tokio::time::sleep(Duration::from_secs(3)))
+        .await;
+}
+
 /// Runs every step of a sweep that has started.
 fn sweep_to_the_end(ctl: &mut Controller<MemMaps>) {
     let mut steps = 0;
@@ -60,13 +88,8 @@ async fn a_change_synced_during_the_read_back_is_not_drift() {
 /// repairs it at once (no sweep).
 #[tokio::test(start_paused = true)]
 async fn drift_found_by_the_read_back_is_repaired() {
-    let mut ctl = controller(MemMaps::default());
-    drive(&mut ctl, two_services()).await;
-    let key = *ctl.maps().services.keys().next().unwrap();
-    ctl.maps_mut().services.remove(&key);
-    assert_ne!(served(ctl.maps()), both());
-    let read = ctl.begin_reconcile().expect("MemMaps reads back");
-    ctl.read_back_done(read());
+    let mut ctl = with_an_entry_deleted().await;
+    read_back_now(&mut ctl);
     assert!(!ctl.sweeping(), "drift was not found");
     assert_eq!(served(ctl.maps()), both());
     ctl.maps().check();
@@ -76,17 +99,8 @@ async fn drift_found_by_the_read_back_is_repaired() {
 /// hand-deleted entry is back within a period.
 #[tokio::test(start_paused = true)]
 async fn the_loop_repairs_drift_every_sync_period() {
-    let mut ctl = controller(MemMaps::default());
-    drive(&mut ctl, two_services()).await;
-    let key = *ctl.maps().services.keys().next().unwrap();
-    ctl.maps_mut().services.remove(&key);
-    let (_tx, mut rx) = mpsc::channel::<SourceEvent>(16);
-    let timing = Timing {
-        sync_period: Duration::from_secs(2),
-        min_sync_period: Duration::ZERO,
-    };
-    ctl.drive(&mut rx, timing, tokio::time::sleep(Duration::from_secs(3)))
-        .await;
+    let mut ctl = with_an_entry_deleted().await;
+    one_sync_period(&mut ctl).await;
     assert_eq!(served(ctl.maps()), both());
 }
 
@@ -102,13 +116,7 @@ async fn the_sweep_writes_a_change_no_sync_was_marked_for() {
     ctl.ingest.apply(ev, &mut ctl.report);
     ctl.ingest.dirty.clear();
     assert_eq!(served(ctl.maps()), both());
-    let (_tx, mut rx) = mpsc::channel::<SourceEvent>(16);
-    let timing = Timing {
-        sync_period: Duration::from_secs(2),
-        min_sync_period: Duration::ZERO,
-    };
-    ctl.drive(&mut rx, timing, tokio::time::sleep(Duration::from_secs(3)))
-        .await;
+    one_sync_period(&mut ctl).await;
     assert!(!ctl.sweeping(), "the sweep did not end");
     assert_eq!(
         served(ctl.maps()),
@@ -138,8 +146,7 @@ async fn a_backend_entry_changed_by_hand_is_drift() {
     };
     ctl.maps_mut().backends.insert(id, other);
     assert_ne!(served(ctl.maps()), both());
-    let read = ctl.begin_reconcile().expect("MemMaps reads back");
-    ctl.read_back_done(read());
+    read_back_now(&mut ctl);
     assert!(!ctl.sweeping(), "the changed backend entry was not found");
     assert_eq!(served(ctl.maps()), both());
     ctl.maps().check();
