@@ -916,7 +916,9 @@ fn run_path(
             {
                 let t = applier.set(P_SYN, vec![frozen_ip, b1]);
                 applier.wait_applied(t, Duration::from_secs(20));
-                let base = 40_000 + ((c * syn_clients) % 20_000) as u16;
+                // Below the ephemeral range (32768-60999): a source port there can be the
+                // TCP probe client's, and the bind then fails (EADDRINUSE).
+                let base = 10_000 + ((c * syn_clients) % 20_000) as u16;
                 c += 1;
                 let conns: Vec<PendingConnect> = pods.client.run(|| {
                     (0..syn_clients)
