@@ -114,6 +114,8 @@ struct Pass {
     busy: Duration,
     stats: ApplyStats,
     errors: Vec<crate::program::MapWriteError>,
+    /// The frontends whose write failed, over the sweep's slices.
+    failed: Vec<(crate::desired::Frontend, Option<i32>)>,
 }
 
 /// How long one step of a reconcile's sweep may hold the loop (it stops at the first
@@ -359,6 +361,7 @@ impl<M: Maps> Controller<M> {
             busy: Duration::ZERO,
             stats: ApplyStats::default(),
             errors: Vec::new(),
+            failed: Vec::new(),
         });
         Some(read)
     }
@@ -396,19 +399,24 @@ impl<M: Maps> Controller<M> {
             self.reconcile();
             return;
         }
-        match self.sync.service_cidrs(&self.ingest.model) {
-            Ok(st) => add_stats(&mut pass.stats, st),
-            Err((st, e)) => {
-                add_stats(&mut pass.stats, st);
-                self.ingest.cidrs_changed = true;
-                pass.errors.extend(e);
-            }
+        let cidrs = self.sync.service_cidrs(&self.ingest.model);
+        if cidrs.is_err() {
+            self.ingest.cidrs_changed = true;
         }
+        pass.add(cidrs);
         pass.left = self.ingest.model.services.keys().rev().cloned().collect();
         pass.sweeping = true;
         pass.compare = t.elapsed();
         pass.busy = pass.compare;
         self.pass = Some(pass);
+    }
+
+    /// Gives up a periodic reconcile whose read-back is in flight: the loop that holds
+    /// the read ends. (A sweep under way goes on in the next loop.)
+    fn abandon_pass(&mut self) {
+        if self.pass.take().is_some() {
+            self.sync.stop_read_back();
+        }
     }
 
     /// A reconcile's sweep is under way.
@@ -427,14 +435,18 @@ impl<M: Maps> Controller<M> {
         while !pass.left.is_empty() && t.elapsed() < SWEEP_STEP {
             let at = pass.left.len().saturating_sub(SWEEP_SLICE);
             let slice: BTreeSet<NamespacedName> = pass.left.drain(at..).collect();
-            match self.sync.services(&self.ingest.model, &self.node, &slice) {
-                Ok(st) => add_stats(&mut pass.stats, st),
-                Err((st, e)) => {
-                    add_stats(&mut pass.stats, st);
-                    pass.errors.extend(e);
-                    self.ingest.dirty.extend(slice);
-                }
+            let result = self.sync.services(&self.ingest.model, &self.node, &slice);
+            pass.failed.extend(self.sync.failed());
+            if result.is_err() {
+                self.ingest.dirty.extend(slice);
             }
+            pass.add(result);
+        }
+        if pass.left.is_empty() {
+            let result = self.sync.remove_unclaimed();
+            pass.failed.extend(self.sync.failed());
+            pass.add(result);
+            self.sync.keep_failed(std::mem::take(&mut pass.failed));
         }
         pass.busy += t.elapsed();
         if !pass.left.is_empty() {
@@ -488,7 +500,13 @@ impl<M: Maps> Controller<M> {
                         c.frontends += u64::from(stats.frontends_created > 0);
                     });
                 }
-                let triggers = self.ingest.written();
+                // A sweep's slices can succeed while changes wait for their own sync:
+                // their latency is theirs to record.
+                let triggers = if self.has_pending() {
+                    Vec::new()
+                } else {
+                    self.ingest.written()
+                };
                 self.report.sync_ok(&s, stats, &triggers);
                 self.retry_after = RETRY_AFTER;
                 true
@@ -574,7 +592,12 @@ impl<M: Maps> Controller<M> {
                 }
             };
             tokio::select! {
-                () = &mut shutdown => return,
+                () = &mut shutdown => {
+                    if reading.is_some() {
+                        self.abandon_pass();
+                    }
+                    return;
+                }
                 change = node_change => {
                     match change {
                         // The watcher is gone (shutting down): nothing more to follow.
@@ -591,6 +614,9 @@ impl<M: Maps> Controller<M> {
                     let Some(ev) = ev else {
                         if self.ready() && self.first_sync_done {
                             self.sync_dirty();
+                        }
+                        if reading.is_some() {
+                            self.abandon_pass();
                         }
                         return;
                     };
@@ -654,12 +680,19 @@ impl<M: Maps> Controller<M> {
     }
 }
 
-/// Adds what one apply wrote to a running total.
-fn add_stats(total: &mut ApplyStats, one: ApplyStats) {
-    total.writes += one.writes;
-    total.deletes += one.deletes;
-    total.frontends_changed += one.frontends_changed;
-    total.frontends_created += one.frontends_created;
+impl Pass {
+    /// Adds what one apply wrote, and its errors, to the pass's totals.
+    fn add(&mut self, result: ApplyResult) {
+        let (one, errors) = match result {
+            Ok(one) => (one, Vec::new()),
+            Err((one, errors)) => (one, errors),
+        };
+        self.stats.writes += one.writes;
+        self.stats.deletes += one.deletes;
+        self.stats.frontends_changed += one.frontends_changed;
+        self.stats.frontends_created += one.frontends_created;
+        self.errors.extend(errors);
+    }
 }
 
 /// Hands memory freed after a big sync (a full list's objects) back to the kernel. glibc

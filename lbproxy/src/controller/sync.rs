@@ -154,7 +154,13 @@ pub struct Sync<M: Maps> {
     /// While a read-back runs on another thread: the frontends written since it started,
     /// which its comparison leaves out (see [`Sync::start_read_back`]).
     watched: Option<BTreeSet<Frontend>>,
+    /// Frontends left out of that many read-backs in a row (written during each).
+    skipped: HashMap<Frontend, u32>,
 }
+
+/// A frontend written during this many read-backs in a row is compared the blocking way:
+/// one that changes all the time must not escape drift repair for good.
+pub const MAX_SKIPPED_READS: u32 = 10;
 
 impl<M: Maps> Sync<M> {
     /// Starts from what `maps` already hold (an earlier run's state), keeping every id so
@@ -187,6 +193,7 @@ impl<M: Maps> Sync<M> {
             too_large: HashMap::new(),
             too_large_news: Vec::new(),
             watched: None,
+            skipped: HashMap::new(),
         }
     }
 
@@ -516,15 +523,60 @@ impl<M: Maps> Sync<M> {
     /// went on, differs from what was written; left out are those written since the read
     /// started (the read may have seen them before or after). Compared as the blocking
     /// [`Sync::reconcile`] compares: each frontend's entries, and the backends they name.
-    /// `None`: the read cannot be compared (a full sync wrote meanwhile, or no read-back
-    /// was started).
+    /// `None`: the read cannot be compared (a full sync wrote meanwhile, no read-back was
+    /// started, or a frontend was left out of [`MAX_SKIPPED_READS`] read-backs in a row):
+    /// the blocking reconcile is due.
     pub fn drifted(&mut self, observed: &Programmed) -> Option<Vec<Frontend>> {
         let skip = self.watched.take()?;
+        self.skipped.retain(|f, _| skip.contains(f));
+        for f in &skip {
+            *self.skipped.entry(*f).or_default() += 1;
+        }
+        if let Some((f, n)) = self.skipped.iter().find(|(_, n)| **n >= MAX_SKIPPED_READS) {
+            tracing::debug!(
+                frontend = %f,
+                "written during each of the last {n} read-backs: comparing the blocking way"
+            );
+            return None;
+        }
         Some(drifted_frontends(
             observed,
             self.programmer.programmed(),
             &skip,
         ))
+    }
+
+    /// Removes the programmed frontends no service claims: one whose removal failed has
+    /// left the claims already, so no sync of its service touches it again (the full sync
+    /// removes it, as anything it does not want).
+    pub fn remove_unclaimed(&mut self) -> ApplyResult {
+        let unclaimed: Vec<Frontend> = self
+            .programmer
+            .programmed()
+            .frontends
+            .keys()
+            .filter(|f| self.holder(f).is_none())
+            .copied()
+            .collect();
+        if unclaimed.is_empty() {
+            return Ok(ApplyStats::default());
+        }
+        tracing::info!(
+            frontends = unclaimed.len(),
+            "removing frontends no service claims (an earlier removal failed)"
+        );
+        self.programmer
+            .apply_changes(&mut self.maps, std::iter::empty(), &unclaimed)
+    }
+
+    /// The frontends whose write failed in the last apply.
+    pub fn failed(&self) -> Vec<(Frontend, Option<i32>)> {
+        self.programmer.failed().to_vec()
+    }
+
+    /// Adds `earlier` failures to the last apply's (a sweep's slices).
+    pub fn keep_failed(&mut self, earlier: Vec<(Frontend, Option<i32>)>) {
+        self.programmer.keep_failed(earlier);
     }
 
     /// After a read-back found no drift: the ServiceCIDR tables (a few entries) read back
@@ -543,6 +595,7 @@ impl<M: Maps> Sync<M> {
     /// Reads the maps back and, when they drifted from what was written, adopts what they
     /// hold; then programs the whole model, which repairs the drift.
     pub fn reconcile(&mut self, model: &Model, node: &str) -> ApplyResult {
+        self.skipped.clear();
         let started = std::time::Instant::now();
         let observed = self.maps.read_programmed();
         let read = started.elapsed();
@@ -572,7 +625,8 @@ impl<M: Maps> Sync<M> {
 
 /// The frontends, `skip` left out, whose entries differ between `observed` and `ours`, or
 /// that name a backend whose entry differs. A frontend's draining list is the controller's
-/// own (the maps keep it in the members); backends no frontend names are not looked at.
+/// own (the maps keep it in the members); backends no frontend names are not looked at, nor
+/// frontends whose write failed (partly written by design, and retried).
 ///
 /// One merge of the two sorted frontend maps, and one look at each backend: at 10,000
 /// frontends and 100,000 backends a lookup per reference took 60 ms of the loop.
@@ -623,7 +677,10 @@ fn drifted_frontends(
                 }
             },
         };
-        if drifted && !skip.contains(f) {
+        // Never written whole (a write failed, a full map, say): partly in the maps by
+        // design, and retried by the change path.
+        let unwritten = ours.frontends.get(f).is_some_and(|w| w.value.is_none());
+        if drifted && !unwritten && !skip.contains(f) {
             out.push(*f);
         }
     }

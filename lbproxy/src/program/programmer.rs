@@ -229,6 +229,12 @@ impl Programmer {
         &self.failed
     }
 
+    /// Adds `earlier` failures to the last apply's: a reconcile's sweep applies slice by
+    /// slice and reports the failures of all of them.
+    pub fn keep_failed(&mut self, earlier: Vec<(Frontend, Option<i32>)>) {
+        self.failed.extend(earlier);
+    }
+
     fn backend_id<M: Maps>(
         &mut self,
         maps: &mut M,

@@ -151,3 +151,54 @@ async fn a_backend_entry_changed_by_hand_is_drift() {
     assert_eq!(served(ctl.maps()), both());
     ctl.maps().check();
 }
+
+/// A frontend whose removal failed has left the claims, so no sync of its service touches
+/// it again; the sweep removes what no service claims, as the full sync did.
+#[tokio::test(start_paused = true)]
+async fn the_sweep_removes_a_frontend_whose_removal_failed() {
+    let mut ctl = controller(MemMaps::default());
+    drive(&mut ctl, two_services()).await;
+    // The removal's first write (the service entry) is refused.
+    ctl.maps_mut().fail_at = Some(0);
+    drive(&mut ctl, vec![deleted("web")]).await;
+    assert!(
+        ctl.maps().fail_at.is_none(),
+        "the injected failure never fired"
+    );
+    assert_eq!(
+        served(ctl.maps()),
+        both(),
+        "the refused removal removed web"
+    );
+    one_sync_period(&mut ctl).await;
+    assert_eq!(
+        served(ctl.maps()),
+        want(&[("198.19.0.11:80", &["198.18.0.4:8080"])])
+    );
+    ctl.maps().check();
+}
+
+/// A frontend written during every read-back is never compared by them: after
+/// `MAX_SKIPPED_READS` in a row, the reconcile is the blocking one, which compares it.
+#[tokio::test(start_paused = true)]
+async fn a_frontend_written_during_every_read_back_is_compared_the_blocking_way() {
+    let mut ctl = controller(MemMaps::default());
+    drive(&mut ctl, two_services()).await;
+    let max = crate::controller::sync::MAX_SKIPPED_READS;
+    for i in 1..=max {
+        let read = ctl.begin_reconcile().expect("MemMaps reads back");
+        let ip = if i % 2 == 0 {
+            "198.18.0.5"
+        } else {
+            "198.18.0.6"
+        };
+        drive(&mut ctl, vec![slice("web", &[ip])]).await;
+        ctl.read_back_done(read());
+        if i < max {
+            assert!(ctl.sweeping(), "read-back {i} was not compared");
+            sweep_to_the_end(&mut ctl);
+        } else {
+            assert!(!ctl.sweeping(), "read-back {i} left web out again");
+        }
+    }
+}
