@@ -481,17 +481,15 @@ fn killed_takeover_finished_at_next_start(family: Family) {
     );
 }
 
-/// `lbproxy run` without `--takeover` while the load runs through kube-proxy's iptables
-/// rules: they stay, the flows stay conntrack's, nothing fails, and one warning says so.
-/// The handover writes each flow's forward half, then its reply half. A request crossing
-/// that gap was translated by lbproxy and untracked, and its answer, with the reply half
-/// still conntrack's, went to the entry that never saw the request: INVALID, delivered
-/// untranslated, the backend's socket reset by the client's stack and then the connection
-/// (a clean-clone CI run under load, `killed_takeover_finished_at_next_start::ipv6`, one
-/// connection). With `LBPROXY_TEST_TAKEOVER_HALF_HOLD_MS` every flow's halves disagree for
-/// 250 ms, so each connection's requests (one every 100 ms) surely meet it; on the bridged
-/// network every answer goes through the node's stack, on the routed one past it. The
-/// pods are behind two Services (`metrics_vip`). Zero failed requests.
+/// The handover writes each flow's forward half, then its reply half. A packet crossing
+/// that gap found a forward half (the handed-over service and backend ids) and a reply half
+/// (still conntrack's, ids 0) that did not pair, so the flow was balanced anew and the
+/// backend it moved to reset the connection (a clean-clone CI run under load,
+/// `killed_takeover_finished_at_next_start::ipv6`, one connection). With
+/// `LBPROXY_TEST_TAKEOVER_HALF_HOLD_MS` every flow's halves disagree for 250 ms, so each
+/// connection's requests (one every 100 ms) surely meet it; on the bridged network every
+/// answer goes through the node's stack, on the routed one past it. The pods are behind two
+/// Services (`metrics_vip`). Zero failed requests.
 fn a_flow_handed_over_half_by_half_loses_nothing(shape: Shape, family: Family) {
     let what = format!("{shape} {family} takeover, flows handed over half by half");
     let n = Node::new(shape, family, Rules::Iptables);
@@ -520,6 +518,8 @@ fn a_flow_handed_over_half_by_half_loses_nothing(shape: Shape, family: Family) {
     assert!(running, "[{what}] lbproxy kept running\n{}", lb.log());
 }
 
+/// `lbproxy run` without `--takeover` while the load runs through kube-proxy's iptables
+/// rules: they stay, the flows stay conntrack's, nothing fails, and one warning says so.
 fn without_takeover_rules_stay(shape: Shape, family: Family) {
     let what = format!("{shape} {family} without --takeover");
     let n = Node::new(shape, family, Rules::Iptables);

@@ -376,15 +376,7 @@ where
             match adopt::decide(a.masqueraded(), &facts) {
                 Decision::Adopt { svc_id, backend_id } => {
                     a.with(FLOW_ADOPTED_HANDOVER, svc_id, backend_id);
-                    // Half by half, the forward half first: until the reply half follows,
-                    // the datapath takes the flow as handed over from its forward half.
-                    self.flows
-                        .insert(a.forward_key, a.forward, 0)
-                        .with_context(|| format!("flow {}", a.orig))?;
-                    test_half_hold();
-                    self.flows
-                        .insert(a.reply_key, a.reply, 0)
-                        .with_context(|| format!("flow {}", a.orig))?;
+                    write(self.flows, &a).with_context(|| format!("flow {}", a.orig))?;
                     handed.push(a);
                 }
                 Decision::Keep(l) => *left.entry(l).or_default() += 1,
@@ -594,7 +586,13 @@ where
     FlowKeyOf<A>: aya::Pod,
     FlowValueOf<A>: aya::Pod,
 {
+    // Half by half, the forward half first: until the reply half of a handed-over flow
+    // follows, the datapath takes the flow as handed over from its forward half
+    // (`FlowKeyOf::pairs`).
     flows.insert(a.forward_key, a.forward, 0)?;
+    if a.forward.adopted == FLOW_ADOPTED_HANDOVER {
+        test_half_hold();
+    }
     flows.insert(a.reply_key, a.reply, 0)
 }
 
