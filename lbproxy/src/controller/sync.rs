@@ -156,6 +156,10 @@ pub struct Sync<M: Maps> {
     watched: Option<BTreeSet<Frontend>>,
     /// Frontends left out of that many read-backs in a row (written during each).
     skipped: HashMap<Frontend, u32>,
+    /// Frontends whose last write failed. The next sync touches them again, whatever it
+    /// syncs: a frontend whose removal failed has left the claims, so a retry of its
+    /// service's sync alone would not.
+    unsettled: BTreeSet<Frontend>,
 }
 
 /// A frontend written during this many read-backs in a row is compared the blocking way:
@@ -194,7 +198,25 @@ impl<M: Maps> Sync<M> {
             too_large_news: Vec::new(),
             watched: None,
             skipped: HashMap::new(),
+            unsettled: BTreeSet::new(),
         }
+    }
+
+    /// After an apply of `written`: the frontends it failed are unsettled, the others of
+    /// `written` settled.
+    fn settle(&mut self, written: &BTreeSet<Frontend>) {
+        for f in written {
+            self.unsettled.remove(f);
+        }
+        self.unsettled
+            .extend(self.programmer.failed().iter().map(|(f, _)| *f));
+    }
+
+    /// Forgets the failed writes, as a bookkeeping bug would (for the test of the sweep's
+    /// last resort, [`Sync::remove_unclaimed`]).
+    #[cfg(test)]
+    pub fn forget_unsettled(&mut self) {
+        self.unsettled.clear();
     }
 
     /// Builds a Maglev table of `m` entries with `seed` for every frontend.
@@ -375,6 +397,7 @@ impl<M: Maps> Sync<M> {
             .collect();
         self.note_conflicts(contested);
         let result = self.programmer.apply(&mut self.maps, &desired);
+        self.unsettled = self.programmer.failed().iter().map(|(f, _)| *f).collect();
         let result = with_errors(result, self.cidrs.all(&mut self.maps, model));
         let gone: Vec<UnservedKey> = self
             .unserved
@@ -435,8 +458,9 @@ impl<M: Maps> Sync<M> {
         let mut removed: Vec<Frontend> = Vec::new();
         let mut unserved_gone: Vec<UnservedKey> = Vec::new();
         let mut unserved_new: BTreeMap<UnservedKey, UnservedValue> = BTreeMap::new();
-        // The frontends whose claims changed, and the served specs computed so far by service.
-        let mut touched: BTreeSet<Frontend> = BTreeSet::new();
+        // The frontends whose claims changed (and those whose last write failed), and the
+        // served specs computed so far by service.
+        let mut touched: BTreeSet<Frontend> = self.unsettled.clone();
         let mut specs: HashMap<NamespacedName, HashMap<Frontend, FrontendSpec>> = HashMap::new();
         for name in dirty {
             let svc = model.services.get(name);
@@ -473,7 +497,8 @@ impl<M: Maps> Sync<M> {
         }
         // Each touched frontend gets its holder's spec (computed here for a holder that did
         // not change: O(its frontends)), or goes when no one claims it. Writing an unchanged
-        // spec costs no map write, and a failed write is retried with the dirty services.
+        // spec costs no map write, and a failed write is retried by the next sync
+        // (`unsettled`).
         for f in &touched {
             let Some(holder) = self.holder(f).map(|c| c.id.clone()) else {
                 self.claims.remove(f);
@@ -494,12 +519,13 @@ impl<M: Maps> Sync<M> {
         if let Some(w) = &mut self.watched {
             w.extend(touched.iter().copied());
         }
-        self.note_conflicts(touched);
         let result = self.programmer.apply_changes(
             &mut self.maps,
             upserts.iter().map(|(f, s)| (*f, s)),
             &removed,
         );
+        self.settle(&touched);
+        self.note_conflicts(touched);
         let result = with_errors(result, self.cidrs.services(&mut self.maps, model, dirty));
         self.write_unserved(&unserved_gone, unserved_new.iter());
         result
@@ -546,9 +572,9 @@ impl<M: Maps> Sync<M> {
         ))
     }
 
-    /// Removes the programmed frontends no service claims: one whose removal failed has
-    /// left the claims already, so no sync of its service touches it again (the full sync
-    /// removes it, as anything it does not want).
+    /// Removes the programmed frontends no service claims, as a full sync removes what it
+    /// does not want. The change path retries a failed removal itself (`unsettled`); this
+    /// is the reconcile's last resort, should that bookkeeping ever miss one.
     pub fn remove_unclaimed(&mut self) -> ApplyResult {
         let unclaimed: Vec<Frontend> = self
             .programmer

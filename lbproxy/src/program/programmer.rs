@@ -224,7 +224,7 @@ impl Programmer {
         &self.state
     }
 
-    /// The frontends whose write failed in the last apply, with the errno.
+    /// The frontends whose write (or removal) failed in the last apply, with the errno.
     pub fn failed(&self) -> &[(Frontend, Option<i32>)] {
         &self.failed
     }
@@ -295,6 +295,7 @@ impl Programmer {
         // Removed frontends first: frees slots and ids before new ones are written.
         for fe in removed {
             if let Err(e) = self.remove_frontend(maps, *fe, &mut stats) {
+                self.failed.push((*fe, e.errno()));
                 errors.push(e);
             }
         }

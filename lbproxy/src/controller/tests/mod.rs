@@ -291,6 +291,33 @@ async fn a_failed_write_is_retried_until_it_is_written() {
     assert!(started.elapsed() >= Duration::from_secs(5));
 }
 
+/// A removal the maps refuse is retried by the loop like any failed write, though the
+/// frontend has already left its service's claims: the retry removes it.
+#[tokio::test(start_paused = true)]
+async fn a_failed_removal_is_retried_by_the_next_sync() {
+    let mut ctl = controller(MemMaps::default());
+    drive(&mut ctl, two_services()).await;
+    // The removal's first write (the service entry) is refused.
+    ctl.maps_mut().fail_at = Some(0);
+    let (tx, mut rx) = mpsc::channel(16);
+    tx.send(deleted("web")).await.unwrap();
+    // A syncPeriod of an hour: only the loop's retry can remove it.
+    ctl.drive(&mut rx, timing(), async {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    })
+    .await;
+    drop(tx);
+    assert!(
+        ctl.maps().fail_at.is_none(),
+        "the injected failure never fired"
+    );
+    assert_eq!(
+        served(ctl.maps()),
+        want(&[("198.19.0.11:80", &["198.18.0.4:8080"])])
+    );
+    ctl.maps().check();
+}
+
 /// A restarted controller adopts what the maps hold: the same desired state writes
 /// nothing, and ids (which flows refer to) are kept.
 #[tokio::test(start_paused = true)]
