@@ -5,12 +5,12 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use common::*;
 use lbproxy_tests::lab::manifest::Endpoint;
-use lbproxy_tests::lab::{Lab, Pod, Shape};
+use lbproxy_tests::lab::{Family, Lab, Pod, Shape};
 
 #[test]
 fn entry_deleted_with_bpftool_is_restored_by_the_next_full_sync() {
@@ -116,23 +116,41 @@ fn backend_ids(lab: &Lab) -> BTreeSet<(u64, String)> {
         .collect()
 }
 
+both_shapes!(maps_larger_than_one_batch_read_back_exactly);
+
 /// The full reconcile and the adoption at a restart read the maps back with
-/// `BPF_MAP_LOOKUP_BATCH`, 4,096 entries a call. Over maps holding more than one batch they
-/// read exactly what was written: no reconcile finds drift, `inspect` counts what bpftool
-/// counts, and a restarted lbproxy adopts every backend under its id and writes nothing.
-#[test]
-fn maps_larger_than_one_batch_read_back_exactly() {
-    let lab = Lab::new(Shape::Routed);
+/// `BPF_MAP_LOOKUP_BATCH`, 4,096 entries a call. Over maps holding more than one batch,
+/// in both families, with the same pods behind two Services, they read exactly what was
+/// written: no reconcile finds drift, `inspect` counts what bpftool counts, and a restarted
+/// lbproxy adopts every backend under its id and writes nothing.
+fn maps_larger_than_one_batch_read_back_exactly(shape: Shape) {
+    let lab = Lab::new(shape);
     let b1: Pod = lab.add_pod("b1");
     let _server = b1.serve(&[BACKEND_TCP, BACKEND_UDP]);
-    // 3,000 endpoints besides b1, on two ports: 6,002 backends, slots and members.
-    let mut eps = ready(&[&b1]);
-    for i in 0..3000u32 {
-        let ip = Ipv4Addr::new(10, 250, (i / 250) as u8, (i % 250 + 1) as u8);
-        eps.push(Endpoint::ready(ip));
+    // 3,000 endpoints besides b1 in each family, on two ports: 6,002 backends a family.
+    // `web` and `web2` have the same IPv4 endpoints (one backend each, named by both).
+    let mut eps4 = ready_in(Family::V4, &[&b1]);
+    let mut eps6 = ready_in(Family::V6, &[&b1]);
+    for i in 0..3000u16 {
+        let (hi, lo) = ((i / 250) as u8, (i % 250 + 1) as u8);
+        eps4.push(Endpoint::ready(Ipv4Addr::new(10, 250, hi, lo)));
+        eps6.push(Endpoint::ready(Ipv6Addr::new(
+            0xfd00,
+            0x250,
+            0,
+            0,
+            0,
+            0,
+            0,
+            i + 1,
+        )));
     }
-    let want = 2 * eps.len();
-    lab.write_manifest(&web_objects("web", WEB_VIP, eps));
+    let per_family = 2 * eps4.len();
+    lab.write_manifest(&merge([
+        web_objects("web", vip_in(Family::V4, 10), eps4.clone()),
+        web_objects("web2", vip_in(Family::V4, 11), eps4),
+        web_objects("web6", vip_in(Family::V6, 10), eps6),
+    ]));
     let env = [(
         "RUST_LOG",
         "info,lbproxy::controller=debug,lbproxy::bpf::batch=debug",
@@ -160,11 +178,18 @@ fn maps_larger_than_one_batch_read_back_exactly() {
         !log.contains("drifted"),
         "a full reconcile read back something other than what was written; log:\n{log}"
     );
-    for map in ["LB_BACKENDS_V1", "LB_SLOTS_V1", "LB_MEMBERS_V1"] {
+    // Three Services' slots and members (both families share those maps), two families'
+    // backends.
+    for (map, want) in [
+        ("LB_BACKENDS_V1", per_family),
+        ("LB_BACKENDS6_V1", per_family),
+        ("LB_SLOTS_V1", 3 * per_family),
+        ("LB_MEMBERS_V1", 3 * per_family),
+    ] {
         assert_eq!(bpftool_count(&lab, map), want, "entries in {map}");
     }
     let before = backend_ids(&lab);
-    assert_eq!(before.len(), want, "inspect backends rows");
+    assert_eq!(before.len(), 2 * per_family, "inspect backends rows");
     // A restart adopts what the maps hold: every backend keeps its id, and its first sync
     // changes nothing.
     lb.terminate(EXIT_WITHIN);
