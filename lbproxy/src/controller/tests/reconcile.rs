@@ -15,11 +15,17 @@ fn both() -> BTreeMap<String, Vec<String>> {
     ])
 }
 
+/// A controller that programmed `events`.
+async fn programmed(events: Vec<SourceEvent>) -> Controller<MemMaps> {
+    let mut ctl = controller(MemMaps::default());
+    drive(&mut ctl, events).await;
+    ctl
+}
+
 /// A controller that programmed [`two_services`], one of whose service entries was then
 /// deleted by hand.
 async fn with_an_entry_deleted() -> Controller<MemMaps> {
-    let mut ctl = controller(MemMaps::default());
-    drive(&mut ctl, two_services()).await;
+    let mut ctl = programmed(two_services()).await;
     let key = *ctl.maps().services.keys().next().unwrap();
     ctl.maps_mut().services.remove(&key);
     assert_ne!(served(ctl.maps()), both());
@@ -58,8 +64,7 @@ fn sweep_to_the_end(ctl: &mut Controller<MemMaps>) {
 /// nothing. Compared whole, the read would be taken for drift.
 #[tokio::test(start_paused = true)]
 async fn a_change_synced_during_the_read_back_is_not_drift() {
-    let mut ctl = controller(MemMaps::default());
-    drive(&mut ctl, two_services()).await;
+    let mut ctl = programmed(two_services()).await;
     let read = ctl.begin_reconcile().expect("MemMaps reads back");
     // The read saw the maps as they were; web's endpoints change before it is compared.
     drive(&mut ctl, vec![slice("web", &["198.18.0.2", "198.18.0.5"])]).await;
@@ -72,6 +77,42 @@ async fn a_change_synced_during_the_read_back_is_not_drift() {
     assert!(
         ctl.sweeping(),
         "the change made during the read was taken for drift"
+    );
+    let ops = ctl.maps().ops;
+    sweep_to_the_end(&mut ctl);
+    assert_eq!(
+        ctl.maps().ops,
+        ops,
+        "the sweep wrote to maps that were right"
+    );
+    assert_eq!(served(ctl.maps()), changed);
+    ctl.maps().check();
+}
+
+/// Two Services share a backend (one pod behind both). One of them changes during the
+/// read-back: it leaves the shared backend, which the other still names, and gains a new
+/// one. Only the changed Service was written; the other's entries and the shared backend's
+/// are as written, so there is no drift, and the sweep writes nothing.
+#[tokio::test(start_paused = true)]
+async fn a_change_during_the_read_back_to_one_of_two_services_sharing_a_backend_is_not_drift() {
+    let mut ctl = programmed(full_list(vec![
+        service("web", "198.19.0.10"),
+        slice("web", &["198.18.0.2", "198.18.0.3"]),
+        service("db", "198.19.0.11"),
+        slice("db", &["198.18.0.2", "198.18.0.4"]),
+    ]))
+    .await;
+    let read = ctl.begin_reconcile().expect("MemMaps reads back");
+    drive(&mut ctl, vec![slice("web", &["198.18.0.3", "198.18.0.5"])]).await;
+    let changed = want(&[
+        ("198.19.0.10:80", &["198.18.0.3:8080", "198.18.0.5:8080"]),
+        ("198.19.0.11:80", &["198.18.0.2:8080", "198.18.0.4:8080"]),
+    ]);
+    assert_eq!(served(ctl.maps()), changed);
+    ctl.read_back_done(read());
+    assert!(
+        ctl.sweeping(),
+        "the change to one of the two Services was taken for drift"
     );
     let ops = ctl.maps().ops;
     sweep_to_the_end(&mut ctl);
@@ -109,8 +150,7 @@ async fn the_loop_repairs_drift_every_sync_period() {
 /// the next period's sweep, run by the loop between its other work.
 #[tokio::test(start_paused = true)]
 async fn the_sweep_writes_a_change_no_sync_was_marked_for() {
-    let mut ctl = controller(MemMaps::default());
-    drive(&mut ctl, two_services()).await;
+    let mut ctl = programmed(two_services()).await;
     // Into the model, with the dirty mark lost.
     let ev = slice("db", &["198.18.0.8"]);
     ctl.ingest.apply(ev, &mut ctl.report);
@@ -132,8 +172,7 @@ async fn the_sweep_writes_a_change_no_sync_was_marked_for() {
 /// names it: found by the read-back, and repaired.
 #[tokio::test(start_paused = true)]
 async fn a_backend_entry_changed_by_hand_is_drift() {
-    let mut ctl = controller(MemMaps::default());
-    drive(&mut ctl, two_services()).await;
+    let mut ctl = programmed(two_services()).await;
     let (id, other) = {
         let m = ctl.maps();
         let id = *m.slots.values().next().unwrap();
@@ -157,8 +196,7 @@ async fn a_backend_entry_changed_by_hand_is_drift() {
 /// still removes what no service claims, as the full sync did.
 #[tokio::test(start_paused = true)]
 async fn the_sweep_removes_a_frontend_no_service_claims() {
-    let mut ctl = controller(MemMaps::default());
-    drive(&mut ctl, two_services()).await;
+    let mut ctl = programmed(two_services()).await;
     // The removal's first write (the service entry) is refused.
     ctl.maps_mut().fail_at = Some(0);
     drive(&mut ctl, vec![deleted("web")]).await;
@@ -184,8 +222,7 @@ async fn the_sweep_removes_a_frontend_no_service_claims() {
 /// `MAX_SKIPPED_READS` in a row, the reconcile is the blocking one, which compares it.
 #[tokio::test(start_paused = true)]
 async fn a_frontend_written_during_every_read_back_is_compared_the_blocking_way() {
-    let mut ctl = controller(MemMaps::default());
-    drive(&mut ctl, two_services()).await;
+    let mut ctl = programmed(two_services()).await;
     let max = crate::controller::sync::MAX_SKIPPED_READS;
     for i in 1..=max {
         let read = ctl.begin_reconcile().expect("MemMaps reads back");
